@@ -1,0 +1,264 @@
+//! Streaming GGUF writer. The layout is computed from the tensor list up front (every tensor's
+//! size is known from its type and shape), so the header and tensor infos are written first and
+//! tensor data follows in order with padding — no seeking back, no whole model in memory.
+//!
+//! Output goes to a temporary file in the target directory; `finish` flushes, fsyncs and renames
+//! it over the final name, so a failed or interrupted run never leaves a partial file there.
+
+use super::value::{GString, Value, ValueType};
+use super::{DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
+use crate::error::{Error, Result};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// What the writer needs to know about a tensor before any data is written.
+#[derive(Clone, Debug)]
+pub struct TensorSpec {
+    pub name: String,
+    pub dims: Vec<u64>,
+    /// GGUF type id (resolved through the target profile by the caller).
+    pub type_id: u32,
+    /// Bytes of data this tensor will receive.
+    pub size: u64,
+}
+
+pub struct GgufWriter {
+    final_path: PathBuf,
+    tmp_path: PathBuf,
+    out: Option<BufWriter<File>>,
+    sizes: Vec<(String, u64)>,
+    alignment: u64,
+    /// Index of the tensor currently receiving data and bytes it has received.
+    current: usize,
+    written: u64,
+    pos: u64,
+}
+
+/// Serialize the header (magic .. tensor infos) for this layout and return it with the tensors'
+/// relative offsets. Pure function, so `--dry-run` and tests can compute sizes without writing.
+pub fn encode_header(
+    version: u32,
+    metadata: &[(String, Value)],
+    tensors: &[TensorSpec],
+) -> Result<(Vec<u8>, Vec<u64>, u64)> {
+    let alignment = alignment_of(metadata)?;
+    let mut h = Vec::with_capacity(1 << 16);
+    h.extend_from_slice(MAGIC);
+    h.extend_from_slice(&version.to_le_bytes());
+    h.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    h.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
+    for (k, v) in metadata {
+        put_str(&mut h, k.as_bytes());
+        h.extend_from_slice(&(v.value_type() as u32).to_le_bytes());
+        put_value(&mut h, v, k)?;
+    }
+    let mut offsets = Vec::with_capacity(tensors.len());
+    let mut off = 0u64;
+    for t in tensors {
+        if t.dims.len() > MAX_DIMS {
+            return Err(Error::Unsupported(format!("tensor '{}': more than {MAX_DIMS} dimensions", t.name)));
+        }
+        put_str(&mut h, t.name.as_bytes());
+        h.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
+        for d in &t.dims {
+            h.extend_from_slice(&d.to_le_bytes());
+        }
+        h.extend_from_slice(&t.type_id.to_le_bytes());
+        h.extend_from_slice(&off.to_le_bytes());
+        offsets.push(off);
+        off = (off + t.size).div_ceil(alignment) * alignment;
+    }
+    Ok((h, offsets, alignment))
+}
+
+/// Total file size for this layout (header, padding, data with padding between tensors).
+pub fn file_size(version: u32, metadata: &[(String, Value)], tensors: &[TensorSpec]) -> Result<u64> {
+    let (h, offsets, alignment) = encode_header(version, metadata, tensors)?;
+    let data_start = (h.len() as u64).div_ceil(alignment) * alignment;
+    Ok(match (offsets.last(), tensors.last()) {
+        (Some(o), Some(t)) => data_start + (o + t.size).div_ceil(alignment) * alignment,
+        _ => data_start,
+    })
+}
+
+fn alignment_of(metadata: &[(String, Value)]) -> Result<u64> {
+    match metadata.iter().find(|(k, _)| k == "general.alignment") {
+        None => Ok(DEFAULT_ALIGNMENT),
+        Some((_, Value::U32(a))) if *a != 0 && a.is_power_of_two() => Ok(*a as u64),
+        Some((_, v)) => Err(Error::Usage(format!("general.alignment must be a non-zero power-of-two u32, got {v:?}"))),
+    }
+}
+
+fn put_str(h: &mut Vec<u8>, s: &[u8]) {
+    h.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    h.extend_from_slice(s);
+}
+
+fn put_value(h: &mut Vec<u8>, v: &Value, key: &str) -> Result<()> {
+    match v {
+        Value::U8(x) => h.push(*x),
+        Value::I8(x) => h.push(*x as u8),
+        Value::U16(x) => h.extend_from_slice(&x.to_le_bytes()),
+        Value::I16(x) => h.extend_from_slice(&x.to_le_bytes()),
+        Value::U32(x) => h.extend_from_slice(&x.to_le_bytes()),
+        Value::I32(x) => h.extend_from_slice(&x.to_le_bytes()),
+        Value::F32(x) => h.extend_from_slice(&x.to_le_bytes()),
+        Value::Bool(b) => h.push(*b as u8),
+        Value::String(GString(s)) => put_str(h, s),
+        Value::U64(x) => h.extend_from_slice(&x.to_le_bytes()),
+        Value::I64(x) => h.extend_from_slice(&x.to_le_bytes()),
+        Value::F64(x) => h.extend_from_slice(&x.to_le_bytes()),
+        Value::Array(et, items) => {
+            h.extend_from_slice(&(*et as u32).to_le_bytes());
+            h.extend_from_slice(&(items.len() as u64).to_le_bytes());
+            for it in items {
+                if it.value_type() != *et {
+                    return Err(Error::Usage(format!(
+                        "metadata '{key}': array of {} holds a {}",
+                        et.name(),
+                        it.value_type().name()
+                    )));
+                }
+                put_value(h, it, key)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+impl GgufWriter {
+    /// Start writing `path`: header and tensor infos are written now, data follows via
+    /// [`write_data`](Self::write_data) in tensor order.
+    pub fn create(
+        path: impl AsRef<Path>,
+        version: u32,
+        metadata: &[(String, Value)],
+        tensors: &[TensorSpec],
+    ) -> Result<GgufWriter> {
+        let final_path = path.as_ref().to_path_buf();
+        let mut seen = std::collections::HashSet::new();
+        for t in tensors {
+            if !seen.insert(&t.name) {
+                return Err(Error::Usage(format!("duplicate tensor name '{}' in output", t.name)));
+            }
+        }
+        let (header, _, alignment) = encode_header(version, metadata, tensors)?;
+        let dir = match final_path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let base = final_path
+            .file_name()
+            .ok_or_else(|| Error::Usage(format!("{}: output path has no file name", final_path.display())))?;
+        let tmp_path = dir.join(format!(".{}.tq-tmp-{}", base.to_string_lossy(), std::process::id()));
+        let file = File::create(&tmp_path).map_err(|e| Error::io(&tmp_path, e))?;
+        let mut w = GgufWriter {
+            final_path,
+            tmp_path,
+            out: Some(BufWriter::with_capacity(1 << 22, file)),
+            sizes: tensors.iter().map(|t| (t.name.clone(), t.size)).collect(),
+            alignment,
+            current: 0,
+            written: 0,
+            pos: 0,
+        };
+        w.raw(&header)?;
+        w.pad()?;
+        w.skip_empty();
+        Ok(w)
+    }
+
+    fn raw(&mut self, b: &[u8]) -> Result<()> {
+        let out = self.out.as_mut().expect("writer open");
+        out.write_all(b).map_err(|e| Error::io(&self.tmp_path, e))?;
+        self.pos += b.len() as u64;
+        Ok(())
+    }
+
+    fn pad(&mut self) -> Result<()> {
+        let n = (self.pos.div_ceil(self.alignment) * self.alignment - self.pos) as usize;
+        const ZEROS: [u8; 256] = [0; 256];
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(ZEROS.len());
+            self.raw(&ZEROS[..k])?;
+            left -= k;
+        }
+        Ok(())
+    }
+
+    /// Zero-byte tensors complete immediately.
+    fn skip_empty(&mut self) {
+        while self.current < self.sizes.len() && self.sizes[self.current].1 == 0 {
+            self.current += 1;
+        }
+    }
+
+    /// Name of the tensor that the next bytes belong to, if any.
+    pub fn current_tensor(&self) -> Option<&str> {
+        self.sizes.get(self.current).map(|(n, _)| n.as_str())
+    }
+
+    /// Append bytes to the current tensor (any chunking). When a tensor is complete, padding is
+    /// written and the next tensor begins.
+    pub fn write_data(&mut self, mut data: &[u8]) -> Result<()> {
+        while !data.is_empty() {
+            let Some(&(_, size)) = self.sizes.get(self.current) else {
+                return Err(Error::Usage(format!(
+                    "{}: more tensor data written than the layout holds",
+                    self.final_path.display()
+                )));
+            };
+            let k = ((size - self.written) as usize).min(data.len());
+            self.raw(&data[..k])?;
+            self.written += k as u64;
+            data = &data[k..];
+            if self.written == size {
+                self.current += 1;
+                self.written = 0;
+                // Padding follows every tensor, the last included (gguf.cpp and gguf-py do this).
+                self.pad()?;
+                self.skip_empty();
+            }
+        }
+        Ok(())
+    }
+
+    /// Check every tensor was written, flush, fsync, and rename into place.
+    pub fn finish(mut self) -> Result<()> {
+        if let Some((name, size)) = self.sizes.get(self.current) {
+            return Err(Error::Usage(format!(
+                "{}: tensor '{name}' received {} of {size} bytes; output not written",
+                self.final_path.display(),
+                self.written
+            )));
+        }
+        let out = self.out.take().expect("writer open");
+        let file = out.into_inner().map_err(|e| Error::io(&self.tmp_path, e.into_error()))?;
+        file.sync_all().map_err(|e| Error::io(&self.tmp_path, e))?;
+        drop(file);
+        std::fs::rename(&self.tmp_path, &self.final_path).map_err(|e| Error::io(&self.final_path, e))?;
+        if let Some(dir) = self.final_path.parent() {
+            // Make the rename durable; not all filesystems allow opening a directory, so best effort.
+            if let Ok(d) = File::open(if dir.as_os_str().is_empty() { Path::new(".") } else { dir }) {
+                let _ = d.sync_all();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for GgufWriter {
+    fn drop(&mut self) {
+        // Not finished (error or panic upstream): remove the temporary file.
+        if self.out.take().is_some() {
+            let _ = std::fs::remove_file(&self.tmp_path);
+        }
+    }
+}
+
+/// Convenience: the metadata value type of an array of strings.
+pub fn string_array(items: impl IntoIterator<Item = String>) -> Value {
+    Value::Array(ValueType::String, items.into_iter().map(|s| Value::String(s.into())).collect())
+}

@@ -1,0 +1,14 @@
+//! `tq`: an offline quantizer for large language models that writes GGUF files.
+//!
+//! Data flows one way: sources (GGUF, safetensors) → plan → quantize (via the type registry)
+//! → streaming GGUF writer. See `docs/design.md`.
+
+pub mod cli;
+pub mod error;
+pub mod gguf;
+pub mod inspect;
+pub mod math;
+pub mod st;
+pub mod types;
+
+pub use error::{Error, Result};

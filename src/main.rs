@@ -1,0 +1,4 @@
+//! Thin binary: all logic lives in the library (`tq::cli`).
+fn main() {
+    std::process::exit(tq::cli::main());
+}

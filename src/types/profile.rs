@@ -1,0 +1,192 @@
+//! Target profiles: which GGUF type id means which [`TensorType`] in a given engine.
+//!
+//! Stock ggml types have the same id everywhere (from the registry). TurboQuant types have
+//! different ids in different forks, so their ids are data here — one table per profile — and a
+//! user can supply another with `--type-map FILE` (JSON: `{"name": "...", "types": {"tq4_1s": 46, ...}}`).
+
+use super::{TensorType, TYPES};
+use crate::error::{Error, Result};
+use std::path::Path;
+
+#[derive(Clone, Debug)]
+pub struct Profile {
+    pub name: String,
+    pub description: String,
+    /// Non-stock types and their ids in this engine. A stock id listed here is shadowed.
+    pub extra: Vec<(TensorType, u32)>,
+}
+
+struct BuiltIn {
+    name: &'static str,
+    description: &'static str,
+    extra: &'static [(TensorType, u32)],
+}
+
+use TensorType::*;
+
+/// Built-in profiles. `fork` is the default: TheTom/llama-cpp-turboquant as of 2026-05-04.
+const BUILT_IN: &[BuiltIn] = &[
+    BuiltIn {
+        name: "fork",
+        description: "TurboQuant llama.cpp fork (2026-04-15 and later): TQ3_1S=45, TQ4_1S=46; KV turbo2/3/4=42/43/44",
+        extra: &[(Turbo2, 42), (Turbo3, 43), (Turbo4, 44), (TQ3_1S, 45), (TQ4_1S, 46)],
+    },
+    BuiltIn {
+        name: "fork-pre-2026-04-15",
+        description: "TurboQuant fork before 2026-04-15: TQ3_1S=44, TQ4_1S=45",
+        extra: &[(TQ3_1S, 44), (TQ4_1S, 45)],
+    },
+    BuiltIn {
+        name: "upstream",
+        description: "upstream llama.cpp / ggml: stock types only (no TurboQuant type loads)",
+        extra: &[],
+    },
+];
+
+impl Default for Profile {
+    fn default() -> Self {
+        Profile::built_in("fork").expect("default profile exists")
+    }
+}
+
+impl Profile {
+    pub fn built_in_names() -> Vec<&'static str> {
+        BUILT_IN.iter().map(|b| b.name).collect()
+    }
+
+    pub fn built_in(name: &str) -> Option<Profile> {
+        BUILT_IN.iter().find(|b| b.name == name).map(|b| Profile {
+            name: b.name.to_string(),
+            description: b.description.to_string(),
+            extra: b.extra.to_vec(),
+        })
+    }
+
+    /// Resolve `--target NAME` / `--type-map FILE` (the file wins when both are given).
+    pub fn select(target: Option<&str>, type_map: Option<&Path>) -> Result<Profile> {
+        if let Some(path) = type_map {
+            return Profile::from_file(path);
+        }
+        let name = target.unwrap_or("fork");
+        Profile::built_in(name).ok_or_else(|| {
+            Error::Usage(format!(
+                "unknown target profile '{name}'; built-in profiles: {} (or give --type-map FILE)",
+                Profile::built_in_names().join(", ")
+            ))
+        })
+    }
+
+    /// Load a type map: `{"name": "my-fork", "types": {"tq3_1s": 46, "tq4_1s": 47}}`.
+    pub fn from_file(path: &Path) -> Result<Profile> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::bad_input(path, format!("type map is not valid JSON: {e}")))?;
+        let bad = |m: String| Error::bad_input(path, m);
+        let types = v
+            .get("types")
+            .and_then(|t| t.as_object())
+            .ok_or_else(|| bad("type map needs an object \"types\": {\"tq4_1s\": 46, ...}".into()))?;
+        let mut extra = Vec::new();
+        for (k, id) in types {
+            let ty = TensorType::from_name(k).ok_or_else(|| bad(format!("unknown type name '{k}' in type map")))?;
+            let id = id
+                .as_u64()
+                .filter(|&i| i < 1 << 16)
+                .ok_or_else(|| bad(format!("type id for '{k}' must be a small non-negative integer")))?;
+            extra.push((ty, id as u32));
+        }
+        let p = Profile {
+            name: v.get("name").and_then(|n| n.as_str()).unwrap_or("custom").to_string(),
+            description: format!("from {}", path.display()),
+            extra,
+        };
+        p.check().map_err(|m| bad(m))?;
+        Ok(p)
+    }
+
+    /// Two types must never share an id within a profile.
+    fn check(&self) -> std::result::Result<(), String> {
+        let mut seen = std::collections::HashMap::new();
+        for (ty, id) in self.ids() {
+            if let Some(prev) = seen.insert(id, ty) {
+                return Err(format!("type id {id} is assigned to both {prev} and {ty}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// All (type, id) pairs of this profile: stock ids not shadowed by an extra id, then extras.
+    pub fn ids(&self) -> Vec<(TensorType, u32)> {
+        let mut v: Vec<(TensorType, u32)> = TYPES
+            .iter()
+            .filter_map(|t| t.ty.stock_id().map(|id| (t.ty, id)))
+            .filter(|(ty, id)| !self.extra.iter().any(|(ety, eid)| eid == id || ety == ty))
+            .collect();
+        v.extend(self.extra.iter().copied());
+        v
+    }
+
+    pub fn type_of(&self, id: u32) -> Option<TensorType> {
+        if let Some((ty, _)) = self.extra.iter().find(|(_, eid)| *eid == id) {
+            return Some(*ty);
+        }
+        TYPES.iter().find(|t| t.ty.stock_id() == Some(id)).map(|t| t.ty)
+    }
+
+    pub fn id_of(&self, ty: TensorType) -> Option<u32> {
+        if let Some((_, id)) = self.extra.iter().find(|(t, _)| *t == ty) {
+            return Some(*id);
+        }
+        let id = ty.stock_id()?;
+        // A stock id taken over by an extra type is not available in this profile.
+        if self.extra.iter().any(|(_, eid)| *eid == id) {
+            return None;
+        }
+        Some(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fork_ids() {
+        let p = Profile::default();
+        assert_eq!(p.id_of(TQ4_1S), Some(46));
+        assert_eq!(p.id_of(TQ3_1S), Some(45));
+        assert_eq!(p.type_of(46), Some(TQ4_1S));
+        assert_eq!(p.type_of(8), Some(Q8_0));
+        // In the fork, 40/41 are still the stock NVFP4 / Q1_0; 42.. are turbo.
+        assert_eq!(p.type_of(42), Some(Turbo2));
+        p.check().unwrap();
+    }
+
+    #[test]
+    fn old_fork_and_upstream() {
+        let p = Profile::built_in("fork-pre-2026-04-15").unwrap();
+        assert_eq!(p.id_of(TQ4_1S), Some(45));
+        assert_eq!(p.type_of(44), Some(TQ3_1S));
+        let u = Profile::built_in("upstream").unwrap();
+        assert_eq!(u.id_of(TQ4_1S), None);
+        assert_eq!(u.type_of(46), None);
+        for b in Profile::built_in_names() {
+            Profile::built_in(b).unwrap().check().unwrap();
+        }
+    }
+
+    #[test]
+    fn type_map_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("m.json");
+        std::fs::write(&f, r#"{"name":"other","types":{"tq3_1s":67,"TQ4_1S":68}}"#).unwrap();
+        let p = Profile::from_file(&f).unwrap();
+        assert_eq!(p.id_of(TQ4_1S), Some(68));
+        std::fs::write(&f, r#"{"types":{"tq3_1s":8}}"#).unwrap();
+        assert_eq!(Profile::from_file(&f).unwrap().type_of(8), Some(TQ3_1S));
+        std::fs::write(&f, r#"{"types":{"tq3_1s":50,"tq4_1s":50}}"#).unwrap();
+        assert!(Profile::from_file(&f).unwrap_err().to_string().contains("assigned to both"));
+        std::fs::write(&f, r#"{"types":{"zz":50}}"#).unwrap();
+        assert!(Profile::from_file(&f).unwrap_err().to_string().contains("unknown type name 'zz'"));
+    }
+}

@@ -1,2 +1,37 @@
-//! Command line.
-pub fn main() -> i32 { 0 }
+//! Command line: a thin clap layer over the library. Each subcommand lives in its own file.
+
+pub mod codebook;
+pub mod inspect;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "tq", version, about = "Quantize LLMs offline to GGUF with TurboQuant formats")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show a GGUF or safetensors file: metadata, tensors, totals per type, bits per weight.
+    Inspect(inspect::InspectArgs),
+    /// Compute Lloyd-Max codebooks for a head dim / bit width and emit them for an engine.
+    Codebook(codebook::CodebookArgs),
+}
+
+/// Parse arguments, run, and map errors to a one-line message and an exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Inspect(a) => inspect::run(a),
+        Command::Codebook(a) => codebook::run(a),
+    };
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("tq: error: {e}");
+            e.exit_code()
+        }
+    }
+}

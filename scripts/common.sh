@@ -1,0 +1,28 @@
+# Shared by the scripts: cache location and sha256-verified fetches from the package registries.
+# Everything downloaded or built lives under $TQ_CACHE (default ~/.cache/tq), never in the repo.
+set -euo pipefail
+export TQ_CACHE="${TQ_CACHE:-$HOME/.cache/tq}"
+mkdir -p "$TQ_CACHE"
+TQ_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+# verify FILE SHA256: exit non-zero with a clear message on mismatch.
+verify() {
+  local got
+  got=$(sha256sum "$1" | cut -d' ' -f1)
+  if [ "$got" != "$2" ]; then
+    echo "error: $1: sha256 $got, expected $2 (corrupt or changed download; delete it and retry)" >&2
+    return 1
+  fi
+}
+
+# The Python used by oracle/dev scripts: a venv in the cache with pinned packages.
+py() {
+  local venv="$TQ_CACHE/venv"
+  if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.ok-v1" ]; then
+    python3 -m venv "$venv" >&2
+    "$venv/bin/pip" install -q --disable-pip-version-check \
+      gguf==0.19.0 numpy==2.4.6 scipy==1.17.1 safetensors==0.8.0 >&2
+    touch "$venv/.ok-v1"
+  fi
+  "$venv/bin/python" "$@"
+}

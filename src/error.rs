@@ -29,7 +29,7 @@ pub enum Error {
 
 impl Error {
     pub fn bad_input(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
-        Error::BadInput { path: path.into(), msg: msg.into() }
+        Error::BadInput { path: path.into(), msg: one_line(&msg.into()) }
     }
 
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
@@ -46,3 +46,14 @@ impl Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// Messages quote names taken from (possibly hostile) files: escape control characters so an
+/// error always stays on one line and cannot drive the terminal.
+pub fn one_line(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars()
+        .map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() })
+        .collect()
+}

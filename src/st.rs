@@ -1,1 +1,94 @@
-//! safetensors files (header-level view for `inspect`; the HF model source builds on it).
+//! safetensors files, memory-mapped and validated by the `safetensors` crate before use
+//! (header size bound, JSON, contiguous in-bounds offsets, sizes matching dtype × shape).
+
+use crate::error::{Error, Result};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug)]
+pub struct StTensor {
+    pub name: String,
+    pub dtype: Dtype,
+    /// PyTorch order: `shape.last()` is the row length.
+    pub shape: Vec<usize>,
+    /// Byte range within the data section.
+    pub start: usize,
+    pub end: usize,
+}
+
+pub struct SafetensorsFile {
+    pub path: PathBuf,
+    mmap: Mmap,
+    /// Bytes before the data section (8-byte length + JSON header).
+    pub data_offset: usize,
+    /// Tensors in file (offset) order.
+    pub tensors: Vec<StTensor>,
+    /// `__metadata__`, sorted by key.
+    pub metadata: Vec<(String, String)>,
+}
+
+impl SafetensorsFile {
+    pub fn open(path: impl AsRef<Path>) -> Result<SafetensorsFile> {
+        let path = path.as_ref().to_path_buf();
+        let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+        // SAFETY: read-only map; see gguf::reader for the caveat on concurrent truncation.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
+        let (n, meta) = SafeTensors::read_metadata(&mmap)
+            .map_err(|e| Error::bad_input(&path, format!("invalid safetensors file: {e}")))?;
+        let infos = meta.tensors();
+        let mut tensors: Vec<StTensor> = meta
+            .offset_keys()
+            .into_iter()
+            .map(|name| {
+                let i = infos[&name];
+                StTensor { dtype: i.dtype, shape: i.shape.clone(), start: i.data_offsets.0, end: i.data_offsets.1, name }
+            })
+            .collect();
+        tensors.sort_by_key(|t| t.start);
+        let mut metadata: Vec<(String, String)> =
+            meta.metadata().clone().unwrap_or_default().into_iter().collect();
+        metadata.sort();
+        Ok(SafetensorsFile { path, mmap, data_offset: 8 + n, tensors, metadata })
+    }
+
+    pub fn file_len(&self) -> u64 {
+        self.mmap.len() as u64
+    }
+
+    /// Zero-copy bytes of a tensor (bounds validated at open).
+    pub fn tensor_data(&self, t: &StTensor) -> &[u8] {
+        &self.mmap[self.data_offset + t.start..self.data_offset + t.end]
+    }
+
+    /// A tensor as f32 (F32, F16, BF16; other dtypes are a clear error).
+    pub fn tensor_f32(&self, t: &StTensor) -> Result<Vec<f32>> {
+        let data = self.tensor_data(t);
+        let n = t.shape.iter().product::<usize>();
+        let mut out = vec![0f32; n];
+        let f = match t.dtype {
+            Dtype::F32 => crate::types::float::dequantize_f32,
+            Dtype::F16 => crate::types::float::dequantize_f16,
+            Dtype::BF16 => crate::types::float::dequantize_bf16,
+            d => {
+                return Err(Error::Unsupported(format!(
+                    "{}: tensor '{}' has dtype {d:?}; tq reads F32, F16 and BF16 weights",
+                    self.path.display(),
+                    t.name
+                )))
+            }
+        };
+        f(data, &mut out);
+        Ok(out)
+    }
+}
+
+/// Size in bits of one element (for reports).
+pub fn dtype_bits(d: Dtype) -> usize {
+    d.bitsize()
+}
+
+/// Does the file start like a safetensors file (8-byte LE header length, then `{`)?
+pub fn looks_like_safetensors(head: &[u8]) -> bool {
+    head.len() >= 9 && head[8] == b'{' && &head[..4] != b"GGUF"
+}

@@ -1,5 +1,6 @@
-//! `tq inspect` (in progress).
-use crate::error::Result;
+//! `tq inspect FILE [--json]`.
+use crate::error::{Error, Result};
+use crate::types::profile::Profile;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -9,8 +10,31 @@ pub struct InspectArgs {
     /// Machine-readable JSON output.
     #[arg(long)]
     pub json: bool,
+    /// Print metadata arrays in full instead of summarizing long ones.
+    #[arg(long)]
+    pub full: bool,
+    /// Leave out the per-tensor table (metadata and totals only).
+    #[arg(long)]
+    pub no_tensors: bool,
+    /// Target profile used to resolve type ids: fork (default), fork-pre-2026-04-15, upstream.
+    #[arg(long)]
+    pub target: Option<String>,
+    /// JSON type map for other forks: {"name": "...", "types": {"tq4_1s": 46, ...}}.
+    #[arg(long)]
+    pub type_map: Option<PathBuf>,
 }
 
-pub fn run(_a: InspectArgs) -> Result<()> {
+pub fn run(a: InspectArgs) -> Result<()> {
+    let profile = Profile::select(a.target.as_deref(), a.type_map.as_deref())?;
+    let mut r = crate::inspect::inspect(&a.file, &profile, a.full)?;
+    if a.no_tensors {
+        r.tensors.clear();
+    }
+    if a.json {
+        let s = serde_json::to_string_pretty(&r).map_err(|e| Error::Usage(format!("JSON encoding failed: {e}")))?;
+        println!("{s}");
+    } else {
+        print!("{}", crate::inspect::render_text(&r, !a.no_tensors));
+    }
     Ok(())
 }

@@ -208,7 +208,11 @@ impl Value {
             Value::F32(x) => format!("{x}"),
             Value::F64(x) => format!("{x}"),
             Value::Bool(b) => format!("{b}"),
-            other => other.as_u64().map(|u| u.to_string()).unwrap_or_else(|| format!("{:?}", other.as_f64().unwrap_or(0.0))),
+            Value::I8(x) => x.to_string(),
+            Value::I16(x) => x.to_string(),
+            Value::I32(x) => x.to_string(),
+            Value::I64(x) => x.to_string(),
+            other => other.as_u64().map(|u| u.to_string()).unwrap_or_default(),
         }
     }
 

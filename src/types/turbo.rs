@@ -1,7 +1,196 @@
-//! turbo2/3/4 KV blocks (in progress)
-pub fn dequantize_turbo2(_b: &[u8], _o: &mut [f32]) { unimplemented!("in progress") }
-pub fn dequantize_turbo3(_b: &[u8], _o: &mut [f32]) { unimplemented!("in progress") }
-pub fn dequantize_turbo4(_b: &[u8], _o: &mut [f32]) { unimplemented!("in progress") }
-pub fn quantize_turbo2(_s: &[f32], _o: &mut [u8]) { unimplemented!("in progress") }
-pub fn quantize_turbo3(_s: &[f32], _o: &mut [u8]) { unimplemented!("in progress") }
-pub fn quantize_turbo4(_s: &[f32], _o: &mut [u8]) { unimplemented!("in progress") }
+//! turbo2 / turbo3 / turbo4 KV-cache blocks (FORMATS.md §3), 2026-05-04 snapshot of the fork:
+//! 128 values per group, L2 norm, randomized 128-point Hadamard rotation, nearest centroid of a
+//! b-bit codebook for N(0, 1/128), corrected norm `f16(g / ||c||)`.
+//!
+//! Layouts: turbo2 = f16 norm | qs[32] (34 B); turbo3 = f16 norm | qs[32] | signs[16] (50 B);
+//! turbo4 = f16 norm | f16 rnorm (always 0) | qs[64] (68 B, the May-2026 layout).
+//! Dequantized values stay in the rotated domain: `norm * C[idx]`.
+
+use crate::math::hadamard::fwht_scalar;
+use crate::math::signs::{TURBO_S1, TURBO_S2};
+use crate::types::float::{f16_bits_to_f32, f32_to_f16_bits};
+
+/// Values per group.
+pub const QK_TURBO: usize = 128;
+pub const TURBO2_BYTES: usize = 34;
+pub const TURBO3_BYTES: usize = 50;
+pub const TURBO4_BYTES: usize = 68;
+
+/// `1/sqrt(128)` as an f32 constant.
+const INV_SQRT128: f32 = 0.088_388_347_648_318_44;
+
+/// 2-bit codebook (values for N(0, 1/128)).
+pub const CB2: [f32; 4] = [-0.133462, -0.039994, 0.039994, 0.133462];
+/// 3-bit codebook.
+pub const CB3: [f32; 8] = [
+    -0.190685, -0.117832, -0.065717, -0.021460, 0.021460, 0.065717, 0.117832, 0.190685,
+];
+/// 4-bit codebook of the May-2026 snapshot (mis-scaled, see FORMATS.md §3; kept for
+/// byte-exactness with that snapshot).
+pub const CB4: [f32; 16] = [
+    -0.173926, -0.117195, -0.089527, -0.068756, -0.051262, -0.035597, -0.020989, -0.006938,
+    0.006938, 0.020989, 0.035597, 0.051262, 0.068756, 0.089527, 0.117195, 0.173926,
+];
+
+const fn signs_f32(s: &[i8; 128]) -> [f32; 128] {
+    let mut o = [0f32; 128];
+    let mut i = 0;
+    while i < 128 {
+        o[i] = s[i] as f32;
+        i += 1;
+    }
+    o
+}
+const S1: [f32; 128] = signs_f32(&TURBO_S1);
+const S2: [f32; 128] = signs_f32(&TURBO_S2);
+
+/// Midpoints between neighbouring centroids, `(c[i] + c[i+1]) / 2` in f32.
+fn midpoints<const N: usize>(c: &[f32; N]) -> [f32; N] {
+    let mut m = [f32::INFINITY; N];
+    for i in 0..N - 1 {
+        m[i] = (c[i] + c[i + 1]) * 0.5;
+    }
+    m
+}
+
+/// Index of the nearest centroid: the first `i` with `y < mid[i]`, else the last.
+#[inline]
+fn nearest(y: f32, mid: &[f32]) -> usize {
+    for (i, &m) in mid.iter().enumerate() {
+        if y < m {
+            return i;
+        }
+    }
+    mid.len()
+}
+
+/// Forward rotation of one normalized group: `y = s2 * ((1/sqrt(128)) * H * (s1 * u))`.
+pub fn rotate_forward(y: &mut [f32; QK_TURBO]) {
+    for (v, s) in y.iter_mut().zip(S1.iter()) {
+        *v *= *s;
+    }
+    fwht_scalar(y);
+    for (v, s) in y.iter_mut().zip(S2.iter()) {
+        *v = *v * INV_SQRT128 * *s;
+    }
+}
+
+/// Quantize one 128-group: returns the f32 corrected norm and the indices.
+fn quantize_group<const N: usize>(x: &[f32], c: &[f32; N]) -> (f32, [u8; QK_TURBO]) {
+    let mid = midpoints(c);
+    let mut s = 0f32;
+    for v in &x[..QK_TURBO] {
+        s += v * v;
+    }
+    let g = s.sqrt();
+    let mut y = [0f32; QK_TURBO];
+    if g > 1e-10 {
+        let inv = 1.0 / g;
+        for (o, v) in y.iter_mut().zip(x) {
+            *o = v * inv;
+        }
+    }
+    rotate_forward(&mut y);
+    let mut idx = [0u8; QK_TURBO];
+    let mut rs = 0f32;
+    for j in 0..QK_TURBO {
+        let i = nearest(y[j], &mid[..N - 1]);
+        idx[j] = i as u8;
+        rs += c[i] * c[i];
+    }
+    let rn = rs.sqrt();
+    let norm = if rn > 1e-10 { g / rn } else { g };
+    (norm, idx)
+}
+
+fn put_norm(out: &mut [u8], v: f32) {
+    out[0..2].copy_from_slice(&f32_to_f16_bits(v).to_le_bytes());
+}
+
+fn get_norm(b: &[u8]) -> f32 {
+    f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]))
+}
+
+pub fn quantize_turbo2(src: &[f32], out: &mut [u8]) {
+    for (x, o) in src
+        .chunks_exact(QK_TURBO)
+        .zip(out.chunks_exact_mut(TURBO2_BYTES))
+    {
+        let (norm, idx) = quantize_group(x, &CB2);
+        put_norm(o, norm);
+        for k in 0..32 {
+            let i = &idx[4 * k..4 * k + 4];
+            o[2 + k] = i[0] | i[1] << 2 | i[2] << 4 | i[3] << 6;
+        }
+    }
+}
+
+pub fn dequantize_turbo2(blocks: &[u8], out: &mut [f32]) {
+    for (b, o) in blocks
+        .chunks_exact(TURBO2_BYTES)
+        .zip(out.chunks_exact_mut(QK_TURBO))
+    {
+        let norm = get_norm(b);
+        for (j, v) in o.iter_mut().enumerate() {
+            let i = (b[2 + j / 4] >> (2 * (j % 4))) & 3;
+            *v = CB2[i as usize] * norm;
+        }
+    }
+}
+
+pub fn quantize_turbo3(src: &[f32], out: &mut [u8]) {
+    for (x, o) in src
+        .chunks_exact(QK_TURBO)
+        .zip(out.chunks_exact_mut(TURBO3_BYTES))
+    {
+        let (norm, idx) = quantize_group(x, &CB3);
+        put_norm(o, norm);
+        o[2..].fill(0);
+        for (j, &i) in idx.iter().enumerate() {
+            o[2 + j / 4] |= (i & 3) << (2 * (j % 4));
+            o[34 + j / 8] |= ((i >> 2) & 1) << (j % 8);
+        }
+    }
+}
+
+pub fn dequantize_turbo3(blocks: &[u8], out: &mut [f32]) {
+    for (b, o) in blocks
+        .chunks_exact(TURBO3_BYTES)
+        .zip(out.chunks_exact_mut(QK_TURBO))
+    {
+        let norm = get_norm(b);
+        for (j, v) in o.iter_mut().enumerate() {
+            let lo = (b[2 + j / 4] >> (2 * (j % 4))) & 3;
+            let hi = (b[34 + j / 8] >> (j % 8)) & 1;
+            *v = CB3[(lo | hi << 2) as usize] * norm;
+        }
+    }
+}
+
+pub fn quantize_turbo4(src: &[f32], out: &mut [u8]) {
+    for (x, o) in src
+        .chunks_exact(QK_TURBO)
+        .zip(out.chunks_exact_mut(TURBO4_BYTES))
+    {
+        let (norm, idx) = quantize_group(x, &CB4);
+        put_norm(o, norm);
+        o[2] = 0;
+        o[3] = 0;
+        for k in 0..64 {
+            o[4 + k] = (idx[2 * k] & 15) | (idx[2 * k + 1] & 15) << 4;
+        }
+    }
+}
+
+pub fn dequantize_turbo4(blocks: &[u8], out: &mut [f32]) {
+    for (b, o) in blocks
+        .chunks_exact(TURBO4_BYTES)
+        .zip(out.chunks_exact_mut(QK_TURBO))
+    {
+        let norm = get_norm(b);
+        for (j, v) in o.iter_mut().enumerate() {
+            let i = (b[4 + j / 2] >> (4 * (j % 2))) & 15;
+            *v = CB4[i as usize] * norm;
+        }
+    }
+}

@@ -29,11 +29,17 @@ pub enum Error {
 
 impl Error {
     pub fn bad_input(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
-        Error::BadInput { path: path.into(), msg: one_line(&msg.into()) }
+        Error::BadInput {
+            path: path.into(),
+            msg: one_line(&msg.into()),
+        }
     }
 
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io { path: path.into(), source }
+        Error::Io {
+            path: path.into(),
+            source,
+        }
     }
 
     /// Process exit code: 2 for anything the user can fix in the input or flags, 1 for I/O.
@@ -54,6 +60,12 @@ pub fn one_line(s: &str) -> String {
         return s.to_string();
     }
     s.chars()
-        .map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() })
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
         .collect()
 }

@@ -73,7 +73,11 @@ pub fn inspect(path: &Path, profile: &Profile, full: bool) -> Result<Report> {
         f.read(&mut head).map_err(|e| Error::io(path, e))?
     };
     if n >= 4 && &head[..4] == crate::gguf::MAGIC {
-        Ok(gguf_report(&GgufFile::open_with(path, profile)?, profile, full))
+        Ok(gguf_report(
+            &GgufFile::open_with(path, profile)?,
+            profile,
+            full,
+        ))
     } else if crate::st::looks_like_safetensors(&head[..n]) {
         Ok(st_report(&SafetensorsFile::open(path)?))
     } else {
@@ -99,34 +103,43 @@ fn gguf_report(f: &GgufFile, profile: &Profile, full: bool) -> Report {
     let tensors = f
         .tensors
         .iter()
-        .map(|t| TensorRow { name: t.name.clone(), shape: t.dims.clone(), ty: t.ty.name().to_string(), bytes: t.size, offset: t.offset })
+        .map(|t| TensorRow {
+            name: t.name.clone(),
+            shape: t.dims.clone(),
+            ty: t.ty.name().to_string(),
+            bytes: t.size,
+            offset: t.offset,
+        })
         .collect();
-    finish(
-        Report {
-            file: f.path.display().to_string(),
-            format: "gguf",
-            version: Some(f.version),
-            file_bytes: f.file_len(),
-            alignment: Some(f.alignment),
-            profile: Some(profile.name.clone()),
-            metadata,
-            tensors,
-            totals: vec![],
-            parameters: 0,
-            tensor_bytes: 0,
-            bpw: 0.0,
-            bpw_file: 0.0,
-            bpw_2d: 0.0,
-            parameters_2d: 0,
-        },
-    )
+    finish(Report {
+        file: f.path.display().to_string(),
+        format: "gguf",
+        version: Some(f.version),
+        file_bytes: f.file_len(),
+        alignment: Some(f.alignment),
+        profile: Some(profile.name.clone()),
+        metadata,
+        tensors,
+        totals: vec![],
+        parameters: 0,
+        tensor_bytes: 0,
+        bpw: 0.0,
+        bpw_file: 0.0,
+        bpw_2d: 0.0,
+        parameters_2d: 0,
+    })
 }
 
 fn st_report(f: &SafetensorsFile) -> Report {
     let metadata = f
         .metadata
         .iter()
-        .map(|(k, v)| MetaEntry { key: k.clone(), ty: "string".into(), value: serde_json::json!(v), text: format!("{v:?}") })
+        .map(|(k, v)| MetaEntry {
+            key: k.clone(),
+            ty: "string".into(),
+            value: serde_json::json!(v),
+            text: format!("{v:?}"),
+        })
         .collect();
     let tensors = f
         .tensors
@@ -164,7 +177,10 @@ fn finish(mut r: Report) -> Report {
     let (mut bytes_2d, mut el_2d) = (0u64, 0u64);
     for t in &r.tensors {
         let n: u64 = t.shape.iter().product();
-        let e = totals.entry(t.ty.clone()).or_insert_with(|| TypeTotal { ty: t.ty.clone(), ..Default::default() });
+        let e = totals.entry(t.ty.clone()).or_insert_with(|| TypeTotal {
+            ty: t.ty.clone(),
+            ..Default::default()
+        });
         e.tensors += 1;
         e.elements += n;
         e.bytes += t.bytes;
@@ -175,7 +191,13 @@ fn finish(mut r: Report) -> Report {
             el_2d += n;
         }
     }
-    let per = |b: u64, n: u64| if n == 0 { 0.0 } else { b as f64 * 8.0 / n as f64 };
+    let per = |b: u64, n: u64| {
+        if n == 0 {
+            0.0
+        } else {
+            b as f64 * 8.0 / n as f64
+        }
+    };
     r.bpw = per(r.tensor_bytes, r.parameters);
     r.bpw_file = per(r.file_bytes, r.parameters);
     r.bpw_2d = per(bytes_2d, el_2d);
@@ -194,16 +216,32 @@ fn human(b: u64) -> String {
         v /= 1024.0;
         i += 1;
     }
-    if i == 0 { format!("{b} B") } else { format!("{v:.2} {}", U[i]) }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", U[i])
+    }
 }
 
 /// Human-readable rendering.
 pub fn render_text(r: &Report, show_tensors: bool) -> String {
     use std::fmt::Write;
     let mut s = String::new();
-    let _ = writeln!(s, "{}: {}{} · {} ({} bytes)", r.file, r.format, r.version.map(|v| format!(" v{v}")).unwrap_or_default(), human(r.file_bytes), r.file_bytes);
+    let _ = writeln!(
+        s,
+        "{}: {}{} · {} ({} bytes)",
+        r.file,
+        r.format,
+        r.version.map(|v| format!(" v{v}")).unwrap_or_default(),
+        human(r.file_bytes),
+        r.file_bytes
+    );
     if let Some(a) = r.alignment {
-        let _ = writeln!(s, "alignment {a}, type ids resolved with profile '{}'", r.profile.as_deref().unwrap_or("-"));
+        let _ = writeln!(
+            s,
+            "alignment {a}, type ids resolved with profile '{}'",
+            r.profile.as_deref().unwrap_or("-")
+        );
     }
     let _ = writeln!(s, "\nmetadata ({} keys):", r.metadata.len());
     let kw = r.metadata.iter().map(|m| m.key.len()).max().unwrap_or(0);
@@ -212,19 +250,55 @@ pub fn render_text(r: &Report, show_tensors: bool) -> String {
     }
     if show_tensors {
         let _ = writeln!(s, "\ntensors ({}):", r.tensors.len());
-        let nw = r.tensors.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
-        let _ = writeln!(s, "  {:nw$}  {:<22} {:<8} {:>12}", "name", "shape", "type", "bytes");
+        let nw = r
+            .tensors
+            .iter()
+            .map(|t| t.name.len())
+            .max()
+            .unwrap_or(4)
+            .max(4);
+        let _ = writeln!(
+            s,
+            "  {:nw$}  {:<22} {:<8} {:>12}",
+            "name", "shape", "type", "bytes"
+        );
         for t in &r.tensors {
-            let shape = t.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(" x ");
-            let _ = writeln!(s, "  {:nw$}  {:<22} {:<8} {:>12}", t.name, shape, t.ty, t.bytes);
+            let shape = t
+                .shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(" x ");
+            let _ = writeln!(
+                s,
+                "  {:nw$}  {:<22} {:<8} {:>12}",
+                t.name, shape, t.ty, t.bytes
+            );
         }
     }
     let _ = writeln!(s, "\ntotals per type:");
     for t in &r.totals {
-        let _ = writeln!(s, "  {:<8} {:>5} tensors {:>14} elements {:>12}  ({:.2} bpw)", t.ty, t.tensors, t.elements, human(t.bytes), t.bytes as f64 * 8.0 / t.elements.max(1) as f64);
+        let _ = writeln!(
+            s,
+            "  {:<8} {:>5} tensors {:>14} elements {:>12}  ({:.2} bpw)",
+            t.ty,
+            t.tensors,
+            t.elements,
+            human(t.bytes),
+            t.bytes as f64 * 8.0 / t.elements.max(1) as f64
+        );
     }
-    let _ = writeln!(s, "\nparameters: {} ({:.1} M)", r.parameters, r.parameters as f64 / 1e6);
+    let _ = writeln!(
+        s,
+        "\nparameters: {} ({:.1} M)",
+        r.parameters,
+        r.parameters as f64 / 1e6
+    );
     let _ = writeln!(s, "tensor data: {}", human(r.tensor_bytes));
-    let _ = writeln!(s, "bits per weight: {:.4} (tensors), {:.4} (whole file), {:.4} (2-D weights only, {} params)", r.bpw, r.bpw_file, r.bpw_2d, r.parameters_2d);
+    let _ = writeln!(
+        s,
+        "bits per weight: {:.4} (tensors), {:.4} (whole file), {:.4} (2-D weights only, {} params)",
+        r.bpw, r.bpw_file, r.bpw_2d, r.parameters_2d
+    );
     s
 }

@@ -4,6 +4,7 @@
 //! → streaming GGUF writer. See `docs/design.md`.
 
 pub mod cli;
+pub mod convert;
 pub mod error;
 pub mod gguf;
 pub mod inspect;
@@ -12,3 +13,5 @@ pub mod st;
 pub mod types;
 
 pub use error::{Error, Result};
+pub mod plan;
+pub mod source;

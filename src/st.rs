@@ -42,14 +42,30 @@ impl SafetensorsFile {
             .into_iter()
             .map(|name| {
                 let i = infos[&name];
-                StTensor { dtype: i.dtype, shape: i.shape.clone(), start: i.data_offsets.0, end: i.data_offsets.1, name }
+                StTensor {
+                    dtype: i.dtype,
+                    shape: i.shape.clone(),
+                    start: i.data_offsets.0,
+                    end: i.data_offsets.1,
+                    name,
+                }
             })
             .collect();
         tensors.sort_by_key(|t| t.start);
-        let mut metadata: Vec<(String, String)> =
-            meta.metadata().clone().unwrap_or_default().into_iter().collect();
+        let mut metadata: Vec<(String, String)> = meta
+            .metadata()
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
         metadata.sort();
-        Ok(SafetensorsFile { path, mmap, data_offset: 8 + n, tensors, metadata })
+        Ok(SafetensorsFile {
+            path,
+            mmap,
+            data_offset: 8 + n,
+            tensors,
+            metadata,
+        })
     }
 
     pub fn file_len(&self) -> u64 {

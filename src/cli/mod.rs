@@ -1,12 +1,17 @@
 //! Command line: a thin clap layer over the library. Each subcommand lives in its own file.
 
 pub mod codebook;
+pub mod convert;
 pub mod inspect;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "tq", version, about = "Quantize LLMs offline to GGUF with TurboQuant formats")]
+#[command(
+    name = "tq",
+    version,
+    about = "Quantize LLMs offline to GGUF with TurboQuant formats"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -16,6 +21,8 @@ struct Cli {
 enum Command {
     /// Show a GGUF or safetensors file: metadata, tensors, totals per type, bits per weight.
     Inspect(inspect::InspectArgs),
+    /// Convert/quantize a model to GGUF (TQ4_1S, TQ3_1S, q8_0, ... with recipes and overrides).
+    Convert(convert::ConvertArgs),
     /// Compute Lloyd-Max codebooks for a head dim / bit width and emit them for an engine.
     Codebook(codebook::CodebookArgs),
 }
@@ -25,6 +32,7 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Inspect(a) => inspect::run(a),
+        Command::Convert(a) => convert::run(a),
         Command::Codebook(a) => codebook::run(a),
     };
     match r {

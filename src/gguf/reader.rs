@@ -125,8 +125,9 @@ impl GgufFile {
 
     /// Dequantize a whole tensor to f32.
     pub fn tensor_f32(&self, t: &TensorInfo) -> Result<Vec<f32>> {
-        let n = usize::try_from(t.n_elements())
-            .map_err(|_| Error::Unsupported(format!("{}: tensor too large for this machine", t.name)))?;
+        let n = usize::try_from(t.n_elements()).map_err(|_| {
+            Error::Unsupported(format!("{}: tensor too large for this machine", t.name))
+        })?;
         let mut out = vec![0f32; n];
         crate::types::dequantize(t.ty, self.tensor_data(t), &mut out, &t.name)?;
         Ok(out)
@@ -141,7 +142,9 @@ impl GgufFile {
 /// Parse and validate a GGUF image held in memory (the same checks as [`GgufFile::open`]);
 /// returns the number of tensors. Entry point for the fuzz target and bulk corruption tests.
 pub fn validate(buf: &[u8], profile: &Profile) -> std::result::Result<usize, String> {
-    parse(buf, profile).map(|p| p.tensors.len()).map_err(|e| crate::error::one_line(&e))
+    parse(buf, profile)
+        .map(|p| p.tensors.len())
+        .map_err(|e| crate::error::one_line(&e))
 }
 
 struct Parsed {
@@ -178,7 +181,10 @@ impl<'a> Cursor<'a> {
     }
 
     fn array<const N: usize>(&mut self, what: &str) -> std::result::Result<[u8; N], String> {
-        Ok(self.take(N as u64, what)?.try_into().expect("length checked"))
+        Ok(self
+            .take(N as u64, what)?
+            .try_into()
+            .expect("length checked"))
     }
 
     fn u32(&mut self, what: &str) -> std::result::Result<u32, String> {
@@ -199,7 +205,12 @@ impl<'a> Cursor<'a> {
         String::from_utf8(s.0).map_err(|_| format!("{what} is not valid UTF-8"))
     }
 
-    fn value(&mut self, ty: ValueType, key: &str, depth: u32) -> std::result::Result<Value, String> {
+    fn value(
+        &mut self,
+        ty: ValueType,
+        key: &str,
+        depth: u32,
+    ) -> std::result::Result<Value, String> {
         Ok(match ty {
             ValueType::U8 => Value::U8(self.array::<1>(key)?[0]),
             ValueType::I8 => Value::I8(self.array::<1>(key)?[0] as i8),
@@ -219,14 +230,18 @@ impl<'a> Cursor<'a> {
             ValueType::String => Value::String(self.gstring(&format!("metadata '{key}' string"))?),
             ValueType::Array => {
                 if depth >= MAX_ARRAY_DEPTH {
-                    return Err(format!("metadata '{key}': arrays nested deeper than {MAX_ARRAY_DEPTH}"));
+                    return Err(format!(
+                        "metadata '{key}': arrays nested deeper than {MAX_ARRAY_DEPTH}"
+                    ));
                 }
                 let et = self.u32(key)?;
                 let et = ValueType::from_u32(et)
                     .ok_or_else(|| format!("metadata '{key}': unknown array element type {et}"))?;
                 let n = self.u64(key)?;
                 // Bound the count by what the file can hold before allocating anything.
-                if n.checked_mul(et.min_size()).is_none_or(|b| b > self.remaining()) {
+                if n.checked_mul(et.min_size())
+                    .is_none_or(|b| b > self.remaining())
+                {
                     return Err(format!(
                         "metadata '{key}': array claims {n} {} elements but only {} bytes remain",
                         et.name(),
@@ -245,29 +260,45 @@ impl<'a> Cursor<'a> {
 
 fn parse(buf: &[u8], profile: &Profile) -> std::result::Result<Parsed, String> {
     let mut c = Cursor { buf, pos: 0 };
-    let magic = c.take(4, "magic").map_err(|_| "not a GGUF file: shorter than the 4-byte magic".to_string())?;
+    let magic = c
+        .take(4, "magic")
+        .map_err(|_| "not a GGUF file: shorter than the 4-byte magic".to_string())?;
     if magic != MAGIC {
-        return Err(format!("not a GGUF file: magic is {magic:02x?}, expected \"GGUF\""));
+        return Err(format!(
+            "not a GGUF file: magic is {magic:02x?}, expected \"GGUF\""
+        ));
     }
     let version = c.u32("version")?;
     if version.swap_bytes() == 2 || version.swap_bytes() == 3 {
-        return Err("big-endian GGUF is not supported; convert it to little-endian with gguf-py first".into());
+        return Err(
+            "big-endian GGUF is not supported; convert it to little-endian with gguf-py first"
+                .into(),
+        );
     }
     if version == 1 {
-        return Err("GGUF v1 is not supported (32-bit counts); re-save it with a current llama.cpp/gguf-py".into());
+        return Err(
+            "GGUF v1 is not supported (32-bit counts); re-save it with a current llama.cpp/gguf-py"
+                .into(),
+        );
     }
     if version != 2 && version != 3 {
-        return Err(format!("unsupported GGUF version {version} (tq reads v2 and v3)"));
+        return Err(format!(
+            "unsupported GGUF version {version} (tq reads v2 and v3)"
+        ));
     }
     let n_tensors = c.u64("tensor count")?;
     let n_kv = c.u64("metadata count")?;
     // Smallest possible KV: 8-byte key length + 4-byte type + 1-byte value.
     if n_kv.checked_mul(13).is_none_or(|b| b > c.remaining()) {
-        return Err(format!("header claims {n_kv} metadata entries, more than the file can hold"));
+        return Err(format!(
+            "header claims {n_kv} metadata entries, more than the file can hold"
+        ));
     }
     // Smallest possible tensor info: name length 8 + n_dims 4 + type 4 + offset 8.
     if n_tensors.checked_mul(24).is_none_or(|b| b > c.remaining()) {
-        return Err(format!("header claims {n_tensors} tensors, more than the file can hold"));
+        return Err(format!(
+            "header claims {n_tensors} tensors, more than the file can hold"
+        ));
     }
 
     let mut metadata = Vec::with_capacity(n_kv as usize);
@@ -275,7 +306,8 @@ fn parse(buf: &[u8], profile: &Profile) -> std::result::Result<Parsed, String> {
     for i in 0..n_kv {
         let key = c.utf8(&format!("metadata key #{i}"))?;
         let ty = c.u32(&key)?;
-        let ty = ValueType::from_u32(ty).ok_or_else(|| format!("metadata '{key}': unknown value type {ty}"))?;
+        let ty = ValueType::from_u32(ty)
+            .ok_or_else(|| format!("metadata '{key}': unknown value type {ty}"))?;
         let v = c.value(ty, &key, 0)?;
         if !keys.insert(key.clone()) {
             return Err(format!("duplicate metadata key '{key}'"));
@@ -286,7 +318,11 @@ fn parse(buf: &[u8], profile: &Profile) -> std::result::Result<Parsed, String> {
     let alignment = match metadata.iter().find(|(k, _)| k == "general.alignment") {
         None => DEFAULT_ALIGNMENT,
         Some((_, Value::U32(a))) if *a != 0 && a.is_power_of_two() => *a as u64,
-        Some((_, v)) => return Err(format!("general.alignment must be a non-zero power of two u32, found {v:?}")),
+        Some((_, v)) => {
+            return Err(format!(
+                "general.alignment must be a non-zero power of two u32, found {v:?}"
+            ))
+        }
     };
 
     let mut tensors = Vec::with_capacity(n_tensors as usize);
@@ -295,7 +331,9 @@ fn parse(buf: &[u8], profile: &Profile) -> std::result::Result<Parsed, String> {
         let name = c.utf8(&format!("tensor #{i} name"))?;
         let n_dims = c.u32(&format!("tensor '{name}' n_dims"))?;
         if n_dims as usize > MAX_DIMS {
-            return Err(format!("tensor '{name}': {n_dims} dimensions (ggml allows at most {MAX_DIMS})"));
+            return Err(format!(
+                "tensor '{name}': {n_dims} dimensions (ggml allows at most {MAX_DIMS})"
+            ));
         }
         let mut dims = Vec::with_capacity(n_dims as usize);
         for _ in 0..n_dims {
@@ -322,16 +360,26 @@ fn parse(buf: &[u8], profile: &Profile) -> std::result::Result<Parsed, String> {
                 ty.block_size()
             ));
         }
-        let size = ty
-            .bytes_for(n_el)
-            .ok_or_else(|| format!("tensor '{name}': byte size of {n_el} {} elements overflows", ty.name()))?;
+        let size = ty.bytes_for(n_el).ok_or_else(|| {
+            format!(
+                "tensor '{name}': byte size of {n_el} {} elements overflows",
+                ty.name()
+            )
+        })?;
         if offset % alignment != 0 {
             return Err(format!("tensor '{name}': data offset {offset} is not a multiple of the alignment {alignment}"));
         }
         if !names.insert(name.clone()) {
             return Err(format!("duplicate tensor name '{name}'"));
         }
-        tensors.push(TensorInfo { name, dims, type_id, ty, offset, size });
+        tensors.push(TensorInfo {
+            name,
+            dims,
+            type_id,
+            ty,
+            offset,
+            size,
+        });
     }
 
     let header_len = c.pos as u64;
@@ -348,7 +396,10 @@ fn parse(buf: &[u8], profile: &Profile) -> std::result::Result<Parsed, String> {
     let mut prev_name = "";
     for &i in &order {
         let t = &tensors[i];
-        let end = t.offset.checked_add(t.size).ok_or_else(|| format!("tensor '{}': offset + size overflows", t.name))?;
+        let end = t
+            .offset
+            .checked_add(t.size)
+            .ok_or_else(|| format!("tensor '{}': offset + size overflows", t.name))?;
         if end > data_len {
             return Err(format!(
                 "truncated or corrupt file: tensor '{}' spans data bytes {}..{end} but the data section has {data_len}",
@@ -356,13 +407,23 @@ fn parse(buf: &[u8], profile: &Profile) -> std::result::Result<Parsed, String> {
             ));
         }
         if t.offset < end_prev {
-            return Err(format!("tensors '{prev_name}' and '{}' overlap in the data section", t.name));
+            return Err(format!(
+                "tensors '{prev_name}' and '{}' overlap in the data section",
+                t.name
+            ));
         }
         end_prev = end;
         prev_name = &t.name;
     }
 
-    Ok(Parsed { version, metadata, tensors, alignment, data_offset, header_len })
+    Ok(Parsed {
+        version,
+        metadata,
+        tensors,
+        alignment,
+        data_offset,
+        header_len,
+    })
 }
 
 #[cfg(test)]
@@ -375,11 +436,21 @@ mod tests {
 
     #[test]
     fn rejects_short_and_bad_magic() {
-        assert!(parse(b"GG", &profile()).unwrap_err().contains("not a GGUF file"));
-        assert!(parse(b"GGML\x03\0\0\0", &profile()).unwrap_err().contains("magic"));
-        assert!(parse(b"GGUF\x03\0\0", &profile()).unwrap_err().contains("truncated"));
-        assert!(parse(b"GGUF\x01\0\0\0", &profile()).unwrap_err().contains("v1"));
-        assert!(parse(b"GGUF\0\0\0\x03", &profile()).unwrap_err().contains("big-endian"));
+        assert!(parse(b"GG", &profile())
+            .unwrap_err()
+            .contains("not a GGUF file"));
+        assert!(parse(b"GGML\x03\0\0\0", &profile())
+            .unwrap_err()
+            .contains("magic"));
+        assert!(parse(b"GGUF\x03\0\0", &profile())
+            .unwrap_err()
+            .contains("truncated"));
+        assert!(parse(b"GGUF\x01\0\0\0", &profile())
+            .unwrap_err()
+            .contains("v1"));
+        assert!(parse(b"GGUF\0\0\0\x03", &profile())
+            .unwrap_err()
+            .contains("big-endian"));
     }
 
     #[test]

@@ -57,7 +57,10 @@ pub fn encode_header(
     let mut off = 0u64;
     for t in tensors {
         if t.dims.len() > MAX_DIMS {
-            return Err(Error::Unsupported(format!("tensor '{}': more than {MAX_DIMS} dimensions", t.name)));
+            return Err(Error::Unsupported(format!(
+                "tensor '{}': more than {MAX_DIMS} dimensions",
+                t.name
+            )));
         }
         put_str(&mut h, t.name.as_bytes());
         h.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
@@ -73,7 +76,11 @@ pub fn encode_header(
 }
 
 /// Total file size for this layout (header, padding, data with padding between tensors).
-pub fn file_size(version: u32, metadata: &[(String, Value)], tensors: &[TensorSpec]) -> Result<u64> {
+pub fn file_size(
+    version: u32,
+    metadata: &[(String, Value)],
+    tensors: &[TensorSpec],
+) -> Result<u64> {
     let (h, offsets, alignment) = encode_header(version, metadata, tensors)?;
     let data_start = (h.len() as u64).div_ceil(alignment) * alignment;
     Ok(match (offsets.last(), tensors.last()) {
@@ -86,7 +93,9 @@ fn alignment_of(metadata: &[(String, Value)]) -> Result<u64> {
     match metadata.iter().find(|(k, _)| k == "general.alignment") {
         None => Ok(DEFAULT_ALIGNMENT),
         Some((_, Value::U32(a))) if *a != 0 && a.is_power_of_two() => Ok(*a as u64),
-        Some((_, v)) => Err(Error::Usage(format!("general.alignment must be a non-zero power-of-two u32, got {v:?}"))),
+        Some((_, v)) => Err(Error::Usage(format!(
+            "general.alignment must be a non-zero power-of-two u32, got {v:?}"
+        ))),
     }
 }
 
@@ -140,7 +149,10 @@ impl GgufWriter {
         let mut seen = std::collections::HashSet::new();
         for t in tensors {
             if !seen.insert(&t.name) {
-                return Err(Error::Usage(format!("duplicate tensor name '{}' in output", t.name)));
+                return Err(Error::Usage(format!(
+                    "duplicate tensor name '{}' in output",
+                    t.name
+                )));
             }
         }
         let (header, _, alignment) = encode_header(version, metadata, tensors)?;
@@ -148,10 +160,17 @@ impl GgufWriter {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let base = final_path
-            .file_name()
-            .ok_or_else(|| Error::Usage(format!("{}: output path has no file name", final_path.display())))?;
-        let tmp_path = dir.join(format!(".{}.tq-tmp-{}", base.to_string_lossy(), std::process::id()));
+        let base = final_path.file_name().ok_or_else(|| {
+            Error::Usage(format!(
+                "{}: output path has no file name",
+                final_path.display()
+            ))
+        })?;
+        let tmp_path = dir.join(format!(
+            ".{}.tq-tmp-{}",
+            base.to_string_lossy(),
+            std::process::id()
+        ));
         let file = File::create(&tmp_path).map_err(|e| Error::io(&tmp_path, e))?;
         let mut w = GgufWriter {
             final_path,
@@ -235,13 +254,20 @@ impl GgufWriter {
             )));
         }
         let out = self.out.take().expect("writer open");
-        let file = out.into_inner().map_err(|e| Error::io(&self.tmp_path, e.into_error()))?;
+        let file = out
+            .into_inner()
+            .map_err(|e| Error::io(&self.tmp_path, e.into_error()))?;
         file.sync_all().map_err(|e| Error::io(&self.tmp_path, e))?;
         drop(file);
-        std::fs::rename(&self.tmp_path, &self.final_path).map_err(|e| Error::io(&self.final_path, e))?;
+        std::fs::rename(&self.tmp_path, &self.final_path)
+            .map_err(|e| Error::io(&self.final_path, e))?;
         if let Some(dir) = self.final_path.parent() {
             // Make the rename durable; not all filesystems allow opening a directory, so best effort.
-            if let Ok(d) = File::open(if dir.as_os_str().is_empty() { Path::new(".") } else { dir }) {
+            if let Ok(d) = File::open(if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            }) {
                 let _ = d.sync_all();
             }
         }
@@ -260,5 +286,8 @@ impl Drop for GgufWriter {
 
 /// Convenience: the metadata value type of an array of strings.
 pub fn string_array(items: impl IntoIterator<Item = String>) -> Value {
-    Value::Array(ValueType::String, items.into_iter().map(|s| Value::String(s.into())).collect())
+    Value::Array(
+        ValueType::String,
+        items.into_iter().map(|s| Value::String(s.into())).collect(),
+    )
 }

@@ -5,9 +5,9 @@
 //! Adding a type = one enum variant + one row in [`TYPES`] (+ its kernels in a module of its own).
 
 pub mod float;
+pub mod iquants;
 pub mod kquants;
 pub mod legacy;
-pub mod iquants;
 pub mod profile;
 pub mod tq;
 pub mod turbo;
@@ -24,12 +24,46 @@ pub type QuantizeFn = fn(src: &[f32], out: &mut [u8]);
 /// [`TYPES`], not a GGUF type id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TensorType {
-    F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1,
-    Q2K, Q3K, Q4K, Q5K, Q6K, Q8K,
-    IQ2XXS, IQ2XS, IQ3XXS, IQ1S, IQ4NL, IQ3S, IQ2S, IQ4XS,
-    I8, I16, I32, I64, F64, IQ1M, BF16, TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0,
+    F32,
+    F16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q8_1,
+    Q2K,
+    Q3K,
+    Q4K,
+    Q5K,
+    Q6K,
+    Q8K,
+    IQ2XXS,
+    IQ2XS,
+    IQ3XXS,
+    IQ1S,
+    IQ4NL,
+    IQ3S,
+    IQ2S,
+    IQ4XS,
+    I8,
+    I16,
+    I32,
+    I64,
+    F64,
+    IQ1M,
+    BF16,
+    TQ1_0,
+    TQ2_0,
+    MXFP4,
+    NVFP4,
+    Q1_0,
     // TurboQuant (ids assigned by a target profile)
-    TQ3_1S, TQ4_1S, Turbo2, Turbo3, Turbo4,
+    TQ3_1S,
+    TQ4_1S,
+    Turbo2,
+    Turbo3,
+    Turbo4,
 }
 
 /// Where a type comes from, which decides whether it has a fixed GGUF id.
@@ -72,45 +106,205 @@ use Origin::{Stock, TurboQuant};
 /// ggml's `type_traits` (gguf-py's table is checked against this one in tests; note gguf-py still
 /// lists Q8_1 as 40 bytes, ggml's `block_q8_1` is 36 since its scales became f16).
 pub static TYPES: &[TypeInfo] = &[
-    row!(F32, "f32", Stock(0), 1, 4, Some(float::dequantize_f32), Some(float::quantize_f32)),
-    row!(F16, "f16", Stock(1), 1, 2, Some(float::dequantize_f16), Some(float::quantize_f16)),
-    row!(Q4_0, "q4_0", Stock(2), 32, 18, Some(legacy::dequantize_q4_0), Some(legacy::quantize_q4_0)),
-    row!(Q4_1, "q4_1", Stock(3), 32, 20, Some(legacy::dequantize_q4_1), Some(legacy::quantize_q4_1)),
-    row!(Q5_0, "q5_0", Stock(6), 32, 22, Some(legacy::dequantize_q5_0), None),
-    row!(Q5_1, "q5_1", Stock(7), 32, 24, Some(legacy::dequantize_q5_1), None),
-    row!(Q8_0, "q8_0", Stock(8), 32, 34, Some(legacy::dequantize_q8_0), Some(legacy::quantize_q8_0)),
+    row!(
+        F32,
+        "f32",
+        Stock(0),
+        1,
+        4,
+        Some(float::dequantize_f32),
+        Some(float::quantize_f32)
+    ),
+    row!(
+        F16,
+        "f16",
+        Stock(1),
+        1,
+        2,
+        Some(float::dequantize_f16),
+        Some(float::quantize_f16)
+    ),
+    row!(
+        Q4_0,
+        "q4_0",
+        Stock(2),
+        32,
+        18,
+        Some(legacy::dequantize_q4_0),
+        Some(legacy::quantize_q4_0)
+    ),
+    row!(
+        Q4_1,
+        "q4_1",
+        Stock(3),
+        32,
+        20,
+        Some(legacy::dequantize_q4_1),
+        Some(legacy::quantize_q4_1)
+    ),
+    row!(
+        Q5_0,
+        "q5_0",
+        Stock(6),
+        32,
+        22,
+        Some(legacy::dequantize_q5_0),
+        Some(legacy::quantize_q5_0)
+    ),
+    row!(
+        Q5_1,
+        "q5_1",
+        Stock(7),
+        32,
+        24,
+        Some(legacy::dequantize_q5_1),
+        Some(legacy::quantize_q5_1)
+    ),
+    row!(
+        Q8_0,
+        "q8_0",
+        Stock(8),
+        32,
+        34,
+        Some(legacy::dequantize_q8_0),
+        Some(legacy::quantize_q8_0)
+    ),
     row!(Q8_1, "q8_1", Stock(9), 32, 36, None, None),
-    row!(Q2K, "q2_K", Stock(10), 256, 84, Some(kquants::dequantize_q2_k), None),
-    row!(Q3K, "q3_K", Stock(11), 256, 110, Some(kquants::dequantize_q3_k), None),
-    row!(Q4K, "q4_K", Stock(12), 256, 144, Some(kquants::dequantize_q4_k), None),
-    row!(Q5K, "q5_K", Stock(13), 256, 176, Some(kquants::dequantize_q5_k), None),
-    row!(Q6K, "q6_K", Stock(14), 256, 210, Some(kquants::dequantize_q6_k), None),
+    row!(
+        Q2K,
+        "q2_K",
+        Stock(10),
+        256,
+        84,
+        Some(kquants::dequantize_q2_k),
+        None
+    ),
+    row!(
+        Q3K,
+        "q3_K",
+        Stock(11),
+        256,
+        110,
+        Some(kquants::dequantize_q3_k),
+        None
+    ),
+    row!(
+        Q4K,
+        "q4_K",
+        Stock(12),
+        256,
+        144,
+        Some(kquants::dequantize_q4_k),
+        None
+    ),
+    row!(
+        Q5K,
+        "q5_K",
+        Stock(13),
+        256,
+        176,
+        Some(kquants::dequantize_q5_k),
+        None
+    ),
+    row!(
+        Q6K,
+        "q6_K",
+        Stock(14),
+        256,
+        210,
+        Some(kquants::dequantize_q6_k),
+        None
+    ),
     row!(Q8K, "q8_K", Stock(15), 256, 292, None, None),
     row!(IQ2XXS, "iq2_xxs", Stock(16), 256, 66, None, None),
     row!(IQ2XS, "iq2_xs", Stock(17), 256, 74, None, None),
     row!(IQ3XXS, "iq3_xxs", Stock(18), 256, 98, None, None),
     row!(IQ1S, "iq1_s", Stock(19), 256, 50, None, None),
-    row!(IQ4NL, "iq4_nl", Stock(20), 32, 18, Some(iquants::dequantize_iq4_nl), None),
+    row!(
+        IQ4NL,
+        "iq4_nl",
+        Stock(20),
+        32,
+        18,
+        Some(iquants::dequantize_iq4_nl),
+        None
+    ),
     row!(IQ3S, "iq3_s", Stock(21), 256, 110, None, None),
     row!(IQ2S, "iq2_s", Stock(22), 256, 82, None, None),
-    row!(IQ4XS, "iq4_xs", Stock(23), 256, 136, Some(iquants::dequantize_iq4_xs), None),
+    row!(
+        IQ4XS,
+        "iq4_xs",
+        Stock(23),
+        256,
+        136,
+        Some(iquants::dequantize_iq4_xs),
+        None
+    ),
     row!(I8, "i8", Stock(24), 1, 1, None, None),
     row!(I16, "i16", Stock(25), 1, 2, None, None),
     row!(I32, "i32", Stock(26), 1, 4, None, None),
     row!(I64, "i64", Stock(27), 1, 8, None, None),
     row!(F64, "f64", Stock(28), 1, 8, None, None),
     row!(IQ1M, "iq1_m", Stock(29), 256, 56, None, None),
-    row!(BF16, "bf16", Stock(30), 1, 2, Some(float::dequantize_bf16), Some(float::quantize_bf16)),
+    row!(
+        BF16,
+        "bf16",
+        Stock(30),
+        1,
+        2,
+        Some(float::dequantize_bf16),
+        Some(float::quantize_bf16)
+    ),
     row!(TQ1_0, "tq1_0", Stock(34), 256, 54, None, None),
     row!(TQ2_0, "tq2_0", Stock(35), 256, 66, None, None),
     row!(MXFP4, "mxfp4", Stock(39), 32, 17, None, None),
     row!(NVFP4, "nvfp4", Stock(40), 64, 36, None, None),
     row!(Q1_0, "q1_0", Stock(41), 128, 18, None, None),
-    row!(TQ3_1S, "tq3_1s", TurboQuant, 32, 16, Some(tq::dequantize_tq3_1s), Some(tq::quantize_tq3_1s)),
-    row!(TQ4_1S, "tq4_1s", TurboQuant, 32, 20, Some(tq::dequantize_tq4_1s), Some(tq::quantize_tq4_1s)),
-    row!(Turbo2, "turbo2", TurboQuant, 128, 34, Some(turbo::dequantize_turbo2), Some(turbo::quantize_turbo2)),
-    row!(Turbo3, "turbo3", TurboQuant, 128, 50, Some(turbo::dequantize_turbo3), Some(turbo::quantize_turbo3)),
-    row!(Turbo4, "turbo4", TurboQuant, 128, 68, Some(turbo::dequantize_turbo4), Some(turbo::quantize_turbo4)),
+    row!(
+        TQ3_1S,
+        "tq3_1s",
+        TurboQuant,
+        32,
+        16,
+        Some(tq::dequantize_tq3_1s),
+        Some(tq::quantize_tq3_1s)
+    ),
+    row!(
+        TQ4_1S,
+        "tq4_1s",
+        TurboQuant,
+        32,
+        20,
+        Some(tq::dequantize_tq4_1s),
+        Some(tq::quantize_tq4_1s)
+    ),
+    row!(
+        Turbo2,
+        "turbo2",
+        TurboQuant,
+        128,
+        34,
+        Some(turbo::dequantize_turbo2),
+        Some(turbo::quantize_turbo2)
+    ),
+    row!(
+        Turbo3,
+        "turbo3",
+        TurboQuant,
+        128,
+        50,
+        Some(turbo::dequantize_turbo3),
+        Some(turbo::quantize_turbo3)
+    ),
+    row!(
+        Turbo4,
+        "turbo4",
+        TurboQuant,
+        128,
+        68,
+        Some(turbo::dequantize_turbo4),
+        Some(turbo::quantize_turbo4)
+    ),
 ];
 
 impl TensorType {
@@ -125,8 +319,14 @@ impl TensorType {
     /// Case-insensitive lookup by name (`Q4_K`, `q4_k`, `tq4_1s`, `turbo3_0` also accepted).
     pub fn from_name(name: &str) -> Option<TensorType> {
         let n = name.to_ascii_lowercase();
-        let n = n.strip_suffix("_0").filter(|s| s.starts_with("turbo")).unwrap_or(&n);
-        TYPES.iter().find(|t| t.name.eq_ignore_ascii_case(n)).map(|t| t.ty)
+        let n = n
+            .strip_suffix("_0")
+            .filter(|s| s.starts_with("turbo"))
+            .unwrap_or(&n);
+        TYPES
+            .iter()
+            .find(|t| t.name.eq_ignore_ascii_case(n))
+            .map(|t| t.ty)
     }
 
     /// The stock ggml id, if any (TurboQuant types get theirs from a profile).
@@ -185,7 +385,10 @@ pub fn dequantize(ty: TensorType, data: &[u8], out: &mut [f32], what: &str) -> R
 pub fn quantize(ty: TensorType, src: &[f32], out: &mut [u8], what: &str) -> Result<()> {
     let info = ty.info();
     let f = info.quantize.ok_or_else(|| {
-        Error::Unsupported(format!("{what}: quantization to {} is not supported by tq", info.name))
+        Error::Unsupported(format!(
+            "{what}: quantization to {} is not supported by tq",
+            info.name
+        ))
     })?;
     check_sizes(ty, out.len(), src.len(), what)?;
     if let Some(i) = src.iter().position(|v| !v.is_finite()) {
@@ -244,6 +447,10 @@ mod tests {
     fn unsupported_dequant_is_an_error() {
         let mut out = vec![0f32; 256];
         let e = dequantize(TensorType::IQ2XXS, &[0u8; 66], &mut out, "blk.0.x").unwrap_err();
-        assert!(e.to_string().contains("dequantization of iq2_xxs is not supported"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("dequantization of iq2_xxs is not supported"),
+            "{e}"
+        );
     }
 }

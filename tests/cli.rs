@@ -7,8 +7,15 @@ mod fixtures;
 use std::process::Command;
 
 fn tq(args: &[&str]) -> (i32, String, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_tq")).args(args).output().unwrap();
-    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into(), String::from_utf8_lossy(&o.stderr).into())
+    let o = Command::new(env!("CARGO_BIN_EXE_tq"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
 }
 
 #[test]
@@ -23,10 +30,21 @@ fn inspect_smollm2_json() {
     let totals = j["totals"].as_array().unwrap();
     let q41 = totals.iter().find(|t| t["type"] == "q4_1").unwrap();
     assert_eq!(q41["tensors"], 210);
-    assert_eq!(totals.iter().find(|t| t["type"] == "f32").unwrap()["tensors"], 61);
-    assert_eq!(totals.iter().find(|t| t["type"] == "q8_0").unwrap()["tensors"], 1);
+    assert_eq!(
+        totals.iter().find(|t| t["type"] == "f32").unwrap()["tensors"],
+        61
+    );
+    assert_eq!(
+        totals.iter().find(|t| t["type"] == "q8_0").unwrap()["tensors"],
+        1
+    );
     // Long arrays are summarized, not dumped.
-    let toks = j["metadata"].as_array().unwrap().iter().find(|m| m["key"] == "tokenizer.ggml.tokens").unwrap();
+    let toks = j["metadata"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["key"] == "tokenizer.ggml.tokens")
+        .unwrap();
     assert_eq!(toks["value"]["len"], 49152);
     assert_eq!(toks["type"], "array[string]");
     // Sum of tensor bytes ≈ q4_1 5 bpw + q8_0 8.5 bpw + f32.
@@ -42,9 +60,15 @@ fn inspect_text_has_table_and_totals() {
     std::fs::write(&p, &fx.bytes).unwrap();
     let (code, out, err) = tq(&["inspect", p.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("blk.0.attn_v.weight") && out.contains("tq4_1s"), "{out}");
+    assert!(
+        out.contains("blk.0.attn_v.weight") && out.contains("tq4_1s"),
+        "{out}"
+    );
     assert!(out.contains("totals per type"));
-    assert!(out.contains("[i32; 100] -300, -293"), "long arrays summarized: {out}");
+    assert!(
+        out.contains("[i32; 100] -300, -293"),
+        "long arrays summarized: {out}"
+    );
     // With the upstream profile the fork's id 46 is unknown: a clear error.
     let (code, _, err) = tq(&["inspect", p.to_str().unwrap(), "--target", "upstream"]);
     assert_eq!(code, 2);
@@ -52,7 +76,13 @@ fn inspect_text_has_table_and_totals() {
     // A type map from another fork that places TQ4_1S at 46 works again.
     let m = dir.path().join("map.json");
     std::fs::write(&m, r#"{"name":"x","types":{"tq4_1s":46}}"#).unwrap();
-    let (code, out, _) = tq(&["inspect", p.to_str().unwrap(), "--type-map", m.to_str().unwrap(), "--json"]);
+    let (code, out, _) = tq(&[
+        "inspect",
+        p.to_str().unwrap(),
+        "--type-map",
+        m.to_str().unwrap(),
+        "--json",
+    ]);
     assert_eq!(code, 0);
     assert!(out.contains("\"profile\": \"x\""));
 }
@@ -75,7 +105,10 @@ fn inspect_minilm_safetensors() {
     for t in tensors {
         let h = &keys[t["name"].as_str().unwrap()];
         assert_eq!(h["shape"], t["shape"]);
-        assert_eq!(h["dtype"].as_str().unwrap().to_lowercase(), t["type"].as_str().unwrap());
+        assert_eq!(
+            h["dtype"].as_str().unwrap().to_lowercase(),
+            t["type"].as_str().unwrap()
+        );
     }
     assert_eq!(j["metadata"][0]["key"], "format");
     assert_eq!(j["metadata"][0]["value"], "pt");
@@ -87,9 +120,26 @@ fn bad_inputs_exit_2_with_one_line() {
     let fx = fixtures::gguf_gen::standard(3, None);
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         ("empty.gguf", vec![], "neither a GGUF file"),
-        ("text.gguf", b"hello world, not a model".to_vec(), "neither a GGUF file"),
-        ("trunc.gguf", fx.bytes[..fx.bytes.len() / 2].to_vec(), "truncated"),
-        ("st.safetensors", { let mut b = 1000u64.to_le_bytes().to_vec(); b.extend_from_slice(b"{\"a\":1}"); b.extend_from_slice(&[b' '; 12]); b }, "invalid safetensors file"),
+        (
+            "text.gguf",
+            b"hello world, not a model".to_vec(),
+            "neither a GGUF file",
+        ),
+        (
+            "trunc.gguf",
+            fx.bytes[..fx.bytes.len() / 2].to_vec(),
+            "truncated",
+        ),
+        (
+            "st.safetensors",
+            {
+                let mut b = 1000u64.to_le_bytes().to_vec();
+                b.extend_from_slice(b"{\"a\":1}");
+                b.extend_from_slice(&[b' '; 12]);
+                b
+            },
+            "invalid safetensors file",
+        ),
     ];
     for (name, bytes, expect) in cases {
         let p = dir.path().join(name);
@@ -103,7 +153,10 @@ fn bad_inputs_exit_2_with_one_line() {
     }
     let (code, _, err) = tq(&["inspect", dir.path().join("missing.gguf").to_str().unwrap()]);
     assert_eq!(code, 1);
-    assert!(err.contains("missing.gguf") && err.contains("No such file"), "{err}");
+    assert!(
+        err.contains("missing.gguf") && err.contains("No such file"),
+        "{err}"
+    );
     let (code, _, err) = tq(&["inspect", "x", "--target", "nonesuch"]);
     assert_eq!(code, 2);
     assert!(err.contains("unknown target profile 'nonesuch'"), "{err}");
@@ -113,7 +166,12 @@ fn bad_inputs_exit_2_with_one_line() {
 #[test]
 fn inspect_large_sparse_file() {
     let dims = vec![65536u64, 65536];
-    let mut fx = fixtures::gguf_gen::build(3, None, fixtures::gguf_gen::all_value_types(), &[("big", vec![32], 1, 1, 2)]);
+    let mut fx = fixtures::gguf_gen::build(
+        3,
+        None,
+        fixtures::gguf_gen::all_value_types(),
+        &[("big", vec![32], 1, 1, 2)],
+    );
     // Patch the single tensor's dims to 65536 x 65536 f16 (8 GiB) and extend the file sparsely.
     let pos = fx.bytes.windows(3).position(|w| w == b"big").unwrap() + 3;
     fx.bytes[pos..pos + 4].copy_from_slice(&2u32.to_le_bytes());

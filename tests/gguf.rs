@@ -13,7 +13,12 @@ fn rewrite(f: &GgufFile, out: &Path, chunk: usize) {
     let specs: Vec<TensorSpec> = f
         .tensors
         .iter()
-        .map(|t| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), type_id: t.type_id, size: t.size })
+        .map(|t| TensorSpec {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            type_id: t.type_id,
+            size: t.size,
+        })
         .collect();
     let mut w = GgufWriter::create(out, f.version, &f.metadata, &specs).unwrap();
     for t in &f.tensors {
@@ -26,7 +31,9 @@ fn rewrite(f: &GgufFile, out: &Path, chunk: usize) {
 
 #[test]
 fn smollm2_round_trip_is_byte_identical() {
-    let Some(path) = fixtures::smollm2() else { return };
+    let Some(path) = fixtures::smollm2() else {
+        return;
+    };
     let f = GgufFile::open(&path).unwrap();
     assert_eq!(f.version, 3);
     assert_eq!(f.tensors.len(), 272);
@@ -37,14 +44,24 @@ fn smollm2_round_trip_is_byte_identical() {
     let a = std::fs::read(&path).unwrap();
     let b = std::fs::read(&out).unwrap();
     assert_eq!(a.len(), b.len());
-    assert!(a == b, "round trip differs at byte {:?}", a.iter().zip(&b).position(|(x, y)| x != y));
+    assert!(
+        a == b,
+        "round trip differs at byte {:?}",
+        a.iter().zip(&b).position(|(x, y)| x != y)
+    );
     // Only the final file exists: no temporary left behind.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
 }
 
 #[test]
 fn generated_fixtures_read_and_round_trip() {
-    for (version, align) in [(3, None), (2, None), (3, Some(64)), (3, Some(1)), (2, Some(256))] {
+    for (version, align) in [
+        (3, None),
+        (2, None),
+        (3, Some(64)),
+        (3, Some(1)),
+        (2, Some(256)),
+    ] {
         let fx = gguf_gen::standard(version, align);
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("fx.gguf");
@@ -52,7 +69,10 @@ fn generated_fixtures_read_and_round_trip() {
         let f = GgufFile::open(&p).unwrap();
         assert_eq!(f.version, version);
         assert_eq!(f.alignment, fx.alignment);
-        assert_eq!(f.metadata, fx.metadata, "metadata (types, values, order) preserved");
+        assert_eq!(
+            f.metadata, fx.metadata,
+            "metadata (types, values, order) preserved"
+        );
         assert_eq!(f.tensors.len(), fx.tensors.len());
         for (t, (name, dims, id, data)) in f.tensors.iter().zip(&fx.tensors) {
             assert_eq!(&t.name, name);
@@ -63,14 +83,23 @@ fn generated_fixtures_read_and_round_trip() {
         for chunk in [7, 1 << 20] {
             let out = dir.path().join("out.gguf");
             rewrite(&f, &out, chunk);
-            assert_eq!(std::fs::read(&out).unwrap(), fx.bytes, "v{version} align {align:?} chunk {chunk}");
+            assert_eq!(
+                std::fs::read(&out).unwrap(),
+                fx.bytes,
+                "v{version} align {align:?} chunk {chunk}"
+            );
         }
         let size = tq::gguf::writer::file_size(
             version,
             &f.metadata,
             &f.tensors
                 .iter()
-                .map(|t| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), type_id: t.type_id, size: t.size })
+                .map(|t| TensorSpec {
+                    name: t.name.clone(),
+                    dims: t.dims.clone(),
+                    type_id: t.type_id,
+                    size: t.size,
+                })
                 .collect::<Vec<_>>(),
         )
         .unwrap();
@@ -88,7 +117,12 @@ fn writer_leaves_no_partial_file() {
     let specs: Vec<TensorSpec> = f
         .tensors
         .iter()
-        .map(|t| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), type_id: t.type_id, size: t.size })
+        .map(|t| TensorSpec {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            type_id: t.type_id,
+            size: t.size,
+        })
         .collect();
     let out = dir.path().join("out.gguf");
     // Too little data: finish() fails and nothing exists under the final name.
@@ -101,7 +135,11 @@ fn writer_leaves_no_partial_file() {
     let w = GgufWriter::create(&out, 3, &f.metadata, &specs).unwrap();
     drop(w);
     assert!(!out.exists());
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "only the input remains");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "only the input remains"
+    );
     // Too much data is an error, not a silently longer file.
     let mut w = GgufWriter::create(&out, 3, &f.metadata, &specs[..1]).unwrap();
     assert!(w.write_data(&vec![0u8; 257]).is_err());
@@ -111,13 +149,20 @@ fn writer_leaves_no_partial_file() {
 #[test]
 fn gguf_py_reads_our_output() {
     let py = fixtures::cache_dir().join("venv/bin/python");
-    let Some(py) = fixtures::data_file(py, "scripts/oracle.sh (creates the Python venv)") else { return };
+    let Some(py) = fixtures::data_file(py, "scripts/oracle.sh (creates the Python venv)") else {
+        return;
+    };
     // gguf-py knows stock type ids only, so this fixture leaves out the TQ4_1S tensor.
     let fx = gguf_gen::build(
         3,
         Some(64),
         gguf_gen::all_value_types(),
-        &[("a", vec![64], 0, 1, 4), ("b", vec![64, 3], 1, 1, 2), ("c", vec![256, 2], 12, 256, 144), ("d", vec![32], 8, 32, 34)],
+        &[
+            ("a", vec![64], 0, 1, 4),
+            ("b", vec![64, 3], 1, 1, 2),
+            ("c", vec![256, 2], 12, 256, 144),
+            ("d", vec![32], 8, 32, 34),
+        ],
     );
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("fx.gguf");
@@ -135,8 +180,17 @@ for f in r.fields.values():
 ts = [[t.name, [int(x) for x in t.shape], int(t.tensor_type), int(t.n_bytes), bytes(t.data.tobytes()).hex()[:64]] for t in r.tensors]
 print(json.dumps({"kv": kv, "tensors": ts, "name": str(r.fields['general.name'].contents())}))
 "#;
-    let o = std::process::Command::new(py).arg("-c").arg(script).arg(&out).output().unwrap();
-    assert!(o.status.success(), "gguf-py failed: {}", String::from_utf8_lossy(&o.stderr));
+    let o = std::process::Command::new(py)
+        .arg("-c")
+        .arg(script)
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "gguf-py failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(j["name"], "fixture ünïcode ✓");
     let kv = j["kv"].as_object().unwrap();
@@ -152,7 +206,12 @@ print(json.dumps({"kv": kv, "tensors": ts, "name": str(r.fields['general.name'].
         assert_eq!(pj[2].as_u64().unwrap(), t.type_id as u64);
         {
             assert_eq!(pj[3].as_u64().unwrap(), t.size, "{}", t.name);
-            let hex: String = f.tensor_data(t).iter().take(32).map(|b| format!("{b:02x}")).collect();
+            let hex: String = f
+                .tensor_data(t)
+                .iter()
+                .take(32)
+                .map(|b| format!("{b:02x}"))
+                .collect();
             assert_eq!(pj[4].as_str().unwrap(), hex, "{}", t.name);
         }
     }
@@ -187,8 +246,17 @@ fn every_truncation_is_a_clean_error() {
     let data_end = fx.bytes.len();
     for cut in 0..data_end {
         // Cuts inside the padding after the last tensor still leave a valid file.
-        let last = f.tensors.iter().map(|t| f.data_offset + t.offset + t.size).max().unwrap() as usize;
-        let r = if cut % 97 == 0 { open_bytes(&fx.bytes[..cut]).map(|_| 0) } else { check(&fx.bytes[..cut]) };
+        let last = f
+            .tensors
+            .iter()
+            .map(|t| f.data_offset + t.offset + t.size)
+            .max()
+            .unwrap() as usize;
+        let r = if cut % 97 == 0 {
+            open_bytes(&fx.bytes[..cut]).map(|_| 0)
+        } else {
+            check(&fx.bytes[..cut])
+        };
         if cut >= last {
             assert!(r.is_ok(), "cut {cut}");
         } else {
@@ -254,54 +322,173 @@ fn with_data(mut b: Vec<u8>, data_len: usize) -> Vec<u8> {
 fn targeted_corruptions_give_specific_errors() {
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         ("bad magic", b"GGUL\x03\0\0\0".to_vec(), "not a GGUF file"),
-        ("version 9", { let mut b = header(0, 0); b[4] = 9; b }, "unsupported GGUF version 9"),
-        ("absurd kv count", header(0, u64::MAX / 2), "metadata entries"),
-        ("absurd tensor count", header(1 << 40, 0), "tensors, more than the file"),
-        ("huge string", { let mut b = header(0, 1); b.extend_from_slice(&u64::MAX.to_le_bytes()); b.extend_from_slice(&[0; 16]); b }, "truncated"),
-        ("huge array", {
-            let mut b = header(0, 1);
-            push_str(&mut b, "a");
-            b.extend_from_slice(&9u32.to_le_bytes());
-            b.extend_from_slice(&4u32.to_le_bytes());
-            b.extend_from_slice(&(1u64 << 60).to_le_bytes());
-            b
-        }, "array claims"),
-        ("bad value type", { let mut b = header(0, 1); push_str(&mut b, "k"); b.extend_from_slice(&77u32.to_le_bytes()); b }, "unknown value type 77"),
-        ("bad bool", { let mut b = header(0, 1); push_str(&mut b, "k"); b.extend_from_slice(&7u32.to_le_bytes()); b.push(5); b }, "invalid bool"),
-        ("dup key", {
-            let mut b = header(0, 2);
-            for _ in 0..2 { push_str(&mut b, "k"); b.extend_from_slice(&0u32.to_le_bytes()); b.push(1); }
-            b
-        }, "duplicate metadata key 'k'"),
-        ("bad alignment", {
-            let mut b = header(0, 1);
-            push_str(&mut b, "general.alignment");
-            b.extend_from_slice(&4u32.to_le_bytes());
-            b.extend_from_slice(&48u32.to_le_bytes());
-            b
-        }, "power of two"),
-        ("too many dims", { let mut b = header(1, 0); tensor_info(&mut b, "t", &[1, 1, 1, 1, 1], 0, 0); with_data(b, 4) }, "5 dimensions"),
-        ("dims overflow", { let mut b = header(1, 0); tensor_info(&mut b, "t", &[1 << 32, 1 << 32], 0, 0); with_data(b, 4) }, "overflows"),
-        ("unknown type", { let mut b = header(1, 0); tensor_info(&mut b, "t", &[32], 99, 0); with_data(b, 64) }, "unknown ggml type id 99"),
-        ("row not a block multiple", { let mut b = header(1, 0); tensor_info(&mut b, "t", &[33], 8, 0); with_data(b, 64) }, "not a multiple of the q8_0 block size 32"),
-        ("misaligned", { let mut b = header(1, 0); tensor_info(&mut b, "t", &[4], 0, 3); with_data(b, 64) }, "not a multiple of the alignment"),
-        ("out of file", { let mut b = header(1, 0); tensor_info(&mut b, "t", &[64], 0, 0); with_data(b, 100) }, "data section has 100"),
-        ("overlap", {
-            let mut b = header(2, 0);
-            tensor_info(&mut b, "a", &[16], 0, 0);
-            tensor_info(&mut b, "b", &[16], 0, 32);
-            with_data(b, 128)
-        }, "overlap"),
-        ("dup tensor", {
-            let mut b = header(2, 0);
-            tensor_info(&mut b, "a", &[8], 0, 0);
-            tensor_info(&mut b, "a", &[8], 0, 32);
-            with_data(b, 64)
-        }, "duplicate tensor name 'a'"),
+        (
+            "version 9",
+            {
+                let mut b = header(0, 0);
+                b[4] = 9;
+                b
+            },
+            "unsupported GGUF version 9",
+        ),
+        (
+            "absurd kv count",
+            header(0, u64::MAX / 2),
+            "metadata entries",
+        ),
+        (
+            "absurd tensor count",
+            header(1 << 40, 0),
+            "tensors, more than the file",
+        ),
+        (
+            "huge string",
+            {
+                let mut b = header(0, 1);
+                b.extend_from_slice(&u64::MAX.to_le_bytes());
+                b.extend_from_slice(&[0; 16]);
+                b
+            },
+            "truncated",
+        ),
+        (
+            "huge array",
+            {
+                let mut b = header(0, 1);
+                push_str(&mut b, "a");
+                b.extend_from_slice(&9u32.to_le_bytes());
+                b.extend_from_slice(&4u32.to_le_bytes());
+                b.extend_from_slice(&(1u64 << 60).to_le_bytes());
+                b
+            },
+            "array claims",
+        ),
+        (
+            "bad value type",
+            {
+                let mut b = header(0, 1);
+                push_str(&mut b, "k");
+                b.extend_from_slice(&77u32.to_le_bytes());
+                b
+            },
+            "unknown value type 77",
+        ),
+        (
+            "bad bool",
+            {
+                let mut b = header(0, 1);
+                push_str(&mut b, "k");
+                b.extend_from_slice(&7u32.to_le_bytes());
+                b.push(5);
+                b
+            },
+            "invalid bool",
+        ),
+        (
+            "dup key",
+            {
+                let mut b = header(0, 2);
+                for _ in 0..2 {
+                    push_str(&mut b, "k");
+                    b.extend_from_slice(&0u32.to_le_bytes());
+                    b.push(1);
+                }
+                b
+            },
+            "duplicate metadata key 'k'",
+        ),
+        (
+            "bad alignment",
+            {
+                let mut b = header(0, 1);
+                push_str(&mut b, "general.alignment");
+                b.extend_from_slice(&4u32.to_le_bytes());
+                b.extend_from_slice(&48u32.to_le_bytes());
+                b
+            },
+            "power of two",
+        ),
+        (
+            "too many dims",
+            {
+                let mut b = header(1, 0);
+                tensor_info(&mut b, "t", &[1, 1, 1, 1, 1], 0, 0);
+                with_data(b, 4)
+            },
+            "5 dimensions",
+        ),
+        (
+            "dims overflow",
+            {
+                let mut b = header(1, 0);
+                tensor_info(&mut b, "t", &[1 << 32, 1 << 32], 0, 0);
+                with_data(b, 4)
+            },
+            "overflows",
+        ),
+        (
+            "unknown type",
+            {
+                let mut b = header(1, 0);
+                tensor_info(&mut b, "t", &[32], 99, 0);
+                with_data(b, 64)
+            },
+            "unknown ggml type id 99",
+        ),
+        (
+            "row not a block multiple",
+            {
+                let mut b = header(1, 0);
+                tensor_info(&mut b, "t", &[33], 8, 0);
+                with_data(b, 64)
+            },
+            "not a multiple of the q8_0 block size 32",
+        ),
+        (
+            "misaligned",
+            {
+                let mut b = header(1, 0);
+                tensor_info(&mut b, "t", &[4], 0, 3);
+                with_data(b, 64)
+            },
+            "not a multiple of the alignment",
+        ),
+        (
+            "out of file",
+            {
+                let mut b = header(1, 0);
+                tensor_info(&mut b, "t", &[64], 0, 0);
+                with_data(b, 100)
+            },
+            "data section has 100",
+        ),
+        (
+            "overlap",
+            {
+                let mut b = header(2, 0);
+                tensor_info(&mut b, "a", &[16], 0, 0);
+                tensor_info(&mut b, "b", &[16], 0, 32);
+                with_data(b, 128)
+            },
+            "overlap",
+        ),
+        (
+            "dup tensor",
+            {
+                let mut b = header(2, 0);
+                tensor_info(&mut b, "a", &[8], 0, 0);
+                tensor_info(&mut b, "a", &[8], 0, 32);
+                with_data(b, 64)
+            },
+            "duplicate tensor name 'a'",
+        ),
     ];
     for (what, bytes, expect) in cases {
         let e = open_bytes(&bytes).expect_err(what);
-        assert!(e.contains(expect), "{what}: got '{e}', expected it to contain '{expect}'");
+        assert!(
+            e.contains(expect),
+            "{what}: got '{e}', expected it to contain '{expect}'"
+        );
     }
 }
 
@@ -316,5 +503,8 @@ fn metadata_accessors() {
     assert_eq!(f.get_u64("test.i8"), None);
     assert_eq!(f.get_f64("test.f64"), Some(std::f64::consts::PI));
     assert!(matches!(f.get("test.arr_nested"), Some(Value::Array(..))));
-    assert_eq!(f.tensor("blk.0.attn_v.weight").unwrap().ty, tq::types::TensorType::TQ4_1S);
+    assert_eq!(
+        f.tensor("blk.0.attn_v.weight").unwrap().ty,
+        tq::types::TensorType::TQ4_1S
+    );
 }

@@ -31,7 +31,8 @@ pub fn run(a: InspectArgs) -> Result<()> {
         r.tensors.clear();
     }
     if a.json {
-        let s = serde_json::to_string_pretty(&r).map_err(|e| Error::Usage(format!("JSON encoding failed: {e}")))?;
+        let s = serde_json::to_string_pretty(&r)
+            .map_err(|e| Error::Usage(format!("JSON encoding failed: {e}")))?;
         println!("{s}");
     } else {
         print!("{}", crate::inspect::render_text(&r, !a.no_tensors));

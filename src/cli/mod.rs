@@ -38,7 +38,14 @@ pub fn main() -> i32 {
     match r {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("tq: error: {e}");
+            // One line, always: a message from a library below us may carry line breaks.
+            let msg = e.to_string();
+            let msg: Vec<&str> = msg
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            eprintln!("tq: error: {}", msg.join(" "));
             e.exit_code()
         }
     }

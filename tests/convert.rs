@@ -1,0 +1,370 @@
+//! `tq convert` end to end on generated llama-shaped models: plans, recipes, constraints,
+//! fallbacks, determinism across thread counts, and bad input leaving no output behind.
+
+#[path = "../fixtures/mod.rs"]
+mod fixtures;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use tq::gguf::GgufFile;
+use tq::types::TensorType;
+
+fn tq(args: &[&str]) -> (i32, String, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_tq"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
+}
+
+fn write(dir: &Path, name: &str, fx: &fixtures::gguf_gen::Fixture) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, &fx.bytes).unwrap();
+    p
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn pure_q8_0_matches_registry_quantizer_and_keeps_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let fx = fixtures::gguf_gen::tiny_llama(2, 64, 128, 96);
+    let inp = write(dir.path(), "in.gguf", &fx);
+    let out = dir.path().join("out.gguf");
+    let (code, _, err) = tq(&["convert", s(&inp), "--weights", "q8_0", "-o", s(&out)]);
+    assert_eq!(code, 0, "{err}");
+    let src = GgufFile::open(&inp).unwrap();
+    let f = GgufFile::open(&out).unwrap();
+    // Input metadata kept in order; file_type set in place; provenance appended.
+    let keys: Vec<&str> = f.metadata.iter().map(|(k, _)| k.as_str()).collect();
+    let in_keys: Vec<&str> = src.metadata.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(&keys[..in_keys.len()], &in_keys[..]);
+    assert_eq!(f.get_u64("general.file_type"), Some(7));
+    assert_eq!(f.get_u64("general.quantization_version"), Some(2));
+    assert_eq!(f.get_str("tq.recipe"), Some("pure"));
+    assert_eq!(f.get_str("tq.input.name"), Some("in.gguf"));
+    assert_eq!(f.get_str("tq.input.blake3").unwrap().len(), 64);
+    for (t, st) in f.tensors.iter().zip(&src.tensors) {
+        assert_eq!(t.name, st.name);
+        if t.dims.len() == 1 {
+            assert_eq!(t.ty, TensorType::F32);
+            assert_eq!(f.tensor_data(t), src.tensor_data(st));
+        } else {
+            assert_eq!(t.ty, TensorType::Q8_0, "{}", t.name);
+            let x = src.tensor_f32(st).unwrap();
+            let mut want = vec![0u8; t.size as usize];
+            tq::types::quantize(TensorType::Q8_0, &x, &mut want, &t.name).unwrap();
+            assert!(f.tensor_data(t) == &want[..], "{}", t.name);
+        }
+    }
+}
+
+#[test]
+fn output_is_identical_for_any_thread_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let fx = fixtures::gguf_gen::tiny_llama(2, 64, 128, 96);
+    let inp = write(dir.path(), "in.gguf", &fx);
+    let mut outs = vec![];
+    for th in ["1", "2", "3"] {
+        let out = dir.path().join(format!("out{th}.gguf"));
+        let (code, _, err) = tq(&[
+            "convert",
+            s(&inp),
+            "--weights",
+            "q4_0",
+            "--threads",
+            th,
+            "-o",
+            s(&out),
+        ]);
+        assert_eq!(code, 0, "{err}");
+        outs.push(std::fs::read(out).unwrap());
+    }
+    assert!(outs[0] == outs[1] && outs[1] == outs[2]);
+}
+
+#[test]
+fn dry_run_predicts_the_written_size_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let fx = fixtures::gguf_gen::tiny_llama(2, 64, 128, 96);
+    let inp = write(dir.path(), "in.gguf", &fx);
+    let out = dir.path().join("out.gguf");
+    let (code, plan, err) = tq(&[
+        "convert",
+        s(&inp),
+        "--weights",
+        "q4_1",
+        "--dry-run",
+        "--json",
+        "-o",
+        s(&out),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.exists());
+    let j: serde_json::Value = serde_json::from_str(&plan).unwrap();
+    assert_eq!(j["tensors"].as_array().unwrap().len(), fx.tensors.len());
+    assert_eq!(j["file_type"], 3);
+    let (code, _, err) = tq(&["convert", s(&inp), "--weights", "q4_1", "-o", s(&out)]);
+    assert_eq!(code, 0, "{err}");
+    // Provenance holds the input hash only in the real run; its length is fixed (64 hex digits).
+    let real = std::fs::metadata(&out).unwrap().len();
+    let predicted = j["file_bytes"].as_u64().unwrap();
+    assert!(
+        real >= predicted && real - predicted <= 64,
+        "{real} vs {predicted}"
+    );
+}
+
+#[test]
+fn tq_constraints_token_embd_attention_group_and_row_fallbacks() {
+    let dir = tempfile::tempdir().unwrap();
+    // n_embd 48: attn_k/v rows are 48 (fit 32? no: 48 % 32 = 16) -> every TQ weight with row 48 falls back.
+    let fx = fixtures::gguf_gen::tiny_llama(1, 64, 80, 40);
+    let inp = write(dir.path(), "in.gguf", &fx);
+    let (code, plan, err) = tq(&[
+        "convert",
+        s(&inp),
+        "--weights",
+        "q8_0",
+        "--tensor-type",
+        "attn_v=f16",
+        "--dry-run",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&plan).unwrap();
+    let get = |n: &str| {
+        j["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == n)
+            .unwrap()
+            .clone()
+    };
+    // attn_v asked f16 alone: the layer's four attention tensors are unified to the majority (q8_0).
+    let v = get("blk.0.attn_v.weight");
+    assert_eq!(v["type"], "q8_0");
+    assert_eq!(v["fallback"], true);
+    assert!(v["reasons"].to_string().contains("share one type"), "{v}");
+    // ffn_down rows are 80 long: q8_0 (block 32) cannot hold them -> f16.
+    let d = get("blk.0.ffn_down.weight");
+    assert_eq!(d["type"], "f16");
+    assert!(d["reasons"].to_string().contains("row length 80"), "{d}");
+    // --strict turns that fallback into an error before writing.
+    let out = dir.path().join("strict.gguf");
+    let (code, _, err) = tq(&[
+        "convert",
+        s(&inp),
+        "--weights",
+        "q8_0",
+        "--strict",
+        "-o",
+        s(&out),
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--strict") && err.contains("blk.0.ffn_down.weight"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    // TQ: token_embd falls back to q8_0; the profile without TQ ids refuses TQ outright.
+    let (code, plan, err) = tq(&[
+        "convert",
+        s(&inp),
+        "--weights",
+        "tq4_1s",
+        "--dry-run",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&plan).unwrap();
+    let te = j["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "token_embd.weight")
+        .unwrap()
+        .clone();
+    assert_eq!(te["type"], "q8_0");
+    assert_eq!(j["file_type"], 44);
+    let (code, _, err) = tq(&[
+        "convert",
+        s(&inp),
+        "--weights",
+        "tq4_1s",
+        "--target",
+        "upstream",
+        "--dry-run",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no id in target profile 'upstream'"), "{err}");
+}
+
+#[test]
+fn recipes_assign_roles_and_boundaries() {
+    let dir = tempfile::tempdir().unwrap();
+    let fx = fixtures::gguf_gen::tiny_llama(6, 64, 256, 64);
+    let inp = write(dir.path(), "in.gguf", &fx);
+    let (code, plan, err) = tq(&[
+        "convert",
+        s(&inp),
+        "--recipe",
+        "config-i",
+        "--tensor-type",
+        "ffn_down=q8_0",
+        "--dry-run",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&plan).unwrap();
+    let ty = |n: &str| {
+        j["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == n)
+            .unwrap()["type"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(ty("blk.0.attn_q.weight"), "q8_0"); // boundary (first 2)
+    assert_eq!(ty("blk.1.ffn_up.weight"), "q8_0");
+    assert_eq!(ty("blk.2.attn_q.weight"), "tq4_1s");
+    assert_eq!(ty("blk.3.ffn_gate.weight"), "tq4_1s");
+    assert_eq!(ty("blk.3.ffn_down.weight"), "q8_0"); // --tensor-type override
+    assert_eq!(ty("blk.4.attn_k.weight"), "q8_0"); // boundary (last 2)
+    assert_eq!(ty("token_embd.weight"), "q8_0");
+    assert_eq!(ty("output.weight"), "q8_0");
+    assert_eq!(ty("blk.3.attn_norm.weight"), "f32");
+    assert_eq!(j["file_type"], 44);
+    // tq3_1s as --weights makes config-i's TQ slots TQ3_1S; overrides can come from a file.
+    let tf = dir.path().join("types.txt");
+    std::fs::write(&tf, "# comment\n\nffn_down=q8_0\n").unwrap();
+    let (_, plan, _) = tq(&[
+        "convert",
+        s(&inp),
+        "--recipe",
+        "config-i",
+        "--weights",
+        "tq3_1s",
+        "--tensor-type-file",
+        s(&tf),
+        "--dry-run",
+        "--json",
+    ]);
+    let j: serde_json::Value = serde_json::from_str(&plan).unwrap();
+    assert_eq!(j["file_type"], 43);
+    assert_eq!(ty2(&j, "blk.3.ffn_down.weight"), "q8_0");
+    assert_eq!(ty2(&j, "blk.3.ffn_up.weight"), "tq3_1s");
+}
+
+#[test]
+fn bad_inputs_fail_cleanly_with_no_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut fx = fixtures::gguf_gen::tiny_llama(1, 64, 64, 32);
+    // Poison one weight with NaN.
+    let (name, _, _, data) = fx
+        .tensors
+        .iter()
+        .find(|t| t.0 == "blk.0.ffn_up.weight")
+        .unwrap()
+        .clone();
+    let pos = fx
+        .bytes
+        .windows(data.len())
+        .position(|w| w == &data[..])
+        .unwrap();
+    let nan_at = pos + 4 * (64 * 3 + 5);
+    fx.bytes[nan_at..nan_at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let inp = write(dir.path(), "nan.gguf", &fx);
+    let out = dir.path().join("out.gguf");
+    let (code, _, err) = tq(&["convert", s(&inp), "--weights", "q8_0", "-o", s(&out)]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(&name) && err.contains("row 3, column 5") && err.contains("NaN"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "no temporary file left"
+    );
+    // Output = input, unknown type, unknown recipe, bad regex, missing -o.
+    for (args, expect) in [
+        (
+            vec!["--weights", "q8_0", "-o", s(&inp)],
+            "output is the input",
+        ),
+        (
+            vec!["--weights", "q9_9", "-o", s(&out)],
+            "unknown tensor type 'q9_9'",
+        ),
+        (
+            vec!["--recipe", "fancy", "-o", s(&out)],
+            "unknown recipe 'fancy'",
+        ),
+        (vec!["--tensor-type", "(=q8_0", "-o", s(&out)], "bad regex"),
+        (vec!["--weights", "q8_0"], "give -o"),
+        (
+            vec!["--weights", "q8_0", "-o", "/nonexistent-dir/x.gguf"],
+            "does not exist",
+        ),
+    ] {
+        let mut a = vec!["convert", s(&inp)];
+        a.extend(args);
+        let (code, _, err) = tq(&a);
+        assert_eq!(code, 2, "{a:?}: {err}");
+        assert!(err.contains(expect), "{a:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    }
+}
+
+#[test]
+fn requantizing_and_copying_are_reported() {
+    let Some(smol) = fixtures::smollm2() else {
+        return;
+    };
+    let (code, plan, err) = tq(&[
+        "convert",
+        s(&smol),
+        "--weights",
+        "q4_1",
+        "--dry-run",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&plan).unwrap();
+    let ts = j["tensors"].as_array().unwrap();
+    // Same type as the source: copied byte for byte; token_embd q8_0 -> q4_1 is a requantization.
+    assert!(ts
+        .iter()
+        .filter(|t| t["source_type"] == "q4_1")
+        .all(|t| t["action"] == "copy"));
+    let te = ts
+        .iter()
+        .find(|t| t["name"] == "token_embd.weight")
+        .unwrap();
+    assert_eq!(te["action"], "requantize");
+    assert!(te["reasons"].to_string().contains("requantized from q8_0"));
+}
+
+fn ty2(j: &serde_json::Value, n: &str) -> String {
+    j["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == n)
+        .unwrap()["type"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}

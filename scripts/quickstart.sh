@@ -16,3 +16,12 @@ echo "== round trip: tq convert with every tensor kept as is =="
 "$tq" convert "$smol" -o "$out/smollm2-copy.gguf"
 cmp "$smol" "$out/smollm2-copy.gguf"
 echo "byte-identical: $(sha256sum "$out/smollm2-copy.gguf" | cut -c1-16)…"
+
+echo "== convert to TQ4_1S (the fork's weight type; token_embd stays q8_0) =="
+"$tq" convert "$smol" --weights tq4_1s -o "$out/smollm2-tq4_1s.gguf"
+"$tq" inspect "$out/smollm2-tq4_1s.gguf" --no-tensors | tail -8
+
+echo "== same conversion with 1 thread: byte-identical =="
+"$tq" convert "$smol" --weights tq4_1s --threads 1 -o "$out/smollm2-tq4_1s-t1.gguf" 2>/dev/null
+cmp "$out/smollm2-tq4_1s.gguf" "$out/smollm2-tq4_1s-t1.gguf"
+echo "quickstart: OK"

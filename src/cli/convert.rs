@@ -266,18 +266,19 @@ fn totals(plan: &Plan) -> (u64, f64, f64) {
 }
 
 fn report_fallbacks(plan: &Plan) {
-    for e in plan
-        .entries
-        .iter()
-        .filter(|e| e.fallback || e.action == Action::Requantize)
-    {
-        eprintln!(
-            "tq: {}: {} -> {} ({})",
-            e.name,
-            e.src,
-            e.dst,
-            e.reasons.join("; ")
-        );
+    let fallbacks: Vec<_> = plan.entries.iter().filter(|e| e.fallback).collect();
+    for e in fallbacks.iter().take(20) {
+        eprintln!("tq: {}: {} -> {} ({})", e.name, e.src, e.dst, e.reasons.join("; "));
+    }
+    if fallbacks.len() > 20 {
+        eprintln!("tq: ... and {} more fallbacks (see --dry-run)", fallbacks.len() - 20);
+    }
+    let mut requant: std::collections::BTreeMap<String, usize> = Default::default();
+    for e in plan.entries.iter().filter(|e| e.action == Action::Requantize) {
+        *requant.entry(format!("{} -> {}", e.src, e.dst)).or_default() += 1;
+    }
+    for (k, n) in requant {
+        eprintln!("tq: requantizing {n} tensors {k} (already-quantized input: quality loss compounds)");
     }
 }
 

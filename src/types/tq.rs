@@ -103,9 +103,9 @@ fn inv_of(d: f32) -> f32 {
     }
 }
 
-/// The reference quantizer for one block with a parameterized number of refinement rounds
-/// (the fork uses [`REFINE_ROUNDS`]; the parameter exists for the property tests).
-pub fn quantize_block_param(x: &[f32], c: &[f32], t: &[f32], rounds: usize) -> BlockQ {
+/// The scalar reference quantizer for one block (`x.len() >= 32`; `c`, `t`: codebook and its
+/// hard-coded thresholds). Operation order follows the fork's `quantize_row_tq*_1s_ref`.
+pub fn quantize_block_ref(x: &[f32], c: &[f32], t: &[f32]) -> BlockQ {
     let mut buf = [0f32; QK];
     buf.copy_from_slice(&x[..QK]);
     forward_rotate(&mut buf);
@@ -141,7 +141,7 @@ pub fn quantize_block_param(x: &[f32], c: &[f32], t: &[f32], rounds: usize) -> B
 
     // Refinement: least-squares scale for the current indices, per half.
     let mut d = best;
-    for _ in 0..rounds {
+    for _ in 0..REFINE_ROUNDS {
         for h in 0..2 {
             let inv = inv_of(d[h]);
             let mut sxc = 0f32;
@@ -234,7 +234,7 @@ fn dequantize_block(b: &[u8], idx: &[u8; QK], c: &[f32], out: &mut [f32]) {
 /// Scalar reference TQ4_1S quantizer (whole blocks).
 pub fn quantize_tq4_1s_ref(src: &[f32], out: &mut [u8]) {
     for (x, o) in src.chunks_exact(QK).zip(out.chunks_exact_mut(TQ4_BYTES)) {
-        pack_tq4(&quantize_block_param(x, &C4, &T4, REFINE_ROUNDS), o);
+        pack_tq4(&quantize_block_ref(x, &C4, &T4), o);
     }
 }
 
@@ -247,7 +247,7 @@ pub fn dequantize_tq4_1s_ref(blocks: &[u8], out: &mut [f32]) {
 
 pub fn quantize_tq3_1s(src: &[f32], out: &mut [u8]) {
     for (x, o) in src.chunks_exact(QK).zip(out.chunks_exact_mut(TQ3_BYTES)) {
-        pack_tq3(&quantize_block_param(x, &C3, &T3, REFINE_ROUNDS), o);
+        pack_tq3(&quantize_block_ref(x, &C3, &T3), o);
     }
 }
 
@@ -257,10 +257,691 @@ pub fn dequantize_tq3_1s(blocks: &[u8], out: &mut [f32]) {
     }
 }
 
-pub fn quantize_tq4_1s(src: &[f32], out: &mut [u8]) {
-    quantize_tq4_1s_ref(src, out)
+// ---------------------------------------------------------------------------------------------
+// Optimized TQ4_1S. Bit-equal to the reference (held by `fast_tq4_matches_ref_*` tests): the same
+// f32 operations on the same operands in the same order for every value that reaches the output;
+// what changes is how the work is organized:
+// - branchless 4-step binary search over the sorted thresholds instead of a linear scan (the
+//   predicate `!(v < T[k])` is monotone in k, NaN maps to 15 in both);
+// - fixed-size, fully unrollable butterfly;
+// - the scale search remembers the indices of the winning multiplier, which are exactly the
+//   indices of refinement round 0 (same `d`, same `inv`);
+// - refinement stops at a fixed point: when a round's indices equal the previous round's, every
+//   later round reproduces the same `d` (same sums), so the remaining rounds are no-ops.
+// ---------------------------------------------------------------------------------------------
+
+/// Index under [`T4`] by branchless binary search; equal to `tq_index(v, &T4)` for every f32.
+#[inline(always)]
+fn idx4(v: f32) -> usize {
+    let mut i = 0usize;
+    i += ((!(v < T4[i + 7])) as usize) << 3;
+    i += ((!(v < T4[i + 3])) as usize) << 2;
+    i += ((!(v < T4[i + 1])) as usize) << 1;
+    i += (!(v < T4[i])) as usize;
+    i
 }
 
+/// Unnormalized 32-point butterfly (`step = 1, 2, 4, 8, 16`), fixed size.
+#[inline(always)]
+fn fwht32(b: &mut [f32; QK]) {
+    let mut step = 1;
+    while step < QK {
+        for i in (0..QK).step_by(2 * step) {
+            for j in i..i + step {
+                let a = b[j];
+                let c = b[j + step];
+                b[j] = a + c;
+                b[j + step] = a - c;
+            }
+        }
+        step *= 2;
+    }
+}
+
+/// Signs times `1/sqrt(32)`, one f32 product each (the inverse rotation's factors).
+const SIGNS_SCALED: [f32; QK] = {
+    let mut o = [0f32; QK];
+    let mut i = 0;
+    while i < QK {
+        o[i] = INV_SQRT32 * SIGNS[i];
+        i += 1;
+    }
+    o
+};
+
+#[inline(always)]
+fn half_indices(buf: &[f32], inv: f32, idx: &mut [u8; 16]) {
+    for (o, v) in idx.iter_mut().zip(buf) {
+        *o = idx4(v * inv) as u8;
+    }
+}
+
+/// Optimized TQ4_1S block quantizer; returns the same [`BlockQ`] as [`quantize_block_ref`].
+pub fn quantize_block_tq4_fast(x: &[f32]) -> BlockQ {
+    let mut buf = [0f32; QK];
+    for ((b, v), s) in buf.iter_mut().zip(&x[..QK]).zip(SIGNS.iter()) {
+        *b = v * s;
+    }
+    fwht32(&mut buf);
+    for v in buf.iter_mut() {
+        *v *= INV_SQRT32;
+    }
+
+    let mut rms = [0f32; 2];
+    for h in 0..2 {
+        let mut s = 0f32;
+        for v in &buf[h * 16..h * 16 + 16] {
+            s += v * v;
+        }
+        rms[h] = (s / 16.0).sqrt();
+    }
+
+    // Scale search; the diffs are independent, only the sum is serial (index order).
+    let mut best = rms;
+    let mut best_err = 1e30f32;
+    let mut best_idx: Option<[u8; QK]> = None;
+    for &m in MULTS.iter() {
+        let d = [rms[0] * m, rms[1] * m];
+        let inv = [inv_of(d[0]), inv_of(d[1])];
+        let mut idx = [0u8; QK];
+        let mut sq = [0f32; QK];
+        for j in 0..QK {
+            let h = j >> 4;
+            let i = idx4(buf[j] * inv[h]);
+            idx[j] = i as u8;
+            let diff = buf[j] - C4[i] * d[h];
+            sq[j] = diff * diff;
+        }
+        let mut err = 0f32;
+        for v in sq {
+            err += v;
+        }
+        if err < best_err {
+            best_err = err;
+            best = d;
+            best_idx = Some(idx);
+        }
+    }
+
+    let mut out = BlockQ {
+        d: best,
+        idx: [0u8; QK],
+    };
+    for h in 0..2 {
+        let hb = &buf[h * 16..h * 16 + 16];
+        let mut d = best[h];
+        // Round-0 indices: those of the winning multiplier, or computed (no winner: d = rms).
+        let mut cur = [0u8; 16];
+        match &best_idx {
+            Some(bi) => cur.copy_from_slice(&bi[h * 16..h * 16 + 16]),
+            None => half_indices(hb, inv_of(d), &mut cur),
+        }
+        let mut prev: Option<[u8; 16]> = None;
+        let mut rounds = 0;
+        while rounds < REFINE_ROUNDS {
+            if prev == Some(cur) {
+                break; // fixed point: d (and so the indices) can no longer change
+            }
+            let mut sxc = 0f32;
+            let mut scc = 0f32;
+            for (v, &i) in hb.iter().zip(&cur) {
+                let cv = C4[i as usize];
+                sxc += v * cv;
+                scc += cv * cv;
+            }
+            if scc > 1e-10 {
+                d = sxc / scc;
+            }
+            rounds += 1;
+            prev = Some(cur);
+            half_indices(hb, inv_of(d), &mut cur);
+        }
+        // `cur` now holds the indices under the final d.
+        out.d[h] = d;
+        out.idx[h * 16..h * 16 + 16].copy_from_slice(&cur);
+    }
+    out
+}
+
+/// Optimized TQ4_1S quantizer (whole blocks), bit-equal to [`quantize_tq4_1s_ref`].
+pub fn quantize_tq4_1s(src: &[f32], out: &mut [u8]) {
+    for (x, o) in src.chunks_exact(QK).zip(out.chunks_exact_mut(TQ4_BYTES)) {
+        pack_tq4(&quantize_block_tq4_fast(x), o);
+    }
+}
+
+/// Optimized TQ4_1S dequantizer (whole blocks), bit-equal to [`dequantize_tq4_1s_ref`].
 pub fn dequantize_tq4_1s(blocks: &[u8], out: &mut [f32]) {
-    dequantize_tq4_1s_ref(blocks, out)
+    for (b, o) in blocks.chunks_exact(TQ4_BYTES).zip(out.chunks_exact_mut(QK)) {
+        let d = get_scales(b);
+        let mut buf = [0f32; QK];
+        for k in 0..16 {
+            let q = b[4 + k];
+            let h = k >> 3;
+            buf[2 * k] = C4[(q & 15) as usize] * d[h];
+            buf[2 * k + 1] = C4[(q >> 4) as usize] * d[h];
+        }
+        fwht32(&mut buf);
+        for ((o, v), s) in o.iter_mut().zip(buf).zip(SIGNS_SCALED.iter()) {
+            *o = v * s;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::math::signs::tq_block_signs;
+
+    /// SplitMix64 with Box–Muller Gaussians (test inputs only).
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+        /// Uniform on (0, 1].
+        fn uniform(&mut self) -> f64 {
+            ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
+        }
+        fn gauss(&mut self) -> f64 {
+            let (u1, u2) = (self.uniform(), self.uniform());
+            (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+        }
+        fn block(&mut self, sigma: f64) -> [f32; QK] {
+            std::array::from_fn(|_| (self.gauss() * sigma) as f32)
+        }
+    }
+
+    /// A varied random block: Gaussian with a log-uniform sigma, sometimes heavy-tailed, with
+    /// zeroed or repeated values, a zero half, or denormal-scale values.
+    fn varied_block(r: &mut Rng) -> [f32; QK] {
+        let sigma = 10f64.powf(-12.0 + 18.0 * r.uniform());
+        let mut x = r.block(sigma);
+        match r.next() % 8 {
+            0 => {
+                for v in x.iter_mut() {
+                    if r.uniform() < 0.05 {
+                        *v *= 30.0;
+                    }
+                }
+            }
+            1 => x[..16].fill(0.0),
+            2 => {
+                let k = (r.next() % 32) as usize;
+                x[k] = 0.0;
+                x[(k + 7) % 32] = x[(k + 3) % 32];
+            }
+            3 => x = std::array::from_fn(|i| ((i as f32) - 15.5) * sigma as f32),
+            4 => x = [0.0; QK],
+            5 => {
+                let c = (r.gauss() * sigma) as f32;
+                x = [c; QK];
+            }
+            _ => {}
+        }
+        x
+    }
+
+    #[derive(Clone, Copy)]
+    enum Cmp {
+        Lt,
+        Le,
+    }
+
+    /// A parameterized copy of the reference quantizer: refinement rounds, the threshold
+    /// table and the comparison are knobs. With (6, hard-coded table, `<`) it must equal the
+    /// reference (checked by `model_equals_reference`).
+    fn model(x: &[f32], c: &[f32], t: &[f32], rounds: usize, cmp: Cmp) -> BlockQ {
+        let index = |v: f32| -> usize {
+            for (i, &th) in t.iter().enumerate() {
+                let below = match cmp {
+                    Cmp::Lt => v < th,
+                    Cmp::Le => v <= th,
+                };
+                if below {
+                    return i;
+                }
+            }
+            t.len()
+        };
+        let mut buf = [0f32; QK];
+        buf.copy_from_slice(&x[..QK]);
+        forward_rotate(&mut buf);
+        let mut rms = [0f32; 2];
+        for h in 0..2 {
+            let mut s = 0f32;
+            for v in &buf[h * 16..h * 16 + 16] {
+                s += v * v;
+            }
+            rms[h] = (s / 16.0).sqrt();
+        }
+        let mut best = rms;
+        let mut best_err = 1e30f32;
+        for &m in MULTS.iter() {
+            let d = [rms[0] * m, rms[1] * m];
+            let inv = [inv_of(d[0]), inv_of(d[1])];
+            let mut err = 0f32;
+            for j in 0..QK {
+                let h = j / 16;
+                let diff = buf[j] - c[index(buf[j] * inv[h])] * d[h];
+                err += diff * diff;
+            }
+            if err < best_err {
+                best_err = err;
+                best = d;
+            }
+        }
+        let mut d = best;
+        for _ in 0..rounds {
+            for h in 0..2 {
+                let inv = inv_of(d[h]);
+                let (mut sxc, mut scc) = (0f32, 0f32);
+                for v in &buf[h * 16..h * 16 + 16] {
+                    let cv = c[index(v * inv)];
+                    sxc += v * cv;
+                    scc += cv * cv;
+                }
+                if scc > 1e-10 {
+                    d[h] = sxc / scc;
+                }
+            }
+        }
+        let mut idx = [0u8; QK];
+        for j in 0..QK {
+            idx[j] = index(buf[j] * inv_of(d[j / 16])) as u8;
+        }
+        BlockQ { d, idx }
+    }
+
+    fn pack4(q: &BlockQ) -> [u8; TQ4_BYTES] {
+        let mut o = [0u8; TQ4_BYTES];
+        pack_tq4(q, &mut o);
+        o
+    }
+
+    fn pack3(q: &BlockQ) -> [u8; TQ3_BYTES] {
+        let mut o = [0u8; TQ3_BYTES];
+        pack_tq3(q, &mut o);
+        o
+    }
+
+    fn q4(x: &[f32; QK]) -> [u8; TQ4_BYTES] {
+        let mut o = [0u8; TQ4_BYTES];
+        quantize_tq4_1s(x, &mut o);
+        o
+    }
+
+    fn q3(x: &[f32; QK]) -> [u8; TQ3_BYTES] {
+        let mut o = [0u8; TQ3_BYTES];
+        quantize_tq3_1s(x, &mut o);
+        o
+    }
+
+    /// Computed midpoints `(c[i] + c[i+1]) * 0.5` (what the hard-coded tables are *not*).
+    fn midpoints(c: &[f32]) -> Vec<f32> {
+        c.windows(2).map(|w| (w[0] + w[1]) * 0.5).collect()
+    }
+
+    fn next_up(v: f32) -> f32 {
+        assert!(v.is_finite());
+        if v == 0.0 {
+            return f32::from_bits(1);
+        }
+        f32::from_bits(if v > 0.0 {
+            v.to_bits() + 1
+        } else {
+            v.to_bits() - 1
+        })
+    }
+
+    fn next_down(v: f32) -> f32 {
+        -next_up(-v)
+    }
+
+    /// Rotated-domain value the quantizer compares for element `j` under its final scale.
+    fn final_ratio(x: &[f32; QK], q: &BlockQ, j: usize) -> f32 {
+        let mut buf = *x;
+        forward_rotate(&mut buf);
+        buf[j] * inv_of(q.d[j / 16])
+    }
+
+    #[test]
+    fn signs_match_math_module() {
+        assert_eq!(SIGNS, tq_block_signs());
+        let expect: [f32; QK] = std::array::from_fn(|i| INV_SQRT32 * tq_block_signs()[i]);
+        assert_eq!(SIGNS_SCALED, expect);
+    }
+
+    #[test]
+    fn model_equals_reference() {
+        let mut r = Rng(1);
+        for _ in 0..3000 {
+            let x = varied_block(&mut r);
+            assert_eq!(
+                model(&x, &C4, &T4, 6, Cmp::Lt),
+                quantize_block_ref(&x, &C4, &T4)
+            );
+            assert_eq!(
+                model(&x, &C3, &T3, 6, Cmp::Lt),
+                quantize_block_ref(&x, &C3, &T3)
+            );
+        }
+    }
+
+    #[test]
+    fn idx4_equals_linear_scan() {
+        for &t in T4.iter() {
+            for v in [t, next_up(t), next_down(t), -t, 0.0, -0.0] {
+                assert_eq!(idx4(v), tq_index(v, &T4), "v = {v:e}");
+            }
+        }
+        for v in [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            f32::MIN,
+        ] {
+            assert_eq!(idx4(v), tq_index(v, &T4), "v = {v:e}");
+        }
+        let mut r = Rng(2);
+        for _ in 0..200_000 {
+            let v = (r.gauss() * 1.5) as f32;
+            assert_eq!(idx4(v), tq_index(v, &T4));
+        }
+    }
+
+    #[test]
+    fn fast_tq4_matches_ref_random_blocks() {
+        let mut r = Rng(3);
+        let n_blocks = 50_000;
+        let mut src = Vec::with_capacity(n_blocks * QK);
+        for _ in 0..n_blocks {
+            src.extend_from_slice(&varied_block(&mut r));
+        }
+        // Extremes: f16 overflow, f32 overflow of the sum of squares, subnormals.
+        for s in [6e4f32, 65504.0, 1e6, 1e20, 1e-40, 1e-45] {
+            src.extend((0..QK).map(|i| if i % 3 == 0 { -s } else { s }));
+        }
+        let nb = src.len() / QK;
+        let (mut a, mut b) = (vec![0u8; nb * TQ4_BYTES], vec![0u8; nb * TQ4_BYTES]);
+        quantize_tq4_1s(&src, &mut a);
+        quantize_tq4_1s_ref(&src, &mut b);
+        for k in 0..nb {
+            let s = k * TQ4_BYTES..(k + 1) * TQ4_BYTES;
+            assert_eq!(a[s.clone()], b[s], "block {k}");
+        }
+        let (mut da, mut db) = (vec![0f32; nb * QK], vec![0f32; nb * QK]);
+        dequantize_tq4_1s(&a, &mut da);
+        dequantize_tq4_1s_ref(&a, &mut db);
+        for (j, (x, y)) in da.iter().zip(&db).enumerate() {
+            assert!(
+                x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                "value {j}"
+            );
+        }
+    }
+
+    #[test]
+    fn fast_tq4_dequant_matches_ref_on_random_bytes() {
+        let mut r = Rng(4);
+        let mut bytes = vec![0u8; 20_000 * TQ4_BYTES];
+        for b in bytes.iter_mut() {
+            *b = r.next() as u8;
+        }
+        let (mut da, mut db) = (vec![0f32; 20_000 * QK], vec![0f32; 20_000 * QK]);
+        dequantize_tq4_1s(&bytes, &mut da);
+        dequantize_tq4_1s_ref(&bytes, &mut db);
+        for (j, (x, y)) in da.iter().zip(&db).enumerate() {
+            assert!(
+                x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                "value {j}"
+            );
+        }
+    }
+
+    /// `index = first i with v < T[i]`: a value exactly on a threshold goes to the upper index.
+    #[test]
+    fn value_on_threshold_goes_up() {
+        for (i, &t) in T4.iter().enumerate() {
+            assert_eq!(tq_index(t, &T4), i + 1);
+            assert_eq!(idx4(t), i + 1);
+            assert_eq!(tq_index(next_down(t), &T4), i);
+        }
+        for (i, &t) in T3.iter().enumerate() {
+            assert_eq!(tq_index(t, &T3), i + 1);
+            assert_eq!(tq_index(next_down(t), &T3), i);
+        }
+        // End to end: 0 lies on T4[7], so an all-zero block is all index 8 (0x88), both ±0;
+        // a `<=` quantizer would write 0x77.
+        for z in [0.0f32, -0.0] {
+            let x = [z; QK];
+            let got = q4(&x);
+            assert_eq!(got[..4], [0, 0, 0, 0]);
+            assert!(got[4..].iter().all(|&b| b == 0x88), "{got:02x?}");
+            assert_ne!(pack4(&model(&x, &C4, &T4, 6, Cmp::Le)), got);
+            // TQ3: index 4 everywhere -> each 3-byte group is 24 49 92.
+            assert_eq!(
+                q3(&x)[4..],
+                [0x24, 0x49, 0x92, 0x24, 0x49, 0x92, 0x24, 0x49, 0x92, 0x24, 0x49, 0x92]
+            );
+        }
+    }
+
+    /// End to end for TQ3, where 0 is not a threshold: find a block in which some element's final
+    /// ratio lies exactly on a threshold and check it took the upper index (and that `<=` differs).
+    #[test]
+    fn tq3_value_exactly_on_threshold_end_to_end() {
+        let (x, j, i) = scan_for_ratio(&C3, &T3, |v, t| v == t, 11).expect("no block found");
+        let q = quantize_block_ref(&x, &C3, &T3);
+        assert_eq!(final_ratio(&x, &q, j), T3[i]);
+        assert_eq!(q.idx[j] as usize, i + 1);
+        assert_ne!(pack3(&model(&x, &C3, &T3, 6, Cmp::Le)), q3(&x));
+    }
+
+    /// TQ3's threshold -0.008701 is asymmetric: values in [-0.008701, 0) pick the *positive*
+    /// centroid (index 4, +0.230106).
+    #[test]
+    fn tq3_asymmetric_threshold() {
+        let t = T3[3];
+        assert_eq!(t, -0.008701f32);
+        for v in [t, next_up(t), -0.005, -1e-6, -f32::from_bits(1), -0.0, 0.0] {
+            assert_eq!(tq_index(v, &T3), 4, "v = {v:e}");
+        }
+        assert_eq!(tq_index(next_down(t), &T3), 3);
+        assert!(C3[4] > 0.0 && C3[3] < 0.0);
+        // End to end: a random block with an element whose final ratio is in [T3[3], 0).
+        let mut r = Rng(5);
+        let mut found = 0;
+        for _ in 0..2000 {
+            let x = r.block(1.0);
+            let q = quantize_block_ref(&x, &C3, &T3);
+            for j in 0..QK {
+                let v = final_ratio(&x, &q, j);
+                if v >= t && v < 0.0 {
+                    assert_eq!(q.idx[j], 4, "element {j}, ratio {v:e}");
+                    assert_eq!(unpack_tq3(&q3(&x))[j], 4);
+                    found += 1;
+                }
+            }
+        }
+        assert!(found > 10, "only {found} elements in [-0.008701, 0)");
+    }
+
+    /// Build a block whose final rotated ratio for some element is placed where `pred(v, T[i])`
+    /// holds, by scanning that element's rotated value ulp by ulp around `T[i] * d`.
+    fn scan_for_ratio(
+        c: &[f32],
+        t: &[f32],
+        pred: impl Fn(f32, f32) -> bool,
+        seed: u64,
+    ) -> Option<([f32; QK], usize, usize)> {
+        let mut r = Rng(seed);
+        for attempt in 0..200 {
+            let i = attempt % t.len();
+            let j = (attempt * 7) % QK;
+            let mut rot = r.block(1.0);
+            let mut base = rot[j];
+            for _ in 0..4 {
+                let mut x = rot;
+                inverse_rotate(&mut x);
+                let q = quantize_block_ref(&x, c, t);
+                base = t[i] * q.d[j / 16];
+                rot[j] = base;
+            }
+            let mut v = base;
+            for _ in 0..64 {
+                v = next_down(v);
+            }
+            for _ in 0..128 {
+                rot[j] = v;
+                let mut x = rot;
+                inverse_rotate(&mut x);
+                let q = quantize_block_ref(&x, c, t);
+                if pred(final_ratio(&x, &q, j), t[i]) {
+                    return Some((x, j, i));
+                }
+                v = next_up(v);
+            }
+        }
+        None
+    }
+
+    /// The comparison points are the hard-coded tables, which differ from the f32 midpoints of
+    /// the codebooks by up to a few ulps (except T4[7] = 0 and T3[4], T3[6]).
+    #[test]
+    fn thresholds_are_hardcoded_not_midpoints() {
+        for (c, t) in [(&C4[..], &T4[..]), (&C3[..], &T3[..])] {
+            let mid = midpoints(c);
+            let mut differ = 0;
+            for i in 0..t.len() {
+                if t[i] == mid[i] {
+                    continue;
+                }
+                differ += 1;
+                // A value between the two (inclusive where the rules disagree).
+                let v = if t[i] < mid[i] { t[i] } else { mid[i] };
+                assert_ne!(tq_index(v, t), tq_index(v, &mid), "i = {i}");
+                assert_eq!(tq_index(v, t), if t[i] < mid[i] { i + 1 } else { i });
+            }
+            assert!(differ >= 5);
+        }
+        // End to end: a TQ4 block with a final ratio in the gap between T4[i] and the midpoint.
+        let mid = midpoints(&C4);
+        let in_gap = |v: f32, ti: f32| {
+            let i = T4.iter().position(|&x| x == ti).unwrap();
+            let (lo, hi) = if T4[i] < mid[i] {
+                (T4[i], mid[i])
+            } else {
+                (mid[i], T4[i])
+            };
+            lo != hi && v >= lo && v < hi
+        };
+        let (x, j, i) = scan_for_ratio(&C4, &T4, in_gap, 12).expect("no block found");
+        let q = quantize_block_ref(&x, &C4, &T4);
+        let expect = if T4[i] < mid[i] { i + 1 } else { i };
+        assert_eq!(q.idx[j] as usize, expect);
+        assert_eq!(q4(&x), pack4(&q));
+        assert_ne!(pack4(&model(&x, &C4, &mid, 6, Cmp::Lt)), q4(&x));
+    }
+
+    /// Search random blocks until one where 5, 6 and 7 refinement rounds give different bytes
+    /// from 6 (the fork's count); return it.
+    fn find_rounds_block(c: &[f32], t: &[f32], seed: u64) -> Option<[f32; QK]> {
+        let mut r = Rng(seed);
+        for _ in 0..200_000 {
+            let x = varied_block(&mut r);
+            let q6 = model(&x, c, t, 6, Cmp::Lt);
+            let q5 = model(&x, c, t, 5, Cmp::Lt);
+            let q7 = model(&x, c, t, 7, Cmp::Lt);
+            let bytes = |q: &BlockQ| {
+                let mut o = [0u8; TQ4_BYTES];
+                if c.len() == 16 {
+                    pack_tq4(q, &mut o)
+                } else {
+                    pack_tq3(q, &mut o[..TQ3_BYTES])
+                }
+                o
+            };
+            if bytes(&q6) != bytes(&q5) && bytes(&q6) != bytes(&q7) {
+                return Some(x);
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn six_refinement_rounds_tq4() {
+        let x = find_rounds_block(&C4, &T4, 6).expect("no block where 5/6/7 rounds differ");
+        let got = q4(&x);
+        assert_eq!(got, pack4(&model(&x, &C4, &T4, 6, Cmp::Lt)));
+        assert_ne!(got, pack4(&model(&x, &C4, &T4, 5, Cmp::Lt)));
+        assert_ne!(got, pack4(&model(&x, &C4, &T4, 7, Cmp::Lt)));
+        let mut b = [0u8; TQ4_BYTES];
+        quantize_tq4_1s_ref(&x, &mut b);
+        assert_eq!(got, b);
+    }
+
+    #[test]
+    fn six_refinement_rounds_tq3() {
+        let x = find_rounds_block(&C3, &T3, 7).expect("no block where 5/6/7 rounds differ");
+        let got = q3(&x);
+        assert_eq!(got, pack3(&model(&x, &C3, &T3, 6, Cmp::Lt)));
+        assert_ne!(got, pack3(&model(&x, &C3, &T3, 5, Cmp::Lt)));
+        assert_ne!(got, pack3(&model(&x, &C3, &T3, 7, Cmp::Lt)));
+    }
+
+    /// Negative scales stick, and the f16 rounding happens after the final indices.
+    #[test]
+    fn scale_edge_behaviour() {
+        // Sum of squares overflows f32 -> inv = 0 -> all index 8 -> refined scale may be negative.
+        let x: [f32; QK] = std::array::from_fn(|i| if i % 2 == 0 { 1e20 } else { -3e19 });
+        let q = quantize_block_ref(&x, &C4, &T4);
+        assert_eq!(q4(&x), pack4(&q));
+        // f16 overflow to inf.
+        let x = [6e4f32; QK];
+        let b = q4(&x);
+        let d0 = u16::from_le_bytes([b[0], b[1]]);
+        assert_eq!(d0 & 0x7fff, 0x7c00);
+    }
+
+    /// Ad-hoc throughput, best of 5 runs (run:
+    /// `cargo test --release --lib types::tq::tests::throughput -- --ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn throughput() {
+        use std::time::Instant;
+        let mut r = Rng(9);
+        let nb = 50_000;
+        let n = (nb * QK) as f64;
+        let src: Vec<f32> = (0..nb * QK).map(|_| r.gauss() as f32).collect();
+        let mut q = vec![0u8; nb * TQ4_BYTES];
+        let mut o = vec![0f32; nb * QK];
+        let best = |f: &mut dyn FnMut()| {
+            (0..5)
+                .map(|_| {
+                    let t = Instant::now();
+                    f();
+                    t.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        let s = best(&mut || quantize_tq4_1s_ref(&src, &mut q));
+        eprintln!("tq4_1s quantize ref:    {:.1} M elements/s", n / s / 1e6);
+        let s = best(&mut || quantize_tq4_1s(&src, &mut q));
+        eprintln!("tq4_1s quantize fast:   {:.1} M elements/s", n / s / 1e6);
+        let mut q3b = vec![0u8; nb * TQ3_BYTES];
+        let s = best(&mut || quantize_tq3_1s(&src, &mut q3b));
+        eprintln!("tq3_1s quantize ref:    {:.1} M elements/s", n / s / 1e6);
+        let s = best(&mut || dequantize_tq4_1s_ref(&q, &mut o));
+        eprintln!("tq4_1s dequantize ref:  {:.1} M elements/s", n / s / 1e6);
+        let s = best(&mut || dequantize_tq4_1s(&q, &mut o));
+        eprintln!("tq4_1s dequantize fast: {:.1} M elements/s", n / s / 1e6);
+        let s = best(&mut || dequantize_tq3_1s(&q3b, &mut o));
+        eprintln!("tq3_1s dequantize ref:  {:.1} M elements/s", n / s / 1e6);
+    }
 }

@@ -812,7 +812,7 @@ mod tests {
     }
 
     /// The comparison points are the hard-coded tables, which differ from the f32 midpoints of
-    /// the codebooks by up to a few ulps (except T4[7] = 0 and T3[4], T3[6]).
+    /// the codebooks by 1 to 17 ulps (except T4[7] = 0 and T3[4], T3[6]).
     #[test]
     fn thresholds_are_hardcoded_not_midpoints() {
         for (c, t) in [(&C4[..], &T4[..]), (&C3[..], &T3[..])] {

@@ -194,3 +194,136 @@ pub fn dequantize_turbo4(blocks: &[u8], out: &mut [f32]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SplitMix64 + Box–Muller (test inputs only).
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+        fn uniform(&mut self) -> f64 {
+            ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
+        }
+        fn gauss(&mut self) -> f32 {
+            let (u1, u2) = (self.uniform(), self.uniform());
+            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+        }
+    }
+
+    type Q = fn(&[f32], &mut [u8]);
+    type D = fn(&[u8], &mut [f32]);
+    const KINDS: [(Q, D, usize, &[f32]); 3] = [
+        (quantize_turbo2, dequantize_turbo2, TURBO2_BYTES, &CB2),
+        (quantize_turbo3, dequantize_turbo3, TURBO3_BYTES, &CB3),
+        (quantize_turbo4, dequantize_turbo4, TURBO4_BYTES, &CB4),
+    ];
+
+    #[test]
+    fn codebooks_sorted_symmetric() {
+        for c in [&CB2[..], &CB3, &CB4] {
+            assert!(c.windows(2).all(|w| w[0] < w[1]));
+            assert!(c.iter().zip(c.iter().rev()).all(|(a, b)| *a == -*b));
+        }
+    }
+
+    #[test]
+    fn signs_are_plus_minus_one() {
+        assert!(S1.iter().chain(S2.iter()).all(|&s| s == 1.0 || s == -1.0));
+    }
+
+    /// A value on a midpoint goes to the upper centroid; in particular ±0 (the centre midpoint)
+    /// picks the smallest *positive* centroid.
+    #[test]
+    fn midpoint_ties_go_up() {
+        let mid = midpoints(&CB3);
+        for (i, &m) in mid[..7].iter().enumerate() {
+            assert_eq!(nearest(m, &mid[..7]), i + 1);
+        }
+        assert_eq!(nearest(0.0, &midpoints(&CB2)[..3]), 2);
+        assert_eq!(nearest(-0.0, &midpoints(&CB2)[..3]), 2);
+        assert_eq!(nearest(-0.0, &midpoints(&CB4)[..15]), 8);
+    }
+
+    /// All-zero group: norm +0, centre indices, dequantizes to +0 everywhere.
+    #[test]
+    fn zero_group() {
+        for (q, d, bytes, _) in KINDS {
+            let x = [0f32; QK_TURBO];
+            let mut b = vec![0u8; bytes];
+            q(&x, &mut b);
+            assert_eq!(b[..2], [0, 0]);
+            let mut o = [1f32; QK_TURBO];
+            d(&b, &mut o);
+            assert!(o.iter().all(|v| v.to_bits() == 0), "{o:?}");
+        }
+    }
+
+    /// Dequantized values are `CB[idx] * f16(norm)`, and the corrected norm makes the group's
+    /// L2 norm equal to the input's (up to f16 rounding).
+    #[test]
+    fn dequant_is_centroid_times_norm_and_norm_is_corrected() {
+        let mut r = Rng(1);
+        for (q, d, bytes, cb) in KINDS {
+            for _ in 0..200 {
+                let sigma = 10f32.powf((r.uniform() * 6.0 - 3.0) as f32);
+                let x: Vec<f32> = (0..QK_TURBO).map(|_| r.gauss() * sigma).collect();
+                let mut b = vec![0u8; bytes];
+                q(&x, &mut b);
+                let norm = get_norm(&b);
+                let mut o = [0f32; QK_TURBO];
+                d(&b, &mut o);
+                for v in o {
+                    assert!(cb.iter().any(|c| (c * norm).to_bits() == v.to_bits()));
+                }
+                let g: f64 = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
+                let h: f64 = o.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
+                assert!((g - h).abs() <= 2e-3 * g, "{g} vs {h}");
+            }
+        }
+    }
+
+    /// turbo4 (May 2026 layout) writes rnorm = 0.
+    #[test]
+    fn turbo4_rnorm_zero() {
+        let mut r = Rng(2);
+        let x: Vec<f32> = (0..QK_TURBO).map(|_| r.gauss()).collect();
+        let mut b = [0xffu8; TURBO4_BYTES];
+        quantize_turbo4(&x, &mut b);
+        assert_eq!(b[2..4], [0, 0]);
+    }
+
+    /// A row of several groups is quantized group by group (128-wide), independently.
+    #[test]
+    fn rows_are_independent_groups() {
+        let mut r = Rng(3);
+        let x: Vec<f32> = (0..3 * QK_TURBO).map(|_| r.gauss()).collect();
+        for (q, _, bytes, _) in KINDS {
+            let mut whole = vec![0u8; 3 * bytes];
+            q(&x, &mut whole);
+            for g in 0..3 {
+                let mut one = vec![0u8; bytes];
+                q(&x[g * QK_TURBO..(g + 1) * QK_TURBO], &mut one);
+                assert_eq!(one, whole[g * bytes..(g + 1) * bytes]);
+            }
+        }
+    }
+
+    /// The rotation is orthonormal up to rounding: ||rotate(u)|| ≈ ||u||.
+    #[test]
+    fn rotation_preserves_norm() {
+        let mut r = Rng(4);
+        let mut y: [f32; QK_TURBO] = std::array::from_fn(|_| r.gauss());
+        let n0: f32 = y.iter().map(|v| v * v).sum();
+        rotate_forward(&mut y);
+        let n1: f32 = y.iter().map(|v| v * v).sum();
+        assert!((n0 - n1).abs() < 1e-4 * n0);
+    }
+}

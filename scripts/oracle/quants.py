@@ -19,15 +19,21 @@ Writes OUT/quants/ (read by tests/quants_oracle.rs):
 All files are raw little-endian arrays. Deterministic (fixed seeds). About 9 MB.
 """
 
-import argparse
-import json
 import os
 import sys
 
-import numpy as np
-import gguf
-from gguf import GGMLQuantizationType as T
-from gguf.quants import GGML_QUANT_SIZES, dequantize, quantize
+# This script's folder holds sibling oracle scripts (e.g. math.py) that would shadow standard
+# modules when run as `python scripts/oracle/quants.py`: drop it from the import path.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+import gguf  # noqa: E402
+from gguf import GGMLQuantizationType as T  # noqa: E402
+from gguf.quants import GGML_QUANT_SIZES, dequantize, quantize  # noqa: E402
 
 assert sys.byteorder == "little"
 
@@ -90,9 +96,14 @@ def quant_input(rng, bs, n):
     x[4] = np.float32(0.5) * (np.arange(bs) - bs // 2).astype(np.float32)
     x[4, 0] = 127.0                                   # Q8_0: id = 1 -> exact .5 values
     x[5] = rng.uniform(-1, 1, bs).astype(np.float32) * np.float32(1e-7)  # f16 scale underflow
-    x[6:6 + k] = rng.uniform(-1, 1, (k, bs)).astype(np.float32)
-    x[6 + k:6 + 2 * k] = rng.integers(-8, 8, (k, bs)).astype(np.float32)  # on the grid
-    x[6 + 2 * k:6 + 3 * k] = np.abs(x[6 + 2 * k:6 + 3 * k])               # one-sided
+    # f32-subnormal scales: 1/d overflows to inf, the (int8) casts see inf/NaN (x86: 0)
+    for i, m in enumerate([1e-39, 1e-38, 2e-37, 3e-38]):
+        x[6 + i] = rng.uniform(-1, 1, bs).astype(np.float32) * np.float32(m)
+    x[9, ::3] = 0.0
+    s = 10
+    x[s:s + k] = rng.uniform(-1, 1, (k, bs)).astype(np.float32)
+    x[s + k:s + 2 * k] = rng.integers(-8, 8, (k, bs)).astype(np.float32)  # on the grid
+    x[s + 2 * k:s + 3 * k] = np.abs(x[s + 2 * k:s + 3 * k])               # one-sided
     x[x == 0] = 0.0                                   # drop any -0.0
     return x
 

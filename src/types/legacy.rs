@@ -38,7 +38,10 @@ fn put_f16(b: &mut [u8], i: usize, v: f32) {
 // Dequantization
 
 pub fn dequantize_q4_0(blocks: &[u8], out: &mut [f32]) {
-    for (b, y) in blocks.chunks_exact(Q4_0_BYTES).zip(out.chunks_exact_mut(QK)) {
+    for (b, y) in blocks
+        .chunks_exact(Q4_0_BYTES)
+        .zip(out.chunks_exact_mut(QK))
+    {
         let d = f16_at(b, 0);
         let qs = &b[2..18];
         for j in 0..QK / 2 {
@@ -51,7 +54,10 @@ pub fn dequantize_q4_0(blocks: &[u8], out: &mut [f32]) {
 }
 
 pub fn dequantize_q4_1(blocks: &[u8], out: &mut [f32]) {
-    for (b, y) in blocks.chunks_exact(Q4_1_BYTES).zip(out.chunks_exact_mut(QK)) {
+    for (b, y) in blocks
+        .chunks_exact(Q4_1_BYTES)
+        .zip(out.chunks_exact_mut(QK))
+    {
         let d = f16_at(b, 0);
         let m = f16_at(b, 2);
         let qs = &b[4..20];
@@ -65,7 +71,10 @@ pub fn dequantize_q4_1(blocks: &[u8], out: &mut [f32]) {
 }
 
 pub fn dequantize_q5_0(blocks: &[u8], out: &mut [f32]) {
-    for (b, y) in blocks.chunks_exact(Q5_0_BYTES).zip(out.chunks_exact_mut(QK)) {
+    for (b, y) in blocks
+        .chunks_exact(Q5_0_BYTES)
+        .zip(out.chunks_exact_mut(QK))
+    {
         let d = f16_at(b, 0);
         let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
         let qs = &b[6..22];
@@ -81,7 +90,10 @@ pub fn dequantize_q5_0(blocks: &[u8], out: &mut [f32]) {
 }
 
 pub fn dequantize_q5_1(blocks: &[u8], out: &mut [f32]) {
-    for (b, y) in blocks.chunks_exact(Q5_1_BYTES).zip(out.chunks_exact_mut(QK)) {
+    for (b, y) in blocks
+        .chunks_exact(Q5_1_BYTES)
+        .zip(out.chunks_exact_mut(QK))
+    {
         let d = f16_at(b, 0);
         let m = f16_at(b, 2);
         let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
@@ -98,7 +110,10 @@ pub fn dequantize_q5_1(blocks: &[u8], out: &mut [f32]) {
 }
 
 pub fn dequantize_q8_0(blocks: &[u8], out: &mut [f32]) {
-    for (b, y) in blocks.chunks_exact(Q8_0_BYTES).zip(out.chunks_exact_mut(QK)) {
+    for (b, y) in blocks
+        .chunks_exact(Q8_0_BYTES)
+        .zip(out.chunks_exact_mut(QK))
+    {
         let d = f16_at(b, 0);
         for (o, &q) in y.iter_mut().zip(&b[2..34]) {
             *o = (q as i8) as f32 * d;
@@ -140,10 +155,32 @@ fn min_max(x: &[f32]) -> (f32, f32) {
     (min, max)
 }
 
-/// C's `(int8_t)f` for the finite, in-range values that reach it (truncation toward zero).
+/// C's `(int8_t)f` as compilers emit it on x86 (`cvttss2si` to i32, keep the low byte):
+/// truncation toward zero, and NaN or values outside the i32 range give `i32::MIN`, whose low
+/// byte is 0. Ordinary blocks never leave [-1, 33); this matters only for blocks so tiny that
+/// `1/d` overflows to infinity (|max| below ~2e-38), where ggml (and numpy) then store 0.
 #[inline(always)]
 fn trunc_i8(f: f32) -> i8 {
-    f as i8
+    if (-2147483648.0..2147483648.0).contains(&f) {
+        // SAFETY: `f` is finite and within the i32 range.
+        (unsafe { f.to_int_unchecked::<i32>() }) as i8
+    } else {
+        0
+    }
+}
+
+/// `(int8_t)roundf(f)` (half away from zero, then `trunc_i8`), without a libm call so that it
+/// vectorizes on baseline x86-64: for in-range `f`, `i = trunc(f)` and `f - i` are exact.
+#[inline(always)]
+fn round_i8(f: f32) -> i8 {
+    if (-2147483648.0..2147483648.0).contains(&f) {
+        // SAFETY: `f` is finite and within the i32 range.
+        let i = unsafe { f.to_int_unchecked::<i32>() };
+        let frac = f - i as f32;
+        (i + (frac >= 0.5) as i32 - (frac <= -0.5) as i32) as i8
+    } else {
+        0
+    }
 }
 
 pub fn quantize_q4_0(src: &[f32], out: &mut [u8]) {
@@ -232,8 +269,8 @@ pub fn quantize_q8_0(src: &[f32], out: &mut [u8]) {
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         put_f16(b, 0, d);
         for (q, &v) in b[2..34].iter_mut().zip(x) {
-            // roundf: half away from zero; |v*id| <= 127 (+ rounding), so the cast is exact.
-            *q = ((v * id).round() as i8) as u8;
+            // `qs[j] = roundf(x0)`: round half away from zero, implicit conversion to int8_t.
+            *q = round_i8(v * id) as u8;
         }
     }
 }
@@ -243,17 +280,24 @@ mod tests {
     use super::*;
 
     fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
     fn data(n: usize) -> Vec<f32> {
         let mut s = 42u64;
-        (0..n).map(|i| lcg(&mut s) * (1.0 + (i / 32) as f32 * 0.37)).collect()
+        (0..n)
+            .map(|i| lcg(&mut s) * (1.0 + (i / 32) as f32 * 0.37))
+            .collect()
     }
 
-    /// Quantize then dequantize; the error of every value is bounded by the block step.
-    fn round_trip(q: fn(&[f32], &mut [u8]), dq: fn(&[u8], &mut [f32]), bytes: usize, levels: f32) {
+    type Q = fn(&[f32], &mut [u8]);
+    type D = fn(&[u8], &mut [f32]);
+
+    /// Quantize then dequantize; the error of every value is bounded by `tol` block steps.
+    fn round_trip(q: Q, dq: D, bytes: usize, levels: f32, tol: f32) {
         let x = data(QK * 64);
         let mut b = vec![0u8; x.len() / QK * bytes];
         q(&x, &mut b);
@@ -263,18 +307,23 @@ mod tests {
             let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
             let step = 2.0 * amax / levels;
             for (a, b) in xb.iter().zip(yb) {
-                assert!((a - b).abs() <= step * 0.51 + 1e-3 * amax, "{a} vs {b} (step {step})");
+                assert!(
+                    (a - b).abs() <= step * tol + 1e-3 * amax,
+                    "{a} vs {b} (step {step})"
+                );
             }
         }
     }
 
     #[test]
     fn round_trips() {
-        round_trip(quantize_q4_0, dequantize_q4_0, Q4_0_BYTES, 16.0);
-        round_trip(quantize_q4_1, dequantize_q4_1, Q4_1_BYTES, 15.0);
-        round_trip(quantize_q5_0, dequantize_q5_0, Q5_0_BYTES, 32.0);
-        round_trip(quantize_q5_1, dequantize_q5_1, Q5_1_BYTES, 31.0);
-        round_trip(quantize_q8_0, dequantize_q8_0, Q8_0_BYTES, 254.0);
+        // Q4_0/Q5_0 put the max at -8/-16 steps; values of the other sign clamp at +7/+15 and
+        // may lose up to a whole step.
+        round_trip(quantize_q4_0, dequantize_q4_0, Q4_0_BYTES, 16.0, 1.01);
+        round_trip(quantize_q4_1, dequantize_q4_1, Q4_1_BYTES, 15.0, 0.51);
+        round_trip(quantize_q5_0, dequantize_q5_0, Q5_0_BYTES, 32.0, 1.01);
+        round_trip(quantize_q5_1, dequantize_q5_1, Q5_1_BYTES, 31.0, 0.51);
+        round_trip(quantize_q8_0, dequantize_q8_0, Q8_0_BYTES, 254.0, 0.51);
     }
 
     #[test]
@@ -288,6 +337,60 @@ mod tests {
         let mut b = [0xAAu8; Q8_0_BYTES];
         quantize_q8_0(&x, &mut b);
         assert!(b.iter().all(|&q| q == 0));
+    }
+
+    #[test]
+    fn round_i8_is_roundf_then_cast() {
+        let reference = |f: f32| trunc_i8(f.round());
+        let mut vals = vec![
+            0.5f32, -0.5, 1.5, -1.5, 2.5, 126.5, -127.5, 127.49999, 0.49999997,
+        ];
+        vals.extend([
+            -0.49999997,
+            1e-45,
+            3e9,
+            -3e9,
+            2147483520.0,
+            -2147483648.0,
+            8388609.0,
+        ]);
+        vals.extend([
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            16777217.0,
+            300.5,
+            -300.5,
+        ]);
+        let mut s = 7u64;
+        for _ in 0..200_000 {
+            vals.push(lcg(&mut s) * 140.0);
+            vals.push((lcg(&mut s) * 280.0).round() * 0.5);
+        }
+        for v in vals {
+            assert_eq!(round_i8(v), reference(v), "{v:e}");
+        }
+    }
+
+    #[test]
+    fn tiny_blocks_follow_x86_casts() {
+        // |max| so small that 1/d overflows: x*id is ±inf or NaN, the int8 casts give 0 (as
+        // ggml on x86 and gguf-py: e.g. q4_0 "0080" + 16 zero bytes).
+        let mut x = [0f32; QK];
+        x[..8].copy_from_slice(&[1e-39, -2e-39, 5e-40, 0.0, 1e-45, -1e-45, 3e-39, -1e-39]);
+        let cases: [(Q, usize, &[u8]); 5] = [
+            (quantize_q4_0, Q4_0_BYTES, &[0x00, 0x80]),
+            (quantize_q4_1, Q4_1_BYTES, &[0x00, 0x00, 0x00, 0x80]),
+            (quantize_q5_0, Q5_0_BYTES, &[0x00, 0x80]),
+            (quantize_q5_1, Q5_1_BYTES, &[0x00, 0x00, 0x00, 0x80]),
+            (quantize_q8_0, Q8_0_BYTES, &[0x00, 0x00]),
+        ];
+        for (q, bytes, head) in cases {
+            let mut b = vec![0xAAu8; bytes];
+            q(&x, &mut b);
+            assert_eq!(&b[..head.len()], head);
+            assert!(b[head.len()..].iter().all(|&v| v == 0), "{b:02x?}");
+        }
     }
 
     #[test]

@@ -406,6 +406,11 @@ fn cli_formats() {
     ]);
     assert_eq!(rc, 0);
     assert!(out.contains("ratio to optimum:   1.0000"), "{out}");
+    // An asymmetric list that starts with a minus sign (the TQ3_1S table, FORMATS.md §2).
+    let c3 = "-1.996684 -1.291398 -0.740341 -0.247508 0.230106 0.725222 1.277503 1.988943";
+    let (rc, out, err) = tq(&["codebook", "--evaluate", c3, "--dist", "normal01"]);
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("ratio to optimum:   1.02"), "{out}");
 }
 
 #[test]

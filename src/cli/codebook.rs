@@ -33,7 +33,7 @@ pub struct CodebookArgs {
     /// Evaluate a table instead of computing one: a file (JSON from this command, or numbers
     /// separated by commas/whitespace) or an inline list "v1,v2,..."; a leading "±" (or "pm:")
     /// means the list is the positive half of a symmetric table.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub evaluate: Option<String>,
     /// Units of the --evaluate table: value (default) or sigma (multiples of σ = 1/√d).
     #[arg(long, default_value = "value")]

@@ -147,6 +147,7 @@ pub fn validate(buf: &[u8], profile: &Profile) -> std::result::Result<usize, Str
         .map_err(|e| crate::error::one_line(&e))
 }
 
+#[derive(Debug)]
 struct Parsed {
     version: u32,
     metadata: Vec<(String, Value)>,

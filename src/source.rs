@@ -33,12 +33,21 @@ impl SourceTensor {
 pub trait TensorSource: Sync {
     /// Input file (or directory) name for messages and provenance.
     fn name(&self) -> String;
+    /// GGUF version to write (the input's for GGUF sources, 3 otherwise).
+    fn gguf_version(&self) -> u32 {
+        3
+    }
     fn metadata(&self) -> &[(String, Value)];
     fn tensors(&self) -> &[SourceTensor];
     /// The tensor's stored bytes when they can be copied unchanged into a GGUF of type `ty`.
     fn raw(&self, index: usize) -> Option<&[u8]>;
     /// Rows `[row0, row0 + out.len() / row_len)` of tensor `index` as f32.
     fn read_rows_f32(&self, index: usize, row0: u64, out: &mut [f32]) -> Result<()>;
+}
+
+/// Open a model for conversion: a GGUF file (or, later, a Hugging Face model directory).
+pub fn open(path: &std::path::Path, profile: &crate::types::profile::Profile) -> Result<Box<dyn TensorSource>> {
+    Ok(Box::new(GgufSource::new(GgufFile::open_with(path, profile)?)))
 }
 
 /// A GGUF file as a source.
@@ -65,6 +74,9 @@ impl GgufSource {
 impl TensorSource for GgufSource {
     fn name(&self) -> String {
         self.file.path.display().to_string()
+    }
+    fn gguf_version(&self) -> u32 {
+        self.file.version
     }
     fn metadata(&self) -> &[(String, Value)] {
         &self.file.metadata

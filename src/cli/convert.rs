@@ -1,9 +1,8 @@
 //! `tq convert INPUT -o OUT.gguf [--weights TYPE] [--recipe R] ...`
 use crate::convert::{self, Provenance};
 use crate::error::{Error, Result};
-use crate::gguf::GgufFile;
 use crate::plan::{self, recipe, Action, Plan, Request};
-use crate::source::{GgufSource, TensorSource};
+use crate::source::TensorSource;
 use crate::types::profile::Profile;
 use std::path::{Path, PathBuf};
 
@@ -76,7 +75,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     if let Some(o) = &out {
         check_output(&a.input, o)?;
     }
-    let src = GgufSource::new(GgufFile::open_with(&a.input, &profile)?);
+    let src = crate::source::open(&a.input, &profile)?;
     let req = request(&a)?;
     let plan = plan::plan(src.tensors(), &req, &profile)?;
     let prov = if a.no_provenance {
@@ -107,7 +106,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         prov.as_ref(),
         !req.keep_types && !a.no_provenance,
     );
-    let version = src.file.version;
+    let version = src.gguf_version();
     let size =
         crate::gguf::writer::file_size(version, &md, &convert::tensor_specs(&plan, &profile))?;
     if a.dry_run {
@@ -118,7 +117,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     let out = out.expect("checked above");
     let pb = progress_bar(size);
     let t0 = std::time::Instant::now();
-    let stats = convert::execute(&src, &plan, &md, version, &profile, &out, &|d| {
+    let stats = convert::execute(src.as_ref(), &plan, &md, version, &profile, &out, &|d| {
         pb.set_position(d)
     })?;
     pb.finish_and_clear();

@@ -6,10 +6,14 @@
 pub mod cli;
 pub mod convert;
 pub mod error;
+pub mod eval;
 pub mod gguf;
+pub mod hf;
 pub mod inspect;
 pub mod math;
+pub mod model;
 pub mod st;
+pub mod tokenizer;
 pub mod types;
 
 pub use error::{Error, Result};

@@ -1,4 +1,4 @@
-//! Lloyd-Max codebooks against an independent oracle (scipy, `scripts/oracle/math.py`), the
+//! Lloyd-Max codebooks against an independent oracle (scipy, `scripts/oracle/codebooks.py`), the
 //! standard N(0,1) tables, the turbo4 regression, and the `tq codebook` command line.
 
 #[path = "../fixtures/mod.rs"]
@@ -84,7 +84,7 @@ fn tables_match_scipy_oracle() {
 }
 
 /// 40-digit references (mpmath, optional: written only where mpmath is importable, e.g.
-/// `python3 scripts/oracle/math.py --out $TQ_CACHE/oracle --mp-only`). The scipy solve above is
+/// `python3 scripts/oracle/codebooks.py --out $TQ_CACHE/oracle --mp-only`). The scipy solve above is
 /// good to ~1e-9 σ on the worst-conditioned 8-bit tables; this holds ours to 1e-10 σ.
 #[test]
 fn tables_match_mpmath_reference() {

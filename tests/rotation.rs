@@ -1,5 +1,5 @@
 //! Rotations and sign generators: numpy's PCG64 reproduced bit for bit (against values dumped by
-//! `scripts/oracle/math.py`), the engines' sign arrays, FWHT variants equal, inverse rotations
+//! `scripts/oracle/codebooks.py`), the engines' sign arrays, FWHT variants equal, inverse rotations
 //! equal to the identity, and the incoherence of each rotation on real SmolLM2 rows.
 
 #[path = "../fixtures/mod.rs"]

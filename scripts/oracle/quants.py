@@ -22,7 +22,7 @@ All files are raw little-endian arrays. Deterministic (fixed seeds). About 9 MB.
 import os
 import sys
 
-# This script's folder holds sibling oracle scripts (e.g. math.py) that would shadow standard
+# This script's folder holds sibling oracle scripts (historically math.py) that would shadow standard
 # modules when run as `python scripts/oracle/quants.py`: drop it from the import path.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]

@@ -2,7 +2,6 @@
 use crate::convert::{self, Provenance};
 use crate::error::{Error, Result};
 use crate::plan::{self, recipe, Action, Plan, Request};
-use crate::source::TensorSource;
 use crate::types::profile::Profile;
 use std::path::{Path, PathBuf};
 

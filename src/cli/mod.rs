@@ -2,6 +2,7 @@
 
 pub mod codebook;
 pub mod convert;
+pub mod eval;
 pub mod inspect;
 
 use clap::{Parser, Subcommand};
@@ -23,6 +24,8 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Convert/quantize a model to GGUF (TQ4_1S, TQ3_1S, q8_0, ... with recipes and overrides).
     Convert(convert::ConvertArgs),
+    /// Perplexity and KL divergence of a model on a text (llama-perplexity compatible).
+    Eval(eval::EvalArgs),
     /// Compute Lloyd-Max codebooks for a head dim / bit width and emit them for an engine.
     Codebook(codebook::CodebookArgs),
 }
@@ -33,6 +36,7 @@ pub fn main() -> i32 {
     let r = match cli.command {
         Command::Inspect(a) => inspect::run(a),
         Command::Convert(a) => convert::run(a),
+        Command::Eval(a) => eval::run(a),
         Command::Codebook(a) => codebook::run(a),
     };
     match r {

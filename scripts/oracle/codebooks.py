@@ -366,7 +366,7 @@ def main():
             json.dump(mp_tables(), f)
         print("  lloyd_max_mp.json written")
     elif a.mp_only:
-        sys.exit("math.py --mp-only needs mpmath")
+        sys.exit("codebooks.py --mp-only needs mpmath")
     else:
         print("  (mpmath not importable: lloyd_max_mp.json skipped)")
     if a.mp_only:

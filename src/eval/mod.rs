@@ -1,0 +1,1 @@
+//! Perplexity / KL-divergence evaluation (in progress).

@@ -1,0 +1,1 @@
+//! CPU model runtime for llama-family decoders, layer-streaming (in progress).

@@ -1,0 +1,1 @@
+//! Tokenizers built from GGUF metadata (in progress).

@@ -100,6 +100,10 @@ pub struct Stats {
 }
 
 /// Write `out` from `src` following `plan`. `on_progress(bytes_done)` is called after each chunk.
+///
+/// Two stages joined by a bounded queue (2 chunks): this thread reads and quantizes chunk k+1
+/// (rows in parallel) while a writer thread writes chunk k. Peak memory: ~3 chunks of output plus
+/// one f32 row per worker.
 pub fn execute(
     src: &dyn TensorSource,
     plan: &Plan,
@@ -110,22 +114,52 @@ pub fn execute(
     on_progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Stats> {
     let specs = tensor_specs(plan, profile);
-    let mut w = GgufWriter::create(out, version, metadata, &specs)?;
+    let w = GgufWriter::create(out, version, metadata, &specs)?;
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
     let mut stats = Stats {
         bytes_written: 0,
         tensors_converted: 0,
         tensors_copied: 0,
     };
-    let mut done = 0u64;
+    std::thread::scope(|scope| -> Result<()> {
+        let writer = scope.spawn(move || -> Result<GgufWriter> {
+            let mut w = w;
+            let mut done = 0u64;
+            for chunk in rx {
+                w.write_data(&chunk)?;
+                done += chunk.len() as u64;
+                on_progress(done);
+            }
+            Ok(w)
+        });
+        let produced = produce(src, plan, &tx, &mut stats);
+        drop(tx);
+        // A writer error closes the queue, which stops the producer; report the writer's error first.
+        let w = writer
+            .join()
+            .map_err(|_| Error::Usage("writer thread panicked".into()))??;
+        produced?;
+        w.finish()
+    })?;
+    stats.bytes_written = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
+    Ok(stats)
+}
+
+fn produce(
+    src: &dyn TensorSource,
+    plan: &Plan,
+    tx: &std::sync::mpsc::SyncSender<Vec<u8>>,
+    stats: &mut Stats,
+) -> Result<()> {
+    // The writer thread hung up: its error is reported by the caller.
+    let closed = || Error::Usage("output writer stopped".into());
     for (i, e) in plan.entries.iter().enumerate() {
         if e.action == Action::Copy {
             let raw = src.raw(i).ok_or_else(|| {
                 Error::Unsupported(format!("{}: source cannot provide raw bytes", e.name))
             })?;
             for c in raw.chunks(CHUNK_VALUES * 4) {
-                w.write_data(c)?;
-                done += c.len() as u64;
-                on_progress(done);
+                tx.send(c.to_vec()).map_err(|_| closed())?;
             }
             stats.tensors_copied += 1;
             continue;
@@ -134,11 +168,10 @@ pub fn execute(
         let n_rows: u64 = e.dims.iter().skip(1).product();
         let row_bytes = e.dst.bytes_for(row_len as u64).expect("planned") as usize;
         let rows_per_chunk = (CHUNK_VALUES / row_len.max(1)).max(1) as u64;
-        let mut buf = Vec::new();
         let mut row0 = 0u64;
         while row0 < n_rows {
             let rows = rows_per_chunk.min(n_rows - row0) as usize;
-            buf.resize(rows * row_bytes, 0u8);
+            let mut buf = vec![0u8; rows * row_bytes];
             buf.par_chunks_mut(row_bytes).enumerate().try_for_each_init(
                 || vec![0f32; row_len],
                 |row, (r, ob)| -> Result<()> {
@@ -153,14 +186,10 @@ pub fn execute(
                     crate::types::quantize(e.dst, row, ob, &e.name)
                 },
             )?;
-            w.write_data(&buf)?;
-            done += buf.len() as u64;
-            on_progress(done);
+            tx.send(buf).map_err(|_| closed())?;
             row0 += rows as u64;
         }
         stats.tensors_converted += 1;
     }
-    w.finish()?;
-    stats.bytes_written = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
-    Ok(stats)
+    Ok(())
 }

@@ -49,6 +49,9 @@ pub struct ConvertArgs {
     /// Worker threads (default: all cores). Output bytes do not depend on it.
     #[arg(long)]
     pub threads: Option<usize>,
+    /// No progress bar and no notices (errors are still printed).
+    #[arg(short, long)]
+    pub quiet: bool,
     /// Do not add tq.* provenance keys nor touch general.file_type (for byte-exact copies).
     #[arg(long)]
     pub no_provenance: bool,
@@ -112,9 +115,15 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         print_plan(&plan, &a, size, &profile)?;
         return Ok(());
     }
-    report_fallbacks(&plan);
+    if !a.quiet {
+        report_fallbacks(&plan);
+    }
     let out = out.expect("checked above");
-    let pb = progress_bar(size);
+    let pb = if a.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        progress_bar(size)
+    };
     let t0 = std::time::Instant::now();
     let stats = convert::execute(src.as_ref(), &plan, &md, version, &profile, &out, &|d| {
         pb.set_position(d)
@@ -130,7 +139,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
             "fallbacks": plan.entries.iter().filter(|e| e.fallback).count(),
         });
         println!("{j}");
-    } else {
+    } else if !a.quiet {
         eprintln!(
             "wrote {} ({} bytes, {:.3} bpw, {:.3} bpw 2-D weights): {} tensors converted, {} copied, in {:.1} s",
             out.display(),
@@ -266,17 +275,34 @@ fn totals(plan: &Plan) -> (u64, f64, f64) {
 fn report_fallbacks(plan: &Plan) {
     let fallbacks: Vec<_> = plan.entries.iter().filter(|e| e.fallback).collect();
     for e in fallbacks.iter().take(20) {
-        eprintln!("tq: {}: {} -> {} ({})", e.name, e.src, e.dst, e.reasons.join("; "));
+        eprintln!(
+            "tq: {}: {} -> {} ({})",
+            e.name,
+            e.src,
+            e.dst,
+            e.reasons.join("; ")
+        );
     }
     if fallbacks.len() > 20 {
-        eprintln!("tq: ... and {} more fallbacks (see --dry-run)", fallbacks.len() - 20);
+        eprintln!(
+            "tq: ... and {} more fallbacks (see --dry-run)",
+            fallbacks.len() - 20
+        );
     }
     let mut requant: std::collections::BTreeMap<String, usize> = Default::default();
-    for e in plan.entries.iter().filter(|e| e.action == Action::Requantize) {
-        *requant.entry(format!("{} -> {}", e.src, e.dst)).or_default() += 1;
+    for e in plan
+        .entries
+        .iter()
+        .filter(|e| e.action == Action::Requantize)
+    {
+        *requant
+            .entry(format!("{} -> {}", e.src, e.dst))
+            .or_default() += 1;
     }
     for (k, n) in requant {
-        eprintln!("tq: requantizing {n} tensors {k} (already-quantized input: quality loss compounds)");
+        eprintln!(
+            "tq: requantizing {n} tensors {k} (already-quantized input: quality loss compounds)"
+        );
     }
 }
 

@@ -161,6 +161,7 @@ fn produce(
             for c in raw.chunks(CHUNK_VALUES * 4) {
                 tx.send(c.to_vec()).map_err(|_| closed())?;
             }
+            src.release(i);
             stats.tensors_copied += 1;
             continue;
         }
@@ -189,6 +190,7 @@ fn produce(
             tx.send(buf).map_err(|_| closed())?;
             row0 += rows as u64;
         }
+        src.release(i);
         stats.tensors_converted += 1;
     }
     Ok(())

@@ -43,11 +43,21 @@ pub trait TensorSource: Sync {
     fn raw(&self, index: usize) -> Option<&[u8]>;
     /// Rows `[row0, row0 + out.len() / row_len)` of tensor `index` as f32.
     fn read_rows_f32(&self, index: usize, row0: u64, out: &mut [f32]) -> Result<()>;
+    /// The converter is done with tensor `index`: drop cached pages (keeps RSS bounded).
+    fn release(&self, _index: usize) {}
 }
 
 /// Open a model for conversion: a GGUF file (or, later, a Hugging Face model directory).
-pub fn open(path: &std::path::Path, profile: &crate::types::profile::Profile) -> Result<Box<dyn TensorSource>> {
-    Ok(Box::new(GgufSource::new(GgufFile::open_with(path, profile)?)))
+pub fn open(
+    path: &std::path::Path,
+    profile: &crate::types::profile::Profile,
+) -> Result<Box<dyn TensorSource>> {
+    if crate::hf::is_model_dir(path) {
+        return Ok(Box::new(crate::hf::HfSource::open(path)?));
+    }
+    Ok(Box::new(GgufSource::new(GgufFile::open_with(
+        path, profile,
+    )?)))
 }
 
 /// A GGUF file as a source.
@@ -86,6 +96,9 @@ impl TensorSource for GgufSource {
     }
     fn raw(&self, index: usize) -> Option<&[u8]> {
         Some(self.file.tensor_data(&self.file.tensors[index]))
+    }
+    fn release(&self, index: usize) {
+        self.file.release(&self.file.tensors[index]);
     }
     fn read_rows_f32(&self, index: usize, row0: u64, out: &mut [f32]) -> Result<()> {
         let t = &self.file.tensors[index];

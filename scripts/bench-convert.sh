@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Benchmark `tq convert` against upstream `llama-quantize` on the same input and thread count
+# (issue 4). Not part of CI. Prints medians of RUNS runs, the ratios, and peak RSS of each.
+#
+#   bash scripts/bench-convert.sh [THREADS] [RUNS]          # SmolLM2-135M F16
+#   BIG=1 bash scripts/bench-convert.sh [THREADS] 1         # also a >= 4 GB 7B-shaped GGUF (memory bound)
+source "$(dirname "$0")/common.sh"
+cd "$TQ_ROOT"
+threads=${1:-2}; runs=${2:-3}
+smol=$("$TQ_ROOT/scripts/fetch-data.sh")
+bin=$("$TQ_ROOT/scripts/build-llama.sh")
+cargo build --release --locked --quiet
+cargo build --release --locked --quiet --example gen_gguf
+tq="$TQ_ROOT/target/release/tq"
+w="$TQ_CACHE/bench"; mkdir -p "$w"
+f16="$w/smollm2-f16.gguf"
+[ -f "$f16" ] || "$tq" convert "$smol" --weights f16 -q -o "$f16"
+
+# run NAME CMD...: RUNS timed runs; prints "NAME median_s peak_rss_MiB"
+run() {
+  local name=$1; shift
+  local times=() rss=0
+  for _ in $(seq "$runs"); do
+    /usr/bin/time -f "%e %M" -o "$w/time.txt" "$@" >/dev/null 2>&1 || { echo "$name: command failed: $*" >&2; return 1; }
+    read -r t m < "$w/time.txt"
+    times+=("$t"); [ "$m" -gt "$rss" ] && rss=$m
+  done
+  local med
+  med=$(printf '%s\n' "${times[@]}" | sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}')
+  echo "$name $med $((rss / 1024))"
+}
+
+bench() {
+  local in=$1 label=$2
+  echo "## $label ($(du -h "$in" | cut -f1), $threads threads, median of $runs)"
+  {
+    run llama-quantize_Q4_0   "$bin/llama-quantize" "$in" "$w/lq-q4_0.gguf" Q4_0 "$threads"
+    run llama-quantize_Q4_K_M "$bin/llama-quantize" "$in" "$w/lq-q4_k_m.gguf" Q4_K_M "$threads"
+    run tq_q4_0               "$tq" convert "$in" --weights q4_0 --threads "$threads" -q -o "$w/tq-q4_0.gguf"
+    run tq_tq4_1s             "$tq" convert "$in" --weights tq4_1s --threads "$threads" -q -o "$w/tq-tq4_1s.gguf"
+  } | tee "$w/res.txt"
+  awk '{t[$1]=$2; r[$1]=$3} END {
+    b=t["llama-quantize_Q4_0"];
+    printf "| tool / type | median s | ratio to llama-quantize Q4_0 | peak RSS MiB |\n|---|---|---|---|\n";
+    n=split("llama-quantize_Q4_0 llama-quantize_Q4_K_M tq_q4_0 tq_tq4_1s", k, " ");
+    for (i=1;i<=n;i++) printf "| %s | %.2f | %.2f | %d |\n", k[i], t[k[i]], t[k[i]]/b, r[k[i]];
+  }' "$w/res.txt"
+}
+
+bench "$f16" "SmolLM2-135M F16 -> 4-bit"
+if [ "${BIG:-0}" = 1 ]; then
+  big="$w/synthetic-7b-10layers-f16.gguf"
+  [ -f "$big" ] || "$TQ_ROOT/target/release/examples/gen_gguf" "$big" --layers 10
+  runs=1 bench "$big" "7B-shaped, 10 layers, F16"
+  echo "largest tensor: token_embd/output 4096 x 32000 = $((4096 * 32000 * 4 / 1048576)) MiB as f32"
+fi

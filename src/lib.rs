@@ -10,6 +10,7 @@ pub mod eval;
 pub mod gguf;
 pub mod hf;
 pub mod inspect;
+pub mod ldlq;
 pub mod math;
 pub mod model;
 pub mod st;

@@ -177,7 +177,7 @@ pub static TYPES: &[TypeInfo] = &[
         256,
         84,
         Some(kquants::dequantize_q2_k),
-        None
+        Some(kquants::quantize_q2_k)
     ),
     row!(
         Q3K,
@@ -186,7 +186,7 @@ pub static TYPES: &[TypeInfo] = &[
         256,
         110,
         Some(kquants::dequantize_q3_k),
-        None
+        Some(kquants::quantize_q3_k)
     ),
     row!(
         Q4K,
@@ -195,7 +195,7 @@ pub static TYPES: &[TypeInfo] = &[
         256,
         144,
         Some(kquants::dequantize_q4_k),
-        None
+        Some(kquants::quantize_q4_k)
     ),
     row!(
         Q5K,
@@ -204,7 +204,7 @@ pub static TYPES: &[TypeInfo] = &[
         256,
         176,
         Some(kquants::dequantize_q5_k),
-        None
+        Some(kquants::quantize_q5_k)
     ),
     row!(
         Q6K,
@@ -213,7 +213,7 @@ pub static TYPES: &[TypeInfo] = &[
         256,
         210,
         Some(kquants::dequantize_q6_k),
-        None
+        Some(kquants::quantize_q6_k)
     ),
     row!(Q8K, "q8_K", Stock(15), 256, 292, None, None),
     row!(IQ2XXS, "iq2_xxs", Stock(16), 256, 66, None, None),

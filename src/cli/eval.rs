@@ -1,9 +1,338 @@
-//! `tq eval` (in progress).
+//! `tq eval MODEL --text FILE`: perplexity the way `llama-perplexity` computes it, and with
+//! `--ref REF.gguf` or `--ref-logits FILE` the KL divergence from a reference model.
 use crate::error::{Error, Result};
+use crate::eval::logits_file::{self, Format};
+use crate::eval::{evaluate, EvalResult, Reference, Windows};
+use crate::gguf::GgufFile;
+use crate::model::{Model, Numerics};
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
-pub struct EvalArgs {}
+pub struct EvalArgs {
+    /// Model to evaluate (GGUF; llama, qwen2 or qwen3 architecture).
+    pub model: PathBuf,
+    /// Text to evaluate, tokenized with the model's tokenizer like `llama-perplexity -f`.
+    #[arg(long, short = 'f', conflicts_with = "tokens")]
+    pub text: Option<PathBuf>,
+    /// Pre-tokenized input instead of --text: whitespace-separated token ids, the whole stream
+    /// as the tokenizer would produce it (including a leading BOS if the vocabulary adds one).
+    #[arg(long)]
+    pub tokens: Option<PathBuf>,
+    /// Window length in tokens; the second half of each window is scored.
+    #[arg(long, short = 'c', default_value_t = 512)]
+    pub ctx: usize,
+    /// Evaluate only the first N windows.
+    #[arg(long)]
+    pub chunks: Option<usize>,
+    /// Reference model for KL divergence (run side by side on the same windows).
+    #[arg(long = "ref", value_name = "REF.gguf")]
+    pub reference: Option<PathBuf>,
+    /// Saved reference distributions for KL divergence (from --save-logits, or llama.cpp's
+    /// --kl-divergence-base file). The windows come from the file; --text is not needed.
+    #[arg(long, conflicts_with = "reference")]
+    pub ref_logits: Option<PathBuf>,
+    /// Save this model's distributions as a reference for later --ref-logits runs.
+    #[arg(long)]
+    pub save_logits: Option<PathBuf>,
+    /// Format for --save-logits: tq (compact) or llama (readable by llama-perplexity --kl-divergence).
+    #[arg(long, default_value = "tq")]
+    pub logits_format: String,
+    /// Machine-readable JSON report on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Worker threads (default: all cores).
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+    /// Windows run through the model together (default: about 2048 tokens' worth).
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// ggml (round activations like llama.cpp's CPU backend; default) or f32 (exact activations).
+    #[arg(long, default_value = "ggml")]
+    pub numerics: String,
+    /// No progress bar.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
 
-pub fn run(_a: EvalArgs) -> Result<()> {
-    Err(Error::Usage("tq eval: not implemented yet".into()))
+/// Read a `--tokens` file: whitespace-separated u32 ids.
+pub fn read_token_file(p: &Path) -> Result<Vec<u32>> {
+    let s = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
+    s.split_whitespace()
+        .enumerate()
+        .map(|(i, w)| {
+            w.parse::<u32>().map_err(|_| {
+                Error::bad_input(
+                    p,
+                    format!(
+                        "token {} ('{}') is not a u32 id",
+                        i + 1,
+                        crate::error::one_line(w)
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
+/// Whether llama.cpp's vocabulary would add a BOS token, from metadata alone (used with
+/// `--tokens`, where no tokenizer runs): the explicit flag, else llama.cpp's per-model default.
+pub fn add_bos_from_metadata(f: &GgufFile) -> bool {
+    if let Some(b) = f
+        .get("tokenizer.ggml.add_bos_token")
+        .and_then(|v| v.as_bool())
+    {
+        return b;
+    }
+    match f.get_str("tokenizer.ggml.model") {
+        Some("llama") | Some("bert") => true,
+        Some("gpt2") => matches!(
+            f.get_str("tokenizer.ggml.pre"),
+            Some(
+                "llama3"
+                    | "llama-v3"
+                    | "llama-bpe"
+                    | "falcon3"
+                    | "falcon-h1"
+                    | "pixtral"
+                    | "midm-2.0"
+                    | "lfm2"
+            )
+        ),
+        _ => false,
+    }
+}
+
+fn bos_id(f: &GgufFile) -> Option<u32> {
+    f.get_u64("tokenizer.ggml.bos_token_id").map(|v| v as u32)
+}
+
+/// The token stream of the input and the BOS that replaces each window's first token (if any).
+fn input_tokens(a: &EvalArgs, f: &GgufFile) -> Result<(Vec<u32>, Option<u32>)> {
+    if let Some(p) = &a.tokens {
+        let toks = read_token_file(p)?;
+        let bos = if add_bos_from_metadata(f) {
+            bos_id(f)
+        } else {
+            None
+        };
+        return Ok((toks, bos));
+    }
+    let p = a.text.as_ref().ok_or_else(|| {
+        Error::Usage("tq eval: give --text FILE (or --tokens FILE, or --ref-logits FILE)".into())
+    })?;
+    let bytes = std::fs::read(p).map_err(|e| Error::io(p, e))?;
+    let mut text = String::from_utf8(bytes)
+        .map_err(|e| Error::bad_input(p, format!("not UTF-8 text ({e})")))?;
+    // llama.cpp's -f drops one trailing newline.
+    if text.ends_with('\n') {
+        text.pop();
+    }
+    let tok = crate::tokenizer::Tokenizer::from_gguf(f)?;
+    let bos = tok.bos();
+    let add_bos = bos.is_some() && tok.encode("", true).first() == bos.as_ref();
+    Ok((tok.encode(&text, true), if add_bos { bos } else { None }))
+}
+
+pub fn run(a: EvalArgs) -> Result<()> {
+    let numerics = Numerics::parse(&a.numerics)
+        .ok_or_else(|| Error::Usage(format!("--numerics {}: expected ggml or f32", a.numerics)))?;
+    let format = match a.logits_format.as_str() {
+        "tq" => Format::Tq,
+        "llama" => Format::Llama,
+        o => {
+            return Err(Error::Usage(format!(
+                "--logits-format {o}: expected tq or llama"
+            )))
+        }
+    };
+    if a.threads == Some(0) {
+        return Err(Error::Usage("--threads must be at least 1".into()));
+    }
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| Error::Usage(format!("cannot start {threads} threads: {e}")))?;
+    pool.install(|| run_in_pool(&a, numerics, format, threads))
+}
+
+fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize) -> Result<()> {
+    let file = GgufFile::open(&a.model)?;
+    let mut model = Model::new(&file, numerics)?;
+    model.threads = threads;
+
+    let ref_file;
+    let mut ref_model = None;
+    if let Some(r) = &a.reference {
+        ref_file = GgufFile::open(r)?;
+        let mut m = Model::new(&ref_file, numerics)?;
+        m.threads = threads;
+        ref_model = Some(m);
+    }
+    let (win, reference) = if let Some(rl) = &a.ref_logits {
+        let rd = logits_file::Reader::open(rl)?;
+        let h = &rd.header;
+        if a.ctx != 512 && a.ctx != h.n_ctx {
+            return Err(Error::Usage(format!(
+                "--ctx {} differs from the {} tokens per window of {}",
+                a.ctx,
+                h.n_ctx,
+                rl.display()
+            )));
+        }
+        let bos = if add_bos_from_metadata(&file) {
+            bos_id(&file)
+        } else {
+            None
+        };
+        let win = Windows::new(&h.tokens, h.n_ctx, a.chunks.or(Some(h.n_chunk)), bos)?;
+        if a.text.is_some() || a.tokens.is_some() {
+            let (toks, _) = input_tokens(a, &file)?;
+            if toks.len() < win.tokens.len() || toks[..win.tokens.len()] != win.tokens[..] {
+                return Err(Error::Usage(format!(
+                    "the input's tokens differ from those saved in {}; evaluate on the same text",
+                    rl.display()
+                )));
+            }
+        }
+        (win, Reference::File(rd))
+    } else {
+        let (toks, bos) = input_tokens(a, &file)?;
+        let win = Windows::new(&toks, a.ctx, a.chunks, bos)?;
+        let r = match &ref_model {
+            Some(m) => Reference::Model(m),
+            None => Reference::None,
+        };
+        (win, r)
+    };
+
+    let nv = model.cfg.n_vocab;
+    let n_out = win.n_ctx - win.first();
+    let batch = a.batch.unwrap_or_else(|| {
+        let by_tokens = (2048 / win.n_ctx).max(1);
+        let logits_per_window = n_out * nv * 4 * if ref_model.is_some() { 2 } else { 1 };
+        let by_memory = ((1usize << 30) / logits_per_window.max(1)).max(1);
+        by_tokens.min(by_memory).min(win.n_chunk)
+    });
+
+    let mut writer = match &a.save_logits {
+        Some(p) => {
+            let info = serde_json::json!({
+                "model": a.model.file_name().map(|s| s.to_string_lossy().into_owned()),
+                "numerics": a.numerics, "tq": env!("CARGO_PKG_VERSION"),
+            })
+            .to_string();
+            let h = logits_file::Header {
+                format,
+                n_ctx: win.n_ctx,
+                n_vocab: nv,
+                n_chunk: win.n_chunk,
+                first: win.first(),
+                info,
+                tokens: win.tokens.clone(),
+            };
+            Some(logits_file::Writer::create(p, format, &h)?)
+        }
+        None => None,
+    };
+
+    if !a.quiet && !a.json {
+        eprintln!(
+            "tq eval: {} ({}, {} blocks), {} windows x {} tokens, scoring {} per window, batch {} windows, {} threads, {} numerics",
+            a.model.display(),
+            model.cfg.arch.name(),
+            model.cfg.n_layer,
+            win.n_chunk,
+            win.n_ctx,
+            win.scored_per_window(),
+            batch,
+            threads,
+            a.numerics
+        );
+    }
+    let pb = if a.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        let pb = indicatif::ProgressBar::new(1);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {wide_bar} {percent}% ETA {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        pb
+    };
+    let prog = |d: u64, t: u64| {
+        pb.set_length(t);
+        pb.set_position(d);
+    };
+    let res = evaluate(&model, &win, reference, writer.as_mut(), batch, &prog)?;
+    pb.finish_and_clear();
+    if let Some(w) = writer {
+        w.finish()?;
+    }
+
+    if a.json {
+        let j = serde_json::json!({
+            "model": a.model.display().to_string(),
+            "reference": a.reference.as_ref().or(a.ref_logits.as_ref()).map(|p| p.display().to_string()),
+            "numerics": a.numerics,
+            "threads": threads,
+            "batch": batch,
+            "result": res,
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&j)
+                .map_err(|e| Error::Usage(format!("JSON encoding failed: {e}")))?
+        );
+    } else {
+        print!("{}", render(&res));
+    }
+    Ok(())
+}
+
+/// The text report.
+pub fn render(r: &EvalResult) -> String {
+    let mut s = String::new();
+    s += &format!(
+        "windows {} x {} tokens, {} tokens scored, {:.1} s, {:.1} tokens/s\n",
+        r.n_chunk, r.n_ctx, r.tokens_scored, r.seconds, r.tokens_per_second
+    );
+    s += &format!("PPL = {:.4} +/- {:.5}\n", r.ppl.value, r.ppl.err);
+    if let Some(k) = &r.kld {
+        s += &format!(
+            "PPL(ref)               : {:.6} +/- {:.6}\n",
+            k.ppl_base.value, k.ppl_base.err
+        );
+        s += &format!(
+            "ln(PPL/PPL(ref))       : {:.6} +/- {:.6}\n",
+            k.ln_ppl_ratio.value, k.ln_ppl_ratio.err
+        );
+        s += &format!(
+            "Cor(ln PPL, ln PPL ref): {:.2}%\n",
+            100.0 * k.ln_ppl_correlation
+        );
+        s += &format!(
+            "Mean KLD               : {:.6} +/- {:.6}\n",
+            k.kld.value, k.kld.err
+        );
+        s += &format!(
+            "KLD median / 99% / 99.9% / max: {:.6} / {:.6} / {:.6} / {:.6}\n",
+            k.kld_median, k.kld_p99, k.kld_p999, k.kld_max
+        );
+        s += &format!(
+            "RMS dp                 : {:.3} +/- {:.3} %\n",
+            100.0 * k.p_diff_rms.value,
+            100.0 * k.p_diff_rms.err
+        );
+        s += &format!(
+            "Same top-1             : {:.3} +/- {:.3} %\n",
+            100.0 * k.same_top.value,
+            100.0 * k.same_top.err
+        );
+    }
+    s
 }

@@ -1,1 +1,13 @@
-//! CPU model runtime for llama-family decoders, layer-streaming (in progress).
+//! CPU runtime for llama-family decoders (llama/SmolLM, qwen2 with q/k/v biases, qwen3 with
+//! q/k norms), layer-streaming: a batch of token windows flows through block 0, then block 1, …,
+//! with only one block's weights dequantized (to f32) at a time. See `docs/eval.md`.
+
+pub mod attention;
+pub mod config;
+pub mod layer;
+pub mod matmul;
+pub mod rope;
+pub mod runtime;
+
+pub use config::{Arch, Config};
+pub use runtime::{Model, Numerics, Observer};

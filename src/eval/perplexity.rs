@@ -1,0 +1,282 @@
+//! Perplexity over windows of a token stream, the way `llama-perplexity` computes it: the text is
+//! tokenized once, cut into `tokens / n_ctx` windows (capped by `--chunks`), the first token of
+//! each window is replaced by BOS when the vocabulary adds one, and only positions
+//! `n_ctx/2 .. n_ctx-2` are scored (each predicting the next token), `n_ctx - 1 - n_ctx/2` per
+//! window. PPL = exp(mean NLL); its error is `PPL · sqrt(var(NLL) / (N-1))`.
+
+use super::kld::{mean_and_err, nll, token_kld, Est, KldAccum, KldReport, RefRow};
+use super::logits_file::{Reader, Writer};
+use crate::error::{Error, Result};
+use crate::model::{Model, Observer};
+use rayon::prelude::*;
+use serde::Serialize;
+
+/// The windows of a token stream.
+#[derive(Clone, Debug)]
+pub struct Windows {
+    pub n_ctx: usize,
+    pub n_chunk: usize,
+    /// `n_chunk * n_ctx` tokens as in the stream.
+    pub tokens: Vec<u32>,
+    /// Token that replaces the first of every window (the BOS, when the vocabulary adds one).
+    pub bos: Option<u32>,
+}
+
+impl Windows {
+    /// Cut `all` into windows like llama-perplexity (needs at least `2 * n_ctx` tokens).
+    pub fn new(
+        all: &[u32],
+        n_ctx: usize,
+        chunks: Option<usize>,
+        bos: Option<u32>,
+    ) -> Result<Windows> {
+        if n_ctx < 4 {
+            return Err(Error::Usage(format!(
+                "--ctx {n_ctx} is too small (at least 4)"
+            )));
+        }
+        if all.len() < 2 * n_ctx {
+            return Err(Error::Usage(format!(
+                "the text tokenizes to only {} tokens; at least {} (2 × --ctx {n_ctx}) are needed",
+                all.len(),
+                2 * n_ctx
+            )));
+        }
+        let max = all.len() / n_ctx;
+        let n_chunk = chunks.map_or(max, |c| c.min(max));
+        if n_chunk == 0 {
+            return Err(Error::Usage("--chunks 0: nothing to evaluate".into()));
+        }
+        Ok(Windows {
+            n_ctx,
+            n_chunk,
+            tokens: all[..n_chunk * n_ctx].to_vec(),
+            bos,
+        })
+    }
+
+    /// First scored position.
+    pub fn first(&self) -> usize {
+        self.n_ctx / 2
+    }
+
+    /// Scored tokens per window.
+    pub fn scored_per_window(&self) -> usize {
+        self.n_ctx - 1 - self.first()
+    }
+
+    /// Model input for windows `w0..w1` (BOS substituted).
+    pub fn input(&self, w0: usize, w1: usize) -> Vec<u32> {
+        let mut v = self.tokens[w0 * self.n_ctx..w1 * self.n_ctx].to_vec();
+        if let Some(b) = self.bos {
+            for c in v.chunks_mut(self.n_ctx) {
+                c[0] = b;
+            }
+        }
+        v
+    }
+
+    /// Token predicted at position `p` of window `w`.
+    pub fn target(&self, w: usize, p: usize) -> u32 {
+        self.tokens[w * self.n_ctx + p + 1]
+    }
+}
+
+/// Where reference distributions come from (for KL divergence).
+pub enum Reference<'a> {
+    None,
+    Model(&'a Model<'a>),
+    File(Reader),
+}
+
+/// The result of an evaluation.
+#[derive(Clone, Debug, Serialize)]
+pub struct EvalResult {
+    pub n_ctx: usize,
+    pub n_chunk: usize,
+    pub tokens_scored: usize,
+    pub ppl: Est,
+    pub mean_nll: Est,
+    /// Cumulative PPL after each window (llama-perplexity's `[i]value` list).
+    pub chunk_ppl: Vec<f64>,
+    pub kld: Option<KldReport>,
+    pub seconds: f64,
+    /// Tokens run through the model per second (`n_chunk * n_ctx / seconds`).
+    pub tokens_per_second: f64,
+}
+
+/// Progress of an evaluation: `done` of `total` units (one unit = one block of one batch).
+pub type Progress<'p> = &'p (dyn Fn(u64, u64) + Sync);
+
+struct LayerProgress<'p> {
+    f: Progress<'p>,
+    base: u64,
+    total: u64,
+}
+
+impl Observer for LayerProgress<'_> {
+    fn wants_inputs(&self) -> bool {
+        false
+    }
+    fn linear_input(&mut self, _: Option<usize>, _: &[&str], _: &[f32], _: usize, _: usize) {}
+    fn layer_start(&mut self, layer: usize) {
+        (self.f)(self.base + layer as u64, self.total);
+    }
+}
+
+/// Evaluate `model` on `win`. `batch` windows go through the model together (each block is
+/// dequantized once per batch). With a reference, per-token KL divergence is accumulated; with
+/// `save`, the model's own distributions are written as a reference file.
+pub fn evaluate(
+    model: &Model,
+    win: &Windows,
+    mut reference: Reference,
+    mut save: Option<&mut Writer>,
+    batch: usize,
+    progress: Progress,
+) -> Result<EvalResult> {
+    let t0 = std::time::Instant::now();
+    let nv = model.cfg.n_vocab;
+    if let Reference::Model(r) = &reference {
+        if r.cfg.n_vocab != nv {
+            return Err(Error::Usage(format!(
+                "the reference model has a vocabulary of {}, the model {nv}: they cannot be compared",
+                r.cfg.n_vocab
+            )));
+        }
+    }
+    if let Reference::File(r) = &reference {
+        let h = &r.header;
+        if h.n_vocab != nv {
+            return Err(Error::Usage(format!(
+                "the reference logits have a vocabulary of {}, the model {nv}",
+                h.n_vocab
+            )));
+        }
+        if h.n_ctx != win.n_ctx || h.first != win.first() || h.n_chunk < win.n_chunk {
+            return Err(Error::Usage(format!(
+                "the reference logits were computed with ctx {} over {} windows; this run has ctx {} over {}",
+                h.n_ctx, h.n_chunk, win.n_ctx, win.n_chunk
+            )));
+        }
+    }
+    let batch = batch.max(1);
+    let first = win.first();
+    let per = win.scored_per_window();
+    let n_out = win.n_ctx - first;
+    let n_batches = win.n_chunk.div_ceil(batch) as u64;
+    let ref_layers = match &reference {
+        Reference::Model(r) => r.cfg.n_layer as u64 + 1,
+        _ => 0,
+    };
+    let units_per_batch = model.cfg.n_layer as u64 + 1 + ref_layers;
+    let total = n_batches * units_per_batch;
+
+    let (mut s, mut s2, mut count) = (0f64, 0f64, 0usize);
+    let mut chunk_ppl = Vec::new();
+    let mut kacc = KldAccum::default();
+    let with_ref = !matches!(reference, Reference::None);
+
+    let mut w0 = 0;
+    let mut bi = 0u64;
+    while w0 < win.n_chunk {
+        let w1 = (w0 + batch).min(win.n_chunk);
+        let input = win.input(w0, w1);
+        let mut prog = LayerProgress {
+            f: progress,
+            base: bi * units_per_batch,
+            total,
+        };
+        let logits = model.forward(&input, win.n_ctx, first, Some(&mut prog))?;
+        let ref_rows: Option<Vec<RefRow>> = match &mut reference {
+            Reference::None => None,
+            Reference::Model(r) => {
+                let mut prog = LayerProgress {
+                    f: progress,
+                    base: bi * units_per_batch + model.cfg.n_layer as u64 + 1,
+                    total,
+                };
+                let rl = r.forward(&input, win.n_ctx, first, Some(&mut prog))?;
+                let rows: Vec<usize> = (0..w1 - w0)
+                    .flat_map(|j| (0..per).map(move |p| j * n_out + p))
+                    .collect();
+                Some(
+                    rows.par_iter()
+                        .map(|&i| RefRow::from_logits(&rl[i * nv..(i + 1) * nv]))
+                        .collect(),
+                )
+            }
+            Reference::File(rd) => {
+                let mut v = Vec::with_capacity((w1 - w0) * per);
+                for _ in 0..(w1 - w0) * per {
+                    v.push(rd.next_row()?);
+                }
+                Some(v)
+            }
+        };
+        (progress)(bi * units_per_batch + units_per_batch - 1, total);
+        // Per-token statistics in parallel, accumulated in order (deterministic).
+        let idx: Vec<(usize, usize)> = (0..w1 - w0)
+            .flat_map(|j| (0..per).map(move |p| (j, p)))
+            .collect();
+        let nlls: Vec<f64> = idx
+            .par_iter()
+            .map(|&(j, p)| {
+                let row = &logits[(j * n_out + p) * nv..(j * n_out + p + 1) * nv];
+                nll(row, win.target(w0 + j, first + p) as usize)
+            })
+            .collect();
+        if let Some(rr) = &ref_rows {
+            let ks: Vec<_> = idx
+                .par_iter()
+                .enumerate()
+                .map(|(k, &(j, p))| {
+                    let row = &logits[(j * n_out + p) * nv..(j * n_out + p + 1) * nv];
+                    token_kld(row, &rr[k], win.target(w0 + j, first + p) as usize)
+                })
+                .collect();
+            for t in &ks {
+                kacc.add(t);
+            }
+        }
+        if let Some(w) = save.as_deref_mut() {
+            let rows: Vec<RefRow> = idx
+                .par_iter()
+                .map(|&(j, p)| {
+                    RefRow::from_logits(&logits[(j * n_out + p) * nv..(j * n_out + p + 1) * nv])
+                })
+                .collect();
+            for r in &rows {
+                w.write_row(r)?;
+            }
+        }
+        for (k, v) in nlls.iter().enumerate() {
+            s += v;
+            s2 += v * v;
+            count += 1;
+            if (k + 1) % per == 0 {
+                chunk_ppl.push((s / count as f64).exp());
+            }
+        }
+        w0 = w1;
+        bi += 1;
+    }
+    (progress)(total, total);
+    let seconds = t0.elapsed().as_secs_f64();
+    let mean = mean_and_err(s, s2, count);
+    let ppl = mean.value.exp();
+    Ok(EvalResult {
+        n_ctx: win.n_ctx,
+        n_chunk: win.n_chunk,
+        tokens_scored: count,
+        ppl: Est {
+            value: ppl,
+            err: ppl * mean.err,
+        },
+        mean_nll: mean,
+        chunk_ppl,
+        kld: if with_ref { Some(kacc.report()) } else { None },
+        seconds,
+        tokens_per_second: (win.n_chunk * win.n_ctx) as f64 / seconds.max(1e-9),
+    })
+}

@@ -1,0 +1,257 @@
+//! One block's weights, dequantized to f32 scratch for the duration of a batch, and the linear
+//! "sets" (weights that share an input: q/k/v, gate/up) multiplied in one pass.
+
+use super::config::{Config, LayerNames};
+use super::matmul::{matmul_t, ActRound};
+use crate::error::{Error, Result};
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::types::TensorType;
+use rayon::prelude::*;
+
+/// Dequantize rows `r0..r1` of a 2-D tensor into `out` (`(r1 - r0) * row_len` values), in
+/// parallel over chunks of rows.
+pub fn dequantize_rows(
+    f: &GgufFile,
+    t: &TensorInfo,
+    r0: usize,
+    r1: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let k = t.row_len() as usize;
+    let ty = t.ty;
+    let bs = ty.block_size();
+    if k % bs != 0 {
+        return Err(Error::bad_input(
+            &f.path,
+            format!(
+                "{}: row length {k} is not a multiple of the {} block size {bs}",
+                t.name,
+                ty.name()
+            ),
+        ));
+    }
+    let row_bytes = k / bs * ty.block_bytes();
+    let data = f.tensor_data(t);
+    assert_eq!(out.len(), (r1 - r0) * k);
+    if (r1 as u64) > t.n_rows() {
+        return Err(Error::bad_input(
+            &f.path,
+            format!("{}: row {r1} out of range", t.name),
+        ));
+    }
+    let rows_per_chunk = (65536 / k.max(1)).max(1);
+    out.par_chunks_mut(rows_per_chunk * k)
+        .enumerate()
+        .try_for_each(|(ci, o)| {
+            let a = r0 + ci * rows_per_chunk;
+            let b = a + o.len() / k;
+            crate::types::dequantize(ty, &data[a * row_bytes..b * row_bytes], o, &t.name)
+        })
+}
+
+/// A whole 1-D or 2-D tensor as f32.
+pub fn load_f32(f: &GgufFile, name: &str) -> Result<Vec<f32>> {
+    let t = f
+        .tensor(name)
+        .ok_or_else(|| Error::bad_input(&f.path, format!("missing tensor {name}")))?;
+    let n = t.n_rows() as usize;
+    let mut out = vec![0f32; t.n_elements() as usize];
+    dequantize_rows(f, t, 0, n, &mut out)?;
+    Ok(out)
+}
+
+fn load_opt(f: &GgufFile, name: &str) -> Result<Option<Vec<f32>>> {
+    match f.tensor(name) {
+        Some(_) => load_f32(f, name).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// One weight inside a [`LinearSet`]: output features `off..off + n` of the set.
+#[derive(Clone, Debug)]
+pub struct Segment {
+    pub name: String,
+    pub off: usize,
+    pub n: usize,
+    pub ty: TensorType,
+}
+
+/// Weights sharing one input of width `k`, stacked row-wise (`n_total × k`), with optional biases.
+pub struct LinearSet {
+    pub k: usize,
+    pub n_total: usize,
+    pub w: Vec<f32>,
+    pub bias: Option<Vec<f32>>,
+    pub segments: Vec<Segment>,
+}
+
+impl LinearSet {
+    /// Load the named weights (each `[k, n_i]` in ggml order) and their optional biases.
+    pub fn load(f: &GgufFile, parts: &[(&str, &str)]) -> Result<LinearSet> {
+        let mut infos = Vec::new();
+        for (w, _) in parts {
+            let t = f
+                .tensor(w)
+                .ok_or_else(|| Error::bad_input(&f.path, format!("missing tensor {w}")))?;
+            infos.push(t);
+        }
+        let k = infos[0].row_len() as usize;
+        let n_total: usize = infos.iter().map(|t| t.n_rows() as usize).sum();
+        let mut w = vec![0f32; n_total * k];
+        let mut segments = Vec::new();
+        let mut off = 0;
+        let any_bias = parts.iter().any(|(_, b)| f.tensor(b).is_some());
+        let mut bias = if any_bias {
+            Some(vec![0f32; n_total])
+        } else {
+            None
+        };
+        for (t, (_, bname)) in infos.iter().zip(parts) {
+            let n = t.n_rows() as usize;
+            if t.row_len() as usize != k {
+                return Err(Error::bad_input(
+                    &f.path,
+                    format!("{}: input width differs within its set", t.name),
+                ));
+            }
+            dequantize_rows(f, t, 0, n, &mut w[off * k..(off + n) * k])?;
+            if let (Some(b), Some(v)) = (bias.as_mut(), load_opt(f, bname)?) {
+                if v.len() != n {
+                    return Err(Error::bad_input(
+                        &f.path,
+                        format!("{bname}: length {} != {n}", v.len()),
+                    ));
+                }
+                b[off..off + n].copy_from_slice(&v);
+            }
+            segments.push(Segment {
+                name: t.name.clone(),
+                off,
+                n,
+                ty: t.ty,
+            });
+            off += n;
+        }
+        Ok(LinearSet {
+            k,
+            n_total,
+            w,
+            bias,
+            segments,
+        })
+    }
+
+    /// `out (rows × n_total) = x (rows × k) · Wᵀ + b`. With `ggml_numerics`, the input is first
+    /// rounded the way ggml converts activations for each weight's type; segments with the same
+    /// rounding are multiplied together.
+    pub fn forward(
+        &self,
+        x: &[f32],
+        rows: usize,
+        out: &mut [f32],
+        ggml_numerics: bool,
+        threads: usize,
+    ) {
+        let k = self.k;
+        let mut i = 0;
+        while i < self.segments.len() {
+            let round = if ggml_numerics {
+                ActRound::for_weight(self.segments[i].ty)
+            } else {
+                ActRound::None
+            };
+            let mut j = i + 1;
+            while j < self.segments.len()
+                && (!ggml_numerics || ActRound::for_weight(self.segments[j].ty) == round)
+            {
+                j += 1;
+            }
+            let off = self.segments[i].off;
+            let n = self.segments[j - 1].off + self.segments[j - 1].n - off;
+            let w = &self.w[off * k..(off + n) * k];
+            if round == ActRound::None || k % round.block() != 0 {
+                matmul_t(x, rows, k, w, n, &mut out[off..], self.n_total, threads);
+            } else {
+                let mut xr = x[..rows * k].to_vec();
+                round.apply_rows(&mut xr, k);
+                matmul_t(&xr, rows, k, w, n, &mut out[off..], self.n_total, threads);
+            }
+            i = j;
+        }
+        if let Some(b) = &self.bias {
+            out[..rows * self.n_total]
+                .par_chunks_mut(self.n_total)
+                .for_each(|r| r.iter_mut().zip(b).for_each(|(o, b)| *o += b));
+        }
+    }
+
+    pub fn names(&self) -> Vec<&str> {
+        self.segments.iter().map(|s| s.name.as_str()).collect()
+    }
+}
+
+/// A block's weights as f32.
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    /// q | k | v stacked (one fused tensor or three).
+    pub qkv: LinearSet,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub wo: LinearSet,
+    pub ffn_norm: Vec<f32>,
+    /// gate | up stacked.
+    pub gate_up: LinearSet,
+    pub down: LinearSet,
+}
+
+impl LayerWeights {
+    pub fn load(f: &GgufFile, _cfg: &Config, l: usize) -> Result<LayerWeights> {
+        let n = LayerNames::new(l);
+        let qkv = if f.tensor(&n.attn_qkv).is_some() {
+            LinearSet::load(f, &[(&n.attn_qkv, &n.attn_qkv_b)])?
+        } else {
+            LinearSet::load(
+                f,
+                &[
+                    (&n.attn_q, &n.attn_q_b),
+                    (&n.attn_k, &n.attn_k_b),
+                    (&n.attn_v, &n.attn_v_b),
+                ],
+            )?
+        };
+        Ok(LayerWeights {
+            attn_norm: load_f32(f, &n.attn_norm)?,
+            qkv,
+            q_norm: load_opt(f, &n.attn_q_norm)?,
+            k_norm: load_opt(f, &n.attn_k_norm)?,
+            wo: LinearSet::load(f, &[(&n.attn_output, &n.attn_output_b)])?,
+            ffn_norm: load_f32(f, &n.ffn_norm)?,
+            gate_up: LinearSet::load(f, &[(&n.ffn_gate, &n.ffn_gate_b), (&n.ffn_up, &n.ffn_up_b)])?,
+            down: LinearSet::load(f, &[(&n.ffn_down, &n.ffn_down_b)])?,
+        })
+    }
+}
+
+/// ggml's RMS norm: mean of squares summed in f64, `1/sqrt(mean + eps)` in f32, then the weight.
+#[inline]
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let mean = (ss / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = (v * scale) * g;
+    }
+}
+
+/// Row-wise RMS norm of a `rows × cols` matrix, in parallel.
+pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, cols: usize, out: &mut [f32]) {
+    out.par_chunks_mut(cols)
+        .zip(x.par_chunks(cols))
+        .for_each(|(o, r)| rms_norm(r, w, eps, o));
+}
+
+/// SiLU(gate) · up, as ggml's swiglu.
+#[inline]
+pub fn swiglu(g: f32, u: f32) -> f32 {
+    g / (1.0 + (-g).exp()) * u
+}

@@ -1,0 +1,106 @@
+//! Rotary position embeddings as ggml computes them (`ggml_rope_ext` without YaRN): for pair `i`
+//! of a head, `theta = pos * base^(-2i/d)` — accumulated by repeated multiplication in f32 like
+//! ggml's rope cache — divided by the llama3 frequency factor of that pair when the model has
+//! `rope_freqs.weight`, and multiplied by the linear scaling `freq_scale`.
+
+/// Precomputed cos/sin for positions `0..n_pos`, `head_dim / 2` pairs each.
+pub struct Rope {
+    pub half: usize,
+    pub neox: bool,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl Rope {
+    pub fn new(
+        head_dim: usize,
+        n_pos: usize,
+        base: f32,
+        freq_scale: f32,
+        freq_factors: Option<&[f32]>,
+        neox: bool,
+    ) -> Rope {
+        let half = head_dim / 2;
+        let theta_scale = base.powf(-2.0 / head_dim as f32);
+        let mut cos = vec![0f32; n_pos * half];
+        let mut sin = vec![0f32; n_pos * half];
+        for p in 0..n_pos {
+            let mut theta = p as f32;
+            for i in 0..half {
+                let ff = freq_factors.map_or(1.0, |f| f[i]);
+                let t = freq_scale * (theta / ff);
+                cos[p * half + i] = t.cos();
+                sin[p * half + i] = t.sin();
+                theta *= theta_scale;
+            }
+        }
+        Rope {
+            half,
+            neox,
+            cos,
+            sin,
+        }
+    }
+
+    pub fn n_pos(&self) -> usize {
+        self.cos.len() / self.half.max(1)
+    }
+
+    /// Rotate one head vector (`2 * half` values) in place for position `pos`.
+    #[inline]
+    pub fn apply(&self, x: &mut [f32], pos: usize) {
+        let h = self.half;
+        let c = &self.cos[pos * h..pos * h + h];
+        let s = &self.sin[pos * h..pos * h + h];
+        if self.neox {
+            let (a, b) = x[..2 * h].split_at_mut(h);
+            for i in 0..h {
+                let (x0, x1) = (a[i], b[i]);
+                a[i] = x0 * c[i] - x1 * s[i];
+                b[i] = x0 * s[i] + x1 * c[i];
+            }
+        } else {
+            for i in 0..h {
+                let (x0, x1) = (x[2 * i], x[2 * i + 1]);
+                x[2 * i] = x0 * c[i] - x1 * s[i];
+                x[2 * i + 1] = x0 * s[i] + x1 * c[i];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rotation_preserves_norm_and_position_zero_is_identity() {
+        for neox in [false, true] {
+            let r = Rope::new(8, 16, 10000.0, 1.0, None, neox);
+            let v: Vec<f32> = (0..8).map(|i| i as f32 - 3.5).collect();
+            let mut a = v.clone();
+            r.apply(&mut a, 0);
+            assert_eq!(a, v);
+            let mut b = v.clone();
+            r.apply(&mut b, 11);
+            let n0: f32 = v.iter().map(|x| x * x).sum();
+            let n1: f32 = b.iter().map(|x| x * x).sum();
+            assert!((n0 - n1).abs() < 1e-3);
+        }
+    }
+
+    #[test]
+    fn relative_position_property() {
+        // <R(p) q, R(p') k> depends only on p - p'.
+        let r = Rope::new(16, 64, 10000.0, 1.0, None, false);
+        let q: Vec<f32> = (0..16).map(|i| (i as f32 * 0.37).sin()).collect();
+        let k: Vec<f32> = (0..16).map(|i| (i as f32 * 0.91).cos()).collect();
+        let dot = |p: usize, pk: usize| {
+            let (mut a, mut b) = (q.clone(), k.clone());
+            r.apply(&mut a, p);
+            r.apply(&mut b, pk);
+            a.iter().zip(&b).map(|(x, y)| x * y).sum::<f32>()
+        };
+        assert!((dot(10, 3) - dot(20, 13)).abs() < 1e-3);
+    }
+}

@@ -1,0 +1,323 @@
+//! The layer-streaming forward pass. A batch of token windows flows through block 0, then block
+//! 1, …: only one block's weights are dequantized (to f32 scratch) at a time, so memory is one
+//! block + the batch's activations whatever the model size. The output projection is streamed in
+//! slices of vocabulary rows the same way.
+
+use super::attention::{causal_attention, AttnShape};
+use super::config::Config;
+use super::layer::{dequantize_rows, load_f32, rms_norm_rows, swiglu, LayerWeights};
+use super::matmul::{matmul_t, ActRound};
+use super::rope::Rope;
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use rayon::prelude::*;
+
+/// How activations meet the weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Numerics {
+    /// Exact f32 activations against the dequantized weights.
+    F32,
+    /// Reproduce ggml's CPU backend: activations rounded to each weight type's `vec_dot_type`
+    /// (f16, Q8_0, Q8_K), K/V cache and queries in f16. The default: it makes perplexity and KL
+    /// divergence comparable with llama.cpp's.
+    Ggml,
+}
+
+impl Numerics {
+    pub fn parse(s: &str) -> Option<Numerics> {
+        match s {
+            "f32" => Some(Numerics::F32),
+            "ggml" => Some(Numerics::Ggml),
+            _ => None,
+        }
+    }
+}
+
+/// Hooks to observe the input of every linear layer (e.g. to accumulate Hessians `XᵀX`).
+/// `tensors` are the GGUF names of the weights that multiply this input (q/k/v share one, as do
+/// gate/up); `x` is `rows × cols`, row-major, exact f32 (before any ggml-style rounding).
+pub trait Observer {
+    fn linear_input(
+        &mut self,
+        layer: Option<usize>,
+        tensors: &[&str],
+        x: &[f32],
+        rows: usize,
+        cols: usize,
+    );
+    /// Called before block `layer` starts (progress reporting).
+    fn layer_start(&mut self, _layer: usize) {}
+    /// `false` for observers that only want `layer_start`: the runtime then skips
+    /// `linear_input` and may prune rows whose outputs are not requested.
+    fn wants_inputs(&self) -> bool {
+        true
+    }
+}
+
+pub struct Model<'a> {
+    pub file: &'a GgufFile,
+    pub cfg: Config,
+    pub numerics: Numerics,
+    /// Threads given to each large matrix product (the rayon pool decides the rest).
+    pub threads: usize,
+    output_norm: Vec<f32>,
+}
+
+/// Vocabulary rows of the output projection dequantized at a time.
+const OUTPUT_ROWS_PER_SLICE: usize = 8192;
+
+impl<'a> Model<'a> {
+    pub fn new(file: &'a GgufFile, numerics: Numerics) -> Result<Model<'a>> {
+        let cfg = Config::from_gguf(file)?;
+        let output_norm = load_f32(file, "output_norm.weight")?;
+        Ok(Model {
+            file,
+            cfg,
+            numerics,
+            threads: rayon::current_num_threads(),
+            output_norm,
+        })
+    }
+
+    fn ggml(&self) -> bool {
+        self.numerics == Numerics::Ggml
+    }
+
+    fn output_name(&self) -> &'static str {
+        if self.cfg.tied_output {
+            "token_embd.weight"
+        } else {
+            "output.weight"
+        }
+    }
+
+    /// Embedding rows for `tokens` (`tokens.len() × n_embd`).
+    pub fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let f = self.file;
+        let t = f.tensor("token_embd.weight").expect("checked by Config");
+        let e = self.cfg.n_embd;
+        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= self.cfg.n_vocab) {
+            return Err(Error::Usage(format!(
+                "token id {bad} is out of range for {} (vocabulary of {})",
+                f.path.display(),
+                self.cfg.n_vocab
+            )));
+        }
+        let mut x = vec![0f32; tokens.len() * e];
+        x.par_chunks_mut(e)
+            .zip(tokens.par_iter())
+            .try_for_each(|(row, &id)| dequantize_rows(f, t, id as usize, id as usize + 1, row))?;
+        Ok(x)
+    }
+
+    /// Run `n_win` windows of `seq` tokens each (`tokens.len() == n_win * seq`; position 0 at
+    /// the start of each window, windows independent) and return the logits of positions
+    /// `out_from..seq` of every window: `(n_win * (seq - out_from)) × n_vocab`, window-major.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        seq: usize,
+        out_from: usize,
+        mut observer: Option<&mut dyn Observer>,
+    ) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let watch = observer.as_ref().is_some_and(|o| o.wants_inputs());
+        assert!(seq > 0 && tokens.len() % seq == 0 && out_from < seq);
+        let n_win = tokens.len() / seq;
+        let rows = tokens.len();
+        let e = cfg.n_embd;
+        let threads = self.threads;
+        let ggml = self.ggml();
+        let shape = AttnShape {
+            n_head: cfg.n_head,
+            n_head_kv: cfg.n_head_kv,
+            head_dim: cfg.head_dim,
+            scale: cfg.kq_scale,
+        };
+        let (qd, kvd, ld, hd) = (shape.q_dim(), shape.kv_dim(), shape.ld(), cfg.head_dim);
+        let rope = Rope::new(
+            hd,
+            seq,
+            cfg.rope_base,
+            cfg.rope_freq_scale,
+            cfg.rope_freq_factors.as_deref(),
+            cfg.rope_neox,
+        );
+        let n_out = seq - out_from;
+        // Rows whose outputs are needed after the last block (llama.cpp prunes the same way).
+        let keep: Vec<usize> = (0..n_win)
+            .flat_map(|w| (out_from..seq).map(move |p| w * seq + p))
+            .collect();
+
+        let mut x = self.embed(tokens)?;
+        let mut h = vec![0f32; rows * e];
+        let mut qkv = vec![0f32; rows * ld];
+        let mut att = vec![0f32; rows * qd];
+        let mut gu = vec![0f32; rows * 2 * cfg.n_ff];
+        let mut act = vec![0f32; rows * cfg.n_ff];
+        let mut tmp = vec![0f32; rows * e];
+
+        for l in 0..cfg.n_layer {
+            if let Some(o) = observer.as_deref_mut() {
+                o.layer_start(l);
+            }
+            let lw = LayerWeights::load(self.file, cfg, l)?;
+            let last = l + 1 == cfg.n_layer;
+
+            // Attention.
+            rms_norm_rows(&x, &lw.attn_norm, cfg.rms_eps, e, &mut h);
+            if let Some(o) = observer.as_deref_mut().filter(|_| watch) {
+                o.linear_input(Some(l), &lw.qkv.names(), &h, rows, e);
+            }
+            lw.qkv.forward(&h, rows, &mut qkv, ggml, threads);
+            qkv.par_chunks_mut(ld).enumerate().for_each(|(r, row)| {
+                let pos = r % seq;
+                let (q, kv) = row.split_at_mut(qd);
+                for (hi, qh) in q.chunks_mut(hd).enumerate() {
+                    let _ = hi;
+                    if let Some(nw) = &lw.q_norm {
+                        let c = qh.to_vec();
+                        super::layer::rms_norm(&c, nw, cfg.rms_eps, qh);
+                    }
+                    rope.apply(qh, pos);
+                }
+                let (k, v) = kv.split_at_mut(kvd);
+                for kh in k.chunks_mut(hd) {
+                    if let Some(nw) = &lw.k_norm {
+                        let c = kh.to_vec();
+                        super::layer::rms_norm(&c, nw, cfg.rms_eps, kh);
+                    }
+                    rope.apply(kh, pos);
+                }
+                if ggml {
+                    // f16 K/V cache; queries converted to f16 for the K·Q dot (flash attention).
+                    ActRound::F16.apply(q);
+                    ActRound::F16.apply(k);
+                    ActRound::F16.apply(v);
+                }
+            });
+            causal_attention(&shape, &qkv, n_win, seq, &mut att);
+
+            // Prune to the output rows after the last block's attention.
+            let (rows_now, att_in): (usize, std::borrow::Cow<[f32]>) =
+                if last && !watch && n_out < seq {
+                    let mut a = vec![0f32; keep.len() * qd];
+                    let mut xr = vec![0f32; keep.len() * e];
+                    for (i, &r) in keep.iter().enumerate() {
+                        a[i * qd..(i + 1) * qd].copy_from_slice(&att[r * qd..(r + 1) * qd]);
+                        xr[i * e..(i + 1) * e].copy_from_slice(&x[r * e..(r + 1) * e]);
+                    }
+                    x = xr;
+                    (keep.len(), std::borrow::Cow::Owned(a))
+                } else {
+                    (rows, std::borrow::Cow::Borrowed(&att[..]))
+                };
+            if let Some(o) = observer.as_deref_mut().filter(|_| watch) {
+                o.linear_input(Some(l), &lw.wo.names(), &att_in, rows_now, qd);
+            }
+            lw.wo.forward(&att_in, rows_now, &mut tmp, ggml, threads);
+            add_into(&mut x[..rows_now * e], &tmp[..rows_now * e]);
+
+            // Feed-forward.
+            let nff = cfg.n_ff;
+            rms_norm_rows(
+                &x[..rows_now * e],
+                &lw.ffn_norm,
+                cfg.rms_eps,
+                e,
+                &mut h[..rows_now * e],
+            );
+            if let Some(o) = observer.as_deref_mut().filter(|_| watch) {
+                o.linear_input(
+                    Some(l),
+                    &lw.gate_up.names(),
+                    &h[..rows_now * e],
+                    rows_now,
+                    e,
+                );
+            }
+            lw.gate_up.forward(&h, rows_now, &mut gu, ggml, threads);
+            act[..rows_now * nff]
+                .par_chunks_mut(nff)
+                .zip(gu.par_chunks(2 * nff))
+                .for_each(|(a, g)| {
+                    let (gate, up) = g.split_at(nff);
+                    for i in 0..nff {
+                        a[i] = swiglu(gate[i], up[i]);
+                    }
+                });
+            if let Some(o) = observer.as_deref_mut().filter(|_| watch) {
+                o.linear_input(
+                    Some(l),
+                    &lw.down.names(),
+                    &act[..rows_now * nff],
+                    rows_now,
+                    nff,
+                );
+            }
+            lw.down.forward(&act, rows_now, &mut tmp, ggml, threads);
+            add_into(&mut x[..rows_now * e], &tmp[..rows_now * e]);
+        }
+        drop((qkv, att, gu, act, tmp));
+
+        // Final norm on the output rows, then the output projection in vocabulary slices.
+        let xo: Vec<f32> = if x.len() == keep.len() * e {
+            x
+        } else {
+            let mut xo = vec![0f32; keep.len() * e];
+            for (i, &r) in keep.iter().enumerate() {
+                xo[i * e..(i + 1) * e].copy_from_slice(&x[r * e..(r + 1) * e]);
+            }
+            xo
+        };
+        let no = keep.len();
+        let mut hn = vec![0f32; no * e];
+        rms_norm_rows(&xo, &self.output_norm, cfg.rms_eps, e, &mut hn);
+        if let Some(o) = observer.as_deref_mut().filter(|_| watch) {
+            o.linear_input(None, &[self.output_name()], &hn, no, e);
+        }
+        self.project(&hn, no, threads)
+    }
+
+    /// Logits `rows × n_vocab` for final-normed hidden states `hn` (`rows × n_embd`).
+    pub fn project(&self, hn: &[f32], rows: usize, threads: usize) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let e = cfg.n_embd;
+        let nv = cfg.n_vocab;
+        let t = self
+            .file
+            .tensor(self.output_name())
+            .expect("checked by Config");
+        let round = if self.ggml() {
+            ActRound::for_weight(t.ty)
+        } else {
+            ActRound::None
+        };
+        let hr;
+        let hin: &[f32] = if round != ActRound::None && e % round.block() == 0 {
+            let mut v = hn.to_vec();
+            round.apply_rows(&mut v, e);
+            hr = v;
+            &hr
+        } else {
+            hn
+        };
+        let mut logits = vec![0f32; rows * nv];
+        let mut w = vec![0f32; OUTPUT_ROWS_PER_SLICE.min(nv) * e];
+        let mut v0 = 0;
+        while v0 < nv {
+            let v1 = (v0 + OUTPUT_ROWS_PER_SLICE).min(nv);
+            let ws = &mut w[..(v1 - v0) * e];
+            dequantize_rows(self.file, t, v0, v1, ws)?;
+            matmul_t(hin, rows, e, ws, v1 - v0, &mut logits[v0..], nv, threads);
+            v0 = v1;
+        }
+        Ok(logits)
+    }
+}
+
+fn add_into(x: &mut [f32], y: &[f32]) {
+    x.par_chunks_mut(4096)
+        .zip(y.par_chunks(4096))
+        .for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(a, b)| *a += b));
+}

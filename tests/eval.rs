@@ -1,0 +1,686 @@
+//! The CPU runtime and `tq eval`: the layer-streaming batched forward pass against a naive
+//! token-by-token f64 reference written independently here (llama, qwen2 biases, qwen3 q/k norms,
+//! GQA, tied/separate output, linear and llama3-style RoPE scaling), hooks, errors, the CLI, and
+//! on real data perplexity/KLD against numbers recorded from llama.cpp.
+
+#[path = "../fixtures/mod.rs"]
+mod fixtures;
+
+use fixtures::gguf_gen::{build_with_data, gaussian};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use tq::gguf::{GString, GgufFile, Value};
+use tq::model::{Model, Numerics, Observer};
+
+// ---------------------------------------------------------------------------------------------
+// Generated models
+
+#[derive(Clone)]
+struct Spec {
+    arch: &'static str,
+    n_layer: usize,
+    n_embd: usize,
+    n_head: usize,
+    n_kv: usize,
+    head_dim: usize,
+    n_ff: usize,
+    n_vocab: usize,
+    tied: bool,
+    rope_freqs: bool,
+    linear_scale: Option<f32>,
+    /// Store 2-D weights as Q8_0 (GGUF type 8) instead of f32.
+    q8: bool,
+}
+
+impl Spec {
+    fn llama() -> Spec {
+        Spec {
+            arch: "llama",
+            n_layer: 2,
+            n_embd: 64,
+            n_head: 4,
+            n_kv: 2,
+            head_dim: 16,
+            n_ff: 96,
+            n_vocab: 80,
+            tied: false,
+            rope_freqs: false,
+            linear_scale: None,
+            q8: false,
+        }
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn write_model(dir: &Path, s: &Spec) -> PathBuf {
+    let a = s.arch;
+    let st = |x: &str| Value::String(GString::from(x));
+    let mut md = vec![
+        ("general.architecture".to_string(), st(a)),
+        (format!("{a}.block_count"), Value::U32(s.n_layer as u32)),
+        (format!("{a}.embedding_length"), Value::U32(s.n_embd as u32)),
+        (
+            format!("{a}.feed_forward_length"),
+            Value::U32(s.n_ff as u32),
+        ),
+        (
+            format!("{a}.attention.head_count"),
+            Value::U32(s.n_head as u32),
+        ),
+        (
+            format!("{a}.attention.head_count_kv"),
+            Value::U32(s.n_kv as u32),
+        ),
+        (
+            format!("{a}.attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-6),
+        ),
+        (format!("{a}.rope.freq_base"), Value::F32(5000.0)),
+    ];
+    if s.head_dim * s.n_head != s.n_embd {
+        md.push((
+            format!("{a}.attention.key_length"),
+            Value::U32(s.head_dim as u32),
+        ));
+        md.push((
+            format!("{a}.attention.value_length"),
+            Value::U32(s.head_dim as u32),
+        ));
+    }
+    if let Some(f) = s.linear_scale {
+        md.push((format!("{a}.rope.scaling.type"), st("linear")));
+        md.push((format!("{a}.rope.scaling.factor"), Value::F32(f)));
+    }
+    let (e, q, kv, ff, hd) = (
+        s.n_embd as u64,
+        (s.n_head * s.head_dim) as u64,
+        (s.n_kv * s.head_dim) as u64,
+        s.n_ff as u64,
+        s.head_dim as u64,
+    );
+    let mut t: Vec<(String, Vec<u64>)> =
+        vec![("token_embd.weight".into(), vec![e, s.n_vocab as u64])];
+    if s.rope_freqs {
+        t.push(("rope_freqs.weight".into(), vec![hd / 2]));
+    }
+    for l in 0..s.n_layer {
+        let mut add = |n: &str, d: Vec<u64>| t.push((format!("blk.{l}.{n}"), d));
+        add("attn_norm.weight", vec![e]);
+        add("attn_q.weight", vec![e, q]);
+        add("attn_k.weight", vec![e, kv]);
+        add("attn_v.weight", vec![e, kv]);
+        if a == "qwen2" {
+            add("attn_q.bias", vec![q]);
+            add("attn_k.bias", vec![kv]);
+            add("attn_v.bias", vec![kv]);
+        }
+        if a == "qwen3" {
+            add("attn_q_norm.weight", vec![hd]);
+            add("attn_k_norm.weight", vec![hd]);
+        }
+        add("attn_output.weight", vec![q, e]);
+        add("ffn_norm.weight", vec![e]);
+        add("ffn_gate.weight", vec![e, ff]);
+        add("ffn_up.weight", vec![e, ff]);
+        add("ffn_down.weight", vec![ff, e]);
+    }
+    t.push(("output_norm.weight".into(), vec![e]));
+    if !s.tied {
+        t.push(("output.weight".into(), vec![e, s.n_vocab as u64]));
+    }
+    let data = t
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, dims))| {
+            let n: u64 = dims.iter().product();
+            let seed = i as u64 * 31 + 5;
+            if name == "rope_freqs.weight" {
+                let v: Vec<f32> = (0..n).map(|i| 1.0 + i as f32 * 0.7).collect();
+                return (name, dims, 0u32, f32_bytes(&v));
+            }
+            if dims.len() == 1 {
+                let sigma = if name.ends_with(".bias") { 0.3 } else { 0.2 };
+                let base = if name.ends_with(".bias") { 0.0 } else { 1.0 };
+                let v: Vec<f32> = gaussian(seed, n as usize, sigma)
+                    .iter()
+                    .map(|x| base + x)
+                    .collect();
+                return (name, dims, 0u32, f32_bytes(&v));
+            }
+            let sigma = if name == "token_embd.weight" {
+                1.0
+            } else {
+                1.2 / (dims[0] as f32).sqrt()
+            };
+            let v = gaussian(seed, n as usize, sigma);
+            if s.q8 {
+                let mut out = vec![0u8; v.len() / 32 * 34];
+                tq::types::quantize(tq::types::TensorType::Q8_0, &v, &mut out, &name).unwrap();
+                (name, dims, 8u32, out)
+            } else {
+                (name, dims, 0u32, f32_bytes(&v))
+            }
+        })
+        .collect();
+    let fx = build_with_data(3, None, md, data);
+    let p = dir.join(format!("{}-{}.gguf", s.arch, s.n_layer));
+    std::fs::write(&p, &fx.bytes).unwrap();
+    p
+}
+
+// ---------------------------------------------------------------------------------------------
+// Naive reference: one token at a time with a KV cache, everything in f64.
+
+fn w(f: &GgufFile, name: &str) -> Option<Vec<f64>> {
+    f.tensor(name).map(|t| {
+        f.tensor_f32(t)
+            .unwrap()
+            .into_iter()
+            .map(|x| x as f64)
+            .collect()
+    })
+}
+
+/// y[o] = sum_i W[o*k + i] x[i]
+fn matvec(wt: &[f64], x: &[f64]) -> Vec<f64> {
+    let k = x.len();
+    wt.chunks(k)
+        .map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum())
+        .collect()
+}
+
+fn rmsnorm(x: &[f64], g: &[f64], eps: f64) -> Vec<f64> {
+    let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+    let s = 1.0 / (ms + eps).sqrt();
+    x.iter().zip(g).map(|(v, g)| v * s * g).collect()
+}
+
+fn rope(x: &mut [f64], pos: usize, base: f64, scale: f64, ff: Option<&[f64]>, neox: bool) {
+    let d = x.len();
+    for i in 0..d / 2 {
+        let theta =
+            scale * pos as f64 * base.powf(-2.0 * i as f64 / d as f64) / ff.map_or(1.0, |f| f[i]);
+        let (c, s) = (theta.cos(), theta.sin());
+        let (a, b) = if neox {
+            (i, i + d / 2)
+        } else {
+            (2 * i, 2 * i + 1)
+        };
+        let (x0, x1) = (x[a], x[b]);
+        x[a] = x0 * c - x1 * s;
+        x[b] = x0 * s + x1 * c;
+    }
+}
+
+/// Logits for every position of `tokens`.
+fn naive(f: &GgufFile, s: &Spec, tokens: &[u32]) -> Vec<Vec<f64>> {
+    let (e, hd, nh, nkv) = (s.n_embd, s.head_dim, s.n_head, s.n_kv);
+    let eps = 1e-6;
+    let emb = w(f, "token_embd.weight").unwrap();
+    let out_w = w(f, "output.weight").unwrap_or_else(|| emb.clone());
+    let ff = w(f, "rope_freqs.weight");
+    let scale = 1.0 / s.linear_scale.unwrap_or(1.0) as f64;
+    let neox = s.arch != "llama";
+    let mut kc = vec![Vec::<Vec<f64>>::new(); s.n_layer];
+    let mut vc = vec![Vec::<Vec<f64>>::new(); s.n_layer];
+    let mut result = Vec::new();
+    for (pos, &tok) in tokens.iter().enumerate() {
+        let mut x: Vec<f64> = emb[tok as usize * e..(tok as usize + 1) * e].to_vec();
+        for l in 0..s.n_layer {
+            let g = |n: &str| w(f, &format!("blk.{l}.{n}"));
+            let h = rmsnorm(&x, &g("attn_norm.weight").unwrap(), eps);
+            let mut q = matvec(&g("attn_q.weight").unwrap(), &h);
+            let mut k = matvec(&g("attn_k.weight").unwrap(), &h);
+            let mut v = matvec(&g("attn_v.weight").unwrap(), &h);
+            for (y, b) in [
+                (&mut q, "attn_q.bias"),
+                (&mut k, "attn_k.bias"),
+                (&mut v, "attn_v.bias"),
+            ] {
+                if let Some(b) = g(b) {
+                    y.iter_mut().zip(&b).for_each(|(y, b)| *y += b);
+                }
+            }
+            for (y, n) in [
+                (&mut q, "attn_q_norm.weight"),
+                (&mut k, "attn_k_norm.weight"),
+            ] {
+                let gn = g(n);
+                for head in y.chunks_mut(hd) {
+                    if let Some(gn) = &gn {
+                        let r = rmsnorm(head, gn, eps);
+                        head.copy_from_slice(&r);
+                    }
+                    rope(head, pos, 5000.0, scale, ff.as_deref(), neox);
+                }
+            }
+            kc[l].push(k);
+            vc[l].push(v);
+            let mut att = vec![0f64; nh * hd];
+            for hh in 0..nh {
+                let kh = hh / (nh / nkv);
+                let qh = &q[hh * hd..(hh + 1) * hd];
+                let sc: Vec<f64> = (0..=pos)
+                    .map(|j| {
+                        qh.iter()
+                            .zip(&kc[l][j][kh * hd..(kh + 1) * hd])
+                            .map(|(a, b)| a * b)
+                            .sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let ex: Vec<f64> = sc.iter().map(|v| (v - m).exp()).collect();
+                let z: f64 = ex.iter().sum();
+                for j in 0..=pos {
+                    for d in 0..hd {
+                        att[hh * hd + d] += ex[j] / z * vc[l][j][kh * hd + d];
+                    }
+                }
+            }
+            let o = matvec(&g("attn_output.weight").unwrap(), &att);
+            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+            let h = rmsnorm(&x, &g("ffn_norm.weight").unwrap(), eps);
+            let gate = matvec(&g("ffn_gate.weight").unwrap(), &h);
+            let up = matvec(&g("ffn_up.weight").unwrap(), &h);
+            let a: Vec<f64> = gate
+                .iter()
+                .zip(&up)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            let d = matvec(&g("ffn_down.weight").unwrap(), &a);
+            x.iter_mut().zip(&d).for_each(|(x, d)| *x += d);
+        }
+        let h = rmsnorm(&x, &w(f, "output_norm.weight").unwrap(), eps);
+        result.push(matvec(&out_w, &h));
+    }
+    result
+}
+
+fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    fixtures::gguf_gen::pseudo_bytes(seed, n * 2)
+        .chunks(2)
+        .map(|c| (u16::from_le_bytes([c[0], c[1]]) as usize % vocab) as u32)
+        .collect()
+}
+
+fn max_rel_err(got: &[f32], want: &[Vec<f64>], from: usize) -> f64 {
+    let nv = want[0].len();
+    let mut worst = 0f64;
+    for (i, row) in want[from..].iter().enumerate() {
+        let scale = row.iter().map(|v| v.abs()).fold(0.0, f64::max).max(1e-3);
+        for (j, &v) in row.iter().enumerate() {
+            worst = worst.max((got[i * nv + j] as f64 - v).abs() / scale);
+        }
+    }
+    worst
+}
+
+fn check_against_naive(s: &Spec) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_model(dir.path(), s);
+    let f = GgufFile::open(&p).unwrap();
+    let m = Model::new(&f, Numerics::F32).unwrap();
+    let seq = 24;
+    let toks = tokens(3 * seq, s.n_vocab, 11);
+    // Three windows in one batch, all positions.
+    let logits = m.forward(&toks, seq, 0, None).unwrap();
+    for wi in 0..3 {
+        let want = naive(&f, s, &toks[wi * seq..(wi + 1) * seq]);
+        let got = &logits[wi * seq * s.n_vocab..(wi + 1) * seq * s.n_vocab];
+        let err = max_rel_err(got, &want, 0);
+        assert!(
+            err < 2e-4,
+            "{} window {wi}: max relative error {err}",
+            s.arch
+        );
+    }
+    // Only the second half requested (the last block prunes rows): same values.
+    let half = m.forward(&toks, seq, seq / 2, None).unwrap();
+    let nv = s.n_vocab;
+    for wi in 0..3 {
+        for p in seq / 2..seq {
+            let a = &logits[(wi * seq + p) * nv..(wi * seq + p + 1) * nv];
+            let b = &half[(wi * (seq - seq / 2) + p - seq / 2) * nv..][..nv];
+            for (x, y) in a.iter().zip(b) {
+                assert!((x - y).abs() <= 1e-4 * x.abs().max(1.0), "{x} vs {y}");
+            }
+        }
+    }
+}
+
+#[test]
+fn llama_matches_naive_reference() {
+    check_against_naive(&Spec::llama());
+}
+
+#[test]
+fn llama_tied_output_rope_freqs_and_linear_scaling() {
+    let mut s = Spec::llama();
+    s.tied = true;
+    s.rope_freqs = true;
+    s.linear_scale = Some(2.0);
+    s.n_kv = 1;
+    check_against_naive(&s);
+}
+
+#[test]
+fn qwen2_biases_match_naive_reference() {
+    let mut s = Spec::llama();
+    s.arch = "qwen2";
+    s.n_kv = 4;
+    check_against_naive(&s);
+}
+
+#[test]
+fn qwen3_qk_norm_and_wide_heads_match_naive_reference() {
+    let mut s = Spec::llama();
+    s.arch = "qwen3";
+    s.head_dim = 32; // n_head * head_dim != n_embd, as in Qwen3
+    s.tied = true;
+    check_against_naive(&s);
+}
+
+#[test]
+fn quantized_weights_and_ggml_numerics_stay_close() {
+    let mut s = Spec::llama();
+    s.q8 = true;
+    s.n_embd = 64;
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_model(dir.path(), &s);
+    let f = GgufFile::open(&p).unwrap();
+    let toks = tokens(32, s.n_vocab, 3);
+    let want = naive(&f, &s, &toks);
+    let exact = Model::new(&f, Numerics::F32)
+        .unwrap()
+        .forward(&toks, 32, 0, None)
+        .unwrap();
+    assert!(max_rel_err(&exact, &want, 0) < 2e-4);
+    // ggml numerics round activations to Q8_0 and K/V to f16: close, not equal.
+    let g = Model::new(&f, Numerics::Ggml)
+        .unwrap()
+        .forward(&toks, 32, 0, None)
+        .unwrap();
+    let err = max_rel_err(&g, &want, 0);
+    assert!(err > 0.0 && err < 0.05, "ggml numerics error {err}");
+}
+
+#[test]
+fn tiny_llama_fixture_runs_with_defaults() {
+    // The shared fixture has no rms-epsilon or rope keys: llama.cpp's defaults apply.
+    let fx = fixtures::gguf_gen::tiny_llama(2, 64, 128, 100);
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("tiny.gguf");
+    std::fs::write(&p, &fx.bytes).unwrap();
+    let f = GgufFile::open(&p).unwrap();
+    let m = Model::new(&f, Numerics::F32).unwrap();
+    assert_eq!(
+        (
+            m.cfg.n_layer,
+            m.cfg.n_head,
+            m.cfg.n_head_kv,
+            m.cfg.head_dim,
+            m.cfg.n_vocab
+        ),
+        (2, 4, 2, 16, 100)
+    );
+    assert_eq!(m.cfg.rms_eps, 1e-5);
+    let l = m.forward(&tokens(16, 100, 1), 16, 8, None).unwrap();
+    assert_eq!(l.len(), 8 * 100);
+    assert!(l.iter().all(|v| v.is_finite()));
+}
+
+struct Recorder(Vec<(Option<usize>, Vec<String>, usize, usize)>);
+
+impl Observer for Recorder {
+    fn linear_input(
+        &mut self,
+        layer: Option<usize>,
+        tensors: &[&str],
+        x: &[f32],
+        rows: usize,
+        cols: usize,
+    ) {
+        assert_eq!(x.len(), rows * cols);
+        self.0.push((
+            layer,
+            tensors.iter().map(|s| s.to_string()).collect(),
+            rows,
+            cols,
+        ));
+    }
+}
+
+#[test]
+fn observer_sees_every_linear_input() {
+    let s = Spec::llama();
+    let dir = tempfile::tempdir().unwrap();
+    let f = GgufFile::open(write_model(dir.path(), &s)).unwrap();
+    let m = Model::new(&f, Numerics::F32).unwrap();
+    let mut r = Recorder(Vec::new());
+    let toks = tokens(2 * 8, s.n_vocab, 2);
+    m.forward(&toks, 8, 4, Some(&mut r)).unwrap();
+    assert_eq!(r.0.len(), 4 * s.n_layer + 1);
+    assert_eq!(
+        r.0[0],
+        (
+            Some(0),
+            vec![
+                "blk.0.attn_q.weight".into(),
+                "blk.0.attn_k.weight".into(),
+                "blk.0.attn_v.weight".into()
+            ],
+            16,
+            64
+        )
+    );
+    assert_eq!(
+        r.0[1],
+        (Some(0), vec!["blk.0.attn_output.weight".into()], 16, 64)
+    );
+    assert_eq!(
+        r.0[2],
+        (
+            Some(0),
+            vec!["blk.0.ffn_gate.weight".into(), "blk.0.ffn_up.weight".into()],
+            16,
+            64
+        )
+    );
+    assert_eq!(
+        r.0[3],
+        (Some(0), vec!["blk.0.ffn_down.weight".into()], 16, 96)
+    );
+    // With an observer every row flows through the last block; the output sees the kept rows.
+    assert_eq!(r.0[7].2, 16);
+    assert_eq!(r.0[8], (None, vec!["output.weight".into()], 8, 64));
+}
+
+#[test]
+fn errors_name_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Spec::llama();
+    s.arch = "gpt2";
+    let f = GgufFile::open(write_model(dir.path(), &s)).unwrap();
+    let e = Model::new(&f, Numerics::F32).err().unwrap().to_string();
+    assert!(e.contains("architecture 'gpt2'"), "{e}");
+
+    let st = |x: &str| Value::String(GString::from(x));
+    let fx = build_with_data(
+        3,
+        None,
+        vec![
+            ("general.architecture".into(), st("llama")),
+            ("llama.block_count".into(), Value::U32(1)),
+        ],
+        vec![],
+    );
+    let p = dir.path().join("nokeys.gguf");
+    std::fs::write(&p, &fx.bytes).unwrap();
+    let e = Model::new(&GgufFile::open(&p).unwrap(), Numerics::F32)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("missing metadata key llama.embedding_length"),
+        "{e}"
+    );
+    assert!(!e.contains('\n'));
+
+    let f = GgufFile::open(write_model(dir.path(), &Spec::llama())).unwrap();
+    let m = Model::new(&f, Numerics::F32).unwrap();
+    let e = m
+        .forward(&[1, 2, 999, 3], 4, 0, None)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("token id 999"), "{e}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The CLI
+
+fn tq(args: &[&str]) -> (i32, String, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_tq"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into(),
+        String::from_utf8_lossy(&o.stderr).into(),
+    )
+}
+
+fn json_result(out: &str) -> serde_json::Value {
+    serde_json::from_str::<serde_json::Value>(out).unwrap()["result"].clone()
+}
+
+#[test]
+fn cli_perplexity_kld_and_saved_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Spec::llama();
+    let model = write_model(dir.path(), &s);
+    let mut sq = s.clone();
+    sq.q8 = true;
+    let qdir = dir.path().join("q");
+    std::fs::create_dir(&qdir).unwrap();
+    let qmodel = write_model(&qdir, &sq);
+    let toks = tokens(16 * 5 + 3, s.n_vocab, 9);
+    let tf = dir.path().join("tokens.txt");
+    std::fs::write(
+        &tf,
+        toks.iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
+    .unwrap();
+    let (m, q, t) = (
+        model.to_str().unwrap(),
+        qmodel.to_str().unwrap(),
+        tf.to_str().unwrap(),
+    );
+
+    let (code, out, err) = tq(&["eval", m, "--tokens", t, "--ctx", "16", "--json", "-q"]);
+    assert_eq!(code, 0, "{err}");
+    let r = json_result(&out);
+    assert_eq!(r["n_chunk"], 5);
+    assert_eq!(r["tokens_scored"], 5 * 7);
+    let ppl = r["ppl"]["value"].as_f64().unwrap();
+    assert!(ppl > 1.0 && ppl.is_finite());
+    assert_eq!(r["chunk_ppl"].as_array().unwrap().len(), 5);
+
+    // --chunks and the text report.
+    let (code, out, err) = tq(&[
+        "eval", m, "--tokens", t, "--ctx", "16", "--chunks", "2", "-q",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("windows 2 x 16 tokens, 14 tokens scored"),
+        "{out}"
+    );
+    assert!(out.contains("PPL = "), "{out}");
+
+    // Save the f32 model's distributions (both formats), then KLD of the Q8_0 model against them
+    // equals KLD against the model run side by side.
+    for fmt in ["tq", "llama"] {
+        let lf = dir.path().join(format!("base.{fmt}"));
+        let (code, out, err) = tq(&[
+            "eval",
+            m,
+            "--tokens",
+            t,
+            "--ctx",
+            "16",
+            "--json",
+            "-q",
+            "--save-logits",
+            lf.to_str().unwrap(),
+            "--logits-format",
+            fmt,
+        ]);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(json_result(&out)["ppl"]["value"].as_f64().unwrap(), ppl);
+        let (code, out, err) = tq(&[
+            "eval",
+            q,
+            "--ref-logits",
+            lf.to_str().unwrap(),
+            "--json",
+            "-q",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let a = json_result(&out);
+        let (code, out, err) = tq(&[
+            "eval", q, "--ref", m, "--tokens", t, "--ctx", "16", "--json", "-q",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let b = json_result(&out);
+        assert_eq!(a["kld"], b["kld"], "{fmt}");
+        let k = a["kld"]["kld"]["value"].as_f64().unwrap();
+        assert!(k > 0.0 && k < 0.05, "Q8_0 vs f32 KLD {k}");
+        let base = a["kld"]["ppl_base"]["value"].as_f64().unwrap();
+        assert!((base / ppl - 1.0).abs() < 1e-3, "{base} vs {ppl}");
+    }
+    // The same model as its own reference: KLD ~ 0, same top-1 100%.
+    let (code, out, err) = tq(&[
+        "eval", m, "--ref", m, "--tokens", t, "--ctx", "16", "--json", "-q",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let k = &json_result(&out)["kld"];
+    assert!(k["kld"]["value"].as_f64().unwrap() < 1e-5, "{k}");
+    assert_eq!(k["same_top"]["value"], 1.0);
+}
+
+#[test]
+fn cli_errors_are_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_model(dir.path(), &Spec::llama());
+    let m = model.to_str().unwrap();
+    let tf = dir.path().join("few.txt");
+    std::fs::write(&tf, "1 2 3 4 5").unwrap();
+    let (code, _, err) = tq(&["eval", m, "--tokens", tf.to_str().unwrap(), "--ctx", "16"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("only 5 tokens") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+    std::fs::write(&tf, "1 2 x").unwrap();
+    let (code, _, err) = tq(&["eval", m, "--tokens", tf.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("token 3 ('x')"), "{err}");
+    let (code, _, err) = tq(&[
+        "eval",
+        m,
+        "--tokens",
+        tf.to_str().unwrap(),
+        "--numerics",
+        "f64",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--numerics f64"), "{err}");
+}

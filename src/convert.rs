@@ -57,7 +57,7 @@ pub fn output_metadata(
         let methods = plan
             .entries
             .iter()
-            .map(|e| Value::string(&format!("{}={}:{}", e.name, e.dst, method(e.action))));
+            .map(|e| Value::string(&format!("{}={}:{}", e.name, e.dst, method(e))));
         md.push((
             "tq.tensor_methods".into(),
             Value::Array(ValueType::String, methods.collect()),
@@ -66,12 +66,22 @@ pub fn output_metadata(
     md
 }
 
-pub fn method(a: Action) -> &'static str {
-    match a {
-        Action::Copy => "copy",
-        Action::Quantize => "rtn",
-        Action::Requantize => "requant-rtn",
+pub fn method(e: &crate::plan::PlanEntry) -> &'static str {
+    match (e.action, e.ldlq) {
+        (Action::Copy, _) => "copy",
+        (Action::Quantize, false) => "rtn",
+        (Action::Requantize, false) => "requant-rtn",
+        (Action::Quantize, true) => "ldlq",
+        (Action::Requantize, true) => "requant-ldlq",
     }
+}
+
+/// Calibration data for LDLQ: Hessians, band (0 = full) and damping; factors are computed once
+/// per Hessian group and shared by the tensors of the group (q/k/v, gate/up).
+pub struct Ldlq {
+    pub hessians: crate::calib::Hessians,
+    pub band: usize,
+    pub damp: f64,
 }
 
 pub fn tensor_specs(plan: &Plan, profile: &Profile) -> Vec<TensorSpec> {
@@ -86,10 +96,27 @@ pub fn tensor_specs(plan: &Plan, profile: &Profile) -> Vec<TensorSpec> {
         .collect()
 }
 
-/// blake3 of a file (memory-mapped, multi-threaded).
+/// blake3 of a file (memory-mapped, multi-threaded); of a model directory (Hugging Face input):
+/// of its regular files in name order, each as name, NUL, length (u64 LE), contents.
 pub fn hash_file(path: &Path) -> Result<String> {
     let mut h = blake3::Hasher::new();
-    h.update_mmap_rayon(path).map_err(|e| Error::io(path, e))?;
+    if path.is_dir() {
+        let mut files: Vec<_> = std::fs::read_dir(path)
+            .map_err(|e| Error::io(path, e))?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_file())
+            .collect();
+        files.sort();
+        for f in files {
+            let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let len = std::fs::metadata(&f).map_err(|e| Error::io(&f, e))?.len();
+            h.update(name.as_bytes()).update(&[0]).update(&len.to_le_bytes());
+            h.update_mmap_rayon(&f).map_err(|e| Error::io(&f, e))?;
+        }
+    } else {
+        h.update_mmap_rayon(path).map_err(|e| Error::io(path, e))?;
+    }
     Ok(h.finalize().to_hex().to_string())
 }
 
@@ -111,6 +138,7 @@ pub fn execute(
     version: u32,
     profile: &Profile,
     out: &Path,
+    ldlq: Option<&Ldlq>,
     on_progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Stats> {
     let specs = tensor_specs(plan, profile);
@@ -132,7 +160,7 @@ pub fn execute(
             }
             Ok(w)
         });
-        let produced = produce(src, plan, &tx, &mut stats);
+        let produced = produce(src, plan, ldlq, &tx, &mut stats);
         drop(tx);
         // A writer error closes the queue, which stops the producer; report the writer's error first.
         let w = writer
@@ -148,42 +176,64 @@ pub fn execute(
 fn produce(
     src: &dyn TensorSource,
     plan: &Plan,
+    ldlq: Option<&Ldlq>,
     tx: &std::sync::mpsc::SyncSender<Vec<u8>>,
     stats: &mut Stats,
 ) -> Result<()> {
+    let mut factors: std::collections::HashMap<String, std::sync::Arc<crate::ldlq::Factor>> = Default::default();
     // The writer thread hung up: its error is reported by the caller.
     let closed = || Error::Usage("output writer stopped".into());
     for (i, e) in plan.entries.iter().enumerate() {
         if e.action == Action::Copy {
-            let raw = src.raw(i).ok_or_else(|| {
-                Error::Unsupported(format!("{}: source cannot provide raw bytes", e.name))
-            })?;
-            for c in raw.chunks(CHUNK_VALUES * 4) {
-                tx.send(c.to_vec()).map_err(|_| closed())?;
+            if let Some(raw) = src.raw(i) {
+                for c in raw.chunks(CHUNK_VALUES * 4) {
+                    tx.send(c.to_vec()).map_err(|_| closed())?;
+                }
+                src.release(i);
+                stats.tensors_copied += 1;
+                continue;
             }
-            src.release(i);
-            stats.tensors_copied += 1;
-            continue;
+            // No stored bytes in this encoding (e.g. HF attn_q/attn_k rows permuted on the fly):
+            // re-encode the rows below; float → f32 → same float type is exact.
         }
         let row_len = e.dims[0] as usize;
         let n_rows: u64 = e.dims.iter().skip(1).product();
         let row_bytes = e.dst.bytes_for(row_len as u64).expect("planned") as usize;
         let rows_per_chunk = (CHUNK_VALUES / row_len.max(1)).max(1) as u64;
+        let factor = match ldlq.filter(|_| e.ldlq) {
+            Some(l) => {
+                let h = l.hessians.for_tensor(&e.name).expect("planner checked the Hessian");
+                let key = h.tensors.join(",");
+                if !factors.contains_key(&key) {
+                    let rotated = crate::ldlq::rotate_hessian(&h.h, h.n);
+                    let f = crate::ldlq::factor(&rotated, h.n, l.damp, &e.name)?;
+                    factors.insert(key.clone(), std::sync::Arc::new(f));
+                }
+                Some((factors[&key].clone(), l.band))
+            }
+            None => None,
+        };
         let mut row0 = 0u64;
         while row0 < n_rows {
             let rows = rows_per_chunk.min(n_rows - row0) as usize;
+            if let Some((f, band)) = &factor {
+                let mut x = vec![0f32; rows * row_len];
+                x.par_chunks_mut(row_len).enumerate().try_for_each(|(r, row)| -> Result<()> {
+                    let abs = row0 + r as u64;
+                    src.read_rows_f32(i, abs, row)?;
+                    check_finite(&e.name, abs, row)
+                })?;
+                tx.send(crate::ldlq::quantize_ldlq(e.dst, &x, row_len, f, *band)).map_err(|_| closed())?;
+                row0 += rows as u64;
+                continue;
+            }
             let mut buf = vec![0u8; rows * row_bytes];
             buf.par_chunks_mut(row_bytes).enumerate().try_for_each_init(
                 || vec![0f32; row_len],
                 |row, (r, ob)| -> Result<()> {
                     let abs = row0 + r as u64;
                     src.read_rows_f32(i, abs, row)?;
-                    if let Some(c) = row.iter().position(|v| !v.is_finite()) {
-                        return Err(Error::Unsupported(format!(
-                            "{}: non-finite weight {} at row {abs}, column {c}; fix the source model (NaN/Inf cannot be quantized)",
-                            e.name, row[c]
-                        )));
-                    }
+                    check_finite(&e.name, abs, row)?;
                     crate::types::quantize(e.dst, row, ob, &e.name)
                 },
             )?;
@@ -194,4 +244,14 @@ fn produce(
         stats.tensors_converted += 1;
     }
     Ok(())
+}
+
+fn check_finite(name: &str, row_index: u64, row: &[f32]) -> Result<()> {
+    match row.iter().position(|v| !v.is_finite()) {
+        Some(c) => Err(Error::Unsupported(format!(
+            "{name}: non-finite weight {} at row {row_index}, column {c}; fix the source model (NaN/Inf cannot be quantized)",
+            row[c]
+        ))),
+        None => Ok(()),
+    }
 }

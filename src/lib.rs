@@ -3,6 +3,7 @@
 //! Data flows one way: sources (GGUF, safetensors) → plan → quantize (via the type registry)
 //! → streaming GGUF writer. See `docs/design.md`.
 
+pub mod calib;
 pub mod cli;
 pub mod convert;
 pub mod error;

@@ -49,6 +49,16 @@ pub struct ConvertArgs {
     /// Worker threads (default: all cores). Output bytes do not depend on it.
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Calibration Hessians from `tq calib`: TQ tensors with a Hessian are quantized with banded
+    /// LDLQ (same bytes per weight; the engine's decoder is unchanged).
+    #[arg(long)]
+    pub calib: Option<PathBuf>,
+    /// LDLQ error-feedback band in columns (0 = full).
+    #[arg(long, default_value_t = 0)]
+    pub ldlq_band: usize,
+    /// LDLQ damping λ: H += λ·mean(diag(H))·I (raised ×10 on Cholesky failure).
+    #[arg(long, default_value_t = 0.01)]
+    pub damp: f64,
     /// No progress bar and no notices (errors are still printed).
     #[arg(short, long)]
     pub quiet: bool,
@@ -79,7 +89,15 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     }
     let src = crate::source::open(&a.input, &profile)?;
     let req = request(&a)?;
-    let plan = plan::plan(src.tensors(), &req, &profile)?;
+    let mut plan = plan::plan(src.tensors(), &req, &profile)?;
+    let ldlq = match &a.calib {
+        Some(p) => {
+            let (hessians, _) = crate::calib::Hessians::load(p)?;
+            plan::assign_ldlq(&mut plan, &hessians, a.ldlq_band);
+            Some(convert::Ldlq { hessians, band: a.ldlq_band, damp: a.damp })
+        }
+        None => None,
+    };
     let prov = if a.no_provenance {
         None
     } else {
@@ -125,7 +143,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         progress_bar(size)
     };
     let t0 = std::time::Instant::now();
-    let stats = convert::execute(src.as_ref(), &plan, &md, version, &profile, &out, &|d| {
+    let stats = convert::execute(src.as_ref(), &plan, &md, version, &profile, &out, ldlq.as_ref(), &|d| {
         pb.set_position(d)
     })?;
     pb.finish_and_clear();
@@ -248,6 +266,10 @@ fn canonical_flags(a: &ConvertArgs, req: &Request) -> String {
     if a.strict {
         f.push("--strict".into());
     }
+    if let Some(c) = &a.calib {
+        let name = c.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        f.push(format!("--calib {name} --ldlq-band {} --damp {}", a.ldlq_band, a.damp));
+    }
     f.join(" ")
 }
 
@@ -327,7 +349,7 @@ fn print_plan(plan: &Plan, a: &ConvertArgs, size: u64, profile: &Profile) -> Res
             .map(|e| {
                 serde_json::json!({
                     "name": e.name, "shape": e.dims, "source_type": e.src.name(), "type": e.dst.name(),
-                    "action": e.action, "bytes": e.bytes, "fallback": e.fallback, "reasons": e.reasons,
+                    "action": e.action, "method": convert::method(e), "bytes": e.bytes, "fallback": e.fallback, "reasons": e.reasons,
                 })
             })
             .collect();

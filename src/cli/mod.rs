@@ -1,5 +1,6 @@
 //! Command line: a thin clap layer over the library. Each subcommand lives in its own file.
 
+pub mod calib;
 pub mod codebook;
 pub mod convert;
 pub mod eval;
@@ -26,6 +27,8 @@ enum Command {
     Convert(convert::ConvertArgs),
     /// Perplexity and KL divergence of a model on a text (llama-perplexity compatible).
     Eval(eval::EvalArgs),
+    /// Accumulate per-layer input Hessians (H = Σ x xᵀ) over calibration text, for LDLQ.
+    Calib(calib::CalibArgs),
     /// Compute Lloyd-Max codebooks for a head dim / bit width and emit them for an engine.
     Codebook(codebook::CodebookArgs),
 }
@@ -36,6 +39,7 @@ pub fn main() -> i32 {
     let r = match cli.command {
         Command::Inspect(a) => inspect::run(a),
         Command::Convert(a) => convert::run(a),
+        Command::Calib(a) => calib::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Codebook(a) => codebook::run(a),
     };

@@ -34,6 +34,8 @@ pub struct PlanEntry {
     pub reasons: Vec<String>,
     /// A constraint overrode what was asked for (an error under `--strict`).
     pub fallback: bool,
+    /// Quantized with banded LDLQ from a calibration Hessian (else round-to-nearest).
+    pub ldlq: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -204,6 +206,7 @@ fn choose(t: &SourceTensor, req: &Request, n_layers: u32) -> PlanEntry {
         bytes: 0,
         reasons: vec![],
         fallback: false,
+        ldlq: false,
     };
     if req.keep_types {
         e.reasons.push("kept as is".into());
@@ -326,6 +329,25 @@ fn unify_attention(entries: &mut [PlanEntry]) {
                     entries[i].fallback = true;
                 }
             }
+        }
+    }
+}
+
+/// Mark the TQ tensors that have a calibration Hessian of the right size for LDLQ; the others
+/// fall back to round-to-nearest with the reason recorded.
+pub fn assign_ldlq(plan: &mut Plan, hessians: &crate::calib::Hessians, band: usize) {
+    for e in &mut plan.entries {
+        if e.action == Action::Copy || !is_tq_weight(e.dst) {
+            continue;
+        }
+        match hessians.for_tensor(&e.name) {
+            Some(h) if h.n as u64 == e.dims[0] => {
+                e.ldlq = true;
+                let b = if band == 0 { "full".to_string() } else { band.to_string() };
+                e.reasons.push(format!("LDLQ (band {b}) with a Hessian of {} tokens", h.tokens));
+            }
+            Some(h) => e.reasons.push(format!("Hessian is {}-dim but rows are {}: round-to-nearest", h.n, e.dims[0])),
+            None => e.reasons.push("no Hessian for this tensor: round-to-nearest".into()),
         }
     }
 }

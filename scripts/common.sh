@@ -18,11 +18,11 @@ verify() {
 # The Python used by oracle/dev scripts: a venv in the cache with pinned packages.
 py() {
   local venv="$TQ_CACHE/venv"
-  if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.ok-v2" ]; then
+  if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.ok-v3" ]; then
     python3 -m venv "$venv" >&2
     "$venv/bin/pip" install -q --disable-pip-version-check \
-      gguf==0.19.0 numpy==2.4.6 scipy==1.17.1 safetensors==0.8.0 mpmath==1.3.0 >&2
-    touch "$venv/.ok-v2"
+      gguf==0.19.0 numpy==2.4.6 scipy==1.17.1 safetensors==0.8.0 mpmath==1.3.0 tokenizers==0.23.3 >&2
+    touch "$venv/.ok-v3"
   fi
   "$venv/bin/python" "$@"
 }

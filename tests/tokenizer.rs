@@ -176,7 +176,106 @@ fn smollm2_matches_llama_cpp() {
 }
 
 /// (text, ids) from llama.cpp for the SmolLM2 vocabulary.
-const SMOLLM2_CASES: &[(&str, &[u32])] = &[];
+const SMOLLM2_CASES: &[(&str, &[u32])] = &[
+    ("Hello world", &[19556, 905]),
+    (" Hello world!", &[38699, 905, 17]),
+    (
+        "The year 2024 had 366 days; 3.14159 is pi.",
+        &[
+            504, 713, 216, 34, 32, 34, 36, 761, 216, 35, 38, 38, 2009, 43, 216, 35, 30, 33, 36, 33,
+            37, 41, 314, 16916, 30,
+        ],
+    ),
+    (
+        "don't STOP, I'M here\n\n  indented\tcode(x) {\n    return 0;\n}",
+        &[
+            12420, 982, 5022, 7627, 28, 339, 23, 61, 1535, 8866, 641, 6574, 197, 4635, 24, 104, 25,
+            1662, 472, 1003, 216, 32, 43, 198, 109,
+        ],
+    ),
+    (
+        "ünïcödé façade — naïve café 中文 🦙",
+        &[
+            47682, 25972, 83, 7466, 84, 2756, 40852, 1841, 15486, 46494, 37366, 216, 28589, 29184,
+            15107, 116, 243,
+        ],
+    ),
+    // Control tokens in the text are plain text (parse_special = false).
+    (
+        "<|im_start|>user\nHi<|im_end|>",
+        &[44, 108, 306, 79, 3738, 108, 46, 4093, 198, 26843, 44, 108, 306, 79, 486, 108, 46],
+    ),
+    (
+        " = Robert Boulter = \n \n Robert Boulter is an English film , television and theatre actor . \n",
+        &[
+            446, 6356, 389, 9226, 352, 446, 3717, 3717, 6356, 389, 9226, 352, 314, 354, 2321, 4771,
+            3297, 8552, 284, 16984, 17523, 1673, 3717,
+        ],
+    ),
+    ("", &[]),
+];
+
+/// Our code point classes equal llama.cpp's table (src/unicode-data.cpp, Unicode 15.1) for
+/// every code point, when the llama.cpp sources are in the cache (scripts/build-llama.sh).
+#[test]
+fn unicode_classes_match_llama_cpp_table() {
+    use tq::tokenizer::unicode::{category, flags, is_ws};
+    let p = fixtures::cache_dir().join("llama.cpp/src/src/unicode-data.cpp");
+    let Ok(src) = std::fs::read_to_string(&p) else {
+        eprintln!(
+            "SKIP: {} absent (scripts/build-llama.sh fetches it)",
+            p.display()
+        );
+        return;
+    };
+    let hex = |s: &str| u32::from_str_radix(s.trim().trim_start_matches("0x"), 16).unwrap();
+    let section = |name: &str| {
+        let a = src.find(name).unwrap();
+        let b = a + src[a..].find("};").unwrap();
+        &src[a..b]
+    };
+    let mut ranges = Vec::new();
+    for line in section("unicode_ranges_flags").lines() {
+        let l = line.trim();
+        if let Some(body) = l.strip_prefix('{').and_then(|l| l.strip_suffix("},")) {
+            let (c, f) = body.split_once(',').unwrap();
+            ranges.push((hex(c), hex(f)));
+        }
+    }
+    let white: std::collections::HashSet<u32> = section("unicode_set_whitespace")
+        .lines()
+        .filter(|l| l.trim().starts_with("0x"))
+        .map(|l| hex(l.trim().trim_end_matches(',')))
+        .collect();
+    assert!(ranges.len() > 1000 && white.len() == 25);
+    let mut mismatches = Vec::new();
+    for w in ranges.windows(2) {
+        let (lo, fl) = w[0];
+        let want = match fl & 0xFF {
+            0x01 => 1,
+            0x02 => 2,
+            0x04 => 3,
+            0x08 => 4,
+            0x10 => 5,
+            0x20 => 6,
+            0x40 => 7,
+            0x80 => 8,
+            other => panic!("flags {other:#x}"),
+        };
+        for c in lo..w[1].0 {
+            let f = flags(c);
+            if category(f) != want || is_ws(f) != white.contains(&c) {
+                mismatches.push(c);
+            }
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "{} code points differ, first {:x?}",
+        mismatches.len(),
+        &mismatches[..mismatches.len().min(20)]
+    );
+}
 
 /// Unsupported tokenizers: one line naming the value, the supported list and --tokens.
 #[test]
@@ -268,4 +367,47 @@ fn write_gguf(dir: &std::path::Path, name: &str, meta: &[(String, Value)]) -> Gg
     let p = dir.join(name);
     std::fs::write(&p, bytes).unwrap();
     GgufFile::open(p).unwrap()
+}
+
+/// Developer tool (ignored): tokenize texts for comparison with another implementation and
+/// time it. `TQ_TOK_DUMP=vocab.gguf:input.txt:output.txt:add_special(0|1)`; inputs are separated
+/// by "\n__tq_sep__\n"; writes one line of space-separated ids per input and prints MB/s.
+#[test]
+#[ignore]
+fn dump_tokens() {
+    let Ok(spec) = std::env::var("TQ_TOK_DUMP") else {
+        eprintln!("set TQ_TOK_DUMP=vocab.gguf:input.txt:output.txt:add_special");
+        return;
+    };
+    let parts: Vec<&str> = spec.split(':').collect();
+    let f = GgufFile::open(parts[0]).unwrap();
+    let t0 = std::time::Instant::now();
+    let tok = Tokenizer::from_gguf(&f).unwrap();
+    let t_load = t0.elapsed();
+    let input = std::fs::read_to_string(parts[1]).unwrap();
+    let add = parts.get(3) == Some(&"1");
+    let t1 = std::time::Instant::now();
+    let outs: Vec<Vec<u32>> = input
+        .split("\n__tq_sep__\n")
+        .map(|t| tok.encode(t, add))
+        .collect();
+    let dt = t1.elapsed().as_secs_f64();
+    let n: usize = outs.iter().map(Vec::len).sum();
+    let text: Vec<String> = outs
+        .iter()
+        .map(|ids| {
+            ids.iter()
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    std::fs::write(parts[2], text.join("\n") + "\n").unwrap();
+    eprintln!(
+        "{}: load {:.3}s, {} bytes -> {n} tokens in {dt:.3}s = {:.2} MB/s",
+        parts[0],
+        t_load.as_secs_f64(),
+        input.len(),
+        input.len() as f64 / dt / 1e6
+    );
 }

@@ -181,9 +181,27 @@ enum Pre {
 
 const GPT2_RE: &str =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)";
-const PORO_RE: &str = " ?[^(\\s|.,!?…。，、।۔،)]+";
-const CJK_RE: &str = "[一-龥ࠀ-一가-퟿]+";
-const DEEPSEEK_LLM_LETTERS: &str = "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+";
+const PORO_RE: &str = " ?[^(\\s|.,!?\u{2026}\u{3002}\u{FF0C}\u{3001}\u{964}\u{6D4}\u{60C})]+";
+// Non-ASCII characters in these regexes are written as escapes so that no editor can
+// normalize them (U+212A KELVIN SIGN, for one, is canonically equivalent to "K").
+const CJK_RE: &str = "[\u{4E00}-\u{9FA5}\u{800}-\u{4E00}\u{AC00}-\u{D7FF}]+";
+const DEEPSEEK_LLM_LETTERS: &str = concat!(
+    "\\s?[A-Za-z\u{B5}\u{C0}-\u{D6}\u{D8}-\u{F6}\u{F8}-\u{1BA}\u{1BC}-\u{1BF}\u{1C4}-",
+    "\u{293}\u{295}-\u{2AF}\u{370}-\u{373}\u{376}\u{377}\u{37B}-\u{37D}\u{37F}\u{386}",
+    "\u{388}-\u{38A}\u{38C}\u{38E}-\u{3A1}\u{3A3}-\u{3F5}\u{3F7}-\u{481}\u{48A}-\u{52F}",
+    "\u{531}-\u{556}\u{10A0}-\u{10C5}\u{13A0}-\u{13F5}\u{13F8}-\u{13FD}\u{1C90}-\u{1CBA}",
+    "\u{1CBD}-\u{1CBF}\u{1D00}-\u{1D2B}\u{1D6B}-\u{1D77}\u{1D79}-\u{1D9A}\u{1E00}-",
+    "\u{1F15}\u{1F18}-\u{1F1D}\u{1F20}-\u{1F45}\u{1F48}-\u{1F4D}\u{1F50}-\u{1F57}\u{1F59}",
+    "\u{1F5B}\u{1F5D}\u{1F5F}-\u{1F7D}\u{1F80}-\u{1FB4}\u{1FB6}-\u{1FBC}\u{1FBE}\u{1FC2}-",
+    "\u{1FC4}\u{1FC6}-\u{1FCC}\u{1FD0}-\u{1FD3}\u{1FD6}-\u{1FDB}\u{1FE0}-\u{1FEC}\u{1FF2}",
+    "-\u{1FF4}\u{1FF6}-\u{1FFC}\u{2102}\u{2107}\u{210A}-\u{2113}\u{2115}\u{2119}-\u{211D}",
+    "\u{2124}\u{2126}\u{2128}\u{212A}-\u{212D}\u{212F}-\u{2134}\u{2139}\u{213C}-\u{213F}",
+    "\u{2145}-\u{2149}\u{214E}\u{2183}\u{2184}\u{2C00}-\u{2C7B}\u{2C7E}-\u{2CE4}\u{2CEB}-",
+    "\u{2CEE}\u{2CF2}\u{2CF3}\u{A640}-\u{A66D}\u{A680}-\u{A69B}\u{A722}-\u{A76F}\u{A771}-",
+    "\u{A787}\u{A78B}-\u{A78E}\u{AB70}-\u{ABBF}\u{FB00}-\u{FB06}\u{FB13}-\u{FB17}\u{FF21}",
+    "-\u{FF3A}\u{FF41}-\u{FF5A}\u{10400}-\u{1044F}\u{104B0}-\u{104D3}\u{104D8}-\u{104FB}",
+    "\u{10C80}-\u{10CB2}\u{10CC0}-\u{10CF2}\u{118A0}-\u{118DF}\u{1E900}-\u{1E943}]+",
+);
 
 impl Pre {
     fn from_name(name: &str) -> Option<Pre> {
@@ -217,7 +235,7 @@ impl Pre {
             Pre::DeepseekLlm => vec![
                 p("[\r\n]")?,
                 p(DEEPSEEK_LLM_LETTERS)?,
-                p("\\s?[!-/:-~！-／：-～‘-‟　-。]+")?,
+                p("\\s?[!-/:-~\u{FF01}-\u{FF0F}\u{FF1A}-\u{FF5E}\u{2018}-\u{201F}\u{3000}-\u{3002}]+")?,
                 p("\\s+$")?,
                 p(CJK_RE)?,
                 p("\\p{N}+")?,
@@ -258,7 +276,7 @@ fn supported_pre_list() -> String {
 
 enum Model {
     Bpe { bpe: bpe::Bpe, steps: Vec<Step> },
-    Spm { scores: Vec<f32> },
+    Spm(spm::Spm),
 }
 
 /// A tokenizer reconstructed from `tokenizer.ggml.*` metadata.
@@ -436,7 +454,7 @@ impl Tokenizer {
                     v.iter().map(|x| x.as_f64().unwrap_or(0.0) as f32).collect()
                 }
             };
-            Model::Spm { scores }
+            Model::Spm(spm::Spm::new(&tokens, scores))
         };
         let add_space_prefix = f
             .get("tokenizer.ggml.add_space_prefix")
@@ -527,31 +545,41 @@ impl Tokenizer {
                     }
                 }
             }
-            Model::Spm { scores } => {
+            Model::Spm(spm) => {
                 let byte_token = |b: u8| self.byte_token(b);
-                let mut prev_special = true;
-                for frag in &fragments {
-                    match frag {
-                        Fragment::Token(t) => {
-                            out.push(*t);
-                            prev_special = true;
-                        }
+                // A space is prefixed to text at the start and after a token. The escaped
+                // fragments outlive the piece cache that borrows them.
+                let escaped: Vec<Option<String>> = fragments
+                    .iter()
+                    .enumerate()
+                    .map(|(i, frag)| match frag {
+                        Fragment::Token(_) => None,
                         Fragment::Text(s) => {
+                            let prefix = self.add_space_prefix
+                                && (i == 0 || matches!(fragments[i - 1], Fragment::Token(_)));
                             let mut t = String::with_capacity(s.len() + 8);
-                            if self.add_space_prefix && prev_special {
+                            if prefix {
                                 t.push(' ');
                             }
                             t.push_str(s);
-                            let escaped = t.replace(' ', "\u{2581}");
-                            spm::encode(
-                                escaped.as_bytes(),
+                            Some(t.replace(' ', "\u{2581}"))
+                        }
+                    })
+                    .collect();
+                let mut cache = FastMap::default();
+                for (frag, esc) in fragments.iter().zip(&escaped) {
+                    match (frag, esc) {
+                        (Fragment::Token(t), _) => out.push(*t),
+                        (Fragment::Text(_), Some(e)) => {
+                            spm.encode(
+                                e.as_bytes(),
                                 &self.token_to_id,
-                                scores,
                                 &byte_token,
+                                &mut cache,
                                 &mut out,
                             );
-                            prev_special = false;
                         }
+                        (Fragment::Text(_), None) => unreachable!(),
                     }
                 }
             }
@@ -560,6 +588,31 @@ impl Tokenizer {
             out.extend(self.eos);
         }
         out
+    }
+
+    /// The words BPE sees for `text` (after cutting out user-defined tokens, which appear as
+    /// their own text); SentencePiece models return the text pieces unsplit. For debugging and
+    /// comparisons with other implementations.
+    pub fn pre_tokenize<'t>(&self, text: &'t str) -> Vec<&'t str> {
+        let mut words = Vec::new();
+        for frag in self.partition_text(text) {
+            match (frag, &self.model) {
+                (Fragment::Token(id), _) => {
+                    let t = &self.tokens[id as usize];
+                    // A user-defined token's text occurs verbatim in `text`.
+                    if let Some(i) = text.find(std::str::from_utf8(t).unwrap_or("\0")) {
+                        words.push(&text[i..i + t.len()]);
+                    }
+                }
+                (Fragment::Text(s), Model::Bpe { steps, .. }) => words.extend(
+                    pretokenize::split(s, steps)
+                        .into_iter()
+                        .map(|(a, b)| &s[a..b]),
+                ),
+                (Fragment::Text(s), Model::Spm(_)) => words.push(s),
+            }
+        }
+        words
     }
 
     /// SentencePiece byte token: `<0xXX>`, else the byte itself as a token, else UNK.
@@ -722,7 +775,7 @@ impl Tokenizer {
                         }
                     }
                 }
-                Model::Spm { .. } => {
+                Model::Spm(_) => {
                     if attr & ATTR_BYTE != 0 && t.len() == 6 && t.starts_with(b"<0x") {
                         if let Some(b) = std::str::from_utf8(&t[3..5])
                             .ok()
@@ -738,7 +791,7 @@ impl Tokenizer {
             }
         }
         let mut s = String::from_utf8_lossy(&bytes).into_owned();
-        if matches!(self.model, Model::Spm { .. }) && self.add_space_prefix && s.starts_with(' ') {
+        if matches!(self.model, Model::Spm(_)) && self.add_space_prefix && s.starts_with(' ') {
             s.remove(0);
         }
         s

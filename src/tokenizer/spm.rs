@@ -9,6 +9,98 @@ use std::collections::BinaryHeap;
 
 use super::FastMap;
 
+/// Key of two adjacent UTF-8 characters (each at most 4 bytes).
+#[inline]
+fn pair_key(a: &[u8], b: &[u8]) -> u64 {
+    let mut k = [0u8; 8];
+    k[..a.len()].copy_from_slice(a);
+    k[4..4 + b.len()].copy_from_slice(b);
+    u64::from_le_bytes(k)
+}
+
+/// Length of the UTF-8 character starting with `lead` (llama.cpp's unicode_len_utf8).
+#[inline]
+fn char_len(lead: u8) -> usize {
+    match lead >> 4 {
+        0xC | 0xD => 2,
+        0xE => 3,
+        0xF => 4,
+        _ => 1,
+    }
+}
+
+/// The SentencePiece model: token scores, and every pair of adjacent characters that occurs
+/// inside some token. Merged symbols are always tokens, so text can be cut wherever two
+/// neighbouring characters occur in no token: no merge can cross such a cut, merges on either
+/// side commute, and encoding the pieces separately (and caching them) gives the same result
+/// as one pass over the whole text.
+pub struct Spm {
+    pub scores: Vec<f32>,
+    pairs: FastMap<u64, ()>,
+}
+
+impl Spm {
+    pub fn new(tokens: &[Vec<u8>], scores: Vec<f32>) -> Spm {
+        let mut pairs = FastMap::default();
+        for t in tokens {
+            let mut prev: Option<&[u8]> = None;
+            let mut off = 0;
+            while off < t.len() {
+                let l = char_len(t[off]).min(t.len() - off);
+                let c = &t[off..off + l];
+                if let Some(p) = prev {
+                    pairs.insert(pair_key(p, c), ());
+                }
+                prev = Some(c);
+                off += l;
+            }
+        }
+        Spm { scores, pairs }
+    }
+
+    /// Tokenize `text` (spaces already replaced by ▁) into `out`, piece by piece.
+    pub fn encode<'t>(
+        &self,
+        text: &'t [u8],
+        token_to_id: &FastMap<Box<[u8]>, u32>,
+        byte_token: &dyn Fn(u8) -> Option<u32>,
+        cache: &mut FastMap<&'t [u8], Vec<u32>>,
+        out: &mut Vec<u32>,
+    ) {
+        let mut start = 0;
+        let mut prev: Option<(usize, usize)> = None;
+        let mut off = 0;
+        let mut flush = |a: usize, b: usize, out: &mut Vec<u32>| {
+            let piece = &text[a..b];
+            if let Some(ids) = cache.get(piece) {
+                out.extend_from_slice(ids);
+                return;
+            }
+            let mut ids = Vec::new();
+            encode(piece, token_to_id, &self.scores, byte_token, &mut ids);
+            out.extend_from_slice(&ids);
+            cache.insert(piece, ids);
+        };
+        while off < text.len() {
+            let l = char_len(text[off]).min(text.len() - off);
+            if let Some((pa, pl)) = prev {
+                if !self
+                    .pairs
+                    .contains_key(&pair_key(&text[pa..pa + pl], &text[off..off + l]))
+                {
+                    flush(start, off, out);
+                    start = off;
+                }
+            }
+            prev = Some((off, l));
+            off += l;
+        }
+        if start < text.len() {
+            flush(start, text.len(), out);
+        }
+    }
+}
+
 struct Bigram {
     score: f32,
     left: u32,
@@ -54,13 +146,7 @@ pub fn encode(
     let mut n = Vec::new();
     let mut off = 0;
     while off < text.len() {
-        let l = match text[off] >> 4 {
-            0xC | 0xD => 2,
-            0xE => 3,
-            0xF => 4,
-            _ => 1,
-        }
-        .min(text.len() - off);
+        let l = char_len(text[off]).min(text.len() - off);
         start.push(off as u32);
         n.push(l as u32);
         off += l;

@@ -346,7 +346,7 @@ fn entity(id: &str, total_params: i64) -> Vec<(&'static str, String)> {
         if id.contains("huggingface.co") {
             let re = Regex::new(r"^https?://huggingface.co/([^/]+/[^/]+)$").unwrap();
             if let Some(m) = re.captures(id) {
-                from_id(&mut e, &m[1].to_string(), false);
+                from_id(&mut e, &m[1], false);
             }
         }
     } else {

@@ -310,10 +310,7 @@ impl HfSource {
                     )))
                 }
             };
-            if t.shape.is_empty()
-                || t.shape.len() > crate::gguf::MAX_DIMS
-                || t.shape.iter().any(|&d| d == 0)
-            {
+            if t.shape.is_empty() || t.shape.len() > crate::gguf::MAX_DIMS || t.shape.contains(&0) {
                 return Err(Error::bad_input(
                     shard,
                     format!("tensor '{}' has shape {:?}; tq converts tensors of 1 to 4 non-empty dimensions", crate::error::one_line(&name), t.shape),

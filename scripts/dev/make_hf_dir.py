@@ -13,8 +13,9 @@ llama.cpp's convert_hf_to_gguf.py would write the same metadata back.
 
 --layers N keeps the first N layers only (a reduced copy for fast tests). The directory name
 matters to convert_hf_to_gguf's naming heuristics only when config.json has no _name_or_path.
-Checks done here with the `tokenizers` library: tokenizer.json loads, round-trips text, and its
-pre-tokenizer fingerprint (convert_hf_to_gguf's chkhsh) is written to OUT_DIR/../<name>.chk.json.
+Checks done here with the `tokenizers` library: tokenizer.json loads and round-trips text; its
+pre-tokenizer fingerprint (convert_hf_to_gguf's chkhsh: sha256 of the ids of the check text) is
+printed with the summary (855059...6249 = "smollm" for SmolLM2).
 """
 
 import argparse

@@ -4,8 +4,19 @@
 source "$(dirname "$0")/common.sh"
 smol=$("$TQ_ROOT/scripts/fetch-data.sh")
 out="$TQ_CACHE/oracle"; mkdir -p "$out"
+# Outputs are deterministic: a script whose stamp (its own sha256 + the venv's package set) is
+# unchanged since its last successful run is skipped.
+venv_id=$(py -m pip freeze 2>/dev/null | sha256sum | cut -c1-16)
 for s in "$TQ_ROOT"/scripts/oracle/*.py; do
   [ -e "$s" ] || continue
-  echo "oracle: $(basename "$s")" >&2
+  name=$(basename "$s" .py)
+  stamp="$out/.stamp-$name"
+  want="$(sha256sum "$s" | cut -c1-64)-$venv_id"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    echo "oracle: $name.py (cached)" >&2
+    continue
+  fi
+  echo "oracle: $name.py" >&2
   py "$s" --out "$out" --smollm2 "$smol"
+  echo "$want" > "$stamp"
 done

@@ -9,6 +9,7 @@ pub mod convert;
 pub mod error;
 pub mod eval;
 pub mod gguf;
+pub mod gpu;
 pub mod hf;
 pub mod inspect;
 pub mod ldlq;

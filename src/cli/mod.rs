@@ -5,6 +5,7 @@ pub mod codebook;
 pub mod convert;
 pub mod eval;
 pub mod inspect;
+pub mod kernels;
 
 use clap::{Parser, Subcommand};
 
@@ -31,6 +32,8 @@ enum Command {
     Calib(calib::CalibArgs),
     /// Compute Lloyd-Max codebooks for a head dim / bit width and emit them for an engine.
     Codebook(codebook::CodebookArgs),
+    /// Check the bundled GPU decode kernels (CUDA, Metal, WGSL) against the CPU reference.
+    Kernels(kernels::KernelsArgs),
 }
 
 /// Parse arguments, run, and map errors to a one-line message and an exit code.
@@ -42,6 +45,7 @@ pub fn main() -> i32 {
         Command::Calib(a) => calib::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Codebook(a) => codebook::run(a),
+        Command::Kernels(a) => kernels::run(a),
     };
     match r {
         Ok(()) => 0,

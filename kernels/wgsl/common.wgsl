@@ -1,0 +1,59 @@
+// tq GPU decode kernels, WGSL: shared declarations. The host prepends this file to tq.wgsl and
+// turbo.wgsl before compiling (WGSL has no #include).
+//
+// Exactness rules followed by every kernel (see docs/kernels.md):
+// - f16 scales are decoded with integer bit manipulation (f16_to_f32): exact for every bit
+//   pattern, subnormals included, with no dependence on the device's denormal mode;
+// - constants are written as f32 bit patterns (bitcast), never as decimal literals, because WGSL
+//   lets an implementation round an inexact literal either way;
+// - a product that the CPU reference rounds on its own is stored to workgroup memory and read back
+//   after a barrier before it meets an addition, so no compiler can contract it into an FMA.
+
+struct Params {
+    n: u32,      // dequantize: number of blocks; mat-vec / Q·K: number of rows
+    cols: u32,   // mat-vec / Q·K: row length in values
+    pad0: u32,
+    pad1: u32,
+}
+
+// Packed blocks, little-endian bytes in u32 words (the host pads to a multiple of 4 bytes).
+@group(0) @binding(0) var<storage, read> src: array<u32>;
+// Output values.
+@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(2) var<uniform> params: Params;
+// Input vector: the activation (mat-vec), its rotated copy, or the pre-rotated query (Q·K).
+@group(0) @binding(3) var<storage, read> vec_in: array<f32>;
+
+fn rd_byte(o: u32) -> u32 {
+    return (src[o >> 2u] >> ((o & 3u) * 8u)) & 0xffu;
+}
+
+fn rd_u16(o: u32) -> u32 {
+    return rd_byte(o) | (rd_byte(o + 1u) << 8u);
+}
+
+// IEEE binary16 bits -> f32, exact for every input: zeros keep their sign, subnormals are
+// normalized by hand, inf stays inf, NaN stays NaN (payload shifted as a hardware conversion does).
+fn f16_to_f32(h: u32) -> f32 {
+    let s = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    let m = h & 0x3ffu;
+    if (e == 0u) {
+        if (m == 0u) {
+            return bitcast<f32>(s);
+        }
+        // m * 2^-24 with the leading one of m at bit p: exponent p - 24, biased p + 103.
+        let p = firstLeadingBit(m);
+        let mm = (m << (10u - p)) & 0x3ffu;
+        return bitcast<f32>(s | ((p + 103u) << 23u) | (mm << 13u));
+    }
+    if (e == 31u) {
+        return bitcast<f32>(s | 0x7f800000u | (m << 13u));
+    }
+    return bitcast<f32>(s | ((e + 112u) << 23u) | (m << 13u));
+}
+
+// Flattened workgroup index of a 2-D dispatch (the host splits counts above 65535).
+fn group_index(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wid.x + wid.y * nwg.x;
+}

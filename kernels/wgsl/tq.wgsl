@@ -1,0 +1,179 @@
+// tq GPU decode kernels, WGSL: TQ4_1S / TQ3_1S weights (FORMATS.md §2). Prepend common.wgsl.
+//
+// Entry points
+//   tq4_dequant, tq3_dequant   row dequantize: centroid × half scale, then the inverse 32-point
+//                              RHT (butterfly, × (1/√32)·sign). 256 threads = 8 blocks of 32.
+//   tq_prerotate               forward RHT of each 32-block of the activation (× sign,
+//                              butterfly, × 1/√32) into dst: the matmul identity of FORMATS.md §2.
+//   tq4_matvec, tq3_matvec     y[r] = Σ_j C[idx_j]·d_half · x̂_j over a row, with x̂ the output of
+//                              tq_prerotate (bound as vec_in). 64 threads per row.
+// The dequantize path is bit-exact with the CPU reference (same f32 operations, same order);
+// the mat-vec sums in another order and is held to a relative bound (docs/kernels.md).
+
+// 4-bit and 3-bit Lloyd-Max codebooks, as f32 bit patterns (tq::types::tq::C4 / C3).
+var<private> C4: array<u32, 16> = array<u32, 16>(
+    0xc02ee2c1u, 0xc0046ac6u, 0xbfcf1c22u, 0xbfa0cc2du, 0xbf713d32u, 0xbf28215cu, 0xbec6ae3au, 0xbe0379fbu,
+    0x3e0379fbu, 0x3ec6ae3au, 0x3f28215cu, 0x3f713d32u, 0x3fa0cc2du, 0x3fcf1c22u, 0x40046ac6u, 0x402ee2c1u);
+var<private> C3: array<u32, 8> = array<u32, 8>(
+    0xbfff9357u, 0xbfa54c88u, 0xbf3d86fdu, 0xbe7d72bdu, 0x3e6ba0e8u, 0x3f39a826u, 0x3fa38538u, 0x3ffe95afu);
+
+// 1/sqrt(32) as the f32 the engines use (0.17677669529663688f).
+const INV_SQRT32_BITS: u32 = 0x3e3504f3u;
+const TQ4_BYTES: u32 = 20u;
+const TQ3_BYTES: u32 = 16u;
+
+var<workgroup> sh: array<f32, 256>;
+var<workgroup> red: array<f32, 64>;
+
+// Block sign: -1 where the top bit of (i * 0x9E3779B9) mod 2^32 is set.
+fn sign_negative(i: u32) -> bool {
+    return ((i * 0x9E3779B9u) >> 31u) != 0u;
+}
+
+// Unnormalized 32-point Sylvester butterfly over sh[base .. base+32), steps 1, 2, 4, 8, 16, as
+// the CPU reference orders it: b[j] = a + c, b[j+step] = a - c. Every thread of the workgroup
+// must call it (barriers).
+fn butterfly32(t: u32) {
+    let lane = t & 31u;
+    let base = t & ~31u;
+    for (var step = 1u; step < 32u; step = step * 2u) {
+        let a = sh[base + (lane & ~step)];
+        let c = sh[base + (lane | step)];
+        workgroupBarrier();
+        var r: f32;
+        if ((lane & step) == 0u) {
+            r = a + c;
+        } else {
+            r = a - c;
+        }
+        sh[t] = r;
+        workgroupBarrier();
+    }
+}
+
+fn tq4_weight(blk: u32, lane: u32) -> f32 {
+    let o = blk * TQ4_BYTES;
+    let d = f16_to_f32(rd_u16(o + select(0u, 2u, lane >= 16u)));
+    let q = (rd_byte(o + 4u + (lane >> 1u)) >> ((lane & 1u) * 4u)) & 15u;
+    return bitcast<f32>(C4[q]) * d;
+}
+
+fn tq3_weight(blk: u32, lane: u32) -> f32 {
+    let o = blk * TQ3_BYTES;
+    let d = f16_to_f32(rd_u16(o + select(0u, 2u, lane >= 16u)));
+    let g = o + 4u + 3u * (lane >> 3u);
+    let w = rd_byte(g) | (rd_byte(g + 1u) << 8u) | (rd_byte(g + 2u) << 16u);
+    let q = (w >> (3u * (lane & 7u))) & 7u;
+    return bitcast<f32>(C3[q]) * d;
+}
+
+// Inverse rotation of the 8 blocks in sh, then store: out = b · ((1/√32)·s), one product.
+fn finish_dequant(t: u32, blk: u32, valid: bool) {
+    workgroupBarrier();
+    butterfly32(t);
+    if (valid) {
+        let lane = t & 31u;
+        let inv = bitcast<f32>(INV_SQRT32_BITS);
+        let f = select(inv, -inv, sign_negative(lane));
+        dst[blk * 32u + lane] = sh[t] * f;
+    }
+}
+
+@compute @workgroup_size(256)
+fn tq4_dequant(@builtin(local_invocation_index) t: u32,
+               @builtin(workgroup_id) wid: vec3<u32>,
+               @builtin(num_workgroups) nwg: vec3<u32>) {
+    let blk = group_index(wid, nwg) * 8u + (t >> 5u);
+    let valid = blk < params.n;
+    var v = 0.0;
+    if (valid) {
+        v = tq4_weight(blk, t & 31u);
+    }
+    sh[t] = v;
+    finish_dequant(t, blk, valid);
+}
+
+@compute @workgroup_size(256)
+fn tq3_dequant(@builtin(local_invocation_index) t: u32,
+               @builtin(workgroup_id) wid: vec3<u32>,
+               @builtin(num_workgroups) nwg: vec3<u32>) {
+    let blk = group_index(wid, nwg) * 8u + (t >> 5u);
+    let valid = blk < params.n;
+    var v = 0.0;
+    if (valid) {
+        v = tq3_weight(blk, t & 31u);
+    }
+    sh[t] = v;
+    finish_dequant(t, blk, valid);
+}
+
+// params.n = number of 32-blocks of the activation; vec_in = x; dst = x̂.
+@compute @workgroup_size(256)
+fn tq_prerotate(@builtin(local_invocation_index) t: u32,
+                @builtin(workgroup_id) wid: vec3<u32>,
+                @builtin(num_workgroups) nwg: vec3<u32>) {
+    let blk = group_index(wid, nwg) * 8u + (t >> 5u);
+    let valid = blk < params.n;
+    let lane = t & 31u;
+    var v = 0.0;
+    if (valid) {
+        let x = vec_in[blk * 32u + lane];
+        v = select(x, -x, sign_negative(lane));
+    }
+    sh[t] = v;
+    workgroupBarrier();
+    butterfly32(t);
+    if (valid) {
+        dst[blk * 32u + lane] = sh[t] * bitcast<f32>(INV_SQRT32_BITS);
+    }
+}
+
+// Tree sum of red[0..64) into red[0]; every thread calls it.
+fn reduce64(t: u32) {
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        workgroupBarrier();
+        if (t < s) {
+            red[t] = red[t] + red[t + s];
+        }
+    }
+    workgroupBarrier();
+}
+
+// params.n = rows, params.cols = row length; vec_in = x̂ (rotated activation); dst = y.
+@compute @workgroup_size(64)
+fn tq4_matvec(@builtin(local_invocation_index) t: u32,
+              @builtin(workgroup_id) wid: vec3<u32>,
+              @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = group_index(wid, nwg);
+    var acc = 0.0;
+    if (row < params.n) {
+        let bpr = params.cols / 32u;
+        for (var j = t; j < params.cols; j = j + 64u) {
+            acc = acc + tq4_weight(row * bpr + (j >> 5u), j & 31u) * vec_in[j];
+        }
+    }
+    red[t] = acc;
+    reduce64(t);
+    if (t == 0u && row < params.n) {
+        dst[row] = red[0];
+    }
+}
+
+@compute @workgroup_size(64)
+fn tq3_matvec(@builtin(local_invocation_index) t: u32,
+              @builtin(workgroup_id) wid: vec3<u32>,
+              @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = group_index(wid, nwg);
+    var acc = 0.0;
+    if (row < params.n) {
+        let bpr = params.cols / 32u;
+        for (var j = t; j < params.cols; j = j + 64u) {
+            acc = acc + tq3_weight(row * bpr + (j >> 5u), j & 31u) * vec_in[j];
+        }
+    }
+    red[t] = acc;
+    reduce64(t);
+    if (t == 0u && row < params.n) {
+        dst[row] = red[0];
+    }
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# GPU decode kernels in CI (issue 8), on a machine with no GPU:
+#  1. WGSL kernels run for real on Mesa's lavapipe (software Vulkan): the parity harness
+#     (tests/kernels.rs with TQ_REQUIRE_GPU=1) and `tq kernels check --backend wgpu`.
+#  2. CUDA: the host code builds (`--features cuda`, cudarc loads libcuda/libnvrtc at run time)
+#     and the CUDA sources compile with NVRTC from the nvidia-cuda-nvrtc-cu12 wheel (PyPI,
+#     sha256-checked, cached); running them needs an NVIDIA GPU (docs/kernels.md).
+#  3. `tq kernels check --backend auto` shows what it picks and what it skips and why.
+# Metal sources are not compiled here (no macOS); see docs/kernels.md.
+source "$(dirname "$0")/common.sh"
+cd "$TQ_ROOT"
+
+if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
+  echo "installing mesa-vulkan-drivers (lavapipe)"
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers >/dev/null
+fi
+
+# NVRTC for the CUDA compile check (no driver, no GPU needed).
+NVRTC_VER=12.9.86
+NVRTC_WHL=nvidia_cuda_nvrtc_cu12-$NVRTC_VER-py3-none-manylinux2010_x86_64.manylinux_2_12_x86_64.whl
+NVRTC_SHA=210cf05005a447e29214e9ce50851e83fc5f4358df8b453155d5e1918094dcb4
+NVRTC_DIR="$TQ_CACHE/nvrtc-$NVRTC_VER"
+if [ ! -f "$NVRTC_DIR/.ok" ]; then
+  mkdir -p "$TQ_CACHE/wheels"
+  if [ ! -f "$TQ_CACHE/wheels/$NVRTC_WHL" ]; then
+    python3 -m pip download -q --disable-pip-version-check --no-deps \
+      "nvidia-cuda-nvrtc-cu12==$NVRTC_VER" -d "$TQ_CACHE/wheels"
+  fi
+  verify "$TQ_CACHE/wheels/$NVRTC_WHL" "$NVRTC_SHA"
+  rm -rf "$NVRTC_DIR" && mkdir -p "$NVRTC_DIR"
+  python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" \
+    "$TQ_CACHE/wheels/$NVRTC_WHL" "$NVRTC_DIR"
+  touch "$NVRTC_DIR/.ok"
+fi
+export LD_LIBRARY_PATH="$NVRTC_DIR/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+TARGET="${CARGO_TARGET_DIR:-target}"
+echo "== kernels: parity harness on wgpu (lavapipe) + CUDA NVRTC compile =="
+TQ_REQUIRE_GPU=1 TQ_REQUIRE_DATA=1 cargo test --locked --features wgpu,cuda --test kernels -- --nocapture
+echo "== tq kernels check --backend wgpu =="
+"$TARGET/debug/tq" kernels check --backend wgpu
+echo "== tq kernels check --backend auto --quick =="
+"$TARGET/debug/tq" kernels check --backend auto --quick --types tq4_1s

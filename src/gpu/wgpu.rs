@@ -1,0 +1,403 @@
+//! WGSL kernels through `wgpu` (Vulkan, Metal, DX12; in CI Mesa's lavapipe software Vulkan).
+//!
+//! The WGSL text (`kernels/wgsl/common.wgsl` prepended to `tq.wgsl` / `turbo.wgsl`) is compiled
+//! at run time by naga and the driver. Adapter choice: `TQ_WGPU_ADAPTER=<substring>` picks an
+//! adapter by name; otherwise the first hardware adapter, else the first one (lavapipe).
+
+use super::{sources, Backend, BackendKind};
+use crate::error::{Error, Result};
+use crate::types::TensorType;
+use std::collections::HashMap;
+use std::time::Instant;
+use wgpu::util::DeviceExt;
+
+fn gpu_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Unsupported(format!("wgpu: {what}: {e}"))
+}
+
+/// A wgpu device with the compiled kernel modules.
+pub struct WgpuBackend {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    tq: wgpu::ShaderModule,
+    turbo: wgpu::ShaderModule,
+    pipelines: HashMap<&'static str, wgpu::ComputePipeline>,
+    max_groups: u32,
+}
+
+/// Adapters wgpu can see, as `name (backend, type)` lines (for `--backend auto` messages).
+pub fn list_adapters() -> Vec<String> {
+    let instance = make_instance();
+    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+        .iter()
+        .map(|a| {
+            let i = a.get_info();
+            format!("{} ({:?}, {:?})", i.name, i.backend, i.device_type)
+        })
+        .collect()
+}
+
+fn make_instance() -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
+    wgpu::Instance::new(desc)
+}
+
+impl WgpuBackend {
+    pub fn new() -> Result<Self> {
+        let instance = make_instance();
+        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        if adapters.is_empty() {
+            return Err(Error::Unsupported(
+                "wgpu: no adapter found (no Vulkan/Metal/DX12 driver; on Linux install \
+                 mesa-vulkan-drivers for the lavapipe software device)"
+                    .into(),
+            ));
+        }
+        let wanted = std::env::var("TQ_WGPU_ADAPTER").ok();
+        let adapter = match &wanted {
+            Some(w) => adapters
+                .into_iter()
+                .find(|a| a.get_info().name.to_lowercase().contains(&w.to_lowercase()))
+                .ok_or_else(|| {
+                    Error::Unsupported(format!("wgpu: no adapter matches TQ_WGPU_ADAPTER={w}"))
+                })?,
+            None => {
+                let hw = adapters
+                    .iter()
+                    .position(|a| a.get_info().device_type != wgpu::DeviceType::Cpu)
+                    .unwrap_or(0);
+                adapters.into_iter().nth(hw).unwrap()
+            }
+        };
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("tq kernels"),
+            required_features: wgpu::Features::empty(),
+            required_limits: wgpu::Limits {
+                max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
+                max_buffer_size: limits.max_buffer_size,
+                ..wgpu::Limits::downlevel_defaults()
+            },
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| gpu_err("request_device", e))?;
+        let compile = |name: &str, body: &str| -> Result<wgpu::ShaderModule> {
+            let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+            let m = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(name),
+                source: wgpu::ShaderSource::Wgsl(
+                    format!("{}\n{}", sources::WGSL_COMMON, body).into(),
+                ),
+            });
+            if let Some(e) = pollster::block_on(scope.pop()) {
+                return Err(gpu_err(&format!("compiling kernels/wgsl/{name}"), e));
+            }
+            Ok(m)
+        };
+        let tq = compile("tq.wgsl", sources::WGSL_TQ)?;
+        let turbo = compile("turbo.wgsl", sources::WGSL_TURBO)?;
+        Ok(WgpuBackend {
+            max_groups: device.limits().max_compute_workgroups_per_dimension,
+            device,
+            queue,
+            info,
+            tq,
+            turbo,
+            pipelines: HashMap::new(),
+        })
+    }
+
+    fn pipeline(&mut self, entry: &'static str) -> Result<wgpu::ComputePipeline> {
+        if let Some(p) = self.pipelines.get(entry) {
+            return Ok(p.clone());
+        }
+        let module = if entry.starts_with("turbo") {
+            &self.turbo
+        } else {
+            &self.tq
+        };
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let p = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: None,
+                module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(gpu_err(&format!("pipeline {entry}"), e));
+        }
+        self.pipelines.insert(entry, p.clone());
+        Ok(p)
+    }
+
+    fn storage(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+        // Storage bindings must be non-empty and a multiple of 4 bytes.
+        let mut v = bytes.to_vec();
+        v.resize(v.len().max(4).next_multiple_of(4), 0);
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: &v,
+                usage: wgpu::BufferUsages::STORAGE,
+            })
+    }
+
+    fn output(&self, n: usize) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("out"),
+            size: (n.max(1) * 4) as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        })
+    }
+
+    fn params(&self, n: usize, cols: usize) -> wgpu::Buffer {
+        let p: [u32; 4] = [n as u32, cols as u32, 0, 0];
+        let bytes: Vec<u8> = p.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("params"),
+                contents: &bytes,
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
+    }
+
+    /// Workgroup counts for `groups` workgroups: a 2-D grid when above the per-dimension limit.
+    fn grid(&self, groups: usize) -> Result<(u32, u32)> {
+        let m = self.max_groups as usize;
+        if groups <= m {
+            return Ok((groups.max(1) as u32, 1));
+        }
+        let y = groups.div_ceil(m);
+        if y > m {
+            return Err(Error::Unsupported(format!(
+                "wgpu: {groups} workgroups exceed the device's grid"
+            )));
+        }
+        Ok((m as u32, y as u32))
+    }
+
+    fn bind(
+        &mut self,
+        entry: &'static str,
+        bufs: &[(u32, &wgpu::Buffer)],
+    ) -> Result<(wgpu::ComputePipeline, wgpu::BindGroup)> {
+        let p = self.pipeline(entry)?;
+        let entries: Vec<wgpu::BindGroupEntry> = bufs
+            .iter()
+            .map(|(b, buf)| wgpu::BindGroupEntry {
+                binding: *b,
+                resource: buf.as_entire_binding(),
+            })
+            .collect();
+        let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(entry),
+            layout: &p.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        Ok((p, bg))
+    }
+
+    fn encode(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        p: &wgpu::ComputePipeline,
+        bg: &wgpu::BindGroup,
+        grid: (u32, u32),
+    ) {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: None,
+            timestamp_writes: None,
+        });
+        pass.set_pipeline(p);
+        pass.set_bind_group(0, bg, &[]);
+        pass.dispatch_workgroups(grid.0, grid.1, 1);
+    }
+
+    /// Submit `enc` with a copy of `out` (n f32) to a mappable buffer; wait; read back.
+    fn finish(
+        &self,
+        mut enc: wgpu::CommandEncoder,
+        out: &wgpu::Buffer,
+        n: usize,
+    ) -> Result<Vec<f32>> {
+        let size = (n.max(1) * 4) as u64;
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        enc.copy_buffer_to_buffer(out, 0, &staging, 0, size);
+        self.queue.submit([enc.finish()]);
+        let slice = staging.slice(..);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| gpu_err("poll", e))?;
+        rx.recv()
+            .map_err(|e| gpu_err("map", e))?
+            .map_err(|e| gpu_err("map", e))?;
+        let view = slice.get_mapped_range().map_err(|e| gpu_err("map", e))?;
+        let v: Vec<f32> = view[..n * 4]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        drop(view);
+        staging.unmap();
+        Ok(v)
+    }
+
+    fn dequant_entry(ty: TensorType) -> Result<(&'static str, usize)> {
+        // (entry point, elements per workgroup)
+        Ok(match ty {
+            TensorType::TQ4_1S => ("tq4_dequant", 256),
+            TensorType::TQ3_1S => ("tq3_dequant", 256),
+            TensorType::Turbo2 => ("turbo2_dequant", 128),
+            TensorType::Turbo3 => ("turbo3_dequant", 128),
+            TensorType::Turbo4 => ("turbo4_dequant", 128),
+            _ => return Err(Error::Unsupported(format!("{ty}: no GPU kernel"))),
+        })
+    }
+
+    fn encode_dequant(
+        &mut self,
+        ty: TensorType,
+        src: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        nblk: usize,
+    ) -> Result<wgpu::CommandEncoder> {
+        let (entry, per_group) = Self::dequant_entry(ty)?;
+        let n = nblk * ty.block_size();
+        let params = self.params(nblk, 0);
+        let (p, bg) = self.bind(entry, &[(0, src), (1, out), (2, &params)])?;
+        let grid = self.grid(n.div_ceil(per_group))?;
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        self.encode(&mut enc, &p, &bg, grid);
+        Ok(enc)
+    }
+}
+
+impl Backend for WgpuBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Wgpu
+    }
+
+    fn device_name(&self) -> String {
+        format!(
+            "{} ({:?}, {:?}, driver {} {})",
+            self.info.name,
+            self.info.backend,
+            self.info.device_type,
+            self.info.driver,
+            self.info.driver_info
+        )
+    }
+
+    fn dequantize(&mut self, ty: TensorType, blocks: &[u8]) -> Result<Vec<f32>> {
+        let nblk = blocks.len() / ty.block_bytes();
+        let n = nblk * ty.block_size();
+        let src = self.storage("blocks", blocks);
+        let out = self.output(n);
+        let enc = self.encode_dequant(ty, &src, &out, nblk)?;
+        self.finish(enc, &out, n)
+    }
+
+    fn matvec(
+        &mut self,
+        ty: TensorType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+    ) -> Result<Vec<f32>> {
+        let entry = match ty {
+            TensorType::TQ4_1S => "tq4_matvec",
+            TensorType::TQ3_1S => "tq3_matvec",
+            _ => return Err(Error::Unsupported(format!("{ty}: no mat-vec kernel"))),
+        };
+        let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let xbuf = self.storage("x", &xb);
+        let xr = self.output(cols);
+        let wbuf = self.storage("w", w);
+        let y = self.output(rows);
+        let p_rot = self.params(cols / 32, 0);
+        let p_mv = self.params(rows, cols);
+        let (pr, bgr) = self.bind("tq_prerotate", &[(1, &xr), (2, &p_rot), (3, &xbuf)])?;
+        let (pm, bgm) = self.bind(entry, &[(0, &wbuf), (1, &y), (2, &p_mv), (3, &xr)])?;
+        let g_rot = self.grid((cols / 32).div_ceil(8))?;
+        let g_mv = self.grid(rows)?;
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        self.encode(&mut enc, &pr, &bgr, g_rot);
+        self.encode(&mut enc, &pm, &bgm, g_mv);
+        self.finish(enc, &y, rows)
+    }
+
+    fn qk_dot(
+        &mut self,
+        ty: TensorType,
+        k: &[u8],
+        rows: usize,
+        cols: usize,
+        q_rot: &[f32],
+    ) -> Result<Vec<f32>> {
+        let entry = match ty {
+            TensorType::Turbo2 => "turbo2_qk",
+            TensorType::Turbo3 => "turbo3_qk",
+            TensorType::Turbo4 => "turbo4_qk",
+            _ => return Err(Error::Unsupported(format!("{ty}: no Q·K kernel"))),
+        };
+        let qb: Vec<u8> = q_rot.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let qbuf = self.storage("q", &qb);
+        let kbuf = self.storage("k", k);
+        let out = self.output(rows);
+        let params = self.params(rows, cols);
+        let (p, bg) = self.bind(entry, &[(0, &kbuf), (1, &out), (2, &params), (3, &qbuf)])?;
+        let grid = self.grid(rows)?;
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        self.encode(&mut enc, &p, &bg, grid);
+        self.finish(enc, &out, rows)
+    }
+
+    fn time_dequantize(&mut self, ty: TensorType, blocks: &[u8], iters: usize) -> Result<f64> {
+        let nblk = blocks.len() / ty.block_bytes();
+        let n = nblk * ty.block_size();
+        let src = self.storage("blocks", blocks);
+        let out = self.output(n);
+        // Warm-up (pipeline creation, first-touch of the buffers).
+        let enc = self.encode_dequant(ty, &src, &out, nblk)?;
+        self.queue.submit([enc.finish()]);
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| gpu_err("poll", e))?;
+        let mut best = f64::INFINITY;
+        for _ in 0..iters.max(1) {
+            let enc = self.encode_dequant(ty, &src, &out, nblk)?;
+            let t = Instant::now();
+            self.queue.submit([enc.finish()]);
+            self.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| gpu_err("poll", e))?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        Ok(best)
+    }
+}

@@ -275,7 +275,10 @@ fn supported_pre_list() -> String {
 }
 
 enum Model {
-    Bpe { bpe: bpe::Bpe, steps: Vec<Step> },
+    Bpe {
+        bpe: Box<bpe::Bpe>,
+        steps: Vec<Step>,
+    },
     Spm(spm::Spm),
 }
 
@@ -318,7 +321,8 @@ impl std::fmt::Debug for Tokenizer {
 /// One piece of input after cutting out user-defined tokens.
 enum Fragment<'a> {
     Text(&'a str),
-    Token(u32),
+    /// A user-defined token and the text it was cut from.
+    Token(u32, &'a str),
 }
 
 impl Tokenizer {
@@ -433,7 +437,11 @@ impl Tokenizer {
                     }
                 }
             }
-            let bpe = bpe::Bpe::new(&tokens, merge_bytes.into_iter(), ignore_merges);
+            let bpe = Box::new(bpe::Bpe::new(
+                &tokens,
+                merge_bytes.into_iter(),
+                ignore_merges,
+            ));
             Model::Bpe {
                 bpe,
                 steps: pre.steps()?,
@@ -528,7 +536,7 @@ impl Tokenizer {
                 let mut arena: Vec<u32> = Vec::new();
                 for frag in &fragments {
                     let s = match frag {
-                        Fragment::Token(t) => {
+                        Fragment::Token(t, _) => {
                             out.push(*t);
                             continue;
                         }
@@ -553,10 +561,10 @@ impl Tokenizer {
                     .iter()
                     .enumerate()
                     .map(|(i, frag)| match frag {
-                        Fragment::Token(_) => None,
+                        Fragment::Token(..) => None,
                         Fragment::Text(s) => {
                             let prefix = self.add_space_prefix
-                                && (i == 0 || matches!(fragments[i - 1], Fragment::Token(_)));
+                                && (i == 0 || matches!(fragments[i - 1], Fragment::Token(..)));
                             let mut t = String::with_capacity(s.len() + 8);
                             if prefix {
                                 t.push(' ');
@@ -569,7 +577,7 @@ impl Tokenizer {
                 let mut cache = FastMap::default();
                 for (frag, esc) in fragments.iter().zip(&escaped) {
                     match (frag, esc) {
-                        (Fragment::Token(t), _) => out.push(*t),
+                        (Fragment::Token(t, _), _) => out.push(*t),
                         (Fragment::Text(_), Some(e)) => {
                             spm.encode(
                                 e.as_bytes(),
@@ -597,13 +605,7 @@ impl Tokenizer {
         let mut words = Vec::new();
         for frag in self.partition_text(text) {
             match (frag, &self.model) {
-                (Fragment::Token(id), _) => {
-                    let t = &self.tokens[id as usize];
-                    // A user-defined token's text occurs verbatim in `text`.
-                    if let Some(i) = text.find(std::str::from_utf8(t).unwrap_or("\0")) {
-                        words.push(&text[i..i + t.len()]);
-                    }
-                }
+                (Fragment::Token(_, t), _) => words.push(t),
                 (Fragment::Text(s), Model::Bpe { steps, .. }) => words.extend(
                     pretokenize::split(s, steps)
                         .into_iter()
@@ -642,7 +644,11 @@ impl Tokenizer {
         for (pos, &c) in bytes.iter().enumerate() {
             for &k in &self.partition_by_byte[c as usize] {
                 let tok = &self.tokens[self.partition[k as usize] as usize];
-                if bytes[pos..].starts_with(tok) {
+                // (Token texts that are not whole characters of `text` never match.)
+                if bytes[pos..].starts_with(tok)
+                    && text.is_char_boundary(pos)
+                    && text.is_char_boundary(pos + tok.len())
+                {
                     occ.push((k, pos as u32));
                 }
             }
@@ -693,8 +699,9 @@ impl Tokenizer {
         while pos < bytes.len() {
             if fi < found.len() && found[fi].0 == pos {
                 let id = found[fi].1;
-                frags.push(Fragment::Token(id));
-                pos += self.tokens[id as usize].len();
+                let end = pos + self.tokens[id as usize].len();
+                frags.push(Fragment::Token(id, &text[pos..end]));
+                pos = end;
                 fi += 1;
                 continue;
             }

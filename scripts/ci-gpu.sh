@@ -36,6 +36,9 @@ if [ ! -f "$NVRTC_DIR/.ok" ]; then
 fi
 export LD_LIBRARY_PATH="$NVRTC_DIR/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
+# The Vulkan loader complains when XDG_RUNTIME_DIR is unset (CI has no session); give it one.
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+
 TARGET="${CARGO_TARGET_DIR:-target}"
 echo "== kernels: parity harness on wgpu (lavapipe) + CUDA NVRTC compile =="
 TQ_REQUIRE_GPU=1 TQ_REQUIRE_DATA=1 cargo test --locked --features wgpu,cuda --test kernels -- --nocapture

@@ -5,6 +5,10 @@
 //! were written and reviewed against the CPU reference but have not been compiled yet (no macOS
 //! machine was available when they were written); see docs/kernels.md.
 
+// Some objc2-metal methods are `unsafe` in one release and safe in another: calls whose safety
+// status we could not check without a Mac are wrapped in `unsafe` blocks.
+#![allow(unused_unsafe)]
+
 use super::{sources, Backend, BackendKind};
 use crate::error::{Error, Result};
 use crate::types::TensorType;
@@ -115,22 +119,28 @@ impl MetalBackend {
             .ok_or_else(|| Error::Unsupported("metal: no encoder".into()))?;
         enc.setComputePipelineState(&pso);
         for (i, b) in bufs {
-            // SAFETY: the buffer outlives the command buffer (waited on below).
+            let b: &ProtocolObject<dyn MTLBuffer> = b;
+            // SAFETY: the buffer outlives the command buffer (waited on below); the kernel's
+            // argument at index i is a device buffer of this kind.
             unsafe { enc.setBuffer_offset_atIndex(Some(b), 0, *i) };
         }
         let groups = threads.div_ceil(tg);
-        enc.dispatchThreadgroups_threadsPerThreadgroup(
-            MTLSize {
-                width: groups,
-                height: 1,
-                depth: 1,
-            },
-            MTLSize {
-                width: tg,
-                height: 1,
-                depth: 1,
-            },
-        );
+        // SAFETY: every buffer the kernel reads or writes is bound above with enough room for
+        // `threads` threads (the kernels bound-check their indices).
+        unsafe {
+            enc.dispatchThreadgroups_threadsPerThreadgroup(
+                MTLSize {
+                    width: groups,
+                    height: 1,
+                    depth: 1,
+                },
+                MTLSize {
+                    width: tg,
+                    height: 1,
+                    depth: 1,
+                },
+            )
+        };
         enc.endEncoding();
         cb.commit();
         cb.waitUntilCompleted();

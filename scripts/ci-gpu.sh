@@ -6,7 +6,8 @@
 #     and the CUDA sources compile with NVRTC from the nvidia-cuda-nvrtc-cu12 wheel (PyPI,
 #     sha256-checked, cached); running them needs an NVIDIA GPU (docs/kernels.md).
 #  3. `tq kernels check --backend auto` shows what it picks and what it skips and why.
-# Metal sources are not compiled here (no macOS); see docs/kernels.md.
+#  4. Metal sources: a host C++ syntax check through a shim header (no Metal compiler here; see
+#     docs/kernels.md).
 source "$(dirname "$0")/common.sh"
 cd "$TQ_ROOT"
 
@@ -44,5 +45,17 @@ echo "== kernels: parity harness on wgpu (lavapipe) + CUDA NVRTC compile =="
 TQ_REQUIRE_GPU=1 TQ_REQUIRE_DATA=1 cargo test --locked --features wgpu,cuda --test kernels -- --nocapture
 echo "== tq kernels check --backend wgpu =="
 "$TARGET/debug/tq" kernels check --backend wgpu
+echo "== Metal sources: host C++ syntax check with kernels/metal/check/msl_shim.h (not a Metal compile) =="
+if command -v g++ >/dev/null; then
+  for f in tq turbo; do
+    { echo "#include \"$TQ_ROOT/kernels/metal/check/msl_shim.h\""
+      grep -v '#include <metal_stdlib>' kernels/metal/common.metal
+      cat "kernels/metal/$f.metal"; } > "$TQ_CACHE/msl_$f.cpp"
+    g++ -std=c++17 -fsyntax-only -Wall -Wno-attributes -Wno-unknown-pragmas "$TQ_CACHE/msl_$f.cpp"
+    echo "kernels/metal/$f.metal: syntax ok (host C++ shim)"
+  done
+else
+  echo "g++ not found: Metal syntax check skipped"
+fi
 echo "== tq kernels check --backend auto --quick =="
 "$TARGET/debug/tq" kernels check --backend auto --quick --types tq4_1s

@@ -5,6 +5,11 @@
 //! The scalar reference (`*_ref`) reproduces the fork's `quantize_row_tq*_1s_ref` /
 //! `dequantize_row_tq*_1s` f32 arithmetic operation by operation (every op rounded on its own,
 //! same order), so that its output is byte-exact with the conformance vectors.
+//!
+//! The registry paths (`quantize_tq4_1s`, `quantize_tq3_1s`, `dequantize_*`) are optimized
+//! versions that are bit-equal to the references: the quantizers process 8 blocks at once, one
+//! block per SIMD lane (AVX2 when the CPU has it, else portable lane loops); see "Cross-block
+//! kernels" below. `quantize_tq4_1s_scalar` is the earlier per-block optimized TQ4 path.
 
 use crate::math::hadamard::fwht_scalar;
 use crate::types::float::{f16_bits_to_f32, f32_to_f16_bits};
@@ -245,13 +250,15 @@ pub fn dequantize_tq4_1s_ref(blocks: &[u8], out: &mut [f32]) {
     }
 }
 
-pub fn quantize_tq3_1s(src: &[f32], out: &mut [u8]) {
+/// Scalar reference TQ3_1S quantizer (whole blocks).
+pub fn quantize_tq3_1s_ref(src: &[f32], out: &mut [u8]) {
     for (x, o) in src.chunks_exact(QK).zip(out.chunks_exact_mut(TQ3_BYTES)) {
         pack_tq3(&quantize_block_ref(x, &C3, &T3), o);
     }
 }
 
-pub fn dequantize_tq3_1s(blocks: &[u8], out: &mut [f32]) {
+/// Scalar reference TQ3_1S dequantizer (whole blocks).
+pub fn dequantize_tq3_1s_ref(blocks: &[u8], out: &mut [f32]) {
     for (b, o) in blocks.chunks_exact(TQ3_BYTES).zip(out.chunks_exact_mut(QK)) {
         dequantize_block(b, &unpack_tq3(b), &C3, o);
     }
@@ -403,8 +410,8 @@ pub fn quantize_block_tq4_fast(x: &[f32]) -> BlockQ {
     out
 }
 
-/// Optimized TQ4_1S quantizer (whole blocks), bit-equal to [`quantize_tq4_1s_ref`].
-pub fn quantize_tq4_1s(src: &[f32], out: &mut [u8]) {
+/// Scalar optimized TQ4_1S quantizer (whole blocks), bit-equal to [`quantize_tq4_1s_ref`].
+pub fn quantize_tq4_1s_scalar(src: &[f32], out: &mut [u8]) {
     for (x, o) in src.chunks_exact(QK).zip(out.chunks_exact_mut(TQ4_BYTES)) {
         pack_tq4(&quantize_block_tq4_fast(x), o);
     }
@@ -425,6 +432,589 @@ pub fn dequantize_tq4_1s(blocks: &[u8], out: &mut [f32]) {
         for ((o, v), s) in o.iter_mut().zip(buf).zip(SIGNS_SCALED.iter()) {
             *o = v * s;
         }
+    }
+}
+
+/// Optimized TQ3_1S dequantizer (whole blocks), bit-equal to [`dequantize_tq3_1s_ref`].
+pub fn dequantize_tq3_1s(blocks: &[u8], out: &mut [f32]) {
+    for (b, o) in blocks.chunks_exact(TQ3_BYTES).zip(out.chunks_exact_mut(QK)) {
+        let d = get_scales(b);
+        let idx = unpack_tq3(b);
+        let mut buf = [0f32; QK];
+        for j in 0..QK {
+            buf[j] = C3[idx[j] as usize] * d[j >> 4];
+        }
+        fwht32(&mut buf);
+        for ((o, v), s) in o.iter_mut().zip(buf).zip(SIGNS_SCALED.iter()) {
+            *o = v * s;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cross-block kernels: `LANES` blocks at once in structure-of-arrays form (element `j` of block
+// `l` is lane `l` of vector `j`). Every lane runs exactly the f32 operations of the scalar
+// reference for its block, in the same order, with the same operands, so the output is
+// bit-equal (held by the `lanes_*` tests):
+// - the index is the branchless binary search of `idx4` done lane-wise (threshold and centroid
+//   lookups by in-register permutes on AVX2, a compare/select chain in the portable backend);
+// - the multiplier search keeps the first strict minimum by a lane-wise `err < best_err` select;
+// - refinement runs per half until every lane of the group is at a fixed point (its indices
+//   repeat those of the previous round, so every later round reproduces the same d), at most
+//   `REFINE_ROUNDS` rounds: lanes that converged earlier just repeat their fixed point.
+// Two backends implement the lane operations: AVX2 intrinsics (x86-64, chosen at run time; no
+// FMA, which would fuse and change the rounding) and portable `[f32; LANES]` loops that the
+// compiler vectorizes for the baseline target.
+// ---------------------------------------------------------------------------------------------
+
+/// Blocks per cross-block group.
+const LANES: usize = 8;
+
+/// Lane-wise f32 operations; each is one IEEE f32 operation per lane (or an exact select).
+trait Lanes: Copy {
+    type Idx: Copy;
+    unsafe fn splat(v: f32) -> Self;
+    unsafe fn load(p: &[f32; LANES]) -> Self;
+    unsafe fn add(self, o: Self) -> Self;
+    unsafe fn sub(self, o: Self) -> Self;
+    unsafe fn mul(self, o: Self) -> Self;
+    unsafe fn div(self, o: Self) -> Self;
+    unsafe fn sqrt(self) -> Self;
+    /// `if self > 1e-10 { 1.0 / self } else { 0.0 }` (the reference's `inv_of`).
+    unsafe fn inv_guarded(self) -> Self;
+    /// `if a < b { x } else { y }`.
+    unsafe fn select_lt(a: Self, b: Self, x: Self, y: Self) -> Self;
+    /// `if a > b { x } else { y }`.
+    unsafe fn select_gt(a: Self, b: Self, x: Self, y: Self) -> Self;
+    /// Centroid and index of `v` under ([`C4`], [`T4`]): `tq_index(v, &T4)` per lane.
+    unsafe fn lookup4(self) -> (Self, Self::Idx);
+    /// Centroid and index of `v` under ([`C3`], [`T3`]).
+    unsafe fn lookup3(self) -> (Self, Self::Idx);
+    /// `lookup4(v).0`, possibly cheaper.
+    unsafe fn centroid4(self) -> Self {
+        self.lookup4().0
+    }
+    /// `lookup3(v).0`, possibly cheaper.
+    unsafe fn centroid3(self) -> Self {
+        self.lookup3().0
+    }
+    /// Whether `a[k] == b[k]` in every lane for every k (operands are never NaN).
+    unsafe fn all_eq(a: &[Self], b: &[Self]) -> bool;
+    unsafe fn store_idx(i: Self::Idx, out: &mut [i32; LANES]);
+    unsafe fn store(self, out: &mut [f32; LANES]);
+}
+
+/// Result of a group: f32 half scales and indices, lane-major within each row.
+struct GroupQ {
+    d: [[f32; LANES]; 2],
+    idx: [[i32; LANES]; QK],
+}
+
+#[inline(always)]
+unsafe fn lookup<S: Lanes, const FOUR: bool>(v: S) -> (S, S::Idx) {
+    if FOUR {
+        v.lookup4()
+    } else {
+        v.lookup3()
+    }
+}
+
+#[inline(always)]
+unsafe fn centroid<S: Lanes, const FOUR: bool>(v: S) -> S {
+    if FOUR {
+        v.centroid4()
+    } else {
+        v.centroid3()
+    }
+}
+
+/// Quantize one group of `LANES` blocks given transposed (`x[j][l]` = element j of block l).
+#[inline(always)]
+unsafe fn quantize_group<S: Lanes, const FOUR: bool>(x: &[[f32; LANES]; QK]) -> GroupQ {
+    let mut b = [S::splat(0.0); QK];
+    for j in 0..QK {
+        b[j] = S::load(&x[j]).mul(S::splat(SIGNS[j]));
+    }
+    let mut step = 1;
+    while step < QK {
+        let mut i = 0;
+        while i < QK {
+            for j in i..i + step {
+                let (a, c) = (b[j], b[j + step]);
+                b[j] = a.add(c);
+                b[j + step] = a.sub(c);
+            }
+            i += 2 * step;
+        }
+        step *= 2;
+    }
+    let isq = S::splat(INV_SQRT32);
+    for v in b.iter_mut() {
+        *v = v.mul(isq);
+    }
+
+    let mut rms = [S::splat(0.0); 2];
+    for h in 0..2 {
+        let mut s = S::splat(0.0);
+        for v in &b[h * 16..h * 16 + 16] {
+            s = s.add(v.mul(*v));
+        }
+        rms[h] = s.div(S::splat(16.0)).sqrt();
+    }
+
+    // Multiplier search: first strict minimum of the error over all 32 values. Three
+    // multipliers per pass over the values (independent error chains); each error still sums
+    // its 32 terms in index order.
+    let mut ds = [[S::splat(0.0); 9]; 2];
+    let mut invs = [[S::splat(0.0); 9]; 2];
+    for (k, &m) in MULTS.iter().enumerate() {
+        for h in 0..2 {
+            ds[h][k] = rms[h].mul(S::splat(m));
+            invs[h][k] = ds[h][k].inv_guarded();
+        }
+    }
+    let mut err = [S::splat(0.0); 9];
+    for h in 0..2 {
+        for t in 0..3 {
+            let (d3, inv3) = (&ds[h][3 * t..3 * t + 3], &invs[h][3 * t..3 * t + 3]);
+            let mut e3 = [err[3 * t], err[3 * t + 1], err[3 * t + 2]];
+            for &v in &b[h * 16..h * 16 + 16] {
+                for u in 0..3 {
+                    let c = centroid::<S, FOUR>(v.mul(inv3[u]));
+                    let diff = v.sub(c.mul(d3[u]));
+                    e3[u] = e3[u].add(diff.mul(diff));
+                }
+            }
+            err[3 * t..3 * t + 3].copy_from_slice(&e3);
+        }
+    }
+    let mut best = rms;
+    let mut best_err = S::splat(1e30);
+    for k in 0..9 {
+        best[0] = S::select_lt(err[k], best_err, ds[0][k], best[0]);
+        best[1] = S::select_lt(err[k], best_err, ds[1][k], best[1]);
+        best_err = S::select_lt(err[k], best_err, err[k], best_err);
+    }
+
+    // Refinement per half (the halves are independent), stopping when every lane has reached
+    // a fixed point; then the last indices are the final ones.
+    let mut out = GroupQ {
+        d: [[0.0; LANES]; 2],
+        idx: [[0; LANES]; QK],
+    };
+    for h in 0..2 {
+        let hb = &b[h * 16..h * 16 + 16];
+        let mut d = best[h];
+        let mut prev = [S::splat(0.0); 16];
+        let mut cur = [S::splat(0.0); 16];
+        let mut cur_i = [[0i32; LANES]; 16];
+        let mut fixed = false;
+        for round in 0..REFINE_ROUNDS {
+            let inv = d.inv_guarded();
+            for k in 0..16 {
+                let (c, i) = lookup::<S, FOUR>(hb[k].mul(inv));
+                cur[k] = c;
+                S::store_idx(i, &mut cur_i[k]);
+            }
+            // Indices equal to the previous round's give the same sums, so the next d equals
+            // this one and every later round repeats this one: d is final, and so are `cur`.
+            if round > 0 && S::all_eq(&cur, &prev) {
+                fixed = true;
+                break;
+            }
+            let mut sxc = S::splat(0.0);
+            let mut scc = S::splat(0.0);
+            for k in 0..16 {
+                sxc = sxc.add(hb[k].mul(cur[k]));
+                scc = scc.add(cur[k].mul(cur[k]));
+            }
+            d = S::select_gt(scc, S::splat(1e-10), sxc.div(scc), d);
+            prev = cur;
+        }
+        d.store(&mut out.d[h]);
+        if fixed {
+            out.idx[h * 16..h * 16 + 16].copy_from_slice(&cur_i);
+        } else {
+            let inv = d.inv_guarded();
+            for (k, &v) in hb.iter().enumerate() {
+                S::store_idx(lookup::<S, FOUR>(v.mul(inv)).1, &mut out.idx[h * 16 + k]);
+            }
+        }
+    }
+    out
+}
+
+/// Quantize whole blocks (`min(src.len() / 32, out.len() / bytes)` of them) group by group;
+/// a last partial group is padded with zero blocks whose output is discarded.
+#[inline(always)]
+unsafe fn quantize_lanes<S: Lanes, const FOUR: bool>(src: &[f32], out: &mut [u8]) {
+    let bytes = if FOUR { TQ4_BYTES } else { TQ3_BYTES };
+    let nb = (src.len() / QK).min(out.len() / bytes);
+    let mut g = 0;
+    while g < nb {
+        let n = LANES.min(nb - g);
+        let mut t = [[0f32; LANES]; QK];
+        for l in 0..n {
+            let xb = &src[(g + l) * QK..(g + l + 1) * QK];
+            for j in 0..QK {
+                t[j][l] = xb[j];
+            }
+        }
+        let q = quantize_group::<S, FOUR>(&t);
+        for l in 0..n {
+            let o = &mut out[(g + l) * bytes..(g + l + 1) * bytes];
+            o[0..2].copy_from_slice(&f32_to_f16_bits(q.d[0][l]).to_le_bytes());
+            o[2..4].copy_from_slice(&f32_to_f16_bits(q.d[1][l]).to_le_bytes());
+            if FOUR {
+                for k in 0..16 {
+                    o[4 + k] = (q.idx[2 * k][l] | (q.idx[2 * k + 1][l] << 4)) as u8;
+                }
+            } else {
+                for gr in 0..4 {
+                    let mut w = 0u32;
+                    for i in 0..8 {
+                        w |= (q.idx[8 * gr + i][l] as u32) << (3 * i);
+                    }
+                    o[4 + 3 * gr..7 + 3 * gr].copy_from_slice(&w.to_le_bytes()[..3]);
+                }
+            }
+        }
+        g += LANES;
+    }
+}
+
+/// Portable backend: plain lane loops.
+#[derive(Clone, Copy)]
+struct Portable([f32; LANES]);
+
+impl Portable {
+    #[inline(always)]
+    fn map2(self, o: Self, f: impl Fn(f32, f32) -> f32) -> Self {
+        Portable(std::array::from_fn(|l| f(self.0[l], o.0[l])))
+    }
+
+    /// Linear compare/select chain; for sorted `t` equal to the binary search and to
+    /// `tq_index`: the index is the number of `k` with `!(v < t[k])` (all of them for NaN).
+    /// Written with masks and bit selects so that it vectorizes (no branches).
+    #[inline(always)]
+    fn lookup_chain(self, c: &[f32], t: &[f32]) -> (Self, [i32; LANES]) {
+        let mut cv = [c[0].to_bits(); LANES];
+        let mut iv = [0i32; LANES];
+        for k in 0..t.len() {
+            let (tk, ck) = (t[k], c[k + 1].to_bits());
+            for l in 0..LANES {
+                // All ones where `!(v < t[k])`.
+                let up = ((self.0[l] < tk) as u32).wrapping_sub(1);
+                cv[l] = (ck & up) | (cv[l] & !up);
+                iv[l] -= up as i32;
+            }
+        }
+        (Portable(cv.map(f32::from_bits)), iv)
+    }
+}
+
+impl Lanes for Portable {
+    type Idx = [i32; LANES];
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        Portable([v; LANES])
+    }
+    #[inline(always)]
+    unsafe fn load(p: &[f32; LANES]) -> Self {
+        Portable(*p)
+    }
+    #[inline(always)]
+    unsafe fn add(self, o: Self) -> Self {
+        self.map2(o, |a, b| a + b)
+    }
+    #[inline(always)]
+    unsafe fn sub(self, o: Self) -> Self {
+        self.map2(o, |a, b| a - b)
+    }
+    #[inline(always)]
+    unsafe fn mul(self, o: Self) -> Self {
+        self.map2(o, |a, b| a * b)
+    }
+    #[inline(always)]
+    unsafe fn div(self, o: Self) -> Self {
+        self.map2(o, |a, b| a / b)
+    }
+    #[inline(always)]
+    unsafe fn sqrt(self) -> Self {
+        Portable(self.0.map(f32::sqrt))
+    }
+    #[inline(always)]
+    unsafe fn inv_guarded(self) -> Self {
+        Portable(self.0.map(inv_of))
+    }
+    #[inline(always)]
+    unsafe fn select_lt(a: Self, b: Self, x: Self, y: Self) -> Self {
+        Portable(std::array::from_fn(|l| {
+            if a.0[l] < b.0[l] {
+                x.0[l]
+            } else {
+                y.0[l]
+            }
+        }))
+    }
+    #[inline(always)]
+    unsafe fn select_gt(a: Self, b: Self, x: Self, y: Self) -> Self {
+        Portable(std::array::from_fn(|l| {
+            if a.0[l] > b.0[l] {
+                x.0[l]
+            } else {
+                y.0[l]
+            }
+        }))
+    }
+    #[inline(always)]
+    unsafe fn lookup4(self) -> (Self, Self::Idx) {
+        self.lookup_chain(&C4, &T4)
+    }
+    #[inline(always)]
+    unsafe fn lookup3(self) -> (Self, Self::Idx) {
+        self.lookup_chain(&C3, &T3)
+    }
+    #[inline(always)]
+    unsafe fn all_eq(a: &[Self], b: &[Self]) -> bool {
+        let mut same = true;
+        for (x, y) in a.iter().zip(b) {
+            for l in 0..LANES {
+                same &= x.0[l] == y.0[l];
+            }
+        }
+        same
+    }
+    #[inline(always)]
+    unsafe fn store_idx(i: Self::Idx, out: &mut [i32; LANES]) {
+        *out = i;
+    }
+    #[inline(always)]
+    unsafe fn store(self, out: &mut [f32; LANES]) {
+        *out = self.0;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// AVX2 backend (8 f32 lanes). Only constructed inside `#[target_feature(enable = "avx2")]`
+    /// functions, after run-time detection.
+    #[derive(Clone, Copy)]
+    pub(super) struct Avx2(__m256);
+
+    #[inline(always)]
+    unsafe fn nlt(v: __m256, t: __m256) -> __m256 {
+        // !(v < t), true for unordered: the "step up" predicate of the index search.
+        _mm256_cmp_ps::<_CMP_NLT_UQ>(v, t)
+    }
+
+    impl Lanes for Avx2 {
+        type Idx = __m256i;
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> Self {
+            Avx2(_mm256_set1_ps(v))
+        }
+        #[inline(always)]
+        unsafe fn load(p: &[f32; LANES]) -> Self {
+            Avx2(_mm256_loadu_ps(p.as_ptr()))
+        }
+        #[inline(always)]
+        unsafe fn add(self, o: Self) -> Self {
+            Avx2(_mm256_add_ps(self.0, o.0))
+        }
+        #[inline(always)]
+        unsafe fn sub(self, o: Self) -> Self {
+            Avx2(_mm256_sub_ps(self.0, o.0))
+        }
+        #[inline(always)]
+        unsafe fn mul(self, o: Self) -> Self {
+            Avx2(_mm256_mul_ps(self.0, o.0))
+        }
+        #[inline(always)]
+        unsafe fn div(self, o: Self) -> Self {
+            Avx2(_mm256_div_ps(self.0, o.0))
+        }
+        #[inline(always)]
+        unsafe fn sqrt(self) -> Self {
+            Avx2(_mm256_sqrt_ps(self.0))
+        }
+        #[inline(always)]
+        unsafe fn inv_guarded(self) -> Self {
+            let ok = _mm256_cmp_ps::<_CMP_GT_OQ>(self.0, _mm256_set1_ps(1e-10));
+            Avx2(_mm256_and_ps(
+                ok,
+                _mm256_div_ps(_mm256_set1_ps(1.0), self.0),
+            ))
+        }
+        #[inline(always)]
+        unsafe fn select_lt(a: Self, b: Self, x: Self, y: Self) -> Self {
+            let m = _mm256_cmp_ps::<_CMP_LT_OQ>(a.0, b.0);
+            Avx2(_mm256_blendv_ps(y.0, x.0, m))
+        }
+        #[inline(always)]
+        unsafe fn select_gt(a: Self, b: Self, x: Self, y: Self) -> Self {
+            let m = _mm256_cmp_ps::<_CMP_GT_OQ>(a.0, b.0);
+            Avx2(_mm256_blendv_ps(y.0, x.0, m))
+        }
+        #[inline(always)]
+        unsafe fn lookup4(self) -> (Self, Self::Idx) {
+            // Binary search as in `idx4`; the masks are -1/0, so `k - mask` adds the bit.
+            let v = self.0;
+            let m3 = nlt(v, _mm256_set1_ps(T4[7]));
+            let t2 = _mm256_blendv_ps(_mm256_set1_ps(T4[3]), _mm256_set1_ps(T4[11]), m3);
+            let m2 = nlt(v, t2);
+            let (b3, b2) = (_mm256_castps_si256(m3), _mm256_castps_si256(m2));
+            // k1 = 2*bit3 + bit2 selects T4[1 + 4*k1].
+            let k1 = _mm256_sub_epi32(_mm256_and_si256(b3, _mm256_set1_epi32(2)), b2);
+            let tab1 = _mm256_setr_ps(T4[1], T4[5], T4[9], T4[13], 0.0, 0.0, 0.0, 0.0);
+            let m1 = nlt(v, _mm256_permutevar8x32_ps(tab1, k1));
+            // k0 = 4*bit3 + 2*bit2 + bit1 selects T4[2*k0].
+            let k0 = _mm256_sub_epi32(_mm256_slli_epi32::<1>(k1), _mm256_castps_si256(m1));
+            let tab0 = _mm256_setr_ps(T4[0], T4[2], T4[4], T4[6], T4[8], T4[10], T4[12], T4[14]);
+            let m0 = nlt(v, _mm256_permutevar8x32_ps(tab0, k0));
+            let i = _mm256_sub_epi32(_mm256_slli_epi32::<1>(k0), _mm256_castps_si256(m0));
+            let lo = _mm256_setr_ps(C4[0], C4[1], C4[2], C4[3], C4[4], C4[5], C4[6], C4[7]);
+            let hi = _mm256_setr_ps(C4[8], C4[9], C4[10], C4[11], C4[12], C4[13], C4[14], C4[15]);
+            let c = _mm256_blendv_ps(
+                _mm256_permutevar8x32_ps(lo, i),
+                _mm256_permutevar8x32_ps(hi, i),
+                m3,
+            );
+            (Avx2(c), i)
+        }
+        #[inline(always)]
+        unsafe fn lookup3(self) -> (Self, Self::Idx) {
+            let v = self.0;
+            let m2 = nlt(v, _mm256_set1_ps(T3[3]));
+            let t1 = _mm256_blendv_ps(_mm256_set1_ps(T3[1]), _mm256_set1_ps(T3[5]), m2);
+            let m1 = nlt(v, t1);
+            // k0 = 2*bit2 + bit1 selects T3[2*k0].
+            let k0 = _mm256_sub_epi32(
+                _mm256_and_si256(_mm256_castps_si256(m2), _mm256_set1_epi32(2)),
+                _mm256_castps_si256(m1),
+            );
+            let tab0 = _mm256_setr_ps(T3[0], T3[2], T3[4], T3[6], 0.0, 0.0, 0.0, 0.0);
+            let m0 = nlt(v, _mm256_permutevar8x32_ps(tab0, k0));
+            let i = _mm256_sub_epi32(_mm256_slli_epi32::<1>(k0), _mm256_castps_si256(m0));
+            let cb = _mm256_setr_ps(C3[0], C3[1], C3[2], C3[3], C3[4], C3[5], C3[6], C3[7]);
+            (Avx2(_mm256_permutevar8x32_ps(cb, i)), i)
+        }
+        #[inline(always)]
+        unsafe fn centroid4(self) -> Self {
+            // As `lookup4`, but the centroid straight from the last level: C4[2*k0 + bit0].
+            let v = self.0;
+            let m3 = nlt(v, _mm256_set1_ps(T4[7]));
+            let t2 = _mm256_blendv_ps(_mm256_set1_ps(T4[3]), _mm256_set1_ps(T4[11]), m3);
+            let m2 = nlt(v, t2);
+            let (b3, b2) = (_mm256_castps_si256(m3), _mm256_castps_si256(m2));
+            let k1 = _mm256_sub_epi32(_mm256_and_si256(b3, _mm256_set1_epi32(2)), b2);
+            let tab1 = _mm256_setr_ps(T4[1], T4[5], T4[9], T4[13], 0.0, 0.0, 0.0, 0.0);
+            let m1 = nlt(v, _mm256_permutevar8x32_ps(tab1, k1));
+            let k0 = _mm256_sub_epi32(_mm256_slli_epi32::<1>(k1), _mm256_castps_si256(m1));
+            let tab0 = _mm256_setr_ps(T4[0], T4[2], T4[4], T4[6], T4[8], T4[10], T4[12], T4[14]);
+            let m0 = nlt(v, _mm256_permutevar8x32_ps(tab0, k0));
+            let ev = _mm256_setr_ps(C4[0], C4[2], C4[4], C4[6], C4[8], C4[10], C4[12], C4[14]);
+            let od = _mm256_setr_ps(C4[1], C4[3], C4[5], C4[7], C4[9], C4[11], C4[13], C4[15]);
+            Avx2(_mm256_blendv_ps(
+                _mm256_permutevar8x32_ps(ev, k0),
+                _mm256_permutevar8x32_ps(od, k0),
+                m0,
+            ))
+        }
+        #[inline(always)]
+        unsafe fn all_eq(a: &[Self], b: &[Self]) -> bool {
+            let mut m = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+            for (x, y) in a.iter().zip(b) {
+                m = _mm256_and_ps(m, _mm256_cmp_ps::<_CMP_EQ_OQ>(x.0, y.0));
+            }
+            _mm256_movemask_ps(m) == 0xff
+        }
+        #[inline(always)]
+        unsafe fn store_idx(i: Self::Idx, out: &mut [i32; LANES]) {
+            _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, i);
+        }
+        #[inline(always)]
+        unsafe fn store(self, out: &mut [f32; LANES]) {
+            _mm256_storeu_ps(out.as_mut_ptr(), self.0);
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn quantize_tq4(src: &[f32], out: &mut [u8]) {
+        quantize_lanes::<Avx2, true>(src, out)
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn quantize_tq3(src: &[f32], out: &mut [u8]) {
+        quantize_lanes::<Avx2, false>(src, out)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn has_avx2() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+}
+
+/// TQ4_1S quantizer, portable cross-block backend (bit-equal to [`quantize_tq4_1s_ref`]).
+pub fn quantize_tq4_1s_portable(src: &[f32], out: &mut [u8]) {
+    // SAFETY: the portable backend uses no target features.
+    unsafe { quantize_lanes::<Portable, true>(src, out) }
+}
+
+/// TQ3_1S quantizer, portable cross-block backend (bit-equal to [`quantize_tq3_1s_ref`]).
+pub fn quantize_tq3_1s_portable(src: &[f32], out: &mut [u8]) {
+    // SAFETY: as above.
+    unsafe { quantize_lanes::<Portable, false>(src, out) }
+}
+
+/// TQ4_1S quantizer, AVX2 cross-block backend; `None` when the CPU lacks AVX2 (or is not x86-64).
+pub fn quantize_tq4_1s_avx2(src: &[f32], out: &mut [u8]) -> Option<()> {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 was detected at run time.
+        unsafe { avx2::quantize_tq4(src, out) };
+        return Some(());
+    }
+    let _ = (src, out);
+    None
+}
+
+/// TQ3_1S quantizer, AVX2 cross-block backend; `None` without AVX2.
+pub fn quantize_tq3_1s_avx2(src: &[f32], out: &mut [u8]) -> Option<()> {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 was detected at run time.
+        unsafe { avx2::quantize_tq3(src, out) };
+        return Some(());
+    }
+    let _ = (src, out);
+    None
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registry entry points: the fastest bit-exact path for the CPU.
+// ---------------------------------------------------------------------------------------------
+
+/// TQ4_1S quantizer (whole blocks), bit-equal to [`quantize_tq4_1s_ref`]: the AVX2 cross-block
+/// kernel where the CPU has AVX2, else the portable one.
+pub fn quantize_tq4_1s(src: &[f32], out: &mut [u8]) {
+    if quantize_tq4_1s_avx2(src, out).is_none() {
+        quantize_tq4_1s_portable(src, out)
+    }
+}
+
+/// TQ3_1S quantizer (whole blocks), bit-equal to [`quantize_tq3_1s_ref`].
+pub fn quantize_tq3_1s(src: &[f32], out: &mut [u8]) {
+    if quantize_tq3_1s_avx2(src, out).is_none() {
+        quantize_tq3_1s_portable(src, out)
     }
 }
 
@@ -909,8 +1499,305 @@ mod tests {
         assert_eq!(d0 & 0x7fff, 0x7c00);
     }
 
+    /// A block for the cross-block equivalence tests: one of many shapes, at a per-block scale
+    /// log-uniform in 1e-30..1e30 (so some sums of squares overflow and some underflow).
+    fn mixed_block(r: &mut Rng) -> [f32; QK] {
+        let scale = 10f64.powf(-30.0 + 60.0 * r.uniform());
+        let mut x = r.block(scale);
+        match r.next() % 12 {
+            0 => {
+                // Heavy-tailed (Student-t-like: Gaussian over sqrt of a uniform).
+                for v in x.iter_mut() {
+                    *v = (r.gauss() * scale / r.uniform().sqrt()) as f32;
+                }
+            }
+            1 => x = [0.0; QK],
+            2 => {
+                // Subnormals and the smallest normals.
+                for v in x.iter_mut() {
+                    *v = (r.gauss() * 1e-39 * (r.next() % 300) as f64) as f32;
+                }
+            }
+            3 => x[(r.next() % 2) as usize * 16..][..16].fill(0.0),
+            4 => x = [(r.gauss() * scale) as f32; QK],
+            5 => {
+                // Sparse: a few large values in zeros.
+                let mut y = [0f32; QK];
+                for _ in 0..(1 + r.next() % 4) {
+                    y[(r.next() % 32) as usize] = (r.gauss() * scale) as f32;
+                }
+                x = y;
+            }
+            6 => {
+                // Per-element scales over 60 decades.
+                for v in x.iter_mut() {
+                    *v = (r.gauss() * 10f64.powf(-30.0 + 60.0 * r.uniform())) as f32;
+                }
+            }
+            7 => x = std::array::from_fn(|i| ((i as f32) - 15.5) * scale as f32),
+            8 => {
+                for v in x.iter_mut() {
+                    *v = *v * 0.0 + (-0.0f32).copysign(*v);
+                }
+            }
+            9 => x = varied_block(r),
+            10 => {
+                // Repeated values and sign flips.
+                for i in 0..QK {
+                    if r.next() % 3 == 0 {
+                        x[i] = -x[(i * 7) % QK];
+                    }
+                }
+            }
+            _ => {}
+        }
+        x
+    }
+
+    type QFn = fn(&[f32], &mut [u8]);
+
+    /// The quantizers checked against the references: (name, tq4, tq3).
+    fn fast_paths() -> Vec<(&'static str, QFn, QFn)> {
+        fn a4(s: &[f32], o: &mut [u8]) {
+            quantize_tq4_1s_avx2(s, o).unwrap()
+        }
+        fn a3(s: &[f32], o: &mut [u8]) {
+            quantize_tq3_1s_avx2(s, o).unwrap()
+        }
+        let mut v: Vec<(&'static str, QFn, QFn)> = vec![
+            ("registry", quantize_tq4_1s, quantize_tq3_1s),
+            (
+                "portable",
+                quantize_tq4_1s_portable,
+                quantize_tq3_1s_portable,
+            ),
+        ];
+        if quantize_tq4_1s_avx2(&[], &mut []).is_some() {
+            v.push(("avx2", a4, a3));
+        } else {
+            eprintln!("no AVX2 on this CPU: the AVX2 kernel is not tested");
+        }
+        v
+    }
+
+    fn assert_same_blocks(name: &str, got: &[u8], want: &[u8], bytes: usize, src: &[f32]) {
+        assert_eq!(got.len(), want.len());
+        for k in 0..want.len() / bytes {
+            let s = k * bytes..(k + 1) * bytes;
+            assert_eq!(
+                got[s.clone()],
+                want[s],
+                "{name}: block {k}, input {:?}",
+                &src[k * QK..(k + 1) * QK]
+            );
+        }
+    }
+
+    /// Every fast quantizer equals the reference on 200 000 mixed blocks per type (25 000 groups
+    /// of 8 with unrelated blocks side by side, so lanes converge at different rounds).
+    #[test]
+    fn lanes_match_ref_mixed_blocks() {
+        let mut r = Rng(21);
+        let nb = 200_000;
+        let mut src = Vec::with_capacity(nb * QK);
+        for _ in 0..nb {
+            src.extend_from_slice(&mixed_block(&mut r));
+        }
+        let mut want4 = vec![0u8; nb * TQ4_BYTES];
+        quantize_tq4_1s_ref(&src, &mut want4);
+        let mut want3 = vec![0u8; nb * TQ3_BYTES];
+        quantize_tq3_1s_ref(&src, &mut want3);
+        for (name, f4, f3) in fast_paths() {
+            let mut got = vec![0u8; nb * TQ4_BYTES];
+            f4(&src, &mut got);
+            assert_same_blocks(name, &got, &want4, TQ4_BYTES, &src);
+            let mut got = vec![0u8; nb * TQ3_BYTES];
+            f3(&src, &mut got);
+            assert_same_blocks(name, &got, &want3, TQ3_BYTES, &src);
+        }
+        let mut got = vec![0u8; nb * TQ4_BYTES];
+        quantize_tq4_1s_scalar(&src, &mut got);
+        assert_same_blocks("scalar", &got, &want4, TQ4_BYTES, &src);
+    }
+
+    /// Blocks with non-finite values (inf, -inf, NaN, f32::MAX): bytes equal the reference's,
+    /// up to the sign and payload of NaN scales.
+    #[test]
+    fn lanes_match_ref_non_finite() {
+        let mut r = Rng(22);
+        let specials = [
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MAX,
+            f32::MIN,
+        ];
+        let nb = 4000;
+        let mut src = Vec::with_capacity(nb * QK);
+        for _ in 0..nb {
+            let mut x = mixed_block(&mut r);
+            for _ in 0..(1 + r.next() % 3) {
+                x[(r.next() % 32) as usize] = specials[(r.next() % 5) as usize];
+            }
+            src.extend_from_slice(&x);
+        }
+        let mut want4 = vec![0u8; nb * TQ4_BYTES];
+        quantize_tq4_1s_ref(&src, &mut want4);
+        let mut want3 = vec![0u8; nb * TQ3_BYTES];
+        quantize_tq3_1s_ref(&src, &mut want3);
+        // A NaN scale's sign and payload are not defined by the reference (LLVM may rewrite
+        // `x * -1.0` as a negation in one path and not in another; x86 makes the default NaN
+        // negative): canonicalize NaN f16 scales, compare everything else exactly.
+        let canon = |v: &mut [u8], bytes: usize| {
+            let mut nan = 0;
+            for b in v.chunks_exact_mut(bytes) {
+                for h in 0..2 {
+                    let s = u16::from_le_bytes([b[2 * h], b[2 * h + 1]]);
+                    if s & 0x7c00 == 0x7c00 && s & 0x03ff != 0 {
+                        b[2 * h..2 * h + 2].copy_from_slice(&0x7e00u16.to_le_bytes());
+                        nan += 1;
+                    }
+                }
+            }
+            nan
+        };
+        assert!(canon(&mut want4, TQ4_BYTES) > 100);
+        assert!(canon(&mut want3, TQ3_BYTES) > 100);
+        for (name, f4, f3) in fast_paths() {
+            let mut got = vec![0u8; nb * TQ4_BYTES];
+            f4(&src, &mut got);
+            canon(&mut got, TQ4_BYTES);
+            assert_same_blocks(name, &got, &want4, TQ4_BYTES, &src);
+            let mut got = vec![0u8; nb * TQ3_BYTES];
+            f3(&src, &mut got);
+            canon(&mut got, TQ3_BYTES);
+            assert_same_blocks(name, &got, &want3, TQ3_BYTES, &src);
+        }
+    }
+
+    /// Rows of 1..=25 blocks (partial last groups), and outputs shorter than the input: the
+    /// block count is `min(src / 32, out / bytes)` and nothing past it is written.
+    #[test]
+    fn lanes_tails_and_short_outputs() {
+        let mut r = Rng(23);
+        for nb in 1..=25usize {
+            let src: Vec<f32> = (0..nb).flat_map(|_| mixed_block(&mut r)).collect();
+            for (bytes, reff) in [
+                (TQ4_BYTES, quantize_tq4_1s_ref as QFn),
+                (TQ3_BYTES, quantize_tq3_1s_ref),
+            ] {
+                let mut want = vec![0u8; nb * bytes];
+                reff(&src, &mut want);
+                for (name, f4, f3) in fast_paths() {
+                    let f = if bytes == TQ4_BYTES { f4 } else { f3 };
+                    // Exact size, with 7 extra input values (not a whole block).
+                    let mut src7 = src.clone();
+                    src7.extend([1.0; 7]);
+                    let mut got = vec![0xAAu8; nb * bytes];
+                    f(&src7, &mut got);
+                    assert_eq!(got, want, "{name}: {nb} blocks");
+                    // Output room for fewer blocks (plus a partial block of slack).
+                    let keep = nb / 2;
+                    let mut got = vec![0xAAu8; keep * bytes + bytes - 1];
+                    f(&src, &mut got);
+                    assert_eq!(
+                        got[..keep * bytes],
+                        want[..keep * bytes],
+                        "{name}: {nb}/{keep}"
+                    );
+                    assert!(got[keep * bytes..].iter().all(|&b| b == 0xAA), "{name}");
+                    // Output room for more blocks than the input has.
+                    let mut got = vec![0xAAu8; (nb + 3) * bytes];
+                    f(&src, &mut got);
+                    assert_eq!(got[..nb * bytes], want[..], "{name}: {nb} + 3");
+                    assert!(got[nb * bytes..].iter().all(|&b| b == 0xAA), "{name}");
+                }
+            }
+        }
+    }
+
+    /// The lane-wise index search equals `tq_index` around every threshold and on specials.
+    #[test]
+    fn lane_lookup_equals_linear_scan() {
+        let mut vals = vec![
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            f32::MIN,
+            0.0,
+            -0.0,
+            f32::from_bits(1),
+            -f32::from_bits(1),
+        ];
+        for &t in T4.iter().chain(T3.iter()) {
+            vals.extend([t, next_up(t), next_down(t), -t]);
+        }
+        let mut r = Rng(24);
+        vals.extend((0..4000).map(|_| (r.gauss() * 1.5) as f32));
+        while vals.len() % LANES != 0 {
+            vals.push(0.5);
+        }
+        for ch in vals.chunks_exact(LANES) {
+            let v: [f32; LANES] = ch.try_into().unwrap();
+            let check = |c4: [f32; LANES], i4: [i32; LANES], c3: [f32; LANES], i3: [i32; LANES]| {
+                for l in 0..LANES {
+                    let (k4, k3) = (tq_index(v[l], &T4), tq_index(v[l], &T3));
+                    assert_eq!(i4[l] as usize, k4, "v = {:e}", v[l]);
+                    assert_eq!(c4[l], C4[k4], "v = {:e}", v[l]);
+                    assert_eq!(i3[l] as usize, k3, "v = {:e}", v[l]);
+                    assert_eq!(c3[l], C3[k3], "v = {:e}", v[l]);
+                }
+            };
+            unsafe {
+                let p = Portable(v);
+                let ((c4, i4), (c3, i3)) = (p.lookup4(), p.lookup3());
+                check(c4.0, i4, c3.0, i3);
+            }
+            #[cfg(target_arch = "x86_64")]
+            if has_avx2() {
+                #[target_feature(enable = "avx2")]
+                unsafe fn run(
+                    v: &[f32; LANES],
+                ) -> ([f32; LANES], [i32; LANES], [f32; LANES], [i32; LANES]) {
+                    let a = avx2::Avx2::load(v);
+                    let ((c4, i4), (c3, i3)) = (a.lookup4(), a.lookup3());
+                    let mut o = ([0f32; LANES], [0i32; LANES], [0f32; LANES], [0i32; LANES]);
+                    c4.store(&mut o.0);
+                    avx2::Avx2::store_idx(i4, &mut o.1);
+                    c3.store(&mut o.2);
+                    avx2::Avx2::store_idx(i3, &mut o.3);
+                    o
+                }
+                let (c4, i4, c3, i3) = unsafe { run(&v) };
+                check(c4, i4, c3, i3);
+            }
+        }
+    }
+
+    #[test]
+    fn fast_tq3_dequant_matches_ref_on_random_bytes() {
+        let mut r = Rng(25);
+        let n = 20_000;
+        let mut bytes = vec![0u8; n * TQ3_BYTES];
+        for b in bytes.iter_mut() {
+            *b = r.next() as u8;
+        }
+        let (mut da, mut db) = (vec![0f32; n * QK], vec![0f32; n * QK]);
+        dequantize_tq3_1s(&bytes, &mut da);
+        dequantize_tq3_1s_ref(&bytes, &mut db);
+        for (j, (x, y)) in da.iter().zip(&db).enumerate() {
+            assert!(
+                x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                "value {j}"
+            );
+        }
+    }
+
     /// Ad-hoc throughput, best of 5 runs (run:
-    /// `cargo test --release --lib types::tq::tests::throughput -- --ignored --nocapture`).
+    /// `cargo test --release --lib types::tq::tests::throughput -- --ignored --nocapture`;
+    /// `cargo bench --bench tq` is the fuller benchmark).
     #[test]
     #[ignore]
     fn throughput() {
@@ -935,13 +1822,17 @@ mod tests {
         let s = best(&mut || quantize_tq4_1s(&src, &mut q));
         eprintln!("tq4_1s quantize fast:   {:.1} M elements/s", n / s / 1e6);
         let mut q3b = vec![0u8; nb * TQ3_BYTES];
-        let s = best(&mut || quantize_tq3_1s(&src, &mut q3b));
+        let s = best(&mut || quantize_tq3_1s_ref(&src, &mut q3b));
         eprintln!("tq3_1s quantize ref:    {:.1} M elements/s", n / s / 1e6);
+        let s = best(&mut || quantize_tq3_1s(&src, &mut q3b));
+        eprintln!("tq3_1s quantize fast:   {:.1} M elements/s", n / s / 1e6);
         let s = best(&mut || dequantize_tq4_1s_ref(&q, &mut o));
         eprintln!("tq4_1s dequantize ref:  {:.1} M elements/s", n / s / 1e6);
         let s = best(&mut || dequantize_tq4_1s(&q, &mut o));
         eprintln!("tq4_1s dequantize fast: {:.1} M elements/s", n / s / 1e6);
-        let s = best(&mut || dequantize_tq3_1s(&q3b, &mut o));
+        let s = best(&mut || dequantize_tq3_1s_ref(&q3b, &mut o));
         eprintln!("tq3_1s dequantize ref:  {:.1} M elements/s", n / s / 1e6);
+        let s = best(&mut || dequantize_tq3_1s(&q3b, &mut o));
+        eprintln!("tq3_1s dequantize fast: {:.1} M elements/s", n / s / 1e6);
     }
 }

@@ -133,7 +133,7 @@ pub fn open_backend(kind: BackendKind) -> Result<Box<dyn Backend>> {
             #[cfg(not(feature = "wgpu"))]
             {
                 Err(Error::Unsupported(
-                    "wgpu: not built in (rebuild with `--features wgpu`)".into(),
+                    "wgpu: not built in; rebuild with `--features wgpu`".into(),
                 ))
             }
         }
@@ -145,7 +145,7 @@ pub fn open_backend(kind: BackendKind) -> Result<Box<dyn Backend>> {
             #[cfg(not(feature = "cuda"))]
             {
                 Err(Error::Unsupported(
-                    "cuda: not built in (rebuild with `--features cuda`)".into(),
+                    "cuda: not built in; rebuild with `--features cuda`".into(),
                 ))
             }
         }
@@ -157,7 +157,7 @@ pub fn open_backend(kind: BackendKind) -> Result<Box<dyn Backend>> {
             #[cfg(not(all(feature = "metal", target_os = "macos")))]
             {
                 Err(Error::Unsupported(if cfg!(target_os = "macos") {
-                    "metal: not built in (rebuild with `--features metal`)".into()
+                    "metal: not built in; rebuild with `--features metal`".into()
                 } else {
                     "metal: macOS only".into()
                 }))

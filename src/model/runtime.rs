@@ -18,7 +18,7 @@ pub enum Numerics {
     /// Exact f32 activations against the dequantized weights.
     F32,
     /// Reproduce ggml's CPU backend: activations rounded to each weight type's `vec_dot_type`
-    /// (f16, Q8_0, Q8_K), K/V cache and queries in f16. The default: it makes perplexity and KL
+    /// (f16, Q8_0, Q8_K) and the K/V cache in f16. The default: it makes perplexity and KL
     /// divergence comparable with llama.cpp's.
     Ggml,
 }
@@ -190,8 +190,8 @@ impl<'a> Model<'a> {
                     rope.apply(kh, pos);
                 }
                 if ggml {
-                    // f16 K/V cache; queries converted to f16 for the K·Q dot (flash attention).
-                    ActRound::F16.apply(q);
+                    // f16 K/V cache. (ggml's tiled flash attention, used for batches, keeps the
+                    // queries in f32 and widens K/V to f32, so nothing else is rounded.)
                     ActRound::F16.apply(k);
                     ActRound::F16.apply(v);
                 }

@@ -227,23 +227,22 @@ fn put_f16(b: &mut [u8], i: usize, v: f32) -> f32 {
 /// `(scale, the_min)` with the levels in `l`; `the_min` is `-min` (>= 0).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn make_qkx2_quants(
+fn make_qkx2_quants<const N: usize>(
     nmax: i32,
-    x: &[f32],
-    weights: &[f32],
-    l_out: &mut [u8],
-    laux: &mut [u8],
+    x: &[f32; N],
+    weights: &[f32; N],
+    l_out: &mut [u8; N],
+    laux: &mut [u8; N],
     rmin: f32,
     rdelta: f32,
     nstep: i32,
     use_mad: bool,
 ) -> (f32, f32) {
-    let n = x.len();
     let mut min = x[0];
     let mut max = x[0];
     let mut sum_w = weights[0];
     let mut sum_x = sum_w * x[0];
-    for i in 1..n {
+    for i in 1..N {
         if x[i] < min {
             min = x[i];
         }
@@ -258,16 +257,23 @@ fn make_qkx2_quants(
         min = 0.0;
     }
     if max == min {
-        l_out[..n].fill(0);
+        l_out.fill(0);
         return (0.0, -min);
     }
     let nmax_f = nmax as f32;
     let mut iscale = nmax_f / (max - min);
     let mut scale = 1.0 / iscale;
     let mut best_error = 0.0f32;
-    for i in 0..n {
-        let l = nearest_int(iscale * (x[i] - min));
-        l_out[i] = l.clamp(0, nmax) as u8;
+    // Each pass first computes all levels (independent per value, so it vectorizes), then runs the
+    // f32 accumulations strictly in index order as the C loop does.
+    let mut xm = [0f32; N];
+    for i in 0..N {
+        xm[i] = x[i] - min;
+    }
+    for i in 0..N {
+        l_out[i] = nearest_int(iscale * xm[i]).clamp(0, nmax) as u8;
+    }
+    for i in 0..N {
         let mut diff = scale * l_out[i] as f32 + min - x[i];
         diff = if use_mad { diff.abs() } else { diff * diff };
         best_error += weights[i] * diff;
@@ -277,12 +283,13 @@ fn make_qkx2_quants(
     }
     for is in 0..=nstep {
         iscale = (rmin + rdelta * is as f32 + nmax_f) / (max - min);
+        for i in 0..N {
+            laux[i] = nearest_int(iscale * xm[i]).clamp(0, nmax) as u8;
+        }
         let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
-        for i in 0..n {
-            let l = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
-            laux[i] = l as u8;
+        for i in 0..N {
             let w = weights[i];
-            let lf = l as f32;
+            let lf = laux[i] as f32;
             sum_l += w * lf;
             sum_l2 += w * lf * lf;
             sum_xl += w * lf * x[i];
@@ -295,17 +302,24 @@ fn make_qkx2_quants(
                 this_min = 0.0;
                 this_scale = sum_xl / sum_l2;
             }
+            let mut diffs = [0f32; N];
+            for i in 0..N {
+                let diff = this_scale * laux[i] as f32 + this_min - x[i];
+                diffs[i] = weights[i] * if use_mad { diff.abs() } else { diff * diff };
+            }
             let mut cur_error = 0.0f32;
-            for i in 0..n {
-                let mut diff = this_scale * laux[i] as f32 + this_min - x[i];
-                diff = if use_mad { diff.abs() } else { diff * diff };
-                cur_error += weights[i] * diff;
+            for v in diffs {
+                cur_error += v;
             }
             if cur_error < best_error {
-                l_out[..n].copy_from_slice(&laux[..n]);
+                *l_out = *laux;
                 best_error = cur_error;
                 scale = this_scale;
+                // Later trials use the new min, in `x - min` and in `max - min` (as in C).
                 min = this_min;
+                for i in 0..N {
+                    xm[i] = x[i] - min;
+                }
             }
         }
     }
@@ -317,8 +331,7 @@ fn make_qkx2_quants(
 /// `l_out`, the sign of the scale chosen so the largest |x| maps to `-nmax`, then 18 trial
 /// inverse scales `-(nmax + 0.1 * is) / max` scored by `sumlx^2 / suml2`.
 #[inline(always)]
-fn make_qx_quants_rmse1(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
-    let n = x.len();
+fn make_qx_quants_rmse1<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mut [i8; N]) -> f32 {
     let mut max = 0.0f32;
     let mut amax = 0.0f32;
     for &v in x {
@@ -329,20 +342,29 @@ fn make_qx_quants_rmse1(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
         }
     }
     if amax < GROUP_MAX_EPS {
-        l_out[..n].fill(0);
+        l_out.fill(0);
         return 0.0;
+    }
+    // w = x^2 and w * x, as the C code forms them before multiplying by the level.
+    let mut w = [0f32; N];
+    let mut wx = [0f32; N];
+    for i in 0..N {
+        w[i] = x[i] * x[i];
+        wx[i] = w[i] * x[i];
     }
     let nmax_f = nmax as f32;
     let mut iscale = -nmax_f / max;
+    let mut l = [0i32; N];
+    for i in 0..N {
+        l[i] = nearest_int(iscale * x[i]).clamp(-nmax, nmax - 1);
+        l_out[i] = (l[i] + nmax) as i8;
+    }
     let mut sumlx = 0.0f32;
     let mut suml2 = 0.0f32;
-    for i in 0..n {
-        let l = nearest_int(iscale * x[i]).clamp(-nmax, nmax - 1);
-        l_out[i] = (l + nmax) as i8;
-        let w = x[i] * x[i];
-        let lf = l as f32;
-        sumlx += w * x[i] * lf;
-        suml2 += w * lf * lf;
+    for i in 0..N {
+        let lf = l[i] as f32;
+        sumlx += wx[i] * lf;
+        suml2 += w[i] * lf * lf;
     }
     let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
     let mut best = scale * sumlx;
@@ -351,19 +373,19 @@ fn make_qx_quants_rmse1(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
             continue;
         }
         iscale = -(nmax_f + 0.1f32 * is as f32) / max;
+        for i in 0..N {
+            l[i] = nearest_int(iscale * x[i]).clamp(-nmax, nmax - 1);
+        }
         sumlx = 0.0;
         suml2 = 0.0;
-        for i in 0..n {
-            let l = nearest_int(iscale * x[i]).clamp(-nmax, nmax - 1);
-            let w = x[i] * x[i];
-            let lf = l as f32;
-            sumlx += w * x[i] * lf;
-            suml2 += w * lf * lf;
+        for i in 0..N {
+            let lf = l[i] as f32;
+            sumlx += wx[i] * lf;
+            suml2 += w[i] * lf * lf;
         }
         if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
-            for i in 0..n {
-                let l = nearest_int(iscale * x[i]).clamp(-nmax, nmax - 1);
-                l_out[i] = (nmax + l) as i8;
+            for i in 0..N {
+                l_out[i] = (nmax + l[i]) as i8;
             }
             scale = sumlx / suml2;
             best = scale * sumlx;
@@ -465,11 +487,11 @@ pub fn quantize_q2_k(src: &[f32], out: &mut [u8]) {
             for (w, v) in weights.iter_mut().zip(xs) {
                 *w = v.abs();
             }
-            let (s, m) = make_qkx2_quants(
+            let (s, m) = make_qkx2_quants::<16>(
                 3,
-                xs,
+                xs.try_into().unwrap(),
                 &weights,
-                &mut l[16 * j..16 * j + 16],
+                (&mut l[16 * j..16 * j + 16]).try_into().unwrap(),
                 &mut laux,
                 -0.5,
                 0.1,
@@ -618,11 +640,11 @@ fn q45_k_levels(x: &[f32], y: &mut [u8], nmax: i32, rmin: f32, nstep: i32, l: &m
         for (w, v) in weights.iter_mut().zip(xs) {
             *w = av_x + v.abs();
         }
-        let (s, m) = make_qkx2_quants(
+        let (s, m) = make_qkx2_quants::<32>(
             nmax,
-            xs,
+            xs.try_into().unwrap(),
             &weights,
-            &mut l[32 * j..32 * j + 32],
+            (&mut l[32 * j..32 * j + 32]).try_into().unwrap(),
             &mut laux,
             rmin,
             0.1,
@@ -714,8 +736,11 @@ pub fn quantize_q6_k(src: &[f32], out: &mut [u8]) {
         let mut max_scale = 0.0f32;
         let mut max_abs_scale = 0.0f32;
         for ib in 0..QK_K / 16 {
-            let scale =
-                make_qx_quants_rmse1(32, &x[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16]);
+            let scale = make_qx_quants_rmse1::<16>(
+                32,
+                x[16 * ib..16 * ib + 16].try_into().unwrap(),
+                (&mut l[16 * ib..16 * ib + 16]).try_into().unwrap(),
+            );
             scales[ib] = scale;
             let abs_scale = scale.abs();
             if abs_scale > max_abs_scale {

@@ -1,0 +1,578 @@
+//! k-quant quantizers (Q2_K..Q6_K) against llama.cpp's own `llama-quantize` (no imatrix, so
+//! ggml's `quantize_row_q*_K_ref`), byte for byte.
+//!
+//! * `synthetic_matches_recorded_llama_hashes`: deterministic synthetic F32 tensors (Gaussian,
+//!   heavy-tailed, dynamic-range sweeps and edge rows: zeros, constants, 1e-30, subnormals, f16
+//!   overflow of the super-scale, ...) quantized with our kernels must hash (blake3 of the tensor
+//!   data) to what llama-quantize produced, recorded in `fixtures/kquants_expected.json` by
+//!   `scripts/dev/kquants_llama_oracle.sh`. Runs everywhere, no llama.cpp needed.
+//! * `synthetic_matches_llama_quantize_live`: when `$TQ_CACHE/llama.cpp/build/bin/llama-quantize`
+//!   exists (`scripts/build-llama.sh`), writes the synthetic F32 GGUF, runs
+//!   `llama-quantize --pure` for every k-type and compares all bytes, reporting the first
+//!   differing block. With `TQ_KQ_RECORD=1` it (re)writes the recorded hashes from llama's output.
+//! * `smollm2_ffn_down_matches_llama`: real weights — SmolLM2's Q4_1 `ffn_down` tensors (rows of
+//!   1536 = 6 super-blocks) dequantized to f32 and quantized to every k-type must hash to the
+//!   recorded llama-quantize output (and match it live when llama-quantize is present).
+
+#[path = "../fixtures/mod.rs"]
+mod fixtures;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use fixtures::gguf_gen::{build_with_data, gaussian, pseudo_bytes};
+use serde_json::{json, Value as Json};
+use tq::gguf::{GString, GgufFile, Value};
+use tq::types::{self, TensorType};
+
+/// (type, llama-quantize ftype name whose default type it is).
+const KTYPES: [(&str, &str); 5] = [
+    ("q2_K", "Q2_K"),
+    ("q3_K", "Q3_K"),
+    ("q4_K", "Q4_K"),
+    ("q5_K", "Q5_K"),
+    ("q6_K", "Q6_K"),
+];
+
+const EXPECTED: &str = "fixtures/kquants_expected.json";
+
+struct Tensor {
+    name: String,
+    /// ggml order: [row length, rows].
+    dims: [u64; 2],
+    data: Vec<f32>,
+}
+
+fn uniform(seed: u64, n: usize) -> Vec<f32> {
+    pseudo_bytes(seed, 4 * n)
+        .chunks_exact(4)
+        .map(|c| {
+            (u32::from_le_bytes([c[0], c[1], c[2], c[3]]) >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// 32 edge rows of 256 values each.
+fn edge_rows() -> Vec<f32> {
+    let g = |seed: u64| gaussian(seed, 256, 1.0);
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    rows.push(vec![0.0; 256]); // zeros
+    rows.push(vec![0.5; 256]); // positive constant
+    rows.push(vec![-0.75; 256]); // negative constant
+    rows.push(g(301).iter().map(|v| v * 1e-30).collect()); // below GROUP_MAX_EPS
+    rows.push(g(302).iter().map(|v| v * 1e-38).collect()); // f32 subnormals
+    rows.push(g(303).iter().map(|v| v.abs() + 0.1).collect()); // all positive (min > 0)
+    rows.push(g(304).iter().map(|v| -v.abs() - 0.1).collect()); // all negative
+    let mut spike = vec![0.0; 256];
+    spike[37] = 3.0;
+    rows.push(spike); // one spike in zeros
+    rows.push((0..256).map(|i| (i % 16) as f32 - 8.0).collect()); // integer grid (ties)
+    rows.push((0..256).map(|i| (i * 7 % 4) as f32).collect()); // exact 2-bit grid
+    rows.push(
+        (0..256)
+            .map(|i| if i % 2 == 0 { 1.0 } else { -1.0 })
+            .collect(),
+    );
+    rows.push(
+        g(305)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| if i < 128 { 0.0 } else { *v })
+            .collect(),
+    ); // half zero
+    rows.push((0..256).map(|i| (i % 64) as f32 * 0.5 - 16.0).collect()); // half-integer ties
+    rows.push(g(306).iter().map(|v| v * 1e4).collect());
+    rows.push(g(307).iter().map(|v| v * 6e4).collect());
+    rows.push(g(308).iter().map(|v| v * 1e5).collect()); // near the largest finite Q2_K d
+    rows.push(g(309).iter().map(|v| v * 2e4 + 3e4).collect()); // large, all positive
+    rows.push((0..256).map(|i| (i % 31) as f32 / 31.0).collect()); // ramp
+    rows.push(
+        g(311)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| if i % 32 == 5 { 1e3 } else { v * 1e-3 })
+            .collect(),
+    ); // one outlier per sub-block
+    rows.push(
+        g(312)
+            .iter()
+            .zip(pseudo_bytes(313, 256))
+            .map(|(v, b)| if b < 230 { 0.0 } else { *v })
+            .collect(),
+    ); // sparse
+    rows.push(g(314).iter().map(|v| v + 5.0).collect());
+    rows.push(g(315).iter().map(|v| v - 5.0).collect());
+    rows.push(
+        g(316)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| if (i / 16) % 2 == 0 { *v } else { v * 1e-6 })
+            .collect(),
+    ); // 16-groups alternating scale
+    rows.push(
+        g(317)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * (1u32 << (i / 32)) as f32)
+            .collect(),
+    ); // 32-groups growing scale
+    rows.push(
+        g(318)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| if (i / 16) % 2 == 1 { 0.0 } else { *v })
+            .collect(),
+    ); // every other group zero
+    rows.push(g(319).iter().map(|v| v * 1e-15).collect()); // straddles GROUP_MAX_EPS
+    rows.push(vec![-0.0; 256]); // negative zeros
+    rows.push(
+        (0..256)
+            .map(|i| f32::from_bits(1 + i as u32 * 977) * if i % 3 == 0 { -1.0 } else { 1.0 })
+            .collect(),
+    ); // tiny subnormal bit patterns
+    rows.push((0..256).map(|i| ((i / 16) as f32 - 7.5) * 0.3).collect()); // constant per group
+    rows.push(g(320).iter().map(|v| v * 0.02 + 0.001).collect());
+    rows.push(
+        g(321)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| if i % 16 == 0 { -4.0 } else { v * 0.5 })
+            .collect(),
+    ); // negative extreme per group
+    rows.push(
+        g(322)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| if i % 16 == 0 { 4.0 } else { v * 0.5 })
+            .collect(),
+    ); // positive extreme per group
+    assert_eq!(rows.len(), 32);
+    rows.concat()
+}
+
+/// Rows whose f16 super-scales overflow (inf) or whose intermediate sums overflow f32 (inf/NaN
+/// inside the search). llama-quantize refuses to write such blocks (its output validation rejects
+/// non-finite d/dmin), so these are checked against ggml's `quantize_row_q*_K_ref` called
+/// directly (see `extreme_rows_match_recorded_ggml_ref`).
+fn extreme_rows() -> Vec<f32> {
+    let g = |seed: u64| gaussian(seed, 256, 1.0);
+    [
+        g(308).iter().map(|v| v * 1e6).collect::<Vec<f32>>(), // Q2_K d overflows f16
+        g(309).iter().map(|v| v * 1e8).collect(),             // every d overflows but Q6_K's
+        g(310).iter().map(|v| v * 1e15).collect(),
+        g(401).iter().map(|v| v * 1e20).collect(), // x*x overflows
+        g(402).iter().map(|v| v * 3e37).collect(), // x - min overflows
+        g(403)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| if i == 100 { 3e38 } else { *v })
+            .collect(),
+        (0..256)
+            .map(|i| if i % 2 == 0 { 3.4e38 } else { -3.4e38 })
+            .collect(),
+        g(404)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| if i % 16 == 3 { -2e6 } else { *v })
+            .collect(), // Q2_K dmin overflows f16
+    ]
+    .concat()
+}
+
+/// The deterministic synthetic tensors (all 2-D, rows a multiple of 256).
+fn synthetic() -> Vec<Tensor> {
+    let mut ts = Vec::new();
+    let mut add = |name: &str, cols: u64, rows: u64, data: Vec<f32>| {
+        assert_eq!(data.len() as u64, cols * rows, "{name}");
+        ts.push(Tensor {
+            name: name.to_string(),
+            dims: [cols, rows],
+            data,
+        });
+    };
+    add(
+        "blk.0.attn_q.weight",
+        256,
+        96,
+        gaussian(101, 256 * 96, 0.02),
+    );
+    let ranged: Vec<f32> = gaussian(102, 512 * 64, 1.0)
+        .chunks(512)
+        .enumerate()
+        .flat_map(|(r, row)| {
+            let s = (2.0f32).powi((r as i32 * 7) % 33 - 24) * (1.0 + r as f32 / 64.0);
+            row.iter().map(move |v| v * s).collect::<Vec<_>>()
+        })
+        .collect();
+    add("blk.0.ffn_up.weight", 512, 64, ranged);
+    let g1 = gaussian(103, 768 * 48, 1.0);
+    let g2 = gaussian(104, 768 * 48, 1.0);
+    let heavy: Vec<f32> = g1
+        .iter()
+        .zip(&g2)
+        .enumerate()
+        .map(|(i, (a, b))| a * (0.75 * b).exp() * if i % 97 == 0 { 30.0 } else { 1.0 } * 0.05)
+        .collect();
+    add("blk.0.ffn_down.weight", 768, 48, heavy);
+    add("blk.0.attn_output.weight", 256, 32, edge_rows());
+    add("blk.1.ffn_gate.weight", 1024, 24, uniform(105, 1024 * 24));
+    ts
+}
+
+fn llama_metadata(n_layers: u32, n_embd: u32, n_head: u32) -> Vec<(String, Value)> {
+    let s = |x: &str| Value::String(GString::from(x));
+    vec![
+        ("general.architecture".into(), s("llama")),
+        ("general.name".into(), s("tq k-quant oracle")),
+        ("llama.context_length".into(), Value::U32(256)),
+        ("llama.embedding_length".into(), Value::U32(n_embd)),
+        ("llama.block_count".into(), Value::U32(n_layers)),
+        ("llama.feed_forward_length".into(), Value::U32(4 * n_embd)),
+        ("llama.attention.head_count".into(), Value::U32(n_head)),
+        ("llama.attention.head_count_kv".into(), Value::U32(n_head)),
+        (
+            "llama.attention.layer_norm_rms_epsilon".into(),
+            Value::F32(1e-5),
+        ),
+        ("general.file_type".into(), Value::U32(0)),
+    ]
+}
+
+fn write_f32_gguf(path: &Path, md: Vec<(String, Value)>, ts: &[Tensor]) {
+    let data = ts
+        .iter()
+        .map(|t| {
+            let b: Vec<u8> = t.data.iter().flat_map(|v| v.to_le_bytes()).collect();
+            (t.name.clone(), t.dims.to_vec(), 0u32, b)
+        })
+        .collect();
+    let fx = build_with_data(3, None, md, data);
+    std::fs::write(path, fx.bytes).expect("write f32 gguf");
+}
+
+fn ktype(name: &str) -> TensorType {
+    TensorType::from_name(name).unwrap()
+}
+
+fn ours(ty: TensorType, t: &Tensor) -> Vec<u8> {
+    let mut out = vec![0u8; ty.bytes_for(t.data.len() as u64).unwrap() as usize];
+    types::quantize(ty, &t.data, &mut out, &t.name).expect("quantize");
+    out
+}
+
+fn hash(b: &[u8]) -> String {
+    blake3::hash(b).to_hex().to_string()
+}
+
+fn expected() -> Json {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(EXPECTED);
+    let s = std::fs::read_to_string(&p).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run scripts/dev/kquants_llama_oracle.sh)",
+            p.display()
+        )
+    });
+    serde_json::from_str(&s).expect("kquants_expected.json")
+}
+
+/// Merge `section` into the expected-hash file (record mode only).
+fn record(key: &str, section: Json) {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(EXPECTED);
+    let mut j: Json = std::fs::read_to_string(&p)
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or_else(|| json!({}));
+    j["about"] = json!(
+        "Facts from llama.cpp (the copy vendored in the PyPI sdist llama-cpp-python==0.3.36, built by scripts/build-llama.sh): blake3 of each tensor's data bytes. 'synthetic' and 'smollm2_ffn_down': as written by llama-quantize --pure <in.gguf> <out.gguf> <TYPE> (no imatrix) from F32 input. 'ggml_ref_extreme': ggml's quantize_row_q*_K_ref called directly (llama-quantize rejects blocks with non-finite f16 scales). Recorded by scripts/dev/kquants_llama_oracle.sh; checked by tests/kquants_llama.rs."
+    );
+    j[key] = section;
+    std::fs::write(&p, serde_json::to_string_pretty(&j).unwrap() + "\n").expect("write expected");
+    eprintln!("recorded {key} into {}", p.display());
+}
+
+fn recording() -> bool {
+    std::env::var("TQ_KQ_RECORD")
+        .map(|v| v == "1")
+        .unwrap_or(false)
+}
+
+fn llama_quantize() -> Option<PathBuf> {
+    let p = fixtures::cache_dir().join("llama.cpp/build/bin/llama-quantize");
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!(
+            "SKIP live comparison: {} not built (scripts/build-llama.sh)",
+            p.display()
+        );
+        None
+    }
+}
+
+/// Run llama-quantize and return (tensor name → data bytes) of its output.
+fn run_llama(
+    bin: &Path,
+    inp: &Path,
+    out: &Path,
+    ftype: &str,
+) -> BTreeMap<String, (TensorType, Vec<u8>)> {
+    let o = Command::new(bin)
+        .arg("--pure")
+        .arg(inp)
+        .arg(out)
+        .arg(ftype)
+        .arg("2")
+        .output()
+        .expect("run llama-quantize");
+    assert!(
+        o.status.success(),
+        "llama-quantize {ftype} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let f = GgufFile::open(out).expect("open llama-quantize output");
+    f.tensors
+        .iter()
+        .map(|t| (t.name.clone(), (t.ty, f.tensor_data(t).to_vec())))
+        .collect()
+}
+
+/// Describe the first differing block of `a` (ours) vs `b` (llama.cpp); `None` when equal.
+fn first_diff(ty: TensorType, t: &Tensor, a: &[u8], b: &[u8]) -> Option<String> {
+    if a == b {
+        return None;
+    }
+    if a.len() != b.len() {
+        return Some(format!("{}: size {} vs llama {}", t.name, a.len(), b.len()));
+    }
+    let bb = ty.block_bytes();
+    let nblocks = a.len() / bb;
+    let bad: Vec<usize> = (0..nblocks)
+        .filter(|&k| a[k * bb..(k + 1) * bb] != b[k * bb..(k + 1) * bb])
+        .collect();
+    let k = bad[0];
+    let blocks_per_row = t.dims[0] as usize / 256;
+    let (ba, bl) = (&a[k * bb..(k + 1) * bb], &b[k * bb..(k + 1) * bb]);
+    let bytes: Vec<usize> = (0..bb).filter(|&i| ba[i] != bl[i]).collect();
+    let mut da = vec![0f32; 256];
+    let mut dl = vec![0f32; 256];
+    types::dequantize(ty, ba, &mut da, "ours").unwrap();
+    types::dequantize(ty, bl, &mut dl, "llama").unwrap();
+    let x = &t.data[k * 256..k * 256 + 256];
+    let vals: Vec<usize> = (0..256)
+        .filter(|&i| da[i].to_bits() != dl[i].to_bits())
+        .take(4)
+        .collect();
+    Some(format!(
+        "{} {}: {} of {nblocks} blocks differ; first: block {k} (row {}, block {} in row), bytes at {:?}\n  ours  {:02x?}\n  llama {:02x?}\n  values (i, x, ours, llama): {:?}",
+        t.name,
+        ty.name(),
+        bad.len(),
+        k / blocks_per_row,
+        k % blocks_per_row,
+        &bytes[..bytes.len().min(16)],
+        ba,
+        bl,
+        vals.iter().map(|&i| (i, x[i], da[i], dl[i])).collect::<Vec<_>>()
+    ))
+}
+
+#[test]
+fn synthetic_matches_recorded_llama_hashes() {
+    let exp = expected();
+    let exp = &exp["synthetic"];
+    let ts = synthetic();
+    let mut bad = Vec::new();
+    let mut n = 0;
+    for (tname, _) in KTYPES {
+        let ty = ktype(tname);
+        for t in &ts {
+            let want = exp[tname][&t.name]
+                .as_str()
+                .unwrap_or_else(|| panic!("no recorded hash for {tname} {}", t.name));
+            let got = hash(&ours(ty, t));
+            if got != want {
+                bad.push(format!("{tname} {}", t.name));
+            }
+            n += 1;
+        }
+    }
+    assert!(bad.is_empty(), "differ from llama-quantize: {bad:?}");
+    eprintln!("{n} (type, tensor) pairs byte-identical to the recorded llama-quantize output");
+}
+
+#[test]
+fn synthetic_matches_llama_quantize_live() {
+    let Some(bin) = llama_quantize() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let inp = dir.path().join("synthetic-f32.gguf");
+    let ts = synthetic();
+    write_f32_gguf(&inp, llama_metadata(2, 256, 4), &ts);
+    compare_live(&bin, &inp, &ts, "synthetic", dir.path());
+}
+
+/// Quantize `ts` with llama-quantize and with ours for every k-type; all bytes must match.
+fn compare_live(bin: &Path, inp: &Path, ts: &[Tensor], key: &str, dir: &Path) {
+    let mut section = serde_json::Map::new();
+    let mut problems = Vec::new();
+    for (tname, ftype) in KTYPES {
+        let ty = ktype(tname);
+        let out = dir.join(format!("{key}-{tname}.gguf"));
+        let theirs = run_llama(bin, inp, &out, ftype);
+        std::fs::remove_file(&out).ok();
+        let mut hashes = serde_json::Map::new();
+        let (mut blocks, mut same_tensors) = (0usize, 0usize);
+        for t in ts {
+            let (lty, lb) = theirs
+                .get(&t.name)
+                .unwrap_or_else(|| panic!("{} missing from llama output", t.name));
+            assert_eq!(
+                *lty, ty,
+                "{}: llama-quantize --pure wrote {lty}, not {ty}",
+                t.name
+            );
+            hashes.insert(t.name.clone(), json!(hash(lb)));
+            let ob = ours(ty, t);
+            match first_diff(ty, t, &ob, lb) {
+                None => {
+                    same_tensors += 1;
+                    blocks += ob.len() / ty.block_bytes();
+                }
+                Some(d) => problems.push(d),
+            }
+        }
+        eprintln!(
+            "{key} {tname}: {same_tensors}/{} tensors, {blocks} blocks byte-identical to llama-quantize",
+            ts.len()
+        );
+        section.insert(tname.to_string(), Json::Object(hashes));
+    }
+    if recording() {
+        record(key, Json::Object(section));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Extreme rows (f16 overflow of d/dmin, f32 overflow inside the search) against ggml's
+/// `quantize_row_q*_K_ref` called directly: `$TQ_KQ_GGML_REF` names a small harness
+/// (`kq TYPE in.f32 out.bin`, TYPE 2..6) that `scripts/dev/kquants_llama_oracle.sh` compiles from
+/// llama.cpp's `ggml-quants.c` with ggml-base's flags. Recorded hashes are checked everywhere.
+#[test]
+fn extreme_rows_match_recorded_ggml_ref() {
+    let t = Tensor {
+        name: "extreme".into(),
+        dims: [256, 8],
+        data: extreme_rows(),
+    };
+    if let Ok(bin) = std::env::var("TQ_KQ_GGML_REF") {
+        let dir = tempfile::tempdir().unwrap();
+        let inp = dir.path().join("extreme.f32");
+        let b: Vec<u8> = t.data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(&inp, b).unwrap();
+        let mut section = serde_json::Map::new();
+        let mut problems = Vec::new();
+        for (tname, _) in KTYPES {
+            let ty = ktype(tname);
+            let out = dir.path().join(format!("extreme.{tname}"));
+            let st = Command::new(&bin)
+                .arg(&tname[1..2])
+                .arg(&inp)
+                .arg(&out)
+                .status()
+                .expect("run ggml ref harness");
+            assert!(st.success(), "{bin} failed");
+            let theirs = std::fs::read(&out).unwrap();
+            section.insert(tname.to_string(), json!({ "extreme": hash(&theirs) }));
+            let ob = ours(ty, &t);
+            match first_diff(ty, &t, &ob, &theirs) {
+                None => eprintln!(
+                    "extreme {tname}: {} blocks byte-identical to ggml's quantize_row_{tname}_ref",
+                    ob.len() / ty.block_bytes()
+                ),
+                Some(d) => problems.push(d),
+            }
+        }
+        if recording() {
+            record("ggml_ref_extreme", Json::Object(section));
+        }
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+    let exp = expected();
+    for (tname, _) in KTYPES {
+        let want = exp["ggml_ref_extreme"][tname]["extreme"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no recorded hash for {tname} extreme"));
+        assert_eq!(hash(&ours(ktype(tname), &t)), want, "{tname} extreme rows");
+    }
+}
+
+/// SmolLM2's `ffn_down` tensors (Q4_1, rows of 1536) decoded to f32.
+fn smollm2_ffn_down() -> Option<Vec<Tensor>> {
+    let path = fixtures::smollm2()?;
+    let f = GgufFile::open(&path).expect("open SmolLM2");
+    let ts: Vec<Tensor> = f
+        .tensors
+        .iter()
+        .filter(|t| {
+            t.name.ends_with("ffn_down.weight") && t.dims.len() == 2 && t.dims[0] % 256 == 0
+        })
+        .map(|t| {
+            let mut data = vec![0f32; t.n_elements() as usize];
+            types::dequantize(t.ty, f.tensor_data(t), &mut data, &t.name).unwrap();
+            Tensor {
+                name: t.name.clone(),
+                dims: [t.dims[0], t.dims[1]],
+                data,
+            }
+        })
+        .collect();
+    assert_eq!(ts.len(), 30, "SmolLM2-135M has 30 ffn_down tensors");
+    Some(ts)
+}
+
+#[test]
+fn smollm2_ffn_down_matches_llama() {
+    let Some(ts) = smollm2_ffn_down() else { return };
+    if let Some(bin) = llama_quantize() {
+        let dir = tempfile::tempdir().unwrap();
+        let inp = dir.path().join("smollm2-ffn_down-f32.gguf");
+        write_f32_gguf(&inp, llama_metadata(30, 576, 9), &ts);
+        compare_live(&bin, &inp, &ts, "smollm2_ffn_down", dir.path());
+    }
+    let exp = expected();
+    let exp = &exp["smollm2_ffn_down"];
+    let mut bad = Vec::new();
+    for (tname, _) in KTYPES {
+        let ty = ktype(tname);
+        for t in &ts {
+            let want = exp[tname][&t.name]
+                .as_str()
+                .unwrap_or_else(|| panic!("no recorded hash for {tname} {}", t.name));
+            if hash(&ours(ty, t)) != want {
+                bad.push(format!("{tname} {}", t.name));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "differ from llama-quantize: {bad:?}");
+}
+
+/// Single-thread throughput of the k-quant quantizers (M values/s):
+/// `cargo test --release --test kquants_llama throughput -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn throughput() {
+    let x = gaussian(9, 1 << 22, 0.02);
+    for (tname, _) in KTYPES {
+        let ty = ktype(tname);
+        let q = ty.info().quantize.unwrap();
+        let mut out = vec![0u8; ty.bytes_for(x.len() as u64).unwrap() as usize];
+        q(&x, &mut out);
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            let t0 = std::time::Instant::now();
+            q(std::hint::black_box(&x), &mut out);
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        eprintln!("{tname}: {:.1} M values/s", x.len() as f64 / best / 1e6);
+    }
+}

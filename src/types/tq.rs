@@ -498,6 +498,20 @@ trait Lanes: Copy {
     unsafe fn centroid3(self) -> Self {
         self.lookup3().0
     }
+    /// Load `LANES` consecutive blocks transposed: vector `j` holds element `j` of each block.
+    unsafe fn load_transposed(x: &[f32; LANES * QK]) -> [Self; QK] {
+        let mut t = [[0f32; LANES]; QK];
+        for (l, blk) in x.chunks_exact(QK).enumerate() {
+            for (j, &v) in blk.iter().enumerate() {
+                t[j][l] = v;
+            }
+        }
+        let mut out = [Self::splat(0.0); QK];
+        for (o, r) in out.iter_mut().zip(&t) {
+            *o = Self::load(r);
+        }
+        out
+    }
     /// Whether `a[k] == b[k]` in every lane for every k (operands are never NaN).
     unsafe fn all_eq(a: &[Self], b: &[Self]) -> bool;
     unsafe fn store_idx(i: Self::Idx, out: &mut [i32; LANES]);
@@ -528,12 +542,12 @@ unsafe fn centroid<S: Lanes, const FOUR: bool>(v: S) -> S {
     }
 }
 
-/// Quantize one group of `LANES` blocks given transposed (`x[j][l]` = element j of block l).
+/// Quantize one group of `LANES` blocks, given transposed (`x[j]` holds element j of each block).
 #[inline(always)]
-unsafe fn quantize_group<S: Lanes, const FOUR: bool>(x: &[[f32; LANES]; QK]) -> GroupQ {
+unsafe fn quantize_group<S: Lanes, const FOUR: bool>(x: &[S; QK]) -> GroupQ {
     let mut b = [S::splat(0.0); QK];
     for j in 0..QK {
-        b[j] = S::load(&x[j]).mul(S::splat(SIGNS[j]));
+        b[j] = x[j].mul(S::splat(SIGNS[j]));
     }
     let mut step = 1;
     while step < QK {
@@ -653,30 +667,33 @@ unsafe fn quantize_lanes<S: Lanes, const FOUR: bool>(src: &[f32], out: &mut [u8]
     let mut g = 0;
     while g < nb {
         let n = LANES.min(nb - g);
-        let mut t = [[0f32; LANES]; QK];
-        for l in 0..n {
-            let xb = &src[(g + l) * QK..(g + l + 1) * QK];
-            for j in 0..QK {
-                t[j][l] = xb[j];
+        let x = if n == LANES {
+            S::load_transposed(src[g * QK..(g + LANES) * QK].try_into().unwrap())
+        } else {
+            let mut pad = [0f32; LANES * QK];
+            pad[..n * QK].copy_from_slice(&src[g * QK..(g + n) * QK]);
+            S::load_transposed(&pad)
+        };
+        let q = quantize_group::<S, FOUR>(&x);
+        // Packed index words, lane-wise: word `w` holds indices 8w..8w+8 at `bits` bits each
+        // (TQ4: the 4 LE bytes of qs[4w..4w+4], low nibble first; TQ3: the 24-bit group w).
+        let bits = if FOUR { 4 } else { 3 };
+        let mut words = [[0u32; LANES]; 4];
+        for (w, row) in words.iter_mut().enumerate() {
+            for e in 0..8 {
+                let ix = &q.idx[8 * w + e];
+                for l in 0..LANES {
+                    row[l] |= (ix[l] as u32) << (bits * e);
+                }
             }
         }
-        let q = quantize_group::<S, FOUR>(&t);
         for l in 0..n {
             let o = &mut out[(g + l) * bytes..(g + l + 1) * bytes];
             o[0..2].copy_from_slice(&f32_to_f16_bits(q.d[0][l]).to_le_bytes());
             o[2..4].copy_from_slice(&f32_to_f16_bits(q.d[1][l]).to_le_bytes());
-            if FOUR {
-                for k in 0..16 {
-                    o[4 + k] = (q.idx[2 * k][l] | (q.idx[2 * k + 1][l] << 4)) as u8;
-                }
-            } else {
-                for gr in 0..4 {
-                    let mut w = 0u32;
-                    for i in 0..8 {
-                        w |= (q.idx[8 * gr + i][l] as u32) << (3 * i);
-                    }
-                    o[4 + 3 * gr..7 + 3 * gr].copy_from_slice(&w.to_le_bytes()[..3]);
-                }
+            let wb = if FOUR { 4 } else { 3 };
+            for (w, row) in words.iter().enumerate() {
+                o[4 + wb * w..4 + wb * (w + 1)].copy_from_slice(&row[l].to_le_bytes()[..wb]);
             }
         }
         g += LANES;
@@ -923,6 +940,42 @@ mod avx2 {
                 _mm256_permutevar8x32_ps(od, k0),
                 m0,
             ))
+        }
+        #[inline(always)]
+        unsafe fn load_transposed(x: &[f32; LANES * QK]) -> [Self; QK] {
+            // Four 8x8 transposes (unpack, shuffle, swap 128-bit halves): data movement only.
+            let mut out = [Avx2(_mm256_setzero_ps()); QK];
+            let p = x.as_ptr();
+            for c in 0..QK / 8 {
+                let r: [__m256; 8] =
+                    std::array::from_fn(|l| _mm256_loadu_ps(p.add(l * QK + 8 * c)));
+                let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+                let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+                let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+                let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+                let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+                let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+                let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+                let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+                let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+                let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+                let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+                let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+                let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+                let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+                let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+                let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+                let o = &mut out[8 * c..8 * c + 8];
+                o[0] = Avx2(_mm256_permute2f128_ps::<0x20>(s0, s4));
+                o[1] = Avx2(_mm256_permute2f128_ps::<0x20>(s1, s5));
+                o[2] = Avx2(_mm256_permute2f128_ps::<0x20>(s2, s6));
+                o[3] = Avx2(_mm256_permute2f128_ps::<0x20>(s3, s7));
+                o[4] = Avx2(_mm256_permute2f128_ps::<0x31>(s0, s4));
+                o[5] = Avx2(_mm256_permute2f128_ps::<0x31>(s1, s5));
+                o[6] = Avx2(_mm256_permute2f128_ps::<0x31>(s2, s6));
+                o[7] = Avx2(_mm256_permute2f128_ps::<0x31>(s3, s7));
+            }
+            out
         }
         #[inline(always)]
         unsafe fn all_eq(a: &[Self], b: &[Self]) -> bool {

@@ -11,7 +11,7 @@ smol=$("$TQ_ROOT/scripts/fetch-data.sh")
 bin=$("$TQ_ROOT/scripts/build-llama.sh")
 cargo build --release --locked --quiet
 cargo build --release --locked --quiet --example gen_gguf
-tq="$TQ_ROOT/target/release/tq"
+tq="${CARGO_TARGET_DIR:-$TQ_ROOT/target}/release/tq"
 w="$TQ_CACHE/bench"; mkdir -p "$w"
 f16="$w/smollm2-f16.gguf"
 [ -f "$f16" ] || "$tq" convert "$smol" --weights f16 -q -o "$f16"
@@ -50,7 +50,7 @@ bench() {
 bench "$f16" "SmolLM2-135M F16 -> 4-bit"
 if [ "${BIG:-0}" = 1 ]; then
   big="$w/synthetic-7b-10layers-f16.gguf"
-  [ -f "$big" ] || "$TQ_ROOT/target/release/examples/gen_gguf" "$big" --layers 10
+  [ -f "$big" ] || "${CARGO_TARGET_DIR:-$TQ_ROOT/target}/release/examples/gen_gguf" "$big" --layers 10
   runs=1 bench "$big" "7B-shaped, 10 layers, F16"
   echo "largest tensor: token_embd/output 4096 x 32000 = $((4096 * 32000 * 4 / 1048576)) MiB as f32"
 fi

@@ -12,7 +12,7 @@ smol=$("$TQ_ROOT/scripts/fetch-data.sh")
 botchan=$("$TQ_ROOT/scripts/fetch-botchan.sh")
 wiki="$TQ_ROOT/../shared/data/wikitext-2-raw-test.txt"
 cargo build --release --locked --quiet
-tq="$TQ_ROOT/target/release/tq"
+tq="${CARGO_TARGET_DIR:-$TQ_ROOT/target}/release/tq"
 w="$TQ_CACHE/ldlq"; mkdir -p "$w"
 f16="$w/smollm2-f16.gguf"
 [ -f "$f16" ] || "$tq" convert "$smol" --weights f16 -q -o "$f16"

@@ -7,7 +7,7 @@ source "$(dirname "$0")/common.sh"
 cd "$TQ_ROOT"
 smol=$("$TQ_ROOT/scripts/fetch-data.sh")
 cargo build --release --locked --quiet
-tq="$TQ_ROOT/target/release/tq"
+tq="${CARGO_TARGET_DIR:-$TQ_ROOT/target}/release/tq"
 out="$TQ_CACHE/e2e"; mkdir -p "$out"
 conf="$TQ_ROOT/../shared/conformance"
 

@@ -6,7 +6,7 @@ source "$(dirname "$0")/common.sh"
 cd "$TQ_ROOT"
 smol=$("$TQ_ROOT/scripts/fetch-data.sh")
 cargo build --release --locked --quiet
-tq="$TQ_ROOT/target/release/tq"
+tq="${CARGO_TARGET_DIR:-$TQ_ROOT/target}/release/tq"
 out="$TQ_CACHE/out"; mkdir -p "$out"
 
 echo "== tq inspect (header only) =="

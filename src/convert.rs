@@ -109,9 +109,14 @@ pub fn hash_file(path: &Path) -> Result<String> {
             .collect();
         files.sort();
         for f in files {
-            let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = f
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             let len = std::fs::metadata(&f).map_err(|e| Error::io(&f, e))?.len();
-            h.update(name.as_bytes()).update(&[0]).update(&len.to_le_bytes());
+            h.update(name.as_bytes())
+                .update(&[0])
+                .update(&len.to_le_bytes());
             h.update_mmap_rayon(&f).map_err(|e| Error::io(&f, e))?;
         }
     } else {
@@ -180,7 +185,8 @@ fn produce(
     tx: &std::sync::mpsc::SyncSender<Vec<u8>>,
     stats: &mut Stats,
 ) -> Result<()> {
-    let mut factors: std::collections::HashMap<String, std::sync::Arc<crate::ldlq::Factor>> = Default::default();
+    let mut factors: std::collections::HashMap<String, std::sync::Arc<crate::ldlq::Factor>> =
+        Default::default();
     // The writer thread hung up: its error is reported by the caller.
     let closed = || Error::Usage("output writer stopped".into());
     for (i, e) in plan.entries.iter().enumerate() {
@@ -202,7 +208,10 @@ fn produce(
         let rows_per_chunk = (CHUNK_VALUES / row_len.max(1)).max(1) as u64;
         let factor = match ldlq.filter(|_| e.ldlq) {
             Some(l) => {
-                let h = l.hessians.for_tensor(&e.name).expect("planner checked the Hessian");
+                let h = l
+                    .hessians
+                    .for_tensor(&e.name)
+                    .expect("planner checked the Hessian");
                 let key = h.tensors.join(",");
                 if !factors.contains_key(&key) {
                     let rotated = crate::ldlq::rotate_hessian(&h.h, h.n);
@@ -218,25 +227,30 @@ fn produce(
             let rows = rows_per_chunk.min(n_rows - row0) as usize;
             if let Some((f, band)) = &factor {
                 let mut x = vec![0f32; rows * row_len];
-                x.par_chunks_mut(row_len).enumerate().try_for_each(|(r, row)| -> Result<()> {
-                    let abs = row0 + r as u64;
-                    src.read_rows_f32(i, abs, row)?;
-                    check_finite(&e.name, abs, row)
-                })?;
-                tx.send(crate::ldlq::quantize_ldlq(e.dst, &x, row_len, f, *band)).map_err(|_| closed())?;
+                x.par_chunks_mut(row_len)
+                    .enumerate()
+                    .try_for_each(|(r, row)| -> Result<()> {
+                        let abs = row0 + r as u64;
+                        src.read_rows_f32(i, abs, row)?;
+                        check_finite(&e.name, abs, row)
+                    })?;
+                tx.send(crate::ldlq::quantize_ldlq(e.dst, &x, row_len, f, *band))
+                    .map_err(|_| closed())?;
                 row0 += rows as u64;
                 continue;
             }
             let mut buf = vec![0u8; rows * row_bytes];
-            buf.par_chunks_mut(row_bytes).enumerate().try_for_each_init(
-                || vec![0f32; row_len],
-                |row, (r, ob)| -> Result<()> {
-                    let abs = row0 + r as u64;
-                    src.read_rows_f32(i, abs, row)?;
-                    check_finite(&e.name, abs, row)?;
-                    crate::types::quantize(e.dst, row, ob, &e.name)
-                },
-            )?;
+            buf.par_chunks_mut(row_bytes)
+                .enumerate()
+                .try_for_each_init(
+                    || vec![0f32; row_len],
+                    |row, (r, ob)| -> Result<()> {
+                        let abs = row0 + r as u64;
+                        src.read_rows_f32(i, abs, row)?;
+                        check_finite(&e.name, abs, row)?;
+                        crate::types::quantize(e.dst, row, ob, &e.name)
+                    },
+                )?;
             tx.send(buf).map_err(|_| closed())?;
             row0 += rows as u64;
         }

@@ -217,6 +217,14 @@ fn rope(x: &mut [f64], pos: usize, base: f64, scale: f64, ff: Option<&[f64]>, ne
 
 /// Logits for every position of `tokens`.
 fn naive(f: &GgufFile, s: &Spec, tokens: &[u32]) -> Vec<Vec<f64>> {
+    naive_with_cache(f, s, tokens, &|_, _, _| {})
+}
+
+/// Stores one head vector of layer `l` (K when `is_v` is false) in the cache and reads it back.
+type CacheFn<'a> = &'a dyn Fn(usize, bool, &mut [f64]);
+
+/// The naive decoder with every K and V head passed through `store` after RoPE.
+fn naive_with_cache(f: &GgufFile, s: &Spec, tokens: &[u32], store: CacheFn) -> Vec<Vec<f64>> {
     let (e, hd, nh, nkv) = (s.n_embd, s.head_dim, s.n_head, s.n_kv);
     let eps = 1e-6;
     let emb = w(f, "token_embd.weight").unwrap();
@@ -256,6 +264,12 @@ fn naive(f: &GgufFile, s: &Spec, tokens: &[u32]) -> Vec<Vec<f64>> {
                     }
                     rope(head, pos, 5000.0, scale, ff.as_deref(), neox);
                 }
+            }
+            for head in k.chunks_mut(hd) {
+                store(l, false, head);
+            }
+            for head in v.chunks_mut(hd) {
+                store(l, true, head);
             }
             kc[l].push(k);
             vc[l].push(v);
@@ -406,6 +420,83 @@ fn quantized_weights_and_ggml_numerics_stay_close() {
         .unwrap();
     let err = max_rel_err(&g, &want, 0);
     assert!(err > 0.0 && err < 0.05, "ggml numerics error {err}");
+}
+
+/// The simulated KV cache against the naive decoder with the cache applied its own way: the
+/// runtime rotates queries and K (and rotates the attention output back for V) and quantizes
+/// per layer; the naive decoder stores `H^T Q(H k)` with no query rotation. Equal up to float
+/// rounding of the quantizer's inputs, and far from the exact-cache logits.
+#[test]
+fn kv_cache_simulation_matches_naive_cache() {
+    use tq::model::kv::{hadamard_blocks, round_trip, LayerRule};
+    use tq::model::{KvSpec, Turbo4Table};
+    use tq::types::TensorType;
+    let mut s = Spec::llama();
+    s.n_layer = 3;
+    s.n_embd = 128;
+    s.n_head = 4;
+    s.n_kv = 2;
+    s.head_dim = 64;
+    s.n_ff = 160;
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_model(dir.path(), &s);
+    let f = GgufFile::open(&p).unwrap();
+    let seq = 32;
+    let toks = tokens(2 * seq, s.n_vocab, 5);
+    let spec = KvSpec {
+        k: TensorType::Q4_0,
+        v: TensorType::Q4_0,
+        rules: vec![
+            LayerRule::parse("1=turbo3/q8_0").unwrap(),
+            LayerRule::parse("2=-/turbo4").unwrap(),
+        ],
+        turbo4: Turbo4Table::May,
+        ..KvSpec::default()
+    };
+    let kv = spec
+        .resolve(s.n_layer, s.n_head, s.n_kv, s.head_dim)
+        .unwrap();
+    let mut m = Model::new(&f, Numerics::F32).unwrap();
+    m.kv = kv.clone();
+    let got = m.forward(&toks, seq, 0, None).unwrap();
+    let store = |l: usize, is_v: bool, head: &mut [f64]| {
+        let lay = kv.layer(l);
+        let (t, rot) = if is_v {
+            (lay.v, lay.v_rotation(true, 64))
+        } else {
+            (lay.k, lay.k_rotation(true, 64))
+        };
+        let mut x: Vec<f32> = head.iter().map(|&v| v as f32).collect();
+        if let Some(n) = rot {
+            hadamard_blocks(&mut x, n);
+        }
+        round_trip(t, Turbo4Table::May, &mut x);
+        if let Some(n) = rot {
+            hadamard_blocks(&mut x, n);
+        }
+        head.iter_mut().zip(&x).for_each(|(h, &v)| *h = v as f64);
+    };
+    let nv = s.n_vocab;
+    for wi in 0..2 {
+        let w = &toks[wi * seq..(wi + 1) * seq];
+        let want = naive_with_cache(&f, &s, w, &store);
+        let exact = naive(&f, &s, w);
+        let g = &got[wi * seq * nv..(wi + 1) * seq * nv];
+        let (e_sim, e_exact) = (max_rel_err(g, &want, 0), max_rel_err(g, &exact, 0));
+        assert!(
+            e_sim < 0.1 * e_exact && e_sim < 2e-3,
+            "window {wi}: vs naive with cache {e_sim}, vs exact cache {e_exact}"
+        );
+    }
+    // Per-layer types reach the runtime: the same model with only layer 2 changed differs.
+    let mut m2 = Model::new(&f, Numerics::F32).unwrap();
+    let mut spec2 = spec.clone();
+    spec2.rules.pop();
+    m2.kv = spec2
+        .resolve(s.n_layer, s.n_head, s.n_kv, s.head_dim)
+        .unwrap();
+    let other = m2.forward(&toks, seq, 0, None).unwrap();
+    assert!(other.iter().zip(&got).any(|(a, b)| a != b));
 }
 
 #[test]
@@ -830,4 +921,121 @@ fn smollm2_wikitext_20_windows_matches_llama_cpp() {
         return;
     };
     compare_with_llama("wikitext-2-raw-test.txt", &text, 512, 20, 0.005);
+}
+
+#[test]
+fn cli_kv_cache_flags_presets_and_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Spec::llama();
+    s.n_embd = 128;
+    s.n_head = 4;
+    s.n_kv = 2;
+    s.head_dim = 64;
+    s.n_ff = 160;
+    let model = write_model(dir.path(), &s);
+    let toks = tokens(32 * 3, s.n_vocab, 21);
+    let tf = dir.path().join("tokens.txt");
+    let ids: Vec<String> = toks.iter().map(|t| t.to_string()).collect();
+    std::fs::write(&tf, ids.join(" ")).unwrap();
+    let (m, t) = (model.to_str().unwrap(), tf.to_str().unwrap());
+    let base = ["eval", m, "--tokens", t, "--ctx", "32", "--json", "-q"];
+
+    // The default cache is f16 at 16 bits; per-layer rules and bits are reported.
+    let (code, out, err) = tq(&base);
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["kv"]["types"], "f16/f16");
+    assert_eq!(j["kv"]["bits_per_value"], 16.0);
+    let ppl0 = j["result"]["ppl"]["value"].as_f64().unwrap();
+    let mut args = base.to_vec();
+    args.extend([
+        "--ctk",
+        "turbo3",
+        "--ctv",
+        "turbo3",
+        "--kv-layers",
+        "1=q8_0",
+    ]);
+    let (code, out, err) = tq(&args);
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["kv"]["types"], "0=turbo3/turbo3,1=q8_0/q8_0");
+    assert_eq!(j["kv"]["bits_per_value"], (3.25 + 8.5) / 2.0);
+    assert_ne!(j["result"]["ppl"]["value"].as_f64().unwrap(), ppl0);
+
+    // Bad input: one line, exit 2.
+    for (extra, want) in [
+        (vec!["--ctk", "q3_K"], "not supported"),
+        (vec!["--kv-layers", "5=q8_0"], "layer 5 does not exist"),
+        (vec!["--kv-layers", "0-x=q8_0"], "bad layer number"),
+        (vec!["--turbo4-table", "june2"], "expected may or lloyd-max"),
+    ] {
+        let mut args = base.to_vec();
+        args.extend(extra.iter().copied());
+        let (code, _, err) = tq(&args);
+        assert_eq!(code, 2, "{extra:?}: {err}");
+        assert!(
+            err.contains(want) && err.trim().lines().count() == 1,
+            "{err}"
+        );
+    }
+
+    // tq kv: recommendation, measured table, --write.
+    let (code, out, err) = tq(&["kv", m]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("recommended: turbo4") && out.contains("-ctk turbo4 -ctv turbo4 -fa on"),
+        "{out}"
+    );
+    let w = dir.path().join("with-kv.gguf");
+    let (code, out, err) = tq(&[
+        "kv",
+        m,
+        "--measure",
+        "--tokens",
+        t,
+        "--ctx",
+        "32",
+        "--chunks",
+        "3",
+        "--json",
+        "--only",
+        "q8_0,turbo2",
+        "--max-kld",
+        "0.05",
+        "--write",
+        w.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let meas = j["measured"].as_array().unwrap();
+    assert_eq!(meas.len(), 3, "{out}");
+    let kld = |n: &str| {
+        meas.iter().find(|m| m["name"] == n).unwrap()["kld"]
+            .as_f64()
+            .unwrap()
+    };
+    assert_eq!(kld("f16"), 0.0);
+    assert!(kld("q8_0") > 0.0 && kld("q8_0") < kld("turbo2"), "{out}");
+    // The choice: fewest bits under the bound.
+    let chosen = j["recommended"]["name"].as_str().unwrap();
+    let want = if kld("turbo2") <= 0.05 {
+        "turbo2"
+    } else if kld("q8_0") <= 0.05 {
+        "q8_0"
+    } else {
+        "f16"
+    };
+    assert_eq!(chosen, want, "{out}");
+    let g = GgufFile::open(&w).unwrap();
+    assert_eq!(g.get_str("tq.kv.preset"), Some(chosen));
+    let orig = GgufFile::open(&model).unwrap();
+    for ti in &orig.tensors {
+        assert_eq!(
+            orig.tensor_data(ti),
+            g.tensor_data(g.tensor(&ti.name).unwrap())
+        );
+    }
+    let (code, _, err) = tq(&["kv", m, "--measure"]);
+    assert_eq!(code, 2, "{err}");
 }

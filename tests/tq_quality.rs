@@ -13,7 +13,11 @@ fn rel_mse(ty: TensorType, x: &[f32]) -> f64 {
     quantize(ty, x, &mut q, "gaussian").unwrap();
     let mut y = vec![0f32; x.len()];
     dequantize(ty, &q, &mut y, "gaussian").unwrap();
-    let num: f64 = x.iter().zip(&y).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+    let num: f64 = x
+        .iter()
+        .zip(&y)
+        .map(|(a, b)| ((a - b) as f64).powi(2))
+        .sum();
     let den: f64 = x.iter().map(|a| (*a as f64).powi(2)).sum();
     num / den
 }
@@ -25,7 +29,9 @@ fn gaussian_relative_mse() {
     let tq3 = rel_mse(TensorType::TQ3_1S, &x);
     let q4_0 = rel_mse(TensorType::Q4_0, &x);
     let q4_1 = rel_mse(TensorType::Q4_1, &x);
-    eprintln!("relative MSE on N(0,1): tq4_1s {tq4:.5} tq3_1s {tq3:.5} q4_0 {q4_0:.5} q4_1 {q4_1:.5}");
+    eprintln!(
+        "relative MSE on N(0,1): tq4_1s {tq4:.5} tq3_1s {tq3:.5} q4_0 {q4_0:.5} q4_1 {q4_1:.5}"
+    );
     assert!((0.0050..0.0056).contains(&tq4), "tq4_1s {tq4}");
     assert!((0.020..0.025).contains(&tq3), "tq3_1s {tq3}");
     // Same 5.0 bpw as q4_1: TQ4_1S must be clearly better; and better than 4.5-bpw q4_0.

@@ -94,7 +94,11 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         Some(p) => {
             let (hessians, _) = crate::calib::Hessians::load(p)?;
             plan::assign_ldlq(&mut plan, &hessians, a.ldlq_band);
-            Some(convert::Ldlq { hessians, band: a.ldlq_band, damp: a.damp })
+            Some(convert::Ldlq {
+                hessians,
+                band: a.ldlq_band,
+                damp: a.damp,
+            })
         }
         None => None,
     };
@@ -143,9 +147,16 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         progress_bar(size)
     };
     let t0 = std::time::Instant::now();
-    let stats = convert::execute(src.as_ref(), &plan, &md, version, &profile, &out, ldlq.as_ref(), &|d| {
-        pb.set_position(d)
-    })?;
+    let stats = convert::execute(
+        src.as_ref(),
+        &plan,
+        &md,
+        version,
+        &profile,
+        &out,
+        ldlq.as_ref(),
+        &|d| pb.set_position(d),
+    )?;
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     let (params, bpw, bpw2d) = totals(&plan);
@@ -267,8 +278,14 @@ fn canonical_flags(a: &ConvertArgs, req: &Request) -> String {
         f.push("--strict".into());
     }
     if let Some(c) = &a.calib {
-        let name = c.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        f.push(format!("--calib {name} --ldlq-band {} --damp {}", a.ldlq_band, a.damp));
+        let name = c
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        f.push(format!(
+            "--calib {name} --ldlq-band {} --damp {}",
+            a.ldlq_band, a.damp
+        ));
     }
     f.join(" ")
 }

@@ -49,9 +49,69 @@ pub struct EvalArgs {
     /// ggml (round activations like llama.cpp's CPU backend; default) or f32 (exact activations).
     #[arg(long, default_value = "ggml")]
     pub numerics: String,
+    #[command(flatten)]
+    pub kv: KvArgs,
     /// No progress bar.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+}
+
+/// The simulated KV cache (shared by `tq eval` and `tq kv`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct KvArgs {
+    /// KV-cache type for K, simulated like llama.cpp's -ctk (f16 default; f32, bf16, q8_0, q4_0,
+    /// q4_1, q5_0, q5_1, iq4_nl, turbo2, turbo3, turbo4). A --ref model keeps f16.
+    #[arg(long, visible_aliases = ["ctk", "kv-k"], default_value = "f16")]
+    pub cache_type_k: String,
+    /// KV-cache type for V, simulated like -ctv (see --cache-type-k).
+    #[arg(long, visible_aliases = ["ctv", "kv-v"], default_value = "f16")]
+    pub cache_type_v: String,
+    /// Per-layer KV types, repeatable, later rules win: RANGES=TYPE sets K and V,
+    /// RANGES=KTYPE/VTYPE each ('-' keeps one), e.g. 0-1,28-29=q8_0 or 0,29=-/q8_0.
+    #[arg(long, value_name = "RULE")]
+    pub kv_layers: Vec<String>,
+    /// Apply the fork's auto-asymmetric rule: turbo K == V with n_head/n_head_kv >= 6 -> K q8_0.
+    #[arg(long)]
+    pub kv_auto_asym: bool,
+    /// Do not rotate quantized stock KV types (upstream llama.cpp rotates them by default since
+    /// April 2026; LLAMA_ATTN_ROT_DISABLE=1 is this flag).
+    #[arg(long)]
+    pub no_kv_rotation: bool,
+    /// turbo4 codebook: lloyd-max (the fork since June 2026, 66-byte blocks) or may (the
+    /// May-2026 table, 68-byte blocks, byte-exact with the conformance vectors).
+    #[arg(long, default_value = "lloyd-max")]
+    pub turbo4_table: String,
+}
+
+impl KvArgs {
+    pub fn spec(&self) -> Result<crate::model::KvSpec> {
+        use crate::model::kv;
+        Ok(crate::model::KvSpec {
+            k: kv::parse_type(&self.cache_type_k)?,
+            v: kv::parse_type(&self.cache_type_v)?,
+            rules: self
+                .kv_layers
+                .iter()
+                .map(|r| kv::LayerRule::parse(r))
+                .collect::<Result<_>>()?,
+            auto_asym: self.kv_auto_asym,
+            rotate: !self.no_kv_rotation,
+            turbo4: crate::model::Turbo4Table::parse(&self.turbo4_table)?,
+        })
+    }
+}
+
+/// The KV part of a JSON report.
+pub fn kv_json(kv: &crate::model::KvCache, cfg: &crate::model::Config) -> serde_json::Value {
+    let (bk, bv) = kv.bits(cfg.n_layer, cfg.head_dim);
+    serde_json::json!({
+        "types": kv.describe(cfg.n_layer),
+        "rotation": kv.rotate,
+        "turbo4_table": kv.turbo4.name(),
+        "bits_per_value_k": bk,
+        "bits_per_value_v": bv,
+        "bits_per_value": (bk + bv) / 2.0,
+    })
 }
 
 /// Read a `--tokens` file: whitespace-separated u32 ids.
@@ -120,6 +180,12 @@ fn input_tokens(a: &EvalArgs, f: &GgufFile) -> Result<(Vec<u32>, Option<u32>)> {
     let p = a.text.as_ref().ok_or_else(|| {
         Error::Usage("tq eval: give --text FILE (or --tokens FILE, or --ref-logits FILE)".into())
     })?;
+    text_tokens(p, f)
+}
+
+/// Tokenize a text file with the model's tokenizer the way `llama-perplexity -f` does; returns
+/// the tokens and the BOS that replaces each window's first token (if the vocabulary adds one).
+pub fn text_tokens(p: &Path, f: &GgufFile) -> Result<(Vec<u32>, Option<u32>)> {
     let bytes = std::fs::read(p).map_err(|e| Error::io(p, e))?;
     let mut text = String::from_utf8(bytes)
         .map_err(|e| Error::bad_input(p, format!("not UTF-8 text ({e})")))?;
@@ -162,6 +228,13 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
     let file = GgufFile::open(&a.model)?;
     let mut model = Model::new(&file, numerics)?;
     model.threads = threads;
+    model.kv = a.kv.spec()?.resolve(
+        model.cfg.n_layer,
+        model.cfg.n_head,
+        model.cfg.n_head_kv,
+        model.cfg.head_dim,
+    )?;
+    let (kv_bits_k, kv_bits_v) = model.kv.bits(model.cfg.n_layer, model.cfg.head_dim);
 
     let ref_file;
     let mut ref_model = None;
@@ -240,7 +313,7 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
 
     if !a.quiet && !a.json {
         eprintln!(
-            "tq eval: {} ({}, {} blocks), {} windows x {} tokens, scoring {} per window, batch {} windows, {} threads, {} numerics",
+            "tq eval: {} ({}, {} blocks), {} windows x {} tokens, scoring {} per window, batch {} windows, {} threads, {} numerics, KV {} ({:.3}/{:.3} bits per value)",
             a.model.display(),
             model.cfg.arch.name(),
             model.cfg.n_layer,
@@ -249,7 +322,10 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
             win.scored_per_window(),
             batch,
             threads,
-            a.numerics
+            a.numerics,
+            model.kv.describe(model.cfg.n_layer),
+            kv_bits_k,
+            kv_bits_v
         );
     }
     let pb = if a.quiet {
@@ -279,6 +355,7 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
             "model": a.model.display().to_string(),
             "reference": a.reference.as_ref().or(a.ref_logits.as_ref()).map(|p| p.display().to_string()),
             "numerics": a.numerics,
+            "kv": kv_json(&model.kv, &model.cfg),
             "threads": threads,
             "batch": batch,
             "result": res,
@@ -290,6 +367,17 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
         );
     } else {
         print!("{}", render(&res));
+        println!(
+            "KV cache: {} ({:.3} bits per value K, {:.3} V{})",
+            model.kv.describe(model.cfg.n_layer),
+            kv_bits_k,
+            kv_bits_v,
+            if model.kv.is_default() {
+                ""
+            } else {
+                ", simulated"
+            }
+        );
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ pub mod convert;
 pub mod eval;
 pub mod inspect;
 pub mod kernels;
+pub mod kv;
 
 use clap::{Parser, Subcommand};
 
@@ -32,6 +33,8 @@ enum Command {
     Calib(calib::CalibArgs),
     /// Compute Lloyd-Max codebooks for a head dim / bit width and emit them for an engine.
     Codebook(codebook::CodebookArgs),
+    /// KV-cache presets for a model: recommended -ctk/-ctv, or measured with --measure.
+    Kv(kv::KvArgs),
     /// Check the bundled GPU decode kernels (CUDA, Metal, WGSL) against the CPU reference.
     Kernels(kernels::KernelsArgs),
 }
@@ -46,6 +49,7 @@ pub fn main() -> i32 {
         Command::Eval(a) => eval::run(a),
         Command::Codebook(a) => codebook::run(a),
         Command::Kernels(a) => kernels::run(a),
+        Command::Kv(a) => kv::run(a),
     };
     match r {
         Ok(()) => 0,

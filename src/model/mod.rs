@@ -4,10 +4,13 @@
 
 pub mod attention;
 pub mod config;
+pub mod kv;
+pub mod kv_presets;
 pub mod layer;
 pub mod matmul;
 pub mod rope;
 pub mod runtime;
 
 pub use config::{Arch, Config};
+pub use kv::{KvCache, KvLayer, KvSpec, Turbo4Table};
 pub use runtime::{Model, Numerics, Observer};

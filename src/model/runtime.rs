@@ -5,6 +5,7 @@
 
 use super::attention::{causal_attention, AttnShape};
 use super::config::Config;
+use super::kv::{hadamard_blocks, round_trip, KvCache, KvLayer};
 use super::layer::{dequantize_rows, load_f32, rms_norm_rows, swiglu, LayerWeights};
 use super::matmul::{matmul_t, ActRound};
 use super::rope::Rope;
@@ -60,6 +61,8 @@ pub struct Model<'a> {
     pub numerics: Numerics,
     /// Threads given to each large matrix product (the rayon pool decides the rest).
     pub threads: usize,
+    /// KV-cache types simulated (default f16, as llama.cpp).
+    pub kv: KvCache,
     output_norm: Vec<f32>,
 }
 
@@ -75,6 +78,7 @@ impl<'a> Model<'a> {
             cfg,
             numerics,
             threads: rayon::current_num_threads(),
+            kv: KvCache::default(),
             output_norm,
         })
     }
@@ -144,6 +148,9 @@ impl<'a> Model<'a> {
             cfg.rope_neox,
         );
         let n_out = seq - out_from;
+        self.kv.check(hd)?;
+        let rotate = self.kv.rotate;
+        let table = self.kv.turbo4;
         // Rows whose outputs are needed after the last block (llama.cpp prunes the same way).
         let keep: Vec<usize> = (0..n_win)
             .flat_map(|w| (out_from..seq).map(move |p| w * seq + p))
@@ -162,6 +169,18 @@ impl<'a> Model<'a> {
                 o.layer_start(l);
             }
             let lw = LayerWeights::load(self.file, cfg, l)?;
+            let kv = self.kv.layer(l);
+            // The cache is simulated with ggml numerics (f16 by default) or whenever a type was
+            // chosen.
+            let store = ggml || kv != KvLayer::F16;
+            let (rot_k, rot_v) = (kv.k_rotation(rotate, hd), kv.v_rotation(rotate, hd));
+            // Queries meet a quantized K through its vec_dot type (ggml's non-tiled flash
+            // attention, used whenever the cache is not all f16/f32).
+            let q_round = if ggml && kv != KvLayer::F16 {
+                ActRound::for_weight(kv.k)
+            } else {
+                ActRound::None
+            };
             let last = l + 1 == cfg.n_layer;
 
             // Attention.
@@ -172,31 +191,45 @@ impl<'a> Model<'a> {
             lw.qkv.forward(&h, rows, &mut qkv, ggml, threads);
             qkv.par_chunks_mut(ld).enumerate().for_each(|(r, row)| {
                 let pos = r % seq;
-                let (q, kv) = row.split_at_mut(qd);
-                for (hi, qh) in q.chunks_mut(hd).enumerate() {
-                    let _ = hi;
+                let (q, kvr) = row.split_at_mut(qd);
+                for qh in q.chunks_mut(hd) {
                     if let Some(nw) = &lw.q_norm {
                         let c = qh.to_vec();
                         super::layer::rms_norm(&c, nw, cfg.rms_eps, qh);
                     }
                     rope.apply(qh, pos);
+                    if let Some(n) = rot_k {
+                        hadamard_blocks(qh, n);
+                    }
+                    q_round.apply(qh);
                 }
-                let (k, v) = kv.split_at_mut(kvd);
+                let (k, v) = kvr.split_at_mut(kvd);
                 for kh in k.chunks_mut(hd) {
                     if let Some(nw) = &lw.k_norm {
                         let c = kh.to_vec();
                         super::layer::rms_norm(&c, nw, cfg.rms_eps, kh);
                     }
                     rope.apply(kh, pos);
+                    if let Some(n) = rot_k {
+                        hadamard_blocks(kh, n);
+                    }
+                    if store {
+                        round_trip(kv.k, table, kh);
+                    }
                 }
-                if ggml {
-                    // f16 K/V cache. (ggml's tiled flash attention, used for batches, keeps the
-                    // queries in f32 and widens K/V to f32, so nothing else is rounded.)
-                    ActRound::F16.apply(k);
-                    ActRound::F16.apply(v);
+                for vh in v.chunks_mut(hd) {
+                    if let Some(n) = rot_v {
+                        hadamard_blocks(vh, n);
+                    }
+                    if store {
+                        round_trip(kv.v, table, vh);
+                    }
                 }
             });
             causal_attention(&shape, &qkv, n_win, seq, &mut att);
+            if let Some(n) = rot_v {
+                att.par_chunks_mut(hd).for_each(|h| hadamard_blocks(h, n));
+            }
 
             // Prune to the output rows after the last block's attention.
             let (rows_now, att_in): (usize, std::borrow::Cow<[f32]>) =

@@ -343,11 +343,23 @@ pub fn assign_ldlq(plan: &mut Plan, hessians: &crate::calib::Hessians, band: usi
         match hessians.for_tensor(&e.name) {
             Some(h) if h.n as u64 == e.dims[0] => {
                 e.ldlq = true;
-                let b = if band == 0 { "full".to_string() } else { band.to_string() };
-                e.reasons.push(format!("LDLQ (band {b}) with a Hessian of {} tokens", h.tokens));
+                let b = if band == 0 {
+                    "full".to_string()
+                } else {
+                    band.to_string()
+                };
+                e.reasons.push(format!(
+                    "LDLQ (band {b}) with a Hessian of {} tokens",
+                    h.tokens
+                ));
             }
-            Some(h) => e.reasons.push(format!("Hessian is {}-dim but rows are {}: round-to-nearest", h.n, e.dims[0])),
-            None => e.reasons.push("no Hessian for this tensor: round-to-nearest".into()),
+            Some(h) => e.reasons.push(format!(
+                "Hessian is {}-dim but rows are {}: round-to-nearest",
+                h.n, e.dims[0]
+            )),
+            None => e
+                .reasons
+                .push("no Hessian for this tensor: round-to-nearest".into()),
         }
     }
 }

@@ -1,0 +1,675 @@
+//! KV-cache quantization, simulated: every K and V head vector is stored and read back through a
+//! cache type the way an engine would, so `tq eval` can measure what a KV type costs in
+//! perplexity / KL divergence without an engine.
+//!
+//! - Stock block types (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl) and f16/bf16/f32 go through the
+//!   registry's quantize/dequantize along each head (blocks never straddle heads). With
+//!   `rotate` (upstream llama.cpp's default since April 2026, `LLAMA_ATTN_ROT_DISABLE` off), a
+//!   quantized K is stored rotated by the orthonormal Walsh–Hadamard matrix of the largest power
+//!   of two ≥ 64 dividing the head (queries get the same rotation, so q·k is unchanged but for the
+//!   rounding), and a quantized V by 64-wide blocks, the attention output being rotated back.
+//! - turbo2/3/4 (the fork's KV types, FORMATS.md §3) use their own two-sided randomized Hadamard
+//!   rotation per group: 128-value groups when the head is a multiple of 128, 64-value groups
+//!   (first 64 signs, 1/8) for 64-wide heads, zero padding to a multiple of 128 otherwise. The
+//!   engine keeps the cache in the rotated domain and rotates queries/outputs instead; the round
+//!   trip here is done in the original domain, which is the same arithmetic up to float rounding.
+//!   The 4-bit table is selectable: the fork's May-2026 table (mis-scaled, byte-exact with the
+//!   conformance vectors) or the true Lloyd-Max table for d = 128 (what the fork ships since June).
+
+use crate::error::{Error, Result};
+use crate::math::hadamard::{fwht, fwht_scalar, inv_sqrt_len};
+use crate::math::lloyd_max::{lloyd_max_bits, Dist};
+use crate::math::signs::{TURBO_S1, TURBO_S2};
+use crate::types::{turbo, TensorType};
+use std::sync::OnceLock;
+
+/// The 4-bit turbo codebook used by the simulation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turbo4Table {
+    /// The fork's May-2026 table (`types::turbo::CB4`), 68-byte blocks.
+    May,
+    /// Lloyd-Max for a coordinate of a random unit vector in R^128 (the June-2026 table up to
+    /// rounding), 66-byte blocks.
+    LloydMax,
+}
+
+impl Turbo4Table {
+    pub fn parse(s: &str) -> Result<Turbo4Table> {
+        match s {
+            "may" | "may-2026" => Ok(Turbo4Table::May),
+            "lloyd-max" | "lm" | "june" => Ok(Turbo4Table::LloydMax),
+            o => Err(Error::Usage(format!(
+                "--turbo4-table {}: expected may or lloyd-max",
+                crate::error::one_line(o)
+            ))),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Turbo4Table::May => "may",
+            Turbo4Table::LloydMax => "lloyd-max",
+        }
+    }
+}
+
+/// Cache types of one layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvLayer {
+    pub k: TensorType,
+    pub v: TensorType,
+}
+
+impl KvLayer {
+    pub const F16: KvLayer = KvLayer {
+        k: TensorType::F16,
+        v: TensorType::F16,
+    };
+}
+
+/// The simulated cache of a whole model: types per layer and the options shared by all layers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvCache {
+    /// Types of every layer (empty: f16 everywhere).
+    pub layers: Vec<KvLayer>,
+    /// Upstream's Hadamard rotation of quantized stock types.
+    pub rotate: bool,
+    pub turbo4: Turbo4Table,
+}
+
+impl Default for KvCache {
+    fn default() -> Self {
+        KvCache {
+            layers: Vec::new(),
+            rotate: true,
+            turbo4: Turbo4Table::LloydMax,
+        }
+    }
+}
+
+pub fn is_turbo(t: TensorType) -> bool {
+    matches!(
+        t,
+        TensorType::Turbo2 | TensorType::Turbo3 | TensorType::Turbo4
+    )
+}
+
+fn is_quantized(t: TensorType) -> bool {
+    !matches!(t, TensorType::F32 | TensorType::F16 | TensorType::BF16)
+}
+
+/// Types an engine accepts for the K/V cache (llama.cpp's `-ctk/-ctv` list plus the fork's turbo).
+pub const KV_TYPES: &[&str] = &[
+    "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "turbo2", "turbo3",
+    "turbo4",
+];
+
+/// Parse a cache type name (as `-ctk` takes it).
+pub fn parse_type(name: &str) -> Result<TensorType> {
+    if !KV_TYPES.contains(&name) {
+        return Err(Error::Usage(format!(
+            "KV cache type '{}' is not supported (one of: {})",
+            crate::error::one_line(name),
+            KV_TYPES.join(", ")
+        )));
+    }
+    TensorType::from_name(name).ok_or_else(|| Error::Usage(format!("unknown type {name}")))
+}
+
+/// A per-layer rule from `--kv-layers RANGES=TYPE` (K and V) or `RANGES=KTYPE/VTYPE`
+/// (`-` keeps a side unchanged), e.g. `0-1,28-29=q8_0` or `0,29=-/q8_0`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerRule {
+    pub ranges: Vec<(usize, usize)>,
+    pub k: Option<TensorType>,
+    pub v: Option<TensorType>,
+}
+
+impl LayerRule {
+    pub fn parse(s: &str) -> Result<LayerRule> {
+        let bad = |why: &str| {
+            Error::Usage(format!(
+                "--kv-layers '{}': {why} (expected e.g. 0-1,28-29=q8_0 or 0,29=-/q8_0)",
+                crate::error::one_line(s)
+            ))
+        };
+        let (r, t) = s.split_once('=').ok_or_else(|| bad("no '='"))?;
+        let mut ranges = Vec::new();
+        for part in r.split(',') {
+            let part = part.trim();
+            let (a, b) = part.split_once('-').unwrap_or((part, part));
+            let a: usize = a.trim().parse().map_err(|_| bad("bad layer number"))?;
+            let b: usize = b.trim().parse().map_err(|_| bad("bad layer number"))?;
+            if b < a {
+                return Err(bad("range ends before it starts"));
+            }
+            ranges.push((a, b));
+        }
+        let side = |x: &str| -> Result<Option<TensorType>> {
+            match x.trim() {
+                "-" => Ok(None),
+                n => parse_type(n).map(Some),
+            }
+        };
+        let (k, v) = match t.split_once('/') {
+            Some((k, v)) => (side(k)?, side(v)?),
+            None => {
+                let x = side(t)?;
+                (x, x)
+            }
+        };
+        Ok(LayerRule { ranges, k, v })
+    }
+
+    fn covers(&self, l: usize) -> bool {
+        self.ranges.iter().any(|&(a, b)| a <= l && l <= b)
+    }
+}
+
+/// What the user asked for, before it is laid over a model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvSpec {
+    pub k: TensorType,
+    pub v: TensorType,
+    pub rules: Vec<LayerRule>,
+    /// The fork's auto-asymmetric rule: turbo K == V and n_head / n_head_kv >= 6 → K q8_0.
+    pub auto_asym: bool,
+    pub rotate: bool,
+    pub turbo4: Turbo4Table,
+}
+
+impl Default for KvSpec {
+    fn default() -> Self {
+        KvSpec {
+            k: TensorType::F16,
+            v: TensorType::F16,
+            rules: Vec::new(),
+            auto_asym: false,
+            rotate: true,
+            turbo4: Turbo4Table::LloydMax,
+        }
+    }
+}
+
+impl KvSpec {
+    /// Lay the spec over a model of `n_layer` layers: defaults, the auto-asymmetric rule (as the
+    /// engine applies it to `-ctk/-ctv`), then the per-layer rules in order (later ones win).
+    pub fn resolve(
+        &self,
+        n_layer: usize,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+    ) -> Result<KvCache> {
+        let mut base = KvLayer {
+            k: self.k,
+            v: self.v,
+        };
+        if self.auto_asym && auto_asym_applies(base, n_head, n_head_kv) {
+            base.k = TensorType::Q8_0;
+        }
+        let mut layers = vec![base; n_layer];
+        for r in &self.rules {
+            if let Some(&(_, b)) = r.ranges.iter().find(|&&(_, b)| b >= n_layer) {
+                return Err(Error::Usage(format!(
+                    "--kv-layers: layer {b} does not exist (the model has {n_layer} layers, 0-{})",
+                    n_layer.saturating_sub(1)
+                )));
+            }
+            for (l, lay) in layers.iter_mut().enumerate() {
+                if r.covers(l) {
+                    if let Some(k) = r.k {
+                        lay.k = k;
+                    }
+                    if let Some(v) = r.v {
+                        lay.v = v;
+                    }
+                }
+            }
+        }
+        let kv = KvCache {
+            layers,
+            rotate: self.rotate,
+            turbo4: self.turbo4,
+        };
+        kv.check(head_dim)?;
+        Ok(kv)
+    }
+}
+
+/// Whether the fork's auto-asymmetric rule promotes K to q8_0 (FORMATS.md §3).
+pub fn auto_asym_applies(l: KvLayer, n_head: usize, n_head_kv: usize) -> bool {
+    is_turbo(l.k) && l.k == l.v && n_head_kv > 0 && n_head / n_head_kv >= 6
+}
+
+/// Values per turbo group for a head dimension (FORMATS.md §3).
+pub fn turbo_group(head_dim: usize) -> usize {
+    if head_dim == 64 {
+        64
+    } else {
+        128
+    }
+}
+
+/// Bits per stored value of cache type `t` on heads of `head_dim` (padding included).
+pub fn bits_per_value(t: TensorType, head_dim: usize, table: Turbo4Table) -> f64 {
+    if is_turbo(t) {
+        let g = turbo_group(head_dim);
+        let idx_bits = match t {
+            TensorType::Turbo2 => 2,
+            TensorType::Turbo3 => 3,
+            _ => 4,
+        };
+        // f16 norm (+ the May layout's unused f16 for turbo4) and the packed indices of a group.
+        let header = if t == TensorType::Turbo4 && table == Turbo4Table::May {
+            4
+        } else {
+            2
+        };
+        let group_bytes = header + g * idx_bits / 8;
+        let groups = head_dim.div_ceil(g);
+        return (groups * group_bytes * 8) as f64 / head_dim as f64;
+    }
+    let i = t.info();
+    (i.block_bytes * 8) as f64 / i.block_size as f64
+}
+
+impl KvCache {
+    /// One type for K and V in every layer of an `n_layer` model.
+    pub fn uniform(k: TensorType, v: TensorType, n_layer: usize) -> KvCache {
+        KvCache {
+            layers: vec![KvLayer { k, v }; n_layer],
+            ..KvCache::default()
+        }
+    }
+
+    /// The types of layer `l`.
+    pub fn layer(&self, l: usize) -> KvLayer {
+        self.layers.get(l).copied().unwrap_or(KvLayer::F16)
+    }
+
+    /// Whether every layer is the f16 default.
+    pub fn is_default(&self) -> bool {
+        self.layers.iter().all(|&l| l == KvLayer::F16)
+    }
+
+    /// Check every layer's types against a head dimension.
+    pub fn check(&self, head_dim: usize) -> Result<()> {
+        for (l, lay) in self.layers.iter().enumerate() {
+            for (which, t) in [("K", lay.k), ("V", lay.v)] {
+                let info = t.info();
+                if info.quantize.is_none() || info.dequantize.is_none() {
+                    return Err(Error::Unsupported(format!(
+                        "layer {l}: {which} cache type {}: no quantizer in tq",
+                        info.name
+                    )));
+                }
+                if !is_turbo(t) && head_dim % info.block_size != 0 {
+                    return Err(Error::Unsupported(format!(
+                        "layer {l}: {which} cache type {} needs heads that are a multiple of {} (head dim {head_dim}); choose another type",
+                        info.name, info.block_size
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Mean bits per stored value of K and of V over the layers.
+    pub fn bits(&self, n_layer: usize, head_dim: usize) -> (f64, f64) {
+        let n = n_layer.max(1) as f64;
+        let (mut k, mut v) = (0.0, 0.0);
+        for l in 0..n_layer {
+            let lay = self.layer(l);
+            k += bits_per_value(lay.k, head_dim, self.turbo4);
+            v += bits_per_value(lay.v, head_dim, self.turbo4);
+        }
+        (k / n, v / n)
+    }
+
+    /// A compact description: `K/V` when uniform, else the distinct per-layer settings.
+    pub fn describe(&self, n_layer: usize) -> String {
+        let mut runs: Vec<(usize, usize, KvLayer)> = Vec::new();
+        for l in 0..n_layer {
+            let lay = self.layer(l);
+            match runs.last_mut() {
+                Some(r) if r.2 == lay => r.1 = l,
+                _ => runs.push((l, l, lay)),
+            }
+        }
+        let name = |x: KvLayer| format!("{}/{}", x.k.name(), x.v.name());
+        if runs.len() <= 1 {
+            return runs
+                .first()
+                .map_or_else(|| name(KvLayer::F16), |r| name(r.2));
+        }
+        runs.iter()
+            .map(|(a, b, x)| {
+                if a == b {
+                    format!("{a}={}", name(*x))
+                } else {
+                    format!("{a}-{b}={}", name(*x))
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+impl KvLayer {
+    /// Rotation size applied to K (and queries), if any.
+    pub fn k_rotation(&self, rotate: bool, head_dim: usize) -> Option<usize> {
+        if !rotate || !is_quantized(self.k) || is_turbo(self.k) || head_dim % 64 != 0 {
+            return None;
+        }
+        let mut n = 64;
+        while head_dim % (2 * n) == 0 {
+            n *= 2;
+        }
+        Some(n)
+    }
+
+    /// Rotation size applied to V (and rotated back on the output), if any.
+    pub fn v_rotation(&self, rotate: bool, head_dim: usize) -> Option<usize> {
+        if !rotate || !is_quantized(self.v) || is_turbo(self.v) || head_dim % 64 != 0 {
+            return None;
+        }
+        Some(64)
+    }
+}
+
+/// Orthonormal Walsh–Hadamard rotation of consecutive `n`-blocks of `x` (its own inverse).
+pub fn hadamard_blocks(x: &mut [f32], n: usize) {
+    let k = inv_sqrt_len(n);
+    for b in x.chunks_exact_mut(n) {
+        fwht(b);
+        b.iter_mut().for_each(|v| *v *= k);
+    }
+}
+
+fn signs(s: &[i8; 128]) -> [f32; 128] {
+    let mut o = [0f32; 128];
+    for (o, &v) in o.iter_mut().zip(s) {
+        *o = v as f32;
+    }
+    o
+}
+
+/// The centroids (ascending) of a turbo type with the chosen 4-bit table.
+pub fn turbo_codebook(t: TensorType, table: Turbo4Table) -> &'static [f32] {
+    static LM4: OnceLock<Vec<f32>> = OnceLock::new();
+    match (t, table) {
+        (TensorType::Turbo2, _) => &turbo::CB2,
+        (TensorType::Turbo3, _) => &turbo::CB3,
+        (_, Turbo4Table::May) => &turbo::CB4,
+        (_, Turbo4Table::LloydMax) => LM4.get_or_init(|| {
+            lloyd_max_bits(&Dist::Beta { d: 128 }, 4)
+                .centroids
+                .iter()
+                .map(|&c| c as f32)
+                .collect()
+        }),
+    }
+}
+
+/// Store one `g`-value group (g = 64 or 128) in a turbo block and read it back, in the rotated
+/// domain: returns the dequantized `norm · C[idx]`. The arithmetic mirrors `types::turbo`
+/// (f32 sum of squares in order, scalar butterfly, `v * (1/√g) * s2`, first centroid `y < mid`,
+/// f16 corrected norm), so with g = 128 and the stock tables it equals the registry's bytes.
+pub fn turbo_group_rotated(x: &[f32], cb: &[f32], out: &mut [f32]) {
+    let g = x.len();
+    debug_assert!(g == 64 || g == 128);
+    let (s1, s2) = (signs(&TURBO_S1), signs(&TURBO_S2));
+    let mut s = 0f32;
+    for v in x {
+        s += v * v;
+    }
+    let norm = s.sqrt();
+    let mut y = [0f32; 128];
+    let y = &mut y[..g];
+    if norm > 1e-10 {
+        let inv = 1.0 / norm;
+        for (o, v) in y.iter_mut().zip(x) {
+            *o = v * inv;
+        }
+    }
+    for (v, s) in y.iter_mut().zip(&s1) {
+        *v *= s;
+    }
+    fwht_scalar(y);
+    let k = inv_sqrt_len(g);
+    for (v, s) in y.iter_mut().zip(&s2) {
+        *v = *v * k * s;
+    }
+    let mut rs = 0f32;
+    for (o, &v) in out.iter_mut().zip(y.iter()) {
+        let i = cb
+            .windows(2)
+            .position(|w| v < (w[0] + w[1]) * 0.5)
+            .unwrap_or(cb.len() - 1);
+        *o = cb[i];
+        rs += cb[i] * cb[i];
+    }
+    let rn = rs.sqrt();
+    let stored = if rn > 1e-10 { norm / rn } else { norm };
+    let stored = half::f16::from_f32(stored).to_f32();
+    out.iter_mut().for_each(|v| *v *= stored);
+}
+
+/// Inverse of the turbo rotation on one group: `x = s1 ⊙ ((1/√g)·H·(s2 ⊙ y))`.
+fn turbo_unrotate(y: &mut [f32]) {
+    let (s1, s2) = (signs(&TURBO_S1), signs(&TURBO_S2));
+    for (v, s) in y.iter_mut().zip(&s2) {
+        *v *= s;
+    }
+    fwht(y);
+    let k = inv_sqrt_len(y.len());
+    for (v, s) in y.iter_mut().zip(&s1) {
+        *v = *v * k * s;
+    }
+}
+
+/// Store one head vector in a cache of type `t` and read it back.
+pub fn round_trip(t: TensorType, table: Turbo4Table, x: &mut [f32]) {
+    match t {
+        TensorType::F32 => {}
+        TensorType::F16 => x
+            .iter_mut()
+            .for_each(|v| *v = half::f16::from_f32(*v).to_f32()),
+        TensorType::BF16 => x
+            .iter_mut()
+            .for_each(|v| *v = half::bf16::from_f32(*v).to_f32()),
+        t if is_turbo(t) => {
+            let cb = turbo_codebook(t, table);
+            let g = turbo_group(x.len());
+            for part in x.chunks_mut(g) {
+                let mut buf = [0f32; 128];
+                buf[..part.len()].copy_from_slice(part);
+                let mut y = [0f32; 128];
+                turbo_group_rotated(&buf[..g], cb, &mut y[..g]);
+                turbo_unrotate(&mut y[..g]);
+                part.copy_from_slice(&y[..part.len()]);
+            }
+        }
+        t => {
+            let info = t.info();
+            let mut bytes = vec![0u8; x.len() / info.block_size * info.block_bytes];
+            (info.quantize.expect("checked"))(x, &mut bytes);
+            (info.dequantize.expect("checked"))(&bytes, x);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let h = (i as u32 ^ seed).wrapping_mul(2654435761) >> 8;
+                (h as f32 / (1u32 << 24) as f32 - 0.5) * (1.0 + (i % 7) as f32)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn hadamard_is_an_involution_and_keeps_norms() {
+        let v: Vec<f32> = (0..128).map(|i| ((i * 37) % 17) as f32 - 8.0).collect();
+        let mut a = v.clone();
+        hadamard_blocks(&mut a, 64);
+        let n0: f32 = v.iter().map(|x| x * x).sum();
+        let n1: f32 = a.iter().map(|x| x * x).sum();
+        assert!((n0 - n1).abs() < 1e-3 * n0);
+        hadamard_blocks(&mut a, 64);
+        for (x, y) in a.iter().zip(&v) {
+            assert!((x - y).abs() < 1e-4);
+        }
+    }
+
+    #[test]
+    fn rotation_sizes_follow_upstream() {
+        let l = KvLayer {
+            k: TensorType::Q4_0,
+            v: TensorType::Q4_0,
+        };
+        assert_eq!(l.k_rotation(true, 64), Some(64));
+        assert_eq!(l.k_rotation(true, 128), Some(128));
+        assert_eq!(l.k_rotation(true, 192), Some(64));
+        assert_eq!(l.v_rotation(true, 128), Some(64));
+        assert_eq!(l.k_rotation(true, 80), None);
+        assert_eq!(l.k_rotation(false, 128), None);
+        assert_eq!(KvLayer::F16.k_rotation(true, 128), None);
+    }
+
+    /// The simulation's turbo group equals the registry's bytes (themselves bit-exact with the
+    /// fork's conformance vectors) for 128-groups and the stock tables.
+    #[test]
+    fn turbo_group_equals_registry_dequantize() {
+        for t in [TensorType::Turbo2, TensorType::Turbo3, TensorType::Turbo4] {
+            let info = t.info();
+            for seed in 0..200 {
+                let x = data(128, seed * 7919 + 1);
+                let mut bytes = vec![0u8; info.block_bytes];
+                (info.quantize.unwrap())(&x, &mut bytes);
+                let mut want = [0f32; 128];
+                (info.dequantize.unwrap())(&bytes, &mut want);
+                let mut got = [0f32; 128];
+                turbo_group_rotated(&x, turbo_codebook(t, Turbo4Table::May), &mut got);
+                assert_eq!(
+                    got.map(f32::to_bits),
+                    want.map(f32::to_bits),
+                    "{t:?} seed {seed}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn round_trips_are_close_and_lloyd_max_beats_may() {
+        let v = data(128, 99);
+        let norm: f32 = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        let rel = |t, table| {
+            let mut a = v.clone();
+            round_trip(t, table, &mut a);
+            a.iter()
+                .zip(&v)
+                .map(|(x, y)| (x - y) * (x - y))
+                .sum::<f32>()
+                .sqrt()
+                / norm
+        };
+        assert!(rel(TensorType::Q8_0, Turbo4Table::May) < 0.01);
+        assert!(rel(TensorType::Q4_0, Turbo4Table::May) < 0.2);
+        let (t2, t3) = (
+            rel(TensorType::Turbo2, Turbo4Table::May),
+            rel(TensorType::Turbo3, Turbo4Table::May),
+        );
+        let (may, lm) = (
+            rel(TensorType::Turbo4, Turbo4Table::May),
+            rel(TensorType::Turbo4, Turbo4Table::LloydMax),
+        );
+        assert!(t2 > t3 && t3 > lm, "turbo2 {t2} turbo3 {t3} turbo4 {lm}");
+        // The May table is ~2.1x the optimal MSE: ~1.45x the RMS error.
+        assert!(may > 1.2 * lm, "may {may} vs lloyd-max {lm}");
+        assert!(lm < 0.15);
+        // 64-wide heads use 64-value groups.
+        let mut h = data(64, 5);
+        let h0 = h.clone();
+        round_trip(TensorType::Turbo3, Turbo4Table::May, &mut h);
+        let e: f32 = h.iter().zip(&h0).map(|(a, b)| (a - b) * (a - b)).sum();
+        let n: f32 = h0.iter().map(|a| a * a).sum();
+        assert!((e / n).sqrt() < 0.3, "{}", (e / n).sqrt());
+    }
+
+    #[test]
+    fn lloyd_max_table_is_close_to_the_june_table() {
+        // FORMATS.md §3: the fork's June-2026 table (positive half).
+        let june = [
+            0.01114, 0.03369, 0.05709, 0.08205, 0.10960, 0.14149, 0.18139, 0.24021,
+        ];
+        let cb = turbo_codebook(TensorType::Turbo4, Turbo4Table::LloydMax);
+        for (c, j) in cb[8..].iter().zip(june) {
+            assert!((c - j).abs() < 0.003, "{c} vs {j}");
+        }
+    }
+
+    #[test]
+    fn bits_include_padding_and_headers() {
+        let lm = Turbo4Table::LloydMax;
+        assert_eq!(bits_per_value(TensorType::F16, 64, lm), 16.0);
+        assert_eq!(bits_per_value(TensorType::Q8_0, 64, lm), 8.5);
+        assert_eq!(bits_per_value(TensorType::Q4_0, 128, lm), 4.5);
+        assert_eq!(bits_per_value(TensorType::Turbo3, 128, lm), 3.125);
+        assert_eq!(bits_per_value(TensorType::Turbo2, 128, lm), 2.125);
+        assert_eq!(
+            bits_per_value(TensorType::Turbo4, 128, Turbo4Table::May),
+            4.25
+        );
+        assert_eq!(bits_per_value(TensorType::Turbo4, 128, lm), 4.125);
+        assert_eq!(bits_per_value(TensorType::Turbo3, 64, lm), 3.25);
+        // 80 = one 128-group zero-padded.
+        assert_eq!(bits_per_value(TensorType::Turbo3, 80, lm), 5.0);
+    }
+
+    #[test]
+    fn layer_rules_and_auto_asym() {
+        let r = LayerRule::parse("0-1,28-29=q8_0").unwrap();
+        assert_eq!(r.ranges, vec![(0, 1), (28, 29)]);
+        assert_eq!((r.k, r.v), (Some(TensorType::Q8_0), Some(TensorType::Q8_0)));
+        let r2 = LayerRule::parse("3=-/turbo4").unwrap();
+        assert_eq!((r2.k, r2.v), (None, Some(TensorType::Turbo4)));
+        for bad in ["0-1", "a=q8_0", "3-1=q8_0", "0=q3_k", "0=turbo9/-"] {
+            assert!(LayerRule::parse(bad).is_err(), "{bad}");
+        }
+        let spec = KvSpec {
+            k: TensorType::Turbo3,
+            v: TensorType::Turbo3,
+            rules: vec![r, r2],
+            auto_asym: true,
+            ..KvSpec::default()
+        };
+        // GQA 9/3 = 3: no promotion.
+        let kv = spec.resolve(30, 9, 3, 64).unwrap();
+        assert_eq!(kv.layer(5).k, TensorType::Turbo3);
+        assert_eq!(kv.layer(0).v, TensorType::Q8_0);
+        assert_eq!(kv.layer(3).k, TensorType::Turbo3);
+        assert_eq!(kv.layer(3).v, TensorType::Turbo4);
+        assert_eq!(kv.layer(29).k, TensorType::Q8_0);
+        // GQA 28/4 = 7: K promoted.
+        let kv = spec.resolve(30, 28, 4, 128).unwrap();
+        assert_eq!(kv.layer(5).k, TensorType::Q8_0);
+        assert_eq!(kv.layer(5).v, TensorType::Turbo3);
+        assert!(spec.resolve(20, 9, 3, 64).is_err());
+        assert_eq!(
+            kv.describe(30),
+            "0-1=q8_0/q8_0,2=q8_0/turbo3,3=q8_0/turbo4,4-27=q8_0/turbo3,28-29=q8_0/q8_0"
+        );
+        // A block type that does not fit the head.
+        let s = KvSpec {
+            k: TensorType::Q4_0,
+            ..KvSpec::default()
+        };
+        assert!(s.resolve(2, 4, 4, 96).is_ok());
+        assert!(s.resolve(2, 4, 4, 48).is_err());
+    }
+}

@@ -45,6 +45,14 @@ fn main() {
             Value::U32(ff as u32),
         ),
         ("llama.attention.head_count".to_string(), Value::U32(32)),
+        // What llama.cpp's loader requires of a llama model (llama-quantize reads the hparams).
+        ("llama.context_length".to_string(), Value::U32(4096)),
+        ("llama.attention.head_count_kv".to_string(), Value::U32(32)),
+        ("llama.rope.dimension_count".to_string(), Value::U32(128)),
+        (
+            "llama.attention.layer_norm_rms_epsilon".to_string(),
+            Value::F32(1e-5),
+        ),
         ("general.file_type".to_string(), Value::U32(1)),
     ];
     let specs: Vec<TensorSpec> = t

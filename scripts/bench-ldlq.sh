@@ -5,6 +5,8 @@
 # input for reference. Not part of CI (about 20-40 minutes on 2 cores).
 #
 #   bash scripts/bench-ldlq.sh [CHUNKS] [CALIB_TOKENS]
+#   TYPES="tq3_1s" RECIPES=pure BANDS="64 256" bash scripts/bench-ldlq.sh   # a subset
+# Rows whose model and evaluation already exist in $TQ_CACHE/ldlq are reused (delete to redo).
 source "$(dirname "$0")/common.sh"
 cd "$TQ_ROOT"
 chunks=${1:-10}; ctoks=${2:-8192}
@@ -19,24 +21,37 @@ f16="$w/smollm2-f16.gguf"
 [ -f "$w/ref.logits" ] || "$tq" eval "$f16" -f "$wiki" --chunks "$chunks" --save-logits "$w/ref.logits" -q --json > "$w/eval-f16.json"
 [ -f "$w/H.safetensors" ] || "$tq" calib "$f16" --text "$botchan" --tokens "$ctoks" -o "$w/H.safetensors"
 
-row() { # NAME FILE
-  "$tq" eval "$2" --ref-logits "$w/ref.logits" -q --json > "$w/eval-$1.json"
-  py - "$1" "$2" "$w/eval-$1.json" <<'PY'
+row() { # NAME FILE CONVERT_SECONDS
+  [ -s "$w/eval-$1.json" ] && [ "$w/eval-$1.json" -nt "$2" ] ||
+    "$tq" eval "$2" --ref-logits "$w/ref.logits" -q --json > "$w/eval-$1.json"
+  py - "$1" "$2" "$w/eval-$1.json" "${3:-}" <<'PY'
 import json, os, sys
-name, path, r = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3]))["result"]
+name, path, r, secs = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3]))["result"], sys.argv[4]
 k = r["kld"]
-print(f"| {name} | {os.path.getsize(path)} | {r['ppl']['value']:.3f} | {k['kld']['value']:.5f} ± {k['kld']['err']:.5f} | {100 * k['same_top']['value']:.2f} |")
+print(f"| {name} | {os.path.getsize(path)} | {r['ppl']['value']:.3f} | {k['kld']['value']:.5f} ± {k['kld']['err']:.5f} | {100 * k['same_top']['value']:.2f} | {secs or '-'} |")
 PY
 }
 
-echo "| model | bytes | PPL | mean KLD vs F16 | same top-1 % |"
-echo "|---|---|---|---|---|"
-for recipe in pure config-i; do
-  "$tq" convert "$f16" --weights tq4_1s --recipe "$recipe" -q -o "$w/rtn-$recipe.gguf"
-  row "tq4_1s $recipe RTN" "$w/rtn-$recipe.gguf"
-  for band in 16 64 256 0; do
-    "$tq" convert "$f16" --weights tq4_1s --recipe "$recipe" --calib "$w/H.safetensors" --ldlq-band "$band" -q -o "$w/ldlq-$recipe-$band.gguf"
-    row "tq4_1s $recipe LDLQ band $([ "$band" = 0 ] && echo full || echo "$band")" "$w/ldlq-$recipe-$band.gguf"
+# convert OUT ARGS...: converts unless OUT exists; echoes the wall seconds (or "cached").
+convert() {
+  local out=$1; shift
+  if [ -f "$out" ]; then echo cached; return; fi
+  local t0 t1; t0=$(date +%s.%N)
+  "$tq" convert "$f16" "$@" -q -o "$out"
+  t1=$(date +%s.%N); echo "$t1 $t0" | awk '{printf "%.1f", $1 - $2}'
+}
+
+echo "| model | bytes | PPL | mean KLD vs F16 | same top-1 % | convert s |"
+echo "|---|---|---|---|---|---|"
+for type in ${TYPES:-tq4_1s tq3_1s}; do
+  for recipe in ${RECIPES:-pure config-i}; do
+    [ "$type" = tq4_1s ] && sfx="" || sfx="-$type"
+    s=$(convert "$w/rtn-$recipe$sfx.gguf" --weights "$type" --recipe "$recipe")
+    row "$type $recipe RTN" "$w/rtn-$recipe$sfx.gguf" "$s"
+    for band in ${BANDS:-16 64 256 0}; do
+      s=$(convert "$w/ldlq-$recipe-$band$sfx.gguf" --weights "$type" --recipe "$recipe" --calib "$w/H.safetensors" --ldlq-band "$band")
+      row "$type $recipe LDLQ band $([ "$band" = 0 ] && echo full || echo "$band")" "$w/ldlq-$recipe-$band$sfx.gguf" "$s"
+    done
   done
 done
 bin=$("$TQ_ROOT/scripts/build-llama.sh")

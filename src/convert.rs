@@ -96,9 +96,45 @@ pub fn tensor_specs(plan: &Plan, profile: &Profile) -> Vec<TensorSpec> {
         .collect()
 }
 
-/// blake3 of a file (memory-mapped, multi-threaded); of a model directory (Hugging Face input):
-/// of its regular files in name order, each as name, NUL, length (u64 LE), contents.
+/// Hash a file's contents through a reused 16 MiB buffer (multi-threaded per buffer). Plain
+/// reads rather than a memory map: mapped pages would count in the process's RSS, and a
+/// multi-GB input would then peak at its full size before the conversion starts.
+fn hash_contents(h: &mut blake3::Hasher, path: &Path, parallel: bool) -> Result<()> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut buf = vec![0u8; 16 << 20];
+    loop {
+        let mut n = 0;
+        while n < buf.len() {
+            match f.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(path, e)),
+            }
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        if parallel {
+            h.update_rayon(&buf[..n]);
+        } else {
+            h.update(&buf[..n]);
+        }
+    }
+}
+
+/// blake3 of a file; of a model directory (Hugging Face input): of its regular files in name
+/// order, each as name, NUL, length (u64 LE), contents.
 pub fn hash_file(path: &Path) -> Result<String> {
+    hash_file_with(path, true)
+}
+
+/// Placeholder for `tq.input.blake3` while the hash is computed alongside the conversion.
+pub const HASH_PLACEHOLDER: &str =
+    "0000000000000000000000000000000000000000000000000000000000000000";
+
+fn hash_file_with(path: &Path, parallel: bool) -> Result<String> {
     let mut h = blake3::Hasher::new();
     if path.is_dir() {
         let mut files: Vec<_> = std::fs::read_dir(path)
@@ -117,10 +153,10 @@ pub fn hash_file(path: &Path) -> Result<String> {
             h.update(name.as_bytes())
                 .update(&[0])
                 .update(&len.to_le_bytes());
-            h.update_mmap_rayon(&f).map_err(|e| Error::io(&f, e))?;
+            hash_contents(&mut h, &f, parallel)?;
         }
     } else {
-        h.update_mmap_rayon(path).map_err(|e| Error::io(path, e))?;
+        hash_contents(&mut h, path, parallel)?;
     }
     Ok(h.finalize().to_hex().to_string())
 }
@@ -144,10 +180,18 @@ pub fn execute(
     profile: &Profile,
     out: &Path,
     ldlq: Option<&Ldlq>,
+    hash_input: Option<&Path>,
     on_progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Stats> {
     let specs = tensor_specs(plan, profile);
     let w = GgufWriter::create(out, version, metadata, &specs)?;
+    // The input's blake3 (provenance) is computed on a thread of its own while the tensors are
+    // converted and filled into the header's placeholder at the end, instead of a whole pass
+    // over the input before anything starts.
+    let hasher = hash_input.map(|p| {
+        let p = p.to_path_buf();
+        std::thread::spawn(move || hash_file_with(&p, false))
+    });
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
     let mut stats = Stats {
         bytes_written: 0,
@@ -168,10 +212,16 @@ pub fn execute(
         let produced = produce(src, plan, ldlq, &tx, &mut stats);
         drop(tx);
         // A writer error closes the queue, which stops the producer; report the writer's error first.
-        let w = writer
+        let mut w = writer
             .join()
             .map_err(|_| Error::Usage("writer thread panicked".into()))??;
         produced?;
+        if let Some(h) = hasher {
+            let hash = h
+                .join()
+                .map_err(|_| Error::Usage("input hash thread panicked".into()))??;
+            w.fill_string("tq.input.blake3", &hash)?;
+        }
         w.finish()
     })?;
     stats.bytes_written = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
@@ -267,5 +317,30 @@ fn check_finite(name: &str, row_index: u64, row: &[f32]) -> Result<()> {
             row[c]
         ))),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The buffered hash equals the one-shot hash, across buffer boundaries.
+    #[test]
+    fn hash_file_equals_one_shot_blake3() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.bin");
+        let data: Vec<u8> = (0..(16u32 << 20) + 12345)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        std::fs::write(&p, &data).unwrap();
+        assert_eq!(
+            hash_file(&p).unwrap(),
+            blake3::hash(&data).to_hex().to_string()
+        );
+        std::fs::write(&p, b"").unwrap();
+        assert_eq!(
+            hash_file(&p).unwrap(),
+            blake3::hash(b"").to_hex().to_string()
+        );
     }
 }

@@ -968,7 +968,10 @@ fn cli_kv_cache_flags_presets_and_errors() {
         (vec!["--ctk", "q3_K"], "not supported"),
         (vec!["--kv-layers", "5=q8_0"], "layer 5 does not exist"),
         (vec!["--kv-layers", "0-x=q8_0"], "bad layer number"),
-        (vec!["--turbo4-table", "june2"], "expected may or lloyd-max"),
+        (
+            vec!["--turbo-codebook", "june2"],
+            "expected fork, may or head-dim",
+        ),
     ] {
         let mut args = base.to_vec();
         args.extend(extra.iter().copied());

@@ -117,10 +117,11 @@ pub fn run(a: ConvertArgs) -> Result<()> {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
+            // Filled in by execute, which hashes the input while converting.
             input_blake3: if a.dry_run {
                 String::new()
             } else {
-                convert::hash_file(&a.input)?
+                convert::HASH_PLACEHOLDER.to_string()
             },
         })
     };
@@ -155,6 +156,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         &profile,
         &out,
         ldlq.as_ref(),
+        prov.as_ref().map(|_| a.input.as_path()),
         &|d| pb.set_position(d),
     )?;
     pb.finish_and_clear();

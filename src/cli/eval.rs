@@ -77,10 +77,11 @@ pub struct KvArgs {
     /// April 2026; LLAMA_ATTN_ROT_DISABLE=1 is this flag).
     #[arg(long)]
     pub no_kv_rotation: bool,
-    /// turbo4 codebook: lloyd-max (the fork since June 2026, 66-byte blocks) or may (the
-    /// May-2026 table, 68-byte blocks, byte-exact with the conformance vectors).
-    #[arg(long, default_value = "lloyd-max")]
-    pub turbo4_table: String,
+    /// turbo codebooks: fork (the fork's tables, 4-bit Lloyd-Max as shipped since June 2026,
+    /// 66-byte turbo4 blocks), may (the May-2026 tables, 68-byte turbo4 blocks, byte-exact with
+    /// the conformance vectors) or head-dim (Lloyd-Max for the group's own dimension).
+    #[arg(long, visible_alias = "turbo4-table", default_value = "fork")]
+    pub turbo_codebook: String,
 }
 
 impl KvArgs {
@@ -96,7 +97,7 @@ impl KvArgs {
                 .collect::<Result<_>>()?,
             auto_asym: self.kv_auto_asym,
             rotate: !self.no_kv_rotation,
-            turbo4: crate::model::Turbo4Table::parse(&self.turbo4_table)?,
+            turbo4: crate::model::Turbo4Table::parse(&self.turbo_codebook)?,
         })
     }
 }
@@ -107,7 +108,7 @@ pub fn kv_json(kv: &crate::model::KvCache, cfg: &crate::model::Config) -> serde_
     serde_json::json!({
         "types": kv.describe(cfg.n_layer),
         "rotation": kv.rotate,
-        "turbo4_table": kv.turbo4.name(),
+        "turbo_codebook": kv.turbo4.name(),
         "bits_per_value_k": bk,
         "bits_per_value_v": bv,
         "bits_per_value": (bk + bv) / 2.0,

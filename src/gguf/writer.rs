@@ -33,6 +33,8 @@ pub struct GgufWriter {
     current: usize,
     written: u64,
     pos: u64,
+    /// The encoded header, kept so a fixed-size metadata string can be filled in before finish.
+    header: Vec<u8>,
 }
 
 /// Serialize the header (magic .. tensor infos) for this layout and return it with the tensors'
@@ -181,8 +183,10 @@ impl GgufWriter {
             current: 0,
             written: 0,
             pos: 0,
+            header: Vec::new(),
         };
         w.raw(&header)?;
+        w.header = header;
         w.pad()?;
         w.skip_empty();
         Ok(w)
@@ -241,6 +245,39 @@ impl GgufWriter {
                 self.skip_empty();
             }
         }
+        Ok(())
+    }
+
+    /// Replace the value of string metadata `key` in the already-written header by `value` of
+    /// the same length (a value only known after the data, e.g. a hash of the input computed
+    /// while converting). The one in-place write of the writer; the file is still the temporary.
+    pub fn fill_string(&mut self, key: &str, value: &str) -> Result<()> {
+        use std::io::{Seek, SeekFrom};
+        let mut pat = Vec::new();
+        pat.extend_from_slice(&(key.len() as u64).to_le_bytes());
+        pat.extend_from_slice(key.as_bytes());
+        pat.extend_from_slice(&(ValueType::String as u32).to_le_bytes());
+        pat.extend_from_slice(&(value.len() as u64).to_le_bytes());
+        let at = self
+            .header
+            .windows(pat.len())
+            .position(|w| w == pat.as_slice())
+            .ok_or_else(|| {
+                Error::Usage(format!(
+                    "{}: no string '{key}' of {} bytes in the header to fill",
+                    self.final_path.display(),
+                    value.len()
+                ))
+            })?
+            + pat.len();
+        let out = self.out.as_mut().expect("writer open");
+        out.flush().map_err(|e| Error::io(&self.tmp_path, e))?;
+        let f = out.get_mut();
+        f.seek(SeekFrom::Start(at as u64))
+            .and_then(|_| f.write_all(value.as_bytes()))
+            .and_then(|_| f.seek(SeekFrom::Start(self.pos)))
+            .map_err(|e| Error::io(&self.tmp_path, e))?;
+        self.header[at..at + value.len()].copy_from_slice(value.as_bytes());
         Ok(())
     }
 

@@ -47,6 +47,9 @@ impl Preset {
         if !self.spec.rotate {
             s += " --no-kv-rotation";
         }
+        if self.spec.turbo4 != super::kv::Turbo4Table::LloydMax {
+            s += &format!(" --turbo-codebook {}", self.spec.turbo4.name());
+        }
         s
     }
 
@@ -183,6 +186,20 @@ pub fn candidates(cfg: &Config) -> Vec<Preset> {
             v: Some(Q8_0),
         });
         c.push(p);
+    }
+    if super::kv::turbo_group(cfg.head_dim) != 128 {
+        // The fork's tables are fitted to 128-value groups; on other groups an engine built with
+        // `tq codebook --head-dim G` tables does better at the same bits.
+        for (name, t) in [("turbo4-hd", Turbo4), ("turbo3-hd", Turbo3)] {
+            let mut p = preset(
+                name,
+                t,
+                t,
+                "Lloyd-Max tables for this group size (needs `tq codebook` tables in the engine)",
+            );
+            p.spec.turbo4 = super::kv::Turbo4Table::HeadDim;
+            c.push(p);
+        }
     }
     c.retain(|p| p.fits(cfg));
     c

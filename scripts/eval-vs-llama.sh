@@ -3,20 +3,26 @@
 # windows and threads, and print both (PPL, and with --base the KL divergence from a base model),
 # with wall-clock times and tokens/s.
 #
-#   scripts/eval-vs-llama.sh [--base BASE.gguf] [--chunks N] [--ctx N] [--threads N] MODEL TEXT
+#   scripts/eval-vs-llama.sh [--base BASE.gguf] [--chunks N] [--ctx N] [--threads N]
+#                            [--kv KTYPE VTYPE] [--no-kv-rot] MODEL TEXT
+#
+# --kv runs both tools with that KV cache (llama.cpp: -ctk/-ctv -fa on; tq: the simulator);
+# --no-kv-rot turns upstream's KV rotation off in both (LLAMA_ATTN_ROT_DISABLE=1 / --no-kv-rotation).
 #
 # llama.cpp comes from scripts/build-llama.sh ($TQ_CACHE/llama.cpp/build/bin, or $LLAMA_BIN);
 # tq is built in release mode (or $TQ_BIN). llama's base logits (--kl-divergence-base) are cached
 # under $TQ_CACHE/eval/. Timings include model load and tokenization for both tools.
 source "$(dirname "$0")/common.sh"
-chunks=20; ctx=512; threads=2; base=""
+chunks=20; ctx=512; threads=2; base=""; llama_kv=(); tq_kv=(); rot_env=(); tq_rot=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --base) base="$2"; shift 2 ;;
     --chunks) chunks="$2"; shift 2 ;;
     --ctx) ctx="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
-    -h|--help) sed -n 2,10p "$0"; exit 0 ;;
+    --kv) llama_kv=(-ctk "$2" -ctv "$3" -fa on); tq_kv=(--ctk "$2" --ctv "$3"); shift 3 ;;
+    --no-kv-rot) rot_env=(env LLAMA_ATTN_ROT_DISABLE=1); tq_rot=(--no-kv-rotation); shift ;;
+    -h|--help) sed -n 2,14p "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -41,20 +47,21 @@ if [ -n "$base" ]; then
     mv "$kld.tmp" "$kld"
   fi
   t0=$(now)
-  "$bin/llama-perplexity" -m "$model" -f "$text" -c "$ctx" --chunks "$chunks" -t "$threads" \
-    --kl-divergence-base "$kld" --kl-divergence > "$work/llama.log" 2>&1
+  "${rot_env[@]}" "$bin/llama-perplexity" -m "$model" -f "$text" -c "$ctx" --chunks "$chunks" -t "$threads" \
+    "${llama_kv[@]}" --kl-divergence-base "$kld" --kl-divergence > "$work/llama.log" 2>&1
   t1=$(now)
 else
   t0=$(now)
-  "$bin/llama-perplexity" -m "$model" -f "$text" -c "$ctx" --chunks "$chunks" -t "$threads" > "$work/llama.log" 2>&1
+  "${rot_env[@]}" "$bin/llama-perplexity" -m "$model" -f "$text" -c "$ctx" --chunks "$chunks" -t "$threads" \
+    "${llama_kv[@]}" > "$work/llama.log" 2>&1
   t1=$(now)
 fi
 # tq
 t2=$(now)
 if [ -n "$base" ]; then
-  "$TQ_BIN" eval "$model" --text "$text" --ctx "$ctx" --chunks "$chunks" --threads "$threads" --ref "$base" --json -q > "$work/tq.json"
+  "$TQ_BIN" eval "$model" --text "$text" --ctx "$ctx" --chunks "$chunks" --threads "$threads" --ref "$base" "${tq_kv[@]}" "${tq_rot[@]}" --json -q > "$work/tq.json"
 else
-  "$TQ_BIN" eval "$model" --text "$text" --ctx "$ctx" --chunks "$chunks" --threads "$threads" --json -q > "$work/tq.json"
+  "$TQ_BIN" eval "$model" --text "$text" --ctx "$ctx" --chunks "$chunks" --threads "$threads" "${tq_kv[@]}" "${tq_rot[@]}" --json -q > "$work/tq.json"
 fi
 t3=$(now)
 

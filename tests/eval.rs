@@ -895,6 +895,58 @@ fn compare_with_llama(text_name: &str, text: &Path, ctx: u64, chunks: u64, q_tol
             "{name} KLD {kld} vs llama.cpp {wk}"
         );
     }
+    // Quantized KV caches: tq's simulation against llama.cpp's real cache (-ctk/-ctv -fa on,
+    // rotated by default, LLAMA_ATTN_ROT_DISABLE=1 for -norot), where numbers were recorded.
+    for (model, t, rot) in [
+        ("f16+kv:q8_0/q8_0", "q8_0", true),
+        ("f16+kv:q4_0/q4_0", "q4_0", true),
+        ("f16+kv:q4_0/q4_0-norot", "q4_0", false),
+    ] {
+        let Some(w) = runs.iter().find(|r| {
+            r["text"] == text_name
+                && r["ctx"] == ctx
+                && r["chunks"] == chunks
+                && r["model"] == model
+        }) else {
+            continue;
+        };
+        let mut args = vec![
+            "eval",
+            f16.to_str().unwrap(),
+            "--ref-logits",
+            base.to_str().unwrap(),
+            "--ctk",
+            t,
+            "--ctv",
+            t,
+            "--json",
+            "-q",
+        ];
+        if !rot {
+            args.push("--no-kv-rotation");
+        }
+        let (code, out, err) = tq(&args);
+        assert_eq!(code, 0, "{err}");
+        let r = json_result(&out);
+        let (ppl, kld) = (
+            r["ppl"]["value"].as_f64().unwrap(),
+            r["kld"]["kld"]["value"].as_f64().unwrap(),
+        );
+        let (wp, wk) = (w["ppl"].as_f64().unwrap(), w["kld"].as_f64().unwrap());
+        eprintln!("{model}: tq PPL {ppl:.4} KLD {kld:.6}, llama.cpp PPL {wp:.4} KLD {wk:.6}");
+        // PPL of a lossy cache on 8 short windows swings more than the KLD (q4_0 unrotated:
+        // +3.0% PPL, +5.9% KLD here; -0.8% / -0.4% on 10 wikitext windows x 512).
+        assert!(
+            (ppl / wp - 1.0).abs() < 0.04,
+            "{model} PPL {ppl} vs llama.cpp {wp}"
+        );
+        // 10%, plus 5e-5 absolute: a q8_0 cache's KLD (~2e-4) is at the level of the two tools'
+        // different f16 rounding paths (on 10 wikitext windows x 512 it agrees to 1.1%).
+        assert!(
+            (kld - wk).abs() < 0.10 * wk + 5e-5,
+            "{model} KLD {kld} vs llama.cpp {wk}"
+        );
+    }
 }
 
 /// CI: Botchan, 8 windows of 256 tokens. Quantized models get 1%: activations re-quantized to

@@ -43,7 +43,7 @@ convert() {
 
 echo "| model | bytes | PPL | mean KLD vs F16 | same top-1 % | convert s |"
 echo "|---|---|---|---|---|---|"
-for type in ${TYPES:-tq4_1s tq3_1s}; do
+for type in ${TYPES-tq4_1s tq3_1s}; do
   for recipe in ${RECIPES:-pure config-i}; do
     [ "$type" = tq4_1s ] && sfx="" || sfx="-$type"
     s=$(convert "$w/rtn-$recipe$sfx.gguf" --weights "$type" --recipe "$recipe")
@@ -55,7 +55,11 @@ for type in ${TYPES:-tq4_1s tq3_1s}; do
   done
 done
 bin=$("$TQ_ROOT/scripts/build-llama.sh")
+# llama.cpp's imatrix from the same calibration windows, for the fair "calibrated vs calibrated" rows.
+[ -f "$w/imatrix.gguf" ] || "$bin/llama-imatrix" -m "$f16" -f "$botchan" -o "$w/imatrix.gguf" -c 512 --chunks $((ctoks / 512)) -t 2 >/dev/null 2>&1
 for t in Q4_K_M Q5_0; do
   [ -f "$w/llama-$t.gguf" ] || "$bin/llama-quantize" "$f16" "$w/llama-$t.gguf" "$t" 2 >/dev/null 2>&1
   row "llama.cpp $t" "$w/llama-$t.gguf"
+  [ -f "$w/llama-$t-imatrix.gguf" ] || "$bin/llama-quantize" --imatrix "$w/imatrix.gguf" "$f16" "$w/llama-$t-imatrix.gguf" "$t" 2 >/dev/null 2>&1
+  row "llama.cpp $t + imatrix" "$w/llama-$t-imatrix.gguf"
 done

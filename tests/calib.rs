@@ -216,3 +216,339 @@ fn convert_with_ldlq_beats_rtn_at_identical_size() {
     assert!(better >= 12, "LDLQ better on {better} of {n_ldlq} tensors");
     assert!(sum_l < 0.9 * sum_r, "LDLQ {sum_l} vs RTN {sum_r}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Sequential (GPTQ-style) calibration
+
+fn calib_args(model: &Path, toks: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "calib",
+        s(model),
+        "--token-file",
+        s(toks),
+        "--tokens",
+        "256",
+        "--ctx",
+        "32",
+        "--batch",
+        "2",
+        "-o",
+        s(out),
+    ]
+    .iter()
+    .map(|x| x.to_string())
+    .collect();
+    v.extend(extra.iter().map(|x| x.to_string()));
+    v
+}
+
+fn run_tq(args: &[String], env: Option<(&str, &str)>) -> (i32, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tq"));
+    c.args(args);
+    if let Some((k, v)) = env {
+        c.env(k, v);
+    }
+    let o = c.output().unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stderr).to_string(),
+    )
+}
+
+/// ‖a − b‖_F / ‖b‖_F.
+fn rel_diff(a: &[f64], b: &[f64]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    (num / den).sqrt()
+}
+
+#[test]
+fn sequential_hessians_follow_the_quantized_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, toks) = setup(dir.path());
+    let hb = dir.path().join("batched.safetensors");
+    let hs_path = dir.path().join("seq.safetensors");
+    let hf = dir.path().join("seq-f32.safetensors");
+    let (code, err) = run_tq(&calib_args(&model, &toks, &hb, &[]), None);
+    assert_eq!(code, 0, "{err}");
+    let (code, err) = run_tq(
+        &calib_args(
+            &model,
+            &toks,
+            &hs_path,
+            &["--sequential", "--weights", "tq4_1s"],
+        ),
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("14 tensors quantized with LDLQ"), "{err}");
+    // Simulating f32 weights (the plan copies every tensor) is the batched calibration again.
+    let (code, err) = run_tq(
+        &calib_args(&model, &toks, &hf, &["--sequential", "--weights", "f32"]),
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("0 tensors quantized with LDLQ, 0 round-to-nearest, 14 kept"),
+        "{err}"
+    );
+
+    let (b, _) = tq::calib::Hessians::load(&hb).unwrap();
+    let (sq, meta) = tq::calib::Hessians::load(&hs_path).unwrap();
+    let (sf, _) = tq::calib::Hessians::load(&hf).unwrap();
+    assert_eq!(meta["tq.sequential"], "true");
+    assert_eq!(meta["tq.weights"], "tq4_1s");
+    assert_eq!(meta["tq.recipe"], "pure");
+    assert_eq!(meta["tq.complete"], "true");
+    assert!(meta["tq.tensor_types"].contains("blk.1.ffn_down.weight=tq4_1s"));
+    assert_eq!(sq.groups.len(), 8);
+    for (k, g) in &b.groups {
+        let s_ = &sq.groups[k];
+        assert_eq!(s_.tokens, g.tokens, "{k}");
+        let d = rel_diff(&s_.h, &g.h);
+        let df = rel_diff(&sf.groups[k].h, &g.h);
+        eprintln!("{k}: sequential vs batched {d:.3e} (f32 simulation {df:.3e})");
+        assert!(df < 1e-5, "{k}: identity quantization changed H by {df}");
+        if k.starts_with("blk.0.attn_q.weight") {
+            // Layer 0's q/k/v input is the embedding: nothing before it is quantized.
+            assert_eq!(
+                s_.h, g.h,
+                "{k}: layer 0 q/k/v must equal the batched Hessian"
+            );
+        } else {
+            // Everything after layer 0's q/k/v sees quantized weights (attn_output inside layer 0
+            // too: its input comes from the quantized q/k/v).
+            assert!(
+                d > 1e-3,
+                "{k}: sequential Hessian equals the batched one ({d})"
+            );
+        }
+    }
+
+    // The model the calibration simulated is the one convert writes: calibrating the converted
+    // model (batched) gives the same Hessians. token_embd kept f32 (the simulation does not
+    // quantize the embedding lookup).
+    let out = dir.path().join("seq.gguf");
+    let (code, _, err) = tq(&[
+        "convert",
+        s(&model),
+        "--weights",
+        "tq4_1s",
+        "--token-embedding-type",
+        "f32",
+        "--calib",
+        s(&hs_path),
+        "-q",
+        "-o",
+        s(&out),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("warning"), "{err}");
+    let hc = dir.path().join("converted.safetensors");
+    let (code, err) = run_tq(&calib_args(&out, &toks, &hc, &[]), None);
+    assert_eq!(code, 0, "{err}");
+    let (c, _) = tq::calib::Hessians::load(&hc).unwrap();
+    for (k, g) in &sq.groups {
+        let d = rel_diff(&g.h, &c.groups[k].h);
+        let d_batched = rel_diff(&b.groups[k].h, &c.groups[k].h);
+        eprintln!("{k}: sequential vs converted model {d:.3e} (batched {d_batched:.3e})");
+        assert!(
+            d < 1e-5,
+            "{k}: sequential calibration did not simulate the converted model ({d})"
+        );
+    }
+
+    // Converting with another quantization than the one simulated: one warning line.
+    let (code, _, err) = tq(&[
+        "convert",
+        s(&model),
+        "--weights",
+        "tq3_1s",
+        "--ldlq-band",
+        "16",
+        "--calib",
+        s(&hs_path),
+        "-q",
+        "-o",
+        s(&dir.path().join("other.gguf")),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let warn: Vec<&str> = err.lines().filter(|l| l.contains("warning")).collect();
+    assert_eq!(warn.len(), 1, "{err}");
+    assert!(
+        warn[0].contains("seq.safetensors")
+            && warn[0].contains("tq3_1s")
+            && warn[0].contains("--ldlq-band 0 vs 16"),
+        "{err}"
+    );
+}
+
+#[test]
+fn sequential_resume_equals_uninterrupted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, toks) = setup(dir.path());
+    let seq = ["--sequential", "--checkpoint-secs", "0"];
+    let full = dir.path().join("full.safetensors");
+    let (code, err) = run_tq(&calib_args(&model, &toks, &full, &seq), None);
+    assert_eq!(code, 0, "{err}");
+    let part = dir.path().join("part.safetensors");
+    let (code, err) = run_tq(
+        &calib_args(&model, &toks, &part, &seq),
+        Some(("TQ_CALIB_ABORT_AFTER", "1")),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--resume"), "{err}");
+    let (_, meta) = tq::calib::Hessians::load(&part).unwrap();
+    assert_eq!(meta["tq.layers_done"], "1");
+    assert_eq!(meta["tq.complete"], "false");
+    let mut resume: Vec<&str> = seq.to_vec();
+    resume.push("--resume");
+    let (code, err) = run_tq(&calib_args(&model, &toks, &part, &resume), None);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("resuming after 1 of 2 blocks"), "{err}");
+    assert_eq!(
+        std::fs::read(&full).unwrap(),
+        std::fs::read(&part).unwrap(),
+        "resumed sequential Hessians differ"
+    );
+    // Same bytes with one thread.
+    let one = dir.path().join("one.safetensors");
+    let mut t1: Vec<&str> = seq.to_vec();
+    t1.extend(["--threads", "1"]);
+    let (code, err) = run_tq(&calib_args(&model, &toks, &one, &t1), None);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read(&full).unwrap(), std::fs::read(&one).unwrap());
+    // A checkpoint of another quantization, or of the batched mode, is refused.
+    let (code, err) = run_tq(
+        &calib_args(
+            &model,
+            &toks,
+            &part,
+            &["--sequential", "--weights", "tq3_1s", "--resume"],
+        ),
+        None,
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("checkpoint is for another"), "{err}");
+    let (code, err) = run_tq(&calib_args(&model, &toks, &part, &["--resume"]), None);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("checkpoint is for another"), "{err}");
+}
+
+#[test]
+fn sequential_flag_errors_are_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, toks) = setup(dir.path());
+    let o = dir.path().join("h.safetensors");
+    for (extra, want) in [
+        (vec!["--weights", "tq4_1s"], "--sequential"),
+        (
+            vec!["--sequential", "--recipe", "nope"],
+            "unknown recipe 'nope'",
+        ),
+        (
+            vec!["--sequential", "--weights", "q9_9"],
+            "unknown tensor type 'q9_9'",
+        ),
+    ] {
+        let (code, err) = run_tq(&calib_args(&model, &toks, &o, &extra), None);
+        assert_eq!(code, 2, "{extra:?}: {err}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    assert!(!o.exists());
+}
+
+/// Real data: SmolLM2 (Q4_1 source, token_embd q8_0, kept) on a few Botchan windows. Sequential calibration leaves layer
+/// 0's q/k/v Hessian as it is, changes every later one, and its Hessians are those of the model
+/// `tq convert --calib` then writes.
+#[test]
+fn sequential_on_smollm2_simulates_the_converted_model() {
+    let Some(smol) = fixtures::smollm2() else {
+        return;
+    };
+    let Some(text) = fixtures::data_file(
+        fixtures::cache_dir().join("text/botchan.txt"),
+        "scripts/fetch-botchan.sh",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let args = |m: &Path, o: &Path, extra: &[&str]| {
+        let mut v: Vec<String> = [
+            "calib",
+            s(m),
+            "--text",
+            s(&text),
+            "--tokens",
+            "256",
+            "--ctx",
+            "64",
+            "--batch",
+            "2",
+            "-o",
+            s(o),
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        v.extend(extra.iter().map(|x| x.to_string()));
+        v
+    };
+    let hb = dir.path().join("b.safetensors");
+    let hs_path = dir.path().join("s.safetensors");
+    let (code, err) = run_tq(&args(&smol, &hb, &[]), None);
+    assert_eq!(code, 0, "{err}");
+    let (code, err) = run_tq(
+        &args(&smol, &hs_path, &["--sequential", "--ldlq-band", "16"]),
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("210 tensors quantized with LDLQ"), "{err}");
+    let out = dir.path().join("s.gguf");
+    let (code, _, err) = tq(&[
+        "convert",
+        s(&smol),
+        "--weights",
+        "tq4_1s",
+        "--ldlq-band",
+        "16",
+        "--token-embedding-type",
+        "q8_0",
+        "--calib",
+        s(&hs_path),
+        "-q",
+        "-o",
+        s(&out),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let hc = dir.path().join("c.safetensors");
+    let (code, err) = run_tq(&args(&out, &hc, &[]), None);
+    assert_eq!(code, 0, "{err}");
+    let (b, _) = tq::calib::Hessians::load(&hb).unwrap();
+    let (sq, _) = tq::calib::Hessians::load(&hs_path).unwrap();
+    let (c, _) = tq::calib::Hessians::load(&hc).unwrap();
+    assert_eq!(sq.groups.len(), 120);
+    let (mut min_change, mut max_sim) = (f64::INFINITY, 0f64);
+    for (k, g) in &sq.groups {
+        let d_b = rel_diff(&g.h, &b.groups[k].h);
+        let d_c = rel_diff(&g.h, &c.groups[k].h);
+        if k.starts_with("blk.0.attn_q.weight") {
+            assert_eq!(g.h, b.groups[k].h, "{k}");
+            continue;
+        }
+        min_change = min_change.min(d_b);
+        max_sim = max_sim.max(d_c);
+    }
+    eprintln!(
+        "SmolLM2: smallest sequential-vs-batched change {min_change:.3e}; largest sequential-vs-converted difference {max_sim:.3e}"
+    );
+    assert!(
+        min_change > 1e-3,
+        "a later Hessian did not change: {min_change}"
+    );
+    assert!(
+        max_sim < 1e-4,
+        "sequential calibration and the converted model disagree: {max_sim}"
+    );
+}

@@ -1,4 +1,5 @@
 //! `tq convert INPUT -o OUT.gguf [--weights TYPE] [--recipe R] ...`
+use crate::calib::sequential::SeqQuant;
 use crate::convert::{self, Provenance};
 use crate::error::{Error, Result};
 use crate::plan::{self, recipe, Action, Plan, Request};
@@ -92,7 +93,20 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     let mut plan = plan::plan(src.tensors(), &req, &profile)?;
     let ldlq = match &a.calib {
         Some(p) => {
-            let (hessians, _) = crate::calib::Hessians::load(p)?;
+            let (hessians, meta) = crate::calib::Hessians::load(p)?;
+            let now = SeqQuant::from_plan(
+                &plan,
+                req.weights.name(),
+                req.recipe.name,
+                a.ldlq_band,
+                a.damp,
+            );
+            if let Some(d) = crate::calib::sequential::mismatch(&meta, &now) {
+                eprintln!(
+                    "tq: warning: {}: sequential Hessians were computed for another quantization ({d}); blocks after the first saw activations of a model this conversion does not write (rerun tq calib --sequential with matching flags)",
+                    p.display()
+                );
+            }
             plan::assign_ldlq(&mut plan, &hessians, a.ldlq_band);
             Some(convert::Ldlq {
                 hessians,

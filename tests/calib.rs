@@ -552,3 +552,204 @@ fn sequential_on_smollm2_simulates_the_converted_model() {
         "sequential calibration and the converted model disagree: {max_sim}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// tq convert --calib TEXT (inline calibration)
+
+/// The tiny model with a byte-level gpt2 vocabulary of exactly its 96 ids: printable ASCII
+/// `!`..`}`, `Ġ` (space), one merge `h e`, and `<s>` (BOS, added).
+fn tiny_with_tokenizer(dir: &Path) -> std::path::PathBuf {
+    use tq::gguf::{Value, ValueType};
+    let fx = fixtures::gguf_gen::tiny_llama(2, 64, 128, 96);
+    let mut toks: Vec<String> = (b'!'..=b'}').map(|c| (c as char).to_string()).collect();
+    toks.extend(["Ġ".to_string(), "he".to_string(), "<s>".to_string()]);
+    assert_eq!(toks.len(), 96);
+    let strs = |v: &[String]| {
+        Value::Array(
+            ValueType::String,
+            v.iter().map(|x| Value::string(x)).collect(),
+        )
+    };
+    let mut md = fx.metadata.clone();
+    md.extend([
+        ("tokenizer.ggml.model".to_string(), Value::string("gpt2")),
+        ("tokenizer.ggml.pre".to_string(), Value::string("gpt-2")),
+        ("tokenizer.ggml.tokens".to_string(), strs(&toks)),
+        (
+            "tokenizer.ggml.merges".to_string(),
+            strs(&["h e".to_string()]),
+        ),
+        ("tokenizer.ggml.bos_token_id".to_string(), Value::U32(95)),
+        (
+            "tokenizer.ggml.add_bos_token".to_string(),
+            Value::Bool(true),
+        ),
+    ]);
+    let fx = fixtures::gguf_gen::build_with_data(3, None, md, fx.tensors);
+    let p = dir.join("tiny-tok.gguf");
+    std::fs::write(&p, &fx.bytes).unwrap();
+    p
+}
+
+/// Deterministic English-like text.
+fn pseudo_text(words: usize) -> String {
+    let vocab = [
+        "the", "cat", "sat", "on", "mat", "he", "said", "that", "it", "was", "here", "when",
+        "rain", "fell", "over", "hills", "and", "then", "she", "went", "home", "quietly,",
+        "again.",
+    ];
+    let mut s = 1u64;
+    (0..words)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            vocab[(s >> 33) as usize % vocab.len()]
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn tensors_equal(a: &Path, b: &Path) -> bool {
+    let (fa, fb) = (
+        tq::gguf::GgufFile::open(a).unwrap(),
+        tq::gguf::GgufFile::open(b).unwrap(),
+    );
+    fa.tensors.len() == fb.tensors.len()
+        && fa.tensors.iter().all(|t| {
+            let u = fb.tensor(&t.name).unwrap();
+            t.ty == u.ty && fa.tensor_data(t) == fb.tensor_data(u)
+        })
+}
+
+#[test]
+fn convert_calibrates_inline_on_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_with_tokenizer(dir.path());
+    let text = dir.path().join("calib.txt");
+    std::fs::write(&text, pseudo_text(400)).unwrap();
+    let p = |n: &str| dir.path().join(n);
+    let calib = |extra: &[&str], out: &Path| {
+        let mut a = vec![
+            "calib",
+            s(&model),
+            "--text",
+            s(&text),
+            "--tokens",
+            "512",
+            "--ctx",
+            "32",
+            "-o",
+            s(out),
+        ];
+        a.extend(extra);
+        let (code, _, err) = tq(&a);
+        assert_eq!(code, 0, "{err}");
+    };
+    let convert = |extra: &[&str], out: &Path| {
+        let mut a = vec![
+            "convert",
+            s(&model),
+            "--weights",
+            "tq4_1s",
+            "-q",
+            "-o",
+            s(out),
+        ];
+        a.extend(extra);
+        tq(&a)
+    };
+    // Two steps vs one: the same tensors.
+    calib(&[], &p("h.safetensors"));
+    let (code, _, err) = convert(&["--calib", s(&p("h.safetensors"))], &p("two.gguf"));
+    assert_eq!(code, 0, "{err}");
+    let inline = [
+        "--calib",
+        s(&text),
+        "--calib-tokens",
+        "512",
+        "--calib-ctx",
+        "32",
+    ];
+    let (code, _, err) = convert(&inline, &p("one.gguf"));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        tensors_equal(&p("two.gguf"), &p("one.gguf")),
+        "inline calibration differs"
+    );
+    let (code, _, err) = convert(&[], &p("rtn.gguf"));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !tensors_equal(&p("rtn.gguf"), &p("one.gguf")),
+        "inline calibration had no effect"
+    );
+    let f = tq::gguf::GgufFile::open(p("one.gguf")).unwrap();
+    let flags = f.get_str("tq.flags").unwrap().to_string();
+    assert!(
+        flags.contains("--calib calib.txt --calib-tokens 512 --calib-ctx 32"),
+        "{flags}"
+    );
+    let methods = format!("{:?}", f.get("tq.tensor_methods").unwrap());
+    assert!(
+        methods.contains("blk.1.ffn_down.weight=tq4_1s:ldlq"),
+        "{methods}"
+    );
+
+    // Sequential, inline and in two steps.
+    calib(&["--sequential"], &p("hs.safetensors"));
+    let (code, _, err) = convert(&["--calib", s(&p("hs.safetensors"))], &p("two-seq.gguf"));
+    assert_eq!(code, 0, "{err}");
+    let mut seq = inline.to_vec();
+    seq.push("--calib-sequential");
+    let (code, _, err) = convert(&seq, &p("one-seq.gguf"));
+    assert_eq!(code, 0, "{err}");
+    assert!(tensors_equal(&p("two-seq.gguf"), &p("one-seq.gguf")));
+    assert!(!tensors_equal(&p("one.gguf"), &p("one-seq.gguf")));
+
+    // --dry-run does not calibrate; bad inputs are one-line errors.
+    let (code, out, err) = tq(&[
+        "convert",
+        s(&model),
+        "--weights",
+        "tq4_1s",
+        "--calib",
+        s(&text),
+        "--dry-run",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("not run") && out.contains("blk.0.attn_q.weight"),
+        "{err}"
+    );
+    std::fs::write(p("bin.txt"), [0xffu8, 0xfe, 0x00, 0x41]).unwrap();
+    for (extra, want) in [
+        (vec!["--calib", s(&p("bin.txt"))], "bin.txt: not UTF-8 text"),
+        (
+            vec![
+                "--calib",
+                s(&text),
+                "--calib-tokens",
+                "10",
+                "--calib-ctx",
+                "32",
+            ],
+            "fewer than one window",
+        ),
+        (vec!["--calib", s(&p("missing.txt"))], "missing.txt"),
+        (
+            vec!["--calib", s(&p("h.safetensors")), "--calib-sequential"],
+            "--calib-sequential",
+        ),
+    ] {
+        let (code, _, err) = convert(&extra, &p("bad.gguf"));
+        assert_ne!(code, 0, "{extra:?}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+    // --calib-tokens without --calib: a usage error from the argument parser.
+    let (code, _, err) = convert(&["--calib-tokens", "64"], &p("bad.gguf"));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--calib <CALIB>"), "{err}");
+    assert!(!p("bad.gguf").exists());
+}

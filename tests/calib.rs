@@ -753,3 +753,122 @@ fn convert_calibrates_inline_on_text() {
     assert!(err.contains("--calib <CALIB>"), "{err}");
     assert!(!p("bad.gguf").exists());
 }
+
+// ---------------------------------------------------------------------------------------------
+// tq calib --self-generate (data-free)
+
+#[test]
+fn self_generate_is_deterministic_in_range_and_calibrates_on_its_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_with_tokenizer(dir.path());
+    let p = |n: &str| dir.path().join(n);
+    let gen = |seed: &str, threads: &str, toks: &Path, out: &Path| {
+        let (code, _, err) = tq(&[
+            "calib",
+            s(&model),
+            "--self-generate",
+            "3",
+            "--ctx",
+            "24",
+            "--seed",
+            seed,
+            "--threads",
+            threads,
+            "--save-tokens",
+            s(toks),
+            "-o",
+            s(out),
+        ]);
+        assert_eq!(code, 0, "{err}");
+        assert!(err.contains("tokens/s"), "{err}");
+        std::fs::read_to_string(toks).unwrap()
+    };
+    let a = gen("7", "2", &p("a.txt"), &p("a.safetensors"));
+    let b = gen("7", "1", &p("b.txt"), &p("b.safetensors"));
+    let c = gen("8", "2", &p("c.txt"), &p("c.safetensors"));
+    assert_eq!(a, b, "same seed, other thread count: other tokens");
+    assert_ne!(a, c, "another seed gave the same tokens");
+    assert_eq!(
+        std::fs::read(p("a.safetensors")).unwrap(),
+        std::fs::read(p("b.safetensors")).unwrap()
+    );
+    let windows: Vec<Vec<u32>> = a
+        .lines()
+        .map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(windows.len(), 3);
+    let mut distinct = std::collections::BTreeSet::new();
+    for w in &windows {
+        assert_eq!(w.len(), 24);
+        assert_eq!(w[0], 95, "every window starts with BOS");
+        assert!(w.iter().all(|&t| t < 96), "{w:?}");
+        distinct.extend(w[1..].iter().copied());
+    }
+    assert!(distinct.len() > 10, "sampling collapsed: {distinct:?}");
+    // The Hessians are those of a calibration on the saved tokens.
+    let (code, _, err) = tq(&[
+        "calib",
+        s(&model),
+        "--token-file",
+        s(&p("a.txt")),
+        "--ctx",
+        "24",
+        "-o",
+        s(&p("t.safetensors")),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (g, meta) = tq::calib::Hessians::load(&p("a.safetensors")).unwrap();
+    let (t, _) = tq::calib::Hessians::load(&p("t.safetensors")).unwrap();
+    assert!(meta["tq.source"].contains("self-generate 3 windows, seed 7"));
+    assert_eq!(g.groups.len(), 8);
+    for (k, h) in &g.groups {
+        assert_eq!(h.h, t.groups[k].h, "{k}");
+        assert_eq!(h.tokens, 72);
+    }
+    // With --sequential too.
+    let (code, _, err) = tq(&[
+        "calib",
+        s(&model),
+        "--self-generate",
+        "2",
+        "--ctx",
+        "16",
+        "--sequential",
+        "-o",
+        s(&p("s.safetensors")),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    // A model without BOS, and bad counts: one-line errors.
+    let plain = dir.path().join("plain.gguf");
+    std::fs::write(&plain, fixtures::gguf_gen::tiny_llama(1, 64, 128, 96).bytes).unwrap();
+    for (m, n, want) in [
+        (&plain, "2", "bos_token_id"),
+        (&model, "0", "--self-generate N"),
+    ] {
+        let (code, _, err) = tq(&[
+            "calib",
+            s(m),
+            "--self-generate",
+            n,
+            "--ctx",
+            "16",
+            "-o",
+            s(&p("x.safetensors")),
+        ]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(want), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+    let (code, _, err) = tq(&[
+        "calib",
+        s(&model),
+        "--self-generate",
+        "2",
+        "--tokens",
+        "64",
+        "-o",
+        s(&p("x.safetensors")),
+    ]);
+    assert_eq!(code, 2, "--tokens conflicts with --self-generate: {err}");
+    assert!(!p("x.safetensors").exists());
+}

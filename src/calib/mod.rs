@@ -11,6 +11,7 @@
 //! in which block i's Hessians come from the model whose earlier weights are already quantized.
 
 pub mod run;
+pub mod selfgen;
 pub mod sequential;
 
 use crate::error::{Error, Result};

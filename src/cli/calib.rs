@@ -20,8 +20,26 @@ pub struct CalibArgs {
     /// Pre-tokenized input instead of --text: whitespace-separated u32 ids.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// Data-free: calibrate on N windows of --ctx tokens sampled from the model itself (from
+    /// BOS, temperature 1, top-k; deterministic for a --seed). Replaces --text/--tokens.
+    #[arg(long, value_name = "N", conflicts_with_all = ["text", "token_file"])]
+    pub self_generate: Option<usize>,
+    /// With --self-generate: seed of the sampler (SplitMix64).
+    #[arg(long, requires = "self_generate", default_value_t = 0)]
+    pub seed: u64,
+    /// With --self-generate: sample among the k most likely tokens.
+    #[arg(long, requires = "self_generate", default_value_t = 40)]
+    pub top_k: usize,
+    /// With --self-generate: MiB of dequantized weights kept between decoding steps (the rest is
+    /// dequantized again at every step).
+    #[arg(long, requires = "self_generate", default_value_t = 4096)]
+    pub gen_cache_mib: usize,
+    /// With --self-generate: also write the sampled tokens (whitespace-separated ids, readable by
+    /// --token-file).
+    #[arg(long, requires = "self_generate")]
+    pub save_tokens: Option<PathBuf>,
     /// Calibration tokens to use (rounded down to whole windows).
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = 8192, conflicts_with = "self_generate")]
     pub tokens: usize,
     /// Window length.
     #[arg(long, default_value_t = 512)]
@@ -118,16 +136,36 @@ pub fn seq_quant(f: &GgufFile, a: &CalibArgs) -> Result<SeqQuant> {
 
 fn calibrate(a: &CalibArgs) -> Result<()> {
     let f = GgufFile::open(&a.model)?;
-    let (tokens, bos) = input_tokens(a, &f)?;
-    let n_win = (a.tokens.min(tokens.len())) / a.ctx;
-    if n_win == 0 {
-        return Err(Error::Usage(format!(
-            "tq calib: the input has {} tokens, fewer than one window of --ctx {}",
-            tokens.len(),
-            a.ctx
-        )));
-    }
-    let windows = run::make_windows(&tokens, n_win, a.ctx, bos);
+    let mut extra_meta = BTreeMap::new();
+    let windows = if let Some(n) = a.self_generate {
+        let windows = self_generate(a, &f, n)?;
+        extra_meta.insert(
+            "tq.source".to_string(),
+            format!(
+                "self-generate {n} windows, seed {}, top-k {}",
+                a.seed, a.top_k
+            ),
+        );
+        windows
+    } else {
+        let (tokens, bos) = input_tokens(a, &f)?;
+        let n_win = (a.tokens.min(tokens.len())) / a.ctx;
+        if n_win == 0 {
+            return Err(Error::Usage(format!(
+                "tq calib: the input has {} tokens, fewer than one window of --ctx {}",
+                tokens.len(),
+                a.ctx
+            )));
+        }
+        let src = a.text.as_ref().or(a.token_file.as_ref()).expect("checked");
+        extra_meta.insert(
+            "tq.source".to_string(),
+            src.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        );
+        run::make_windows(&tokens, n_win, a.ctx, bos)
+    };
     let seq = if a.sequential {
         Some(seq_quant(&f, a)?)
     } else {
@@ -144,7 +182,7 @@ fn calibrate(a: &CalibArgs) -> Result<()> {
             resume: a.resume,
             sequential: seq.as_ref(),
             checkpoint_secs: a.checkpoint_secs,
-            extra_meta: BTreeMap::new(),
+            extra_meta,
             quiet: false,
         },
     )?;
@@ -154,6 +192,59 @@ fn calibrate(a: &CalibArgs) -> Result<()> {
         a.output.display()
     );
     Ok(())
+}
+
+/// `--self-generate N`: sample the windows from the model (see `calib::selfgen`).
+fn self_generate(a: &CalibArgs, f: &GgufFile, n: usize) -> Result<Vec<u32>> {
+    use crate::calib::selfgen::{generate, GenOptions};
+    use crate::model::runtime::{Model, Numerics};
+    let bos = f.get_u64("tokenizer.ggml.bos_token_id").ok_or_else(|| {
+        Error::bad_input(
+            &a.model,
+            "no tokenizer.ggml.bos_token_id: --self-generate starts every window from BOS",
+        )
+    })?;
+    if n == 0 || a.top_k == 0 {
+        return Err(Error::Usage(
+            "tq calib: --self-generate N and --top-k must be >= 1".into(),
+        ));
+    }
+    let model = Model::new(f, Numerics::F32)?;
+    let (toks, st) = generate(
+        &model,
+        &GenOptions {
+            windows: n,
+            ctx: a.ctx,
+            bos: u32::try_from(bos).unwrap_or(u32::MAX),
+            seed: a.seed,
+            top_k: a.top_k,
+            cache_bytes: a.gen_cache_mib.saturating_mul(1 << 20),
+            quiet: false,
+        },
+    )?;
+    eprintln!(
+        "tq calib: self-generated {n} windows x {} tokens ({} sampled) in {:.1} s: {:.1} tokens/s ({} of {} blocks{} kept dequantized)",
+        a.ctx,
+        st.sampled,
+        st.secs,
+        st.sampled as f64 / st.secs.max(1e-9),
+        st.cached_blocks,
+        model.cfg.n_layer,
+        if st.output_cached { " and the output" } else { "" }
+    );
+    if let Some(p) = &a.save_tokens {
+        let text: Vec<String> = toks
+            .chunks(a.ctx)
+            .map(|w| {
+                w.iter()
+                    .map(|t| t.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
+        std::fs::write(p, text.join("\n") + "\n").map_err(|e| Error::io(p, e))?;
+    }
+    Ok(toks)
 }
 
 fn input_tokens(a: &CalibArgs, f: &GgufFile) -> Result<(Vec<u32>, Option<u32>)> {

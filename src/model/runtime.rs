@@ -94,6 +94,16 @@ impl<'a> Model<'a> {
         })
     }
 
+    /// The final norm's weight.
+    pub fn output_norm(&self) -> &[f32] {
+        &self.output_norm
+    }
+
+    /// The output projection's tensor (`token_embd.weight` when tied).
+    pub fn output_tensor(&self) -> &'static str {
+        self.output_name()
+    }
+
     fn ggml(&self) -> bool {
         self.numerics == Numerics::Ggml
     }

@@ -264,8 +264,7 @@ fn produce(
                     .expect("planner checked the Hessian");
                 let key = h.tensors.join(",");
                 if !factors.contains_key(&key) {
-                    let rotated = crate::ldlq::rotate_hessian(&h.h, h.n);
-                    let f = crate::ldlq::factor(&rotated, h.n, l.damp, &e.name)?;
+                    let f = crate::ldlq::factor_hessian(h, l.damp, &e.name)?;
                     factors.insert(key.clone(), std::sync::Arc::new(f));
                 }
                 Some((factors[&key].clone(), l.band))
@@ -284,7 +283,7 @@ fn produce(
                         src.read_rows_f32(i, abs, row)?;
                         check_finite(&e.name, abs, row)
                     })?;
-                tx.send(crate::ldlq::quantize_ldlq(e.dst, &x, row_len, f, *band))
+                tx.send(encode_rows(e.dst, &e.name, &x, row_len, Some((f, *band)))?)
                     .map_err(|_| closed())?;
                 row0 += rows as u64;
                 continue;
@@ -310,7 +309,34 @@ fn produce(
     Ok(())
 }
 
-fn check_finite(name: &str, row_index: u64, row: &[f32]) -> Result<()> {
+/// Encode whole rows (`x` is `rows × row_len`) as `dst`: banded LDLQ when `ldlq` gives a factor
+/// and band, else round-to-nearest row by row. These are the bytes `tq convert` writes for the
+/// rows; sequential calibration calls it to simulate the converted model. Rows in parallel: the
+/// bytes do not depend on the thread count.
+pub fn encode_rows(
+    dst: crate::types::TensorType,
+    name: &str,
+    x: &[f32],
+    row_len: usize,
+    ldlq: Option<(&crate::ldlq::Factor, usize)>,
+) -> Result<Vec<u8>> {
+    if let Some((f, band)) = ldlq {
+        return Ok(crate::ldlq::quantize_ldlq(dst, x, row_len, f, band));
+    }
+    let row_bytes = dst.bytes_for(row_len as u64).ok_or_else(|| {
+        Error::Unsupported(format!(
+            "{name}: row length {row_len} does not fit type {dst}"
+        ))
+    })? as usize;
+    let mut buf = vec![0u8; x.len() / row_len.max(1) * row_bytes];
+    buf.par_chunks_mut(row_bytes)
+        .zip(x.par_chunks(row_len))
+        .try_for_each(|(ob, row)| crate::types::quantize(dst, row, ob, name))?;
+    Ok(buf)
+}
+
+/// A non-finite weight is an error naming the tensor, row and column.
+pub fn check_finite(name: &str, row_index: u64, row: &[f32]) -> Result<()> {
     match row.iter().position(|v| !v.is_finite()) {
         Some(c) => Err(Error::Unsupported(format!(
             "{name}: non-finite weight {} at row {row_index}, column {c}; fix the source model (NaN/Inf cannot be quantized)",

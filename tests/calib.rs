@@ -216,3 +216,659 @@ fn convert_with_ldlq_beats_rtn_at_identical_size() {
     assert!(better >= 12, "LDLQ better on {better} of {n_ldlq} tensors");
     assert!(sum_l < 0.9 * sum_r, "LDLQ {sum_l} vs RTN {sum_r}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Sequential (GPTQ-style) calibration
+
+fn calib_args(model: &Path, toks: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "calib",
+        s(model),
+        "--token-file",
+        s(toks),
+        "--tokens",
+        "256",
+        "--ctx",
+        "32",
+        "--batch",
+        "2",
+        "-o",
+        s(out),
+    ]
+    .iter()
+    .map(|x| x.to_string())
+    .collect();
+    v.extend(extra.iter().map(|x| x.to_string()));
+    v
+}
+
+fn run_tq(args: &[String], env: Option<(&str, &str)>) -> (i32, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tq"));
+    c.args(args);
+    if let Some((k, v)) = env {
+        c.env(k, v);
+    }
+    let o = c.output().unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stderr).to_string(),
+    )
+}
+
+/// ‖a − b‖_F / ‖b‖_F.
+fn rel_diff(a: &[f64], b: &[f64]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    (num / den).sqrt()
+}
+
+#[test]
+fn sequential_hessians_follow_the_quantized_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, toks) = setup(dir.path());
+    let hb = dir.path().join("batched.safetensors");
+    let hs_path = dir.path().join("seq.safetensors");
+    let hf = dir.path().join("seq-f32.safetensors");
+    let (code, err) = run_tq(&calib_args(&model, &toks, &hb, &[]), None);
+    assert_eq!(code, 0, "{err}");
+    let (code, err) = run_tq(
+        &calib_args(
+            &model,
+            &toks,
+            &hs_path,
+            &["--sequential", "--weights", "tq4_1s"],
+        ),
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("14 tensors quantized with LDLQ"), "{err}");
+    // Simulating f32 weights (the plan copies every tensor) is the batched calibration again.
+    let (code, err) = run_tq(
+        &calib_args(&model, &toks, &hf, &["--sequential", "--weights", "f32"]),
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("0 tensors quantized with LDLQ, 0 round-to-nearest, 14 kept"),
+        "{err}"
+    );
+
+    let (b, _) = tq::calib::Hessians::load(&hb).unwrap();
+    let (sq, meta) = tq::calib::Hessians::load(&hs_path).unwrap();
+    let (sf, _) = tq::calib::Hessians::load(&hf).unwrap();
+    assert_eq!(meta["tq.sequential"], "true");
+    assert_eq!(meta["tq.weights"], "tq4_1s");
+    assert_eq!(meta["tq.recipe"], "pure");
+    assert_eq!(meta["tq.complete"], "true");
+    assert!(meta["tq.tensor_types"].contains("blk.1.ffn_down.weight=tq4_1s"));
+    assert_eq!(sq.groups.len(), 8);
+    for (k, g) in &b.groups {
+        let s_ = &sq.groups[k];
+        assert_eq!(s_.tokens, g.tokens, "{k}");
+        let d = rel_diff(&s_.h, &g.h);
+        let df = rel_diff(&sf.groups[k].h, &g.h);
+        eprintln!("{k}: sequential vs batched {d:.3e} (f32 simulation {df:.3e})");
+        assert!(df < 1e-5, "{k}: identity quantization changed H by {df}");
+        if k.starts_with("blk.0.attn_q.weight") {
+            // Layer 0's q/k/v input is the embedding: nothing before it is quantized.
+            assert_eq!(
+                s_.h, g.h,
+                "{k}: layer 0 q/k/v must equal the batched Hessian"
+            );
+        } else {
+            // Everything after layer 0's q/k/v sees quantized weights (attn_output inside layer 0
+            // too: its input comes from the quantized q/k/v).
+            assert!(
+                d > 1e-3,
+                "{k}: sequential Hessian equals the batched one ({d})"
+            );
+        }
+    }
+
+    // The model the calibration simulated is the one convert writes: calibrating the converted
+    // model (batched) gives the same Hessians. token_embd kept f32 (the simulation does not
+    // quantize the embedding lookup).
+    let out = dir.path().join("seq.gguf");
+    let (code, _, err) = tq(&[
+        "convert",
+        s(&model),
+        "--weights",
+        "tq4_1s",
+        "--token-embedding-type",
+        "f32",
+        "--calib",
+        s(&hs_path),
+        "-q",
+        "-o",
+        s(&out),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("warning"), "{err}");
+    let hc = dir.path().join("converted.safetensors");
+    let (code, err) = run_tq(&calib_args(&out, &toks, &hc, &[]), None);
+    assert_eq!(code, 0, "{err}");
+    let (c, _) = tq::calib::Hessians::load(&hc).unwrap();
+    for (k, g) in &sq.groups {
+        let d = rel_diff(&g.h, &c.groups[k].h);
+        let d_batched = rel_diff(&b.groups[k].h, &c.groups[k].h);
+        eprintln!("{k}: sequential vs converted model {d:.3e} (batched {d_batched:.3e})");
+        assert!(
+            d < 1e-5,
+            "{k}: sequential calibration did not simulate the converted model ({d})"
+        );
+    }
+
+    // Converting with another quantization than the one simulated: one warning line.
+    let (code, _, err) = tq(&[
+        "convert",
+        s(&model),
+        "--weights",
+        "tq3_1s",
+        "--ldlq-band",
+        "16",
+        "--calib",
+        s(&hs_path),
+        "-q",
+        "-o",
+        s(&dir.path().join("other.gguf")),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let warn: Vec<&str> = err.lines().filter(|l| l.contains("warning")).collect();
+    assert_eq!(warn.len(), 1, "{err}");
+    assert!(
+        warn[0].contains("seq.safetensors")
+            && warn[0].contains("tq3_1s")
+            && warn[0].contains("--ldlq-band 0 vs 16"),
+        "{err}"
+    );
+}
+
+#[test]
+fn sequential_resume_equals_uninterrupted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, toks) = setup(dir.path());
+    let seq = ["--sequential", "--checkpoint-secs", "0"];
+    let full = dir.path().join("full.safetensors");
+    let (code, err) = run_tq(&calib_args(&model, &toks, &full, &seq), None);
+    assert_eq!(code, 0, "{err}");
+    let part = dir.path().join("part.safetensors");
+    let (code, err) = run_tq(
+        &calib_args(&model, &toks, &part, &seq),
+        Some(("TQ_CALIB_ABORT_AFTER", "1")),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--resume"), "{err}");
+    let (_, meta) = tq::calib::Hessians::load(&part).unwrap();
+    assert_eq!(meta["tq.layers_done"], "1");
+    assert_eq!(meta["tq.complete"], "false");
+    let mut resume: Vec<&str> = seq.to_vec();
+    resume.push("--resume");
+    let (code, err) = run_tq(&calib_args(&model, &toks, &part, &resume), None);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("resuming after 1 of 2 blocks"), "{err}");
+    assert_eq!(
+        std::fs::read(&full).unwrap(),
+        std::fs::read(&part).unwrap(),
+        "resumed sequential Hessians differ"
+    );
+    // Same bytes with one thread.
+    let one = dir.path().join("one.safetensors");
+    let mut t1: Vec<&str> = seq.to_vec();
+    t1.extend(["--threads", "1"]);
+    let (code, err) = run_tq(&calib_args(&model, &toks, &one, &t1), None);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read(&full).unwrap(), std::fs::read(&one).unwrap());
+    // A checkpoint of another quantization, or of the batched mode, is refused.
+    let (code, err) = run_tq(
+        &calib_args(
+            &model,
+            &toks,
+            &part,
+            &["--sequential", "--weights", "tq3_1s", "--resume"],
+        ),
+        None,
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("checkpoint is for another"), "{err}");
+    let (code, err) = run_tq(&calib_args(&model, &toks, &part, &["--resume"]), None);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("checkpoint is for another"), "{err}");
+}
+
+#[test]
+fn sequential_flag_errors_are_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, toks) = setup(dir.path());
+    let o = dir.path().join("h.safetensors");
+    for (extra, want) in [
+        (vec!["--weights", "tq4_1s"], "--sequential"),
+        (
+            vec!["--sequential", "--recipe", "nope"],
+            "unknown recipe 'nope'",
+        ),
+        (
+            vec!["--sequential", "--weights", "q9_9"],
+            "unknown tensor type 'q9_9'",
+        ),
+    ] {
+        let (code, err) = run_tq(&calib_args(&model, &toks, &o, &extra), None);
+        assert_eq!(code, 2, "{extra:?}: {err}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    assert!(!o.exists());
+}
+
+/// Real data: SmolLM2 (Q4_1 source, token_embd q8_0, kept) on a few Botchan windows. Sequential calibration leaves layer
+/// 0's q/k/v Hessian as it is, changes every later one, and its Hessians are those of the model
+/// `tq convert --calib` then writes.
+#[test]
+fn sequential_on_smollm2_simulates_the_converted_model() {
+    let Some(smol) = fixtures::smollm2() else {
+        return;
+    };
+    let Some(text) = fixtures::data_file(
+        fixtures::cache_dir().join("text/botchan.txt"),
+        "scripts/fetch-botchan.sh",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let args = |m: &Path, o: &Path, extra: &[&str]| {
+        let mut v: Vec<String> = [
+            "calib",
+            s(m),
+            "--text",
+            s(&text),
+            "--tokens",
+            "256",
+            "--ctx",
+            "64",
+            "--batch",
+            "2",
+            "-o",
+            s(o),
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        v.extend(extra.iter().map(|x| x.to_string()));
+        v
+    };
+    let hb = dir.path().join("b.safetensors");
+    let hs_path = dir.path().join("s.safetensors");
+    let (code, err) = run_tq(&args(&smol, &hb, &[]), None);
+    assert_eq!(code, 0, "{err}");
+    let (code, err) = run_tq(
+        &args(&smol, &hs_path, &["--sequential", "--ldlq-band", "16"]),
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("210 tensors quantized with LDLQ"), "{err}");
+    let out = dir.path().join("s.gguf");
+    let (code, _, err) = tq(&[
+        "convert",
+        s(&smol),
+        "--weights",
+        "tq4_1s",
+        "--ldlq-band",
+        "16",
+        "--token-embedding-type",
+        "q8_0",
+        "--calib",
+        s(&hs_path),
+        "-q",
+        "-o",
+        s(&out),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let hc = dir.path().join("c.safetensors");
+    let (code, err) = run_tq(&args(&out, &hc, &[]), None);
+    assert_eq!(code, 0, "{err}");
+    let (b, _) = tq::calib::Hessians::load(&hb).unwrap();
+    let (sq, _) = tq::calib::Hessians::load(&hs_path).unwrap();
+    let (c, _) = tq::calib::Hessians::load(&hc).unwrap();
+    assert_eq!(sq.groups.len(), 120);
+    let (mut min_change, mut max_sim) = (f64::INFINITY, 0f64);
+    for (k, g) in &sq.groups {
+        let d_b = rel_diff(&g.h, &b.groups[k].h);
+        let d_c = rel_diff(&g.h, &c.groups[k].h);
+        if k.starts_with("blk.0.attn_q.weight") {
+            assert_eq!(g.h, b.groups[k].h, "{k}");
+            continue;
+        }
+        min_change = min_change.min(d_b);
+        max_sim = max_sim.max(d_c);
+    }
+    eprintln!(
+        "SmolLM2: smallest sequential-vs-batched change {min_change:.3e}; largest sequential-vs-converted difference {max_sim:.3e}"
+    );
+    assert!(
+        min_change > 1e-3,
+        "a later Hessian did not change: {min_change}"
+    );
+    assert!(
+        max_sim < 1e-4,
+        "sequential calibration and the converted model disagree: {max_sim}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// tq convert --calib TEXT (inline calibration)
+
+/// The tiny model with a byte-level gpt2 vocabulary of exactly its 96 ids: printable ASCII
+/// `!`..`}`, `Ġ` (space), one merge `h e`, and `<s>` (BOS, added).
+fn tiny_with_tokenizer(dir: &Path) -> std::path::PathBuf {
+    use tq::gguf::{Value, ValueType};
+    let fx = fixtures::gguf_gen::tiny_llama(2, 64, 128, 96);
+    let mut toks: Vec<String> = (b'!'..=b'}').map(|c| (c as char).to_string()).collect();
+    toks.extend(["Ġ".to_string(), "he".to_string(), "<s>".to_string()]);
+    assert_eq!(toks.len(), 96);
+    let strs = |v: &[String]| {
+        Value::Array(
+            ValueType::String,
+            v.iter().map(|x| Value::string(x)).collect(),
+        )
+    };
+    let mut md = fx.metadata.clone();
+    md.extend([
+        ("tokenizer.ggml.model".to_string(), Value::string("gpt2")),
+        ("tokenizer.ggml.pre".to_string(), Value::string("gpt-2")),
+        ("tokenizer.ggml.tokens".to_string(), strs(&toks)),
+        (
+            "tokenizer.ggml.merges".to_string(),
+            strs(&["h e".to_string()]),
+        ),
+        ("tokenizer.ggml.bos_token_id".to_string(), Value::U32(95)),
+        (
+            "tokenizer.ggml.add_bos_token".to_string(),
+            Value::Bool(true),
+        ),
+    ]);
+    let fx = fixtures::gguf_gen::build_with_data(3, None, md, fx.tensors);
+    let p = dir.join("tiny-tok.gguf");
+    std::fs::write(&p, &fx.bytes).unwrap();
+    p
+}
+
+/// Deterministic English-like text.
+fn pseudo_text(words: usize) -> String {
+    let vocab = [
+        "the", "cat", "sat", "on", "mat", "he", "said", "that", "it", "was", "here", "when",
+        "rain", "fell", "over", "hills", "and", "then", "she", "went", "home", "quietly,",
+        "again.",
+    ];
+    let mut s = 1u64;
+    (0..words)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            vocab[(s >> 33) as usize % vocab.len()]
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn tensors_equal(a: &Path, b: &Path) -> bool {
+    let (fa, fb) = (
+        tq::gguf::GgufFile::open(a).unwrap(),
+        tq::gguf::GgufFile::open(b).unwrap(),
+    );
+    fa.tensors.len() == fb.tensors.len()
+        && fa.tensors.iter().all(|t| {
+            let u = fb.tensor(&t.name).unwrap();
+            t.ty == u.ty && fa.tensor_data(t) == fb.tensor_data(u)
+        })
+}
+
+#[test]
+fn convert_calibrates_inline_on_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_with_tokenizer(dir.path());
+    let text = dir.path().join("calib.txt");
+    std::fs::write(&text, pseudo_text(400)).unwrap();
+    let p = |n: &str| dir.path().join(n);
+    let calib = |extra: &[&str], out: &Path| {
+        let mut a = vec![
+            "calib",
+            s(&model),
+            "--text",
+            s(&text),
+            "--tokens",
+            "512",
+            "--ctx",
+            "32",
+            "-o",
+            s(out),
+        ];
+        a.extend(extra);
+        let (code, _, err) = tq(&a);
+        assert_eq!(code, 0, "{err}");
+    };
+    let convert = |extra: &[&str], out: &Path| {
+        let mut a = vec![
+            "convert",
+            s(&model),
+            "--weights",
+            "tq4_1s",
+            "-q",
+            "-o",
+            s(out),
+        ];
+        a.extend(extra);
+        tq(&a)
+    };
+    // Two steps vs one: the same tensors.
+    calib(&[], &p("h.safetensors"));
+    let (code, _, err) = convert(&["--calib", s(&p("h.safetensors"))], &p("two.gguf"));
+    assert_eq!(code, 0, "{err}");
+    let inline = [
+        "--calib",
+        s(&text),
+        "--calib-tokens",
+        "512",
+        "--calib-ctx",
+        "32",
+    ];
+    let (code, _, err) = convert(&inline, &p("one.gguf"));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        tensors_equal(&p("two.gguf"), &p("one.gguf")),
+        "inline calibration differs"
+    );
+    let (code, _, err) = convert(&[], &p("rtn.gguf"));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !tensors_equal(&p("rtn.gguf"), &p("one.gguf")),
+        "inline calibration had no effect"
+    );
+    let f = tq::gguf::GgufFile::open(p("one.gguf")).unwrap();
+    let flags = f.get_str("tq.flags").unwrap().to_string();
+    assert!(
+        flags.contains("--calib calib.txt --calib-tokens 512 --calib-ctx 32"),
+        "{flags}"
+    );
+    let methods = format!("{:?}", f.get("tq.tensor_methods").unwrap());
+    assert!(
+        methods.contains("blk.1.ffn_down.weight=tq4_1s:ldlq"),
+        "{methods}"
+    );
+
+    // Sequential, inline and in two steps.
+    calib(&["--sequential"], &p("hs.safetensors"));
+    let (code, _, err) = convert(&["--calib", s(&p("hs.safetensors"))], &p("two-seq.gguf"));
+    assert_eq!(code, 0, "{err}");
+    let mut seq = inline.to_vec();
+    seq.push("--calib-sequential");
+    let (code, _, err) = convert(&seq, &p("one-seq.gguf"));
+    assert_eq!(code, 0, "{err}");
+    assert!(tensors_equal(&p("two-seq.gguf"), &p("one-seq.gguf")));
+    assert!(!tensors_equal(&p("one.gguf"), &p("one-seq.gguf")));
+
+    // --dry-run does not calibrate; bad inputs are one-line errors.
+    let (code, out, err) = tq(&[
+        "convert",
+        s(&model),
+        "--weights",
+        "tq4_1s",
+        "--calib",
+        s(&text),
+        "--dry-run",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("not run") && out.contains("blk.0.attn_q.weight"),
+        "{err}"
+    );
+    std::fs::write(p("bin.txt"), [0xffu8, 0xfe, 0x00, 0x41]).unwrap();
+    for (extra, want) in [
+        (vec!["--calib", s(&p("bin.txt"))], "bin.txt: not UTF-8 text"),
+        (
+            vec![
+                "--calib",
+                s(&text),
+                "--calib-tokens",
+                "10",
+                "--calib-ctx",
+                "32",
+            ],
+            "fewer than one window",
+        ),
+        (vec!["--calib", s(&p("missing.txt"))], "missing.txt"),
+        (
+            vec!["--calib", s(&p("h.safetensors")), "--calib-sequential"],
+            "--calib-sequential",
+        ),
+    ] {
+        let (code, _, err) = convert(&extra, &p("bad.gguf"));
+        assert_ne!(code, 0, "{extra:?}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+    // --calib-tokens without --calib: a usage error from the argument parser.
+    let (code, _, err) = convert(&["--calib-tokens", "64"], &p("bad.gguf"));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--calib <CALIB>"), "{err}");
+    assert!(!p("bad.gguf").exists());
+}
+
+// ---------------------------------------------------------------------------------------------
+// tq calib --self-generate (data-free)
+
+#[test]
+fn self_generate_is_deterministic_in_range_and_calibrates_on_its_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_with_tokenizer(dir.path());
+    let p = |n: &str| dir.path().join(n);
+    let gen = |seed: &str, threads: &str, toks: &Path, out: &Path| {
+        let (code, _, err) = tq(&[
+            "calib",
+            s(&model),
+            "--self-generate",
+            "3",
+            "--ctx",
+            "24",
+            "--seed",
+            seed,
+            "--threads",
+            threads,
+            "--save-tokens",
+            s(toks),
+            "-o",
+            s(out),
+        ]);
+        assert_eq!(code, 0, "{err}");
+        assert!(err.contains("tokens/s"), "{err}");
+        std::fs::read_to_string(toks).unwrap()
+    };
+    let a = gen("7", "2", &p("a.txt"), &p("a.safetensors"));
+    let b = gen("7", "1", &p("b.txt"), &p("b.safetensors"));
+    let c = gen("8", "2", &p("c.txt"), &p("c.safetensors"));
+    assert_eq!(a, b, "same seed, other thread count: other tokens");
+    assert_ne!(a, c, "another seed gave the same tokens");
+    assert_eq!(
+        std::fs::read(p("a.safetensors")).unwrap(),
+        std::fs::read(p("b.safetensors")).unwrap()
+    );
+    let windows: Vec<Vec<u32>> = a
+        .lines()
+        .map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(windows.len(), 3);
+    let mut distinct = std::collections::BTreeSet::new();
+    for w in &windows {
+        assert_eq!(w.len(), 24);
+        assert_eq!(w[0], 95, "every window starts with BOS");
+        assert!(w.iter().all(|&t| t < 96), "{w:?}");
+        distinct.extend(w[1..].iter().copied());
+    }
+    assert!(distinct.len() > 10, "sampling collapsed: {distinct:?}");
+    // The Hessians are those of a calibration on the saved tokens.
+    let (code, _, err) = tq(&[
+        "calib",
+        s(&model),
+        "--token-file",
+        s(&p("a.txt")),
+        "--ctx",
+        "24",
+        "-o",
+        s(&p("t.safetensors")),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (g, meta) = tq::calib::Hessians::load(&p("a.safetensors")).unwrap();
+    let (t, _) = tq::calib::Hessians::load(&p("t.safetensors")).unwrap();
+    assert!(meta["tq.source"].contains("self-generate 3 windows, seed 7"));
+    assert_eq!(g.groups.len(), 8);
+    for (k, h) in &g.groups {
+        assert_eq!(h.h, t.groups[k].h, "{k}");
+        assert_eq!(h.tokens, 72);
+    }
+    // With --sequential too.
+    let (code, _, err) = tq(&[
+        "calib",
+        s(&model),
+        "--self-generate",
+        "2",
+        "--ctx",
+        "16",
+        "--sequential",
+        "-o",
+        s(&p("s.safetensors")),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    // A model without BOS, and bad counts: one-line errors.
+    let plain = dir.path().join("plain.gguf");
+    std::fs::write(&plain, fixtures::gguf_gen::tiny_llama(1, 64, 128, 96).bytes).unwrap();
+    for (m, n, want) in [
+        (&plain, "2", "bos_token_id"),
+        (&model, "0", "--self-generate N"),
+    ] {
+        let (code, _, err) = tq(&[
+            "calib",
+            s(m),
+            "--self-generate",
+            n,
+            "--ctx",
+            "16",
+            "-o",
+            s(&p("x.safetensors")),
+        ]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(want), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+    let (code, _, err) = tq(&[
+        "calib",
+        s(&model),
+        "--self-generate",
+        "2",
+        "--tokens",
+        "64",
+        "-o",
+        s(&p("x.safetensors")),
+    ]);
+    assert_eq!(code, 2, "--tokens conflicts with --self-generate: {err}");
+    assert!(!p("x.safetensors").exists());
+}

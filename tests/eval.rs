@@ -398,6 +398,83 @@ fn qwen3_qk_norm_and_wide_heads_match_naive_reference() {
     check_against_naive(&s);
 }
 
+/// The KV-cached incremental decoder (`tq calib --self-generate`) against the batched forward
+/// pass, position by position, for every architecture; with and without its weight cache.
+#[test]
+fn incremental_decoder_matches_forward() {
+    let mut specs = vec![Spec::llama()];
+    let mut s = Spec::llama();
+    s.tied = true;
+    s.rope_freqs = true;
+    s.linear_scale = Some(2.0);
+    s.n_kv = 1;
+    specs.push(s);
+    let mut s = Spec::llama();
+    s.arch = "qwen2";
+    s.n_kv = 4;
+    specs.push(s);
+    let mut s = Spec::llama();
+    s.arch = "qwen3";
+    s.head_dim = 32;
+    s.tied = true;
+    specs.push(s);
+    for spec in &specs {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write_model(dir.path(), spec);
+        let f = GgufFile::open(&p).unwrap();
+        let model = Model::new(&f, Numerics::F32).unwrap();
+        let (n_win, seq, nv) = (3, 20, spec.n_vocab);
+        let toks = tokens(n_win * seq, nv, 9);
+        let want = model.forward(&toks, seq, 0, None).unwrap();
+        let mut runs = vec![];
+        for cache in [usize::MAX, 0] {
+            let dec = tq::model::decode::Decoder::new(&model, seq, cache).unwrap();
+            assert_eq!(
+                dec.cached(),
+                if cache == 0 {
+                    (0, false)
+                } else {
+                    (spec.n_layer, true)
+                }
+            );
+            let mut st = dec.state(n_win);
+            let mut got = vec![0f32; n_win * seq * nv];
+            for pos in 0..seq {
+                let cur: Vec<u32> = (0..n_win).map(|w| toks[w * seq + pos]).collect();
+                let l = dec.step(&mut st, &cur).unwrap();
+                for w in 0..n_win {
+                    let r = w * seq + pos;
+                    got[r * nv..(r + 1) * nv].copy_from_slice(&l[w * nv..(w + 1) * nv]);
+                }
+            }
+            assert_eq!(st.pos(), seq);
+            assert!(dec.step(&mut st, &toks[..n_win]).is_err(), "past max_pos");
+            let mut worst = 0f32;
+            for (g, w) in got.chunks(nv).zip(want.chunks(nv)) {
+                let scale = w.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
+                for (a, b) in g.iter().zip(w) {
+                    worst = worst.max((a - b).abs() / scale);
+                }
+            }
+            eprintln!(
+                "{}: decoder vs forward max rel err {worst:.2e} (cache {cache})",
+                spec.arch
+            );
+            assert!(
+                worst < 1e-5,
+                "{}: decoder differs from forward: {worst}",
+                spec.arch
+            );
+            runs.push(got);
+        }
+        assert_eq!(
+            runs[0], runs[1],
+            "{}: the weight cache changed the numbers",
+            spec.arch
+        );
+    }
+}
+
 #[test]
 fn quantized_weights_and_ggml_numerics_stay_close() {
     let mut s = Spec::llama();

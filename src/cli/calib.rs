@@ -1,8 +1,12 @@
-//! `tq calib MODEL --text FILE [--tokens N --ctx C] -o H.safetensors [--resume]`
-use crate::calib::Hessians;
+//! `tq calib MODEL --text FILE [--tokens N --ctx C] -o H.safetensors [--resume]
+//! [--sequential --weights T --recipe R --ldlq-band K --damp D]`
+use crate::calib::run::{self, Options};
+use crate::calib::sequential::SeqQuant;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
-use crate::model::runtime::{Model, Numerics};
+use crate::plan::{self, recipe, Request};
+use crate::source::SourceTensor;
+use crate::types::profile::Profile;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -16,13 +20,31 @@ pub struct CalibArgs {
     /// Pre-tokenized input instead of --text: whitespace-separated u32 ids.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// Data-free: calibrate on N windows of --ctx tokens sampled from the model itself (from
+    /// BOS, temperature 1, top-k; deterministic for a --seed). Replaces --text/--tokens.
+    #[arg(long, value_name = "N", conflicts_with_all = ["text", "token_file"])]
+    pub self_generate: Option<usize>,
+    /// With --self-generate: seed of the sampler (SplitMix64).
+    #[arg(long, requires = "self_generate", default_value_t = 0)]
+    pub seed: u64,
+    /// With --self-generate: sample among the k most likely tokens.
+    #[arg(long, requires = "self_generate", default_value_t = 40)]
+    pub top_k: usize,
+    /// With --self-generate: MiB of dequantized weights kept between decoding steps (the rest is
+    /// dequantized again at every step).
+    #[arg(long, requires = "self_generate", default_value_t = 4096)]
+    pub gen_cache_mib: usize,
+    /// With --self-generate: also write the sampled tokens (whitespace-separated ids, readable by
+    /// --token-file).
+    #[arg(long, requires = "self_generate")]
+    pub save_tokens: Option<PathBuf>,
     /// Calibration tokens to use (rounded down to whole windows).
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = 8192, conflicts_with = "self_generate")]
     pub tokens: usize,
     /// Window length.
     #[arg(long, default_value_t = 512)]
     pub ctx: usize,
-    /// Windows per forward pass (and per checkpoint).
+    /// Windows per forward pass and per checkpoint (with --sequential: per XᵀX chunk only).
     #[arg(long, default_value_t = 4)]
     pub batch: usize,
     /// Output Hessian file (safetensors, F64).
@@ -34,6 +56,26 @@ pub struct CalibArgs {
     /// Worker threads (results do not depend on it).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// GPTQ-style: block i's Hessians come from the model whose blocks < i (and earlier
+    /// sub-blocks of i) are already quantized as `tq convert --weights/--recipe --calib` will.
+    #[arg(long)]
+    pub sequential: bool,
+    /// With --sequential: the convert --weights type to simulate.
+    #[arg(long, requires = "sequential", default_value = "tq4_1s")]
+    pub weights: String,
+    /// With --sequential: the convert --recipe to simulate.
+    #[arg(long, requires = "sequential", default_value = "pure")]
+    pub recipe: String,
+    /// With --sequential: the LDLQ band convert will use (0 = full).
+    #[arg(long, requires = "sequential", default_value_t = 0)]
+    pub ldlq_band: usize,
+    /// With --sequential: the LDLQ damping convert will use.
+    #[arg(long, requires = "sequential", default_value_t = 0.01)]
+    pub damp: f64,
+    /// With --sequential: write a checkpoint after a block only when this many seconds passed
+    /// since the last one (0: after every block; each checkpoint rewrites the whole file).
+    #[arg(long, requires = "sequential", default_value_t = 60.0)]
+    pub checkpoint_secs: f64,
 }
 
 pub fn run(a: CalibArgs) -> Result<()> {
@@ -53,106 +95,156 @@ pub fn run(a: CalibArgs) -> Result<()> {
     pool.install(|| calibrate(&a))
 }
 
+/// The convert plan for `f` under `--weights`/`--recipe` (default target profile), reduced to
+/// what sequential calibration simulates.
+pub fn seq_quant(f: &GgufFile, a: &CalibArgs) -> Result<SeqQuant> {
+    let weights = plan::parse_type(&a.weights)?;
+    let r = recipe::recipe(&a.recipe).ok_or_else(|| {
+        Error::Usage(format!(
+            "unknown recipe '{}'; recipes: {}",
+            a.recipe,
+            recipe::names().join(", ")
+        ))
+    })?;
+    let req = Request {
+        weights,
+        recipe: r,
+        overrides: vec![],
+        output_type: None,
+        token_embd_type: None,
+        keep_types: false,
+        strict: false,
+    };
+    let tensors: Vec<SourceTensor> = f
+        .tensors
+        .iter()
+        .map(|t| SourceTensor {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ty: t.ty,
+        })
+        .collect();
+    let p = plan::plan(&tensors, &req, &Profile::default())?;
+    Ok(SeqQuant::from_plan(
+        &p,
+        weights.name(),
+        r.name,
+        a.ldlq_band,
+        a.damp,
+    ))
+}
+
 fn calibrate(a: &CalibArgs) -> Result<()> {
     let f = GgufFile::open(&a.model)?;
-    let (tokens, bos) = input_tokens(a, &f)?;
-    let n_win = (a.tokens.min(tokens.len())) / a.ctx;
-    if n_win == 0 {
-        return Err(Error::Usage(format!(
-            "tq calib: the input has {} tokens, fewer than one window of --ctx {}",
-            tokens.len(),
-            a.ctx
-        )));
-    }
-    let fingerprint = format!(
-        "{}:{}:{}:{}",
-        a.model
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        f.file_len(),
-        blake3::hash(
-            &tokens[..n_win * a.ctx]
-                .iter()
-                .flat_map(|t| t.to_le_bytes())
-                .collect::<Vec<u8>>()
-        )
-        .to_hex(),
-        a.ctx
-    );
-    let (mut hs, mut done) = (Hessians::default(), 0usize);
-    if a.resume && a.output.exists() {
-        let (h, meta) = Hessians::load(&a.output)?;
-        if meta.get("tq.fingerprint") != Some(&fingerprint)
-            || meta.get("tq.batch") != Some(&a.batch.to_string())
-        {
+    let mut extra_meta = BTreeMap::new();
+    let windows = if let Some(n) = a.self_generate {
+        let windows = self_generate(a, &f, n)?;
+        extra_meta.insert(
+            "tq.source".to_string(),
+            format!(
+                "self-generate {n} windows, seed {}, top-k {}",
+                a.seed, a.top_k
+            ),
+        );
+        windows
+    } else {
+        let (tokens, bos) = input_tokens(a, &f)?;
+        let n_win = (a.tokens.min(tokens.len())) / a.ctx;
+        if n_win == 0 {
             return Err(Error::Usage(format!(
-                "{}: checkpoint is for another model, text, --ctx or --batch; remove it or drop --resume",
-                a.output.display()
+                "tq calib: the input has {} tokens, fewer than one window of --ctx {}",
+                tokens.len(),
+                a.ctx
             )));
         }
-        done = meta
-            .get("tq.windows_done")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        hs = h;
-        eprintln!("tq calib: resuming after {done} of {n_win} windows");
-    }
-    let model = Model::new(&f, Numerics::F32)?;
-    let abort_after: Option<usize> = std::env::var("TQ_CALIB_ABORT_AFTER")
-        .ok()
-        .and_then(|v| v.parse().ok());
-    let t0 = std::time::Instant::now();
-    let mut batches = 0usize;
-    while done < n_win {
-        let end = (done + a.batch).min(n_win);
-        let mut toks = tokens[done * a.ctx..end * a.ctx].to_vec();
-        if let Some(b) = bos {
-            for w in toks.chunks_mut(a.ctx) {
-                w[0] = b;
-            }
-        }
-        hs.seq = a.ctx;
-        hs.window0 = done;
-        model.forward(&toks, a.ctx, a.ctx - 1, Some(&mut hs))?;
-        if let Some(e) = hs.non_finite.take() {
-            return Err(Error::Unsupported(format!("{}: {e}", a.model.display())));
-        }
-        done = end;
-        let meta = BTreeMap::from([
-            ("tq.fingerprint".to_string(), fingerprint.clone()),
-            ("tq.batch".to_string(), a.batch.to_string()),
-            ("tq.ctx".to_string(), a.ctx.to_string()),
-            ("tq.windows_done".to_string(), done.to_string()),
-            ("tq.windows_total".to_string(), n_win.to_string()),
-            ("tq.complete".to_string(), (done == n_win).to_string()),
-            (
-                "tq.model".to_string(),
-                a.model
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-            ),
-        ]);
-        hs.save(&a.output, &meta)?;
-        let secs = t0.elapsed().as_secs_f64();
-        eprintln!(
-            "tq calib: {done}/{n_win} windows ({} tokens) in {secs:.1} s",
-            done * a.ctx
+        let src = a.text.as_ref().or(a.token_file.as_ref()).expect("checked");
+        extra_meta.insert(
+            "tq.source".to_string(),
+            src.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
         );
-        batches += 1;
-        if abort_after == Some(batches) && done < n_win {
-            return Err(Error::Usage(
-                "tq calib: stopped by TQ_CALIB_ABORT_AFTER (test hook); rerun with --resume".into(),
-            ));
-        }
-    }
+        run::make_windows(&tokens, n_win, a.ctx, bos)
+    };
+    let seq = if a.sequential {
+        Some(seq_quant(&f, a)?)
+    } else {
+        None
+    };
+    let (hs, _) = run::calibrate(
+        &a.model,
+        &f,
+        &windows,
+        &Options {
+            ctx: a.ctx,
+            batch: a.batch,
+            output: Some(&a.output),
+            resume: a.resume,
+            sequential: seq.as_ref(),
+            checkpoint_secs: a.checkpoint_secs,
+            extra_meta,
+            quiet: false,
+        },
+    )?;
     eprintln!(
         "tq calib: wrote {} Hessians to {}",
         hs.groups.len(),
         a.output.display()
     );
     Ok(())
+}
+
+/// `--self-generate N`: sample the windows from the model (see `calib::selfgen`).
+fn self_generate(a: &CalibArgs, f: &GgufFile, n: usize) -> Result<Vec<u32>> {
+    use crate::calib::selfgen::{generate, GenOptions};
+    use crate::model::runtime::{Model, Numerics};
+    let bos = f.get_u64("tokenizer.ggml.bos_token_id").ok_or_else(|| {
+        Error::bad_input(
+            &a.model,
+            "no tokenizer.ggml.bos_token_id: --self-generate starts every window from BOS",
+        )
+    })?;
+    if n == 0 || a.top_k == 0 {
+        return Err(Error::Usage(
+            "tq calib: --self-generate N and --top-k must be >= 1".into(),
+        ));
+    }
+    let model = Model::new(f, Numerics::F32)?;
+    let (toks, st) = generate(
+        &model,
+        &GenOptions {
+            windows: n,
+            ctx: a.ctx,
+            bos: u32::try_from(bos).unwrap_or(u32::MAX),
+            seed: a.seed,
+            top_k: a.top_k,
+            cache_bytes: a.gen_cache_mib.saturating_mul(1 << 20),
+            quiet: false,
+        },
+    )?;
+    eprintln!(
+        "tq calib: self-generated {n} windows x {} tokens ({} sampled) in {:.1} s: {:.1} tokens/s ({} of {} blocks{} kept dequantized)",
+        a.ctx,
+        st.sampled,
+        st.secs,
+        st.sampled as f64 / st.secs.max(1e-9),
+        st.cached_blocks,
+        model.cfg.n_layer,
+        if st.output_cached { " and the output" } else { "" }
+    );
+    if let Some(p) = &a.save_tokens {
+        let text: Vec<String> = toks
+            .chunks(a.ctx)
+            .map(|w| {
+                w.iter()
+                    .map(|t| t.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
+        std::fs::write(p, text.join("\n") + "\n").map_err(|e| Error::io(p, e))?;
+    }
+    Ok(toks)
 }
 
 fn input_tokens(a: &CalibArgs, f: &GgufFile) -> Result<(Vec<u32>, Option<u32>)> {
@@ -170,11 +262,5 @@ fn input_tokens(a: &CalibArgs, f: &GgufFile) -> Result<(Vec<u32>, Option<u32>)> 
         .text
         .as_ref()
         .ok_or_else(|| Error::Usage("tq calib: give --text FILE (or --token-file FILE)".into()))?;
-    let bytes = std::fs::read(p).map_err(|e| Error::io(p, e))?;
-    let text = String::from_utf8(bytes)
-        .map_err(|e| Error::bad_input(p, format!("not UTF-8 text ({e})")))?;
-    let tok = crate::tokenizer::Tokenizer::from_gguf(f)?;
-    let bos = tok.bos();
-    let add_bos = bos.is_some() && tok.encode("", true).first() == bos.as_ref();
-    Ok((tok.encode(&text, true), if add_bos { bos } else { None }))
+    run::text_tokens(f, p)
 }

@@ -1,4 +1,5 @@
 //! `tq convert INPUT -o OUT.gguf [--weights TYPE] [--recipe R] ...`
+use crate::calib::sequential::SeqQuant;
 use crate::convert::{self, Provenance};
 use crate::error::{Error, Result};
 use crate::plan::{self, recipe, Action, Plan, Request};
@@ -49,10 +50,24 @@ pub struct ConvertArgs {
     /// Worker threads (default: all cores). Output bytes do not depend on it.
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Calibration Hessians from `tq calib`: TQ tensors with a Hessian are quantized with banded
-    /// LDLQ (same bytes per weight; the engine's decoder is unchanged).
+    /// Calibration Hessians from `tq calib` (safetensors), or a UTF-8 text file to calibrate on
+    /// first, in this command: TQ tensors with a Hessian are quantized with banded LDLQ (same
+    /// bytes per weight; the engine's decoder is unchanged).
     #[arg(long)]
     pub calib: Option<PathBuf>,
+    /// With --calib TEXT: calibration tokens (as `tq calib --tokens`).
+    #[arg(long, requires = "calib", default_value_t = 8192)]
+    pub calib_tokens: usize,
+    /// With --calib TEXT: window length (as `tq calib --ctx`).
+    #[arg(long, requires = "calib", default_value_t = 512)]
+    pub calib_ctx: usize,
+    /// With --calib TEXT: windows per forward pass (as `tq calib --batch`).
+    #[arg(long, requires = "calib", default_value_t = 4)]
+    pub calib_batch: usize,
+    /// With --calib TEXT: sequential (GPTQ-order) calibration of exactly this conversion's plan
+    /// (as `tq calib --sequential`).
+    #[arg(long, requires = "calib")]
+    pub calib_sequential: bool,
     /// LDLQ error-feedback band in columns (0 = full).
     #[arg(long, default_value_t = 0)]
     pub ldlq_band: usize,
@@ -90,9 +105,49 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     let src = crate::source::open(&a.input, &profile)?;
     let req = request(&a)?;
     let mut plan = plan::plan(src.tensors(), &req, &profile)?;
+    let now = SeqQuant::from_plan(
+        &plan,
+        req.weights.name(),
+        req.recipe.name,
+        a.ldlq_band,
+        a.damp,
+    );
+    let calib_text = match &a.calib {
+        Some(p) => !is_hessian_file(p)?,
+        None => false,
+    };
+    if a.calib_sequential && !calib_text {
+        return Err(Error::Usage(
+            "tq convert: --calib-sequential calibrates on a text file given to --calib; for a Hessian file, run tq calib --sequential".into(),
+        ));
+    }
     let ldlq = match &a.calib {
+        Some(p) if calib_text && a.dry_run => {
+            if !a.quiet {
+                eprintln!(
+                    "tq: --dry-run: calibration on {} not run; TQ tensors would be quantized with LDLQ",
+                    p.display()
+                );
+            }
+            None
+        }
+        Some(p) if calib_text => {
+            let hessians = calibrate_inline(&a, p, &profile, a.calib_sequential.then_some(&now))?;
+            plan::assign_ldlq(&mut plan, &hessians, a.ldlq_band);
+            Some(convert::Ldlq {
+                hessians,
+                band: a.ldlq_band,
+                damp: a.damp,
+            })
+        }
         Some(p) => {
-            let (hessians, _) = crate::calib::Hessians::load(p)?;
+            let (hessians, meta) = crate::calib::Hessians::load(p)?;
+            if let Some(d) = crate::calib::sequential::mismatch(&meta, &now) {
+                eprintln!(
+                    "tq: warning: {}: sequential Hessians were computed for another quantization ({d}); blocks after the first saw activations of a model this conversion does not write (rerun tq calib --sequential with matching flags)",
+                    p.display()
+                );
+            }
             plan::assign_ldlq(&mut plan, &hessians, a.ldlq_band);
             Some(convert::Ldlq {
                 hessians,
@@ -183,6 +238,81 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A safetensors file (what `tq calib` writes) rather than calibration text: named
+/// `*.safetensors`, or starting with a little-endian header length followed by `{`.
+fn is_hessian_file(p: &Path) -> Result<bool> {
+    if p.extension().is_some_and(|e| e == "safetensors") {
+        return Ok(true);
+    }
+    use std::io::Read;
+    let mut f = std::fs::File::open(p).map_err(|e| Error::io(p, e))?;
+    let len = f.metadata().map_err(|e| Error::io(p, e))?.len();
+    let mut b = [0u8; 9];
+    let mut got = 0;
+    while got < b.len() {
+        match f.read(&mut b[got..]).map_err(|e| Error::io(p, e))? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    if got < b.len() {
+        return Ok(false);
+    }
+    let n = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+    Ok(b[8] == b'{' && n >= 2 && n <= len - 8)
+}
+
+/// `--calib TEXT`: calibrate the input on the text (as `tq calib`, in memory, no checkpoints).
+fn calibrate_inline(
+    a: &ConvertArgs,
+    text: &Path,
+    profile: &Profile,
+    sequential: Option<&SeqQuant>,
+) -> Result<crate::calib::Hessians> {
+    use crate::calib::run;
+    if crate::hf::is_model_dir(&a.input) {
+        return Err(Error::Usage(format!(
+            "{}: calibrating on text (--calib {}) needs a GGUF input (the runtime reads GGUF); convert to GGUF first, then calibrate",
+            a.input.display(),
+            text.display()
+        )));
+    }
+    if a.calib_ctx < 2 || a.calib_batch == 0 {
+        return Err(Error::Usage(
+            "tq convert: --calib-ctx must be >= 2 and --calib-batch >= 1".into(),
+        ));
+    }
+    let f = crate::gguf::GgufFile::open_with(&a.input, profile)?;
+    let (tokens, bos) = run::text_tokens(&f, text)?;
+    let n_win = a.calib_tokens.min(tokens.len()) / a.calib_ctx;
+    if n_win == 0 {
+        return Err(Error::Usage(format!(
+            "{}: {} tokens, fewer than one window of --calib-ctx {} (with --calib-tokens {})",
+            text.display(),
+            tokens.len(),
+            a.calib_ctx,
+            a.calib_tokens
+        )));
+    }
+    let windows = run::make_windows(&tokens, n_win, a.calib_ctx, bos);
+    let (hs, _) = run::calibrate(
+        &a.input,
+        &f,
+        &windows,
+        &run::Options {
+            ctx: a.calib_ctx,
+            batch: a.calib_batch,
+            output: None,
+            resume: false,
+            sequential,
+            checkpoint_secs: 0.0,
+            extra_meta: Default::default(),
+            quiet: a.quiet,
+        },
+    )?;
+    Ok(hs)
 }
 
 fn check_output(input: &Path, out: &Path) -> Result<()> {
@@ -284,10 +414,17 @@ fn canonical_flags(a: &ConvertArgs, req: &Request) -> String {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        f.push(format!(
-            "--calib {name} --ldlq-band {} --damp {}",
-            a.ldlq_band, a.damp
-        ));
+        f.push(format!("--calib {name}"));
+        if !is_hessian_file(c).unwrap_or(true) {
+            f.push(format!(
+                "--calib-tokens {} --calib-ctx {} --calib-batch {}",
+                a.calib_tokens, a.calib_ctx, a.calib_batch
+            ));
+            if a.calib_sequential {
+                f.push("--calib-sequential".into());
+            }
+        }
+        f.push(format!("--ldlq-band {} --damp {}", a.ldlq_band, a.damp));
     }
     f.join(" ")
 }

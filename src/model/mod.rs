@@ -4,6 +4,7 @@
 
 pub mod attention;
 pub mod config;
+pub mod decode;
 pub mod kv;
 pub mod kv_presets;
 pub mod layer;

@@ -6,7 +6,7 @@
 use super::attention::{causal_attention, AttnShape};
 use super::config::Config;
 use super::kv::{hadamard_blocks, round_trip, KvCache, KvLayer};
-use super::layer::{dequantize_rows, load_f32, rms_norm_rows, swiglu, LayerWeights};
+use super::layer::{dequantize_rows, load_f32, rms_norm_rows, swiglu, LayerWeights, LinearSet};
 use super::matmul::{matmul_t, ActRound};
 use super::rope::Rope;
 use crate::error::{Error, Result};
@@ -53,6 +53,17 @@ pub trait Observer {
     fn wants_inputs(&self) -> bool {
         true
     }
+    /// Called right after `linear_input` for one of block `layer`'s linear sets and before the
+    /// set multiplies that input: the observer may replace the weights (sequential calibration
+    /// quantizes them here, so everything downstream sees the quantized model). Only called when
+    /// `wants_inputs`. An error stops the forward pass.
+    fn transform_weights(&mut self, _layer: usize, _set: &mut LinearSet) -> Result<()> {
+        Ok(())
+    }
+    /// Called when block `layer`'s output is complete (checkpoints).
+    fn layer_end(&mut self, _layer: usize) -> Result<()> {
+        Ok(())
+    }
 }
 
 pub struct Model<'a> {
@@ -81,6 +92,16 @@ impl<'a> Model<'a> {
             kv: KvCache::default(),
             output_norm,
         })
+    }
+
+    /// The final norm's weight.
+    pub fn output_norm(&self) -> &[f32] {
+        &self.output_norm
+    }
+
+    /// The output projection's tensor (`token_embd.weight` when tied).
+    pub fn output_tensor(&self) -> &'static str {
+        self.output_name()
     }
 
     fn ggml(&self) -> bool {
@@ -168,7 +189,7 @@ impl<'a> Model<'a> {
             if let Some(o) = observer.as_deref_mut() {
                 o.layer_start(l);
             }
-            let lw = LayerWeights::load(self.file, cfg, l)?;
+            let mut lw = LayerWeights::load(self.file, cfg, l)?;
             let kv = self.kv.layer(l);
             // The cache is simulated with ggml numerics (f16 by default) or whenever a type was
             // chosen.
@@ -187,6 +208,7 @@ impl<'a> Model<'a> {
             rms_norm_rows(&x, &lw.attn_norm, cfg.rms_eps, e, &mut h);
             if let Some(o) = observer.as_deref_mut().filter(|_| watch) {
                 o.linear_input(Some(l), &lw.qkv.names(), &h, rows, e);
+                o.transform_weights(l, &mut lw.qkv)?;
             }
             lw.qkv.forward(&h, rows, &mut qkv, ggml, threads);
             qkv.par_chunks_mut(ld).enumerate().for_each(|(r, row)| {
@@ -247,6 +269,7 @@ impl<'a> Model<'a> {
                 };
             if let Some(o) = observer.as_deref_mut().filter(|_| watch) {
                 o.linear_input(Some(l), &lw.wo.names(), &att_in, rows_now, qd);
+                o.transform_weights(l, &mut lw.wo)?;
             }
             lw.wo.forward(&att_in, rows_now, &mut tmp, ggml, threads);
             add_into(&mut x[..rows_now * e], &tmp[..rows_now * e]);
@@ -268,6 +291,7 @@ impl<'a> Model<'a> {
                     rows_now,
                     e,
                 );
+                o.transform_weights(l, &mut lw.gate_up)?;
             }
             lw.gate_up.forward(&h, rows_now, &mut gu, ggml, threads);
             act[..rows_now * nff]
@@ -287,9 +311,13 @@ impl<'a> Model<'a> {
                     rows_now,
                     nff,
                 );
+                o.transform_weights(l, &mut lw.down)?;
             }
             lw.down.forward(&act, rows_now, &mut tmp, ggml, threads);
             add_into(&mut x[..rows_now * e], &tmp[..rows_now * e]);
+            if let Some(o) = observer.as_deref_mut() {
+                o.layer_end(l)?;
+            }
         }
         drop((qkv, att, gu, act, tmp));
 

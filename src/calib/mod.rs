@@ -6,6 +6,13 @@
 //! into f64 accumulators. Hessians are persisted as safetensors (F64 `[n, n]` tensors named by the
 //! weights they serve, joined by `,`), with a checkpoint after every batch: `--resume` continues
 //! from the last checkpoint and gives byte-identical results to an uninterrupted run.
+//!
+//! [`run`] drives a calibration (batched or sequential); [`sequential`] is the GPTQ-order mode
+//! in which block i's Hessians come from the model whose earlier weights are already quantized.
+
+pub mod run;
+pub mod selfgen;
+pub mod sequential;
 
 use crate::error::{Error, Result};
 use crate::model::runtime::Observer;
@@ -33,6 +40,10 @@ pub struct Hessians {
     pub seq: usize,
     /// Index of the first window of the current batch.
     pub window0: usize,
+    /// Accumulate `XᵀX` over chunks of at most this many rows (0: the whole input at once). The
+    /// f32 tile products depend on the chunking, so sequential calibration (one forward pass
+    /// over all windows) uses `--batch` windows per chunk, as the batched mode does.
+    pub rows_per_accum: usize,
 }
 
 const TILE: usize = 64;
@@ -194,7 +205,17 @@ impl Observer for Hessians {
         if layer.is_none() {
             return;
         }
-        self.accumulate(tensors, x, rows, cols);
+        let step = if self.rows_per_accum == 0 {
+            rows.max(1)
+        } else {
+            self.rows_per_accum
+        };
+        let mut r0 = 0;
+        while r0 < rows {
+            let r1 = (r0 + step).min(rows);
+            self.accumulate(tensors, &x[r0 * cols..r1 * cols], r1 - r0, cols);
+            r0 = r1;
+        }
     }
 }
 

@@ -1,0 +1,264 @@
+//! Sequential (GPTQ-style) calibration: the Hessians of block `i` are accumulated from the
+//! activations of the model whose blocks `< i` — and whose earlier sub-blocks of block `i` — are
+//! already quantized the way `tq convert` will quantize them.
+//!
+//! It is an [`Observer`] of one forward pass over *all* calibration windows (the runtime goes
+//! block by block, so every sub-block sees every window before the next one runs). For each
+//! linear set of a block, in the order the runtime meets them (q/k/v, attn_output, gate/up,
+//! ffn_down): `linear_input` completes that input's Hessian, then `transform_weights` quantizes the
+//! set's weights to their planned type (LDLQ with the just-completed Hessian for TQ types, else
+//! round-to-nearest; [`crate::convert::encode_rows`], the bytes `tq convert` writes) and replaces
+//! them by their dequantized values, so the set's output — and everything after it — is the
+//! quantized model's.
+
+use super::Hessians;
+use crate::error::{Error, Result};
+use crate::ldlq::Factor;
+use crate::model::layer::LinearSet;
+use crate::model::runtime::Observer;
+use crate::plan::recipe::{classify, is_tq_weight};
+use crate::plan::Plan;
+use crate::types::TensorType;
+use rayon::prelude::*;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// What sequential calibration simulates: each block weight's planned type, and LDLQ's settings.
+#[derive(Clone, Debug)]
+pub struct SeqQuant {
+    /// Every 2-D weight inside a block → the type the plan gives it (unchanged when the plan copies).
+    pub types: BTreeMap<String, TensorType>,
+    pub band: usize,
+    pub damp: f64,
+    /// `--weights` and `--recipe` as given to the planner (recorded, and compared by convert).
+    pub weights: String,
+    pub recipe: String,
+}
+
+impl SeqQuant {
+    pub fn from_plan(plan: &Plan, weights: &str, recipe: &str, band: usize, damp: f64) -> SeqQuant {
+        let types = plan
+            .entries
+            .iter()
+            .filter(|e| {
+                classify(&e.name).1.is_some() && e.dims.iter().filter(|&&d| d > 1).count() >= 2
+            })
+            .map(|e| (e.name.clone(), e.dst))
+            .collect();
+        SeqQuant {
+            types,
+            band,
+            damp,
+            weights: weights.into(),
+            recipe: recipe.into(),
+        }
+    }
+
+    fn types_string(&self) -> String {
+        self.types
+            .iter()
+            .map(|(n, t)| format!("{n}={t}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The `tq.*` keys a sequential Hessian file records.
+    pub fn metadata(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            ("tq.sequential".into(), "true".into()),
+            ("tq.weights".into(), self.weights.clone()),
+            ("tq.recipe".into(), self.recipe.clone()),
+            ("tq.ldlq_band".into(), self.band.to_string()),
+            ("tq.damp".into(), self.damp.to_string()),
+            ("tq.tensor_types".into(), self.types_string()),
+        ])
+    }
+
+    /// Short form for fingerprints and messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "--weights {} --recipe {} --ldlq-band {} --damp {}",
+            self.weights, self.recipe, self.band, self.damp
+        )
+    }
+}
+
+/// Compare a Hessian file's metadata with the conversion about to use it. `None` when the file
+/// is not sequential or was calibrated for the same quantization; else a one-line description.
+pub fn mismatch(meta: &BTreeMap<String, String>, now: &SeqQuant) -> Option<String> {
+    if meta.get("tq.sequential").map(String::as_str) != Some("true") {
+        return None;
+    }
+    let mut diffs = vec![];
+    let rec_types: BTreeMap<&str, &str> = meta
+        .get("tq.tensor_types")
+        .map(|s| s.split(',').filter_map(|p| p.split_once('=')).collect())
+        .unwrap_or_default();
+    let differing: Vec<String> = now
+        .types
+        .iter()
+        .filter(|(n, t)| rec_types.get(n.as_str()).is_some_and(|r| *r != t.name()))
+        .map(|(n, t)| format!("{n} {} vs {t}", rec_types[n.as_str()]))
+        .collect();
+    if let Some(first) = differing.first() {
+        diffs.push(format!(
+            "{} tensor type(s) differ (e.g. {first})",
+            differing.len()
+        ));
+    }
+    let missing = now
+        .types
+        .keys()
+        .filter(|n| !rec_types.contains_key(n.as_str()))
+        .count();
+    if missing > 0 {
+        diffs.push(format!("{missing} tensor(s) not in the calibrated plan"));
+    }
+    if meta.get("tq.ldlq_band") != Some(&now.band.to_string()) {
+        diffs.push(format!(
+            "--ldlq-band {} vs {}",
+            meta.get("tq.ldlq_band").map_or("?", |s| s.as_str()),
+            now.band
+        ));
+    }
+    if meta.get("tq.damp") != Some(&now.damp.to_string()) {
+        diffs.push(format!(
+            "--damp {} vs {}",
+            meta.get("tq.damp").map_or("?", |s| s.as_str()),
+            now.damp
+        ));
+    }
+    if meta.get("tq.weights") != Some(&now.weights) || meta.get("tq.recipe") != Some(&now.recipe) {
+        diffs.push(format!(
+            "calibrated for --weights {} --recipe {}, converting with --weights {} --recipe {}",
+            meta.get("tq.weights").map_or("?", |s| s.as_str()),
+            meta.get("tq.recipe").map_or("?", |s| s.as_str()),
+            now.weights,
+            now.recipe
+        ));
+    }
+    if diffs.is_empty() {
+        None
+    } else {
+        Some(diffs.join("; "))
+    }
+}
+
+/// The observer: accumulates Hessians (through [`Hessians`]) and quantizes each linear set once
+/// its input's Hessian is complete.
+pub struct Sequential<'q, 'c> {
+    pub hs: Hessians,
+    q: &'q SeqQuant,
+    /// Blocks below this come from the checkpoint being resumed: their Hessians are loaded and
+    /// only used to quantize (the same weights as the interrupted run), not accumulated again.
+    pub replay_until: usize,
+    /// Called after each block `>= replay_until` with the number of blocks done (checkpoints,
+    /// progress); an error stops the run.
+    on_layer: &'c mut dyn FnMut(&Hessians, usize) -> Result<()>,
+    /// For messages.
+    model: String,
+    factors: HashMap<String, Arc<Factor>>,
+    /// Tensors quantized with LDLQ / round-to-nearest / left as stored.
+    pub counts: [usize; 3],
+    pub quant_secs: f64,
+}
+
+impl<'q, 'c> Sequential<'q, 'c> {
+    pub fn new(
+        hs: Hessians,
+        q: &'q SeqQuant,
+        replay_until: usize,
+        model: String,
+        on_layer: &'c mut dyn FnMut(&Hessians, usize) -> Result<()>,
+    ) -> Self {
+        Sequential {
+            hs,
+            q,
+            replay_until,
+            on_layer,
+            model,
+            factors: HashMap::new(),
+            counts: [0; 3],
+            quant_secs: 0.0,
+        }
+    }
+
+    fn quantize_set(&mut self, set: &mut LinearSet) -> Result<()> {
+        let k = set.k;
+        for seg in &mut set.segments {
+            let Some(&dst) = self.q.types.get(&seg.name) else {
+                return Err(Error::Unsupported(format!(
+                    "{}: {} is not in the quantization plan",
+                    self.model, seg.name
+                )));
+            };
+            if dst == seg.ty {
+                self.counts[2] += 1;
+                continue;
+            }
+            let w = &mut set.w[seg.off * k..(seg.off + seg.n) * k];
+            w.par_chunks(k)
+                .enumerate()
+                .try_for_each(|(r, row)| crate::convert::check_finite(&seg.name, r as u64, row))?;
+            let factor = match self.hs.for_tensor(&seg.name) {
+                Some(h) if is_tq_weight(dst) && h.n == k => {
+                    let key = h.tensors.join(",");
+                    if !self.factors.contains_key(&key) {
+                        let f = crate::ldlq::factor_hessian(h, self.q.damp, &seg.name)?;
+                        self.factors.insert(key.clone(), Arc::new(f));
+                    }
+                    Some(self.factors[&key].clone())
+                }
+                _ => None,
+            };
+            let bytes = crate::convert::encode_rows(
+                dst,
+                &seg.name,
+                w,
+                k,
+                factor.as_deref().map(|f| (f, self.q.band)),
+            )?;
+            self.counts[if factor.is_some() { 0 } else { 1 }] += 1;
+            let row_bytes = bytes.len() / seg.n.max(1);
+            w.par_chunks_mut(k)
+                .zip(bytes.par_chunks(row_bytes))
+                .try_for_each(|(o, b)| crate::types::dequantize(dst, b, o, &seg.name))?;
+            seg.ty = dst;
+        }
+        Ok(())
+    }
+}
+
+impl Observer for Sequential<'_, '_> {
+    fn linear_input(
+        &mut self,
+        layer: Option<usize>,
+        tensors: &[&str],
+        x: &[f32],
+        rows: usize,
+        cols: usize,
+    ) {
+        if layer.is_some_and(|l| l < self.replay_until) {
+            return;
+        }
+        self.hs.linear_input(layer, tensors, x, rows, cols);
+    }
+
+    fn transform_weights(&mut self, _layer: usize, set: &mut LinearSet) -> Result<()> {
+        if let Some(e) = &self.hs.non_finite {
+            return Err(Error::Unsupported(format!("{}: {e}", self.model)));
+        }
+        let t0 = std::time::Instant::now();
+        let r = self.quantize_set(set);
+        self.quant_secs += t0.elapsed().as_secs_f64();
+        r
+    }
+
+    fn layer_end(&mut self, layer: usize) -> Result<()> {
+        self.factors.clear();
+        if layer >= self.replay_until {
+            (self.on_layer)(&self.hs, layer + 1)?;
+        }
+        Ok(())
+    }
+}

@@ -96,32 +96,35 @@ pub fn tensor_specs(plan: &Plan, profile: &Profile) -> Vec<TensorSpec> {
         .collect()
 }
 
-/// Hash a file's contents through a reused 16 MiB buffer (multi-threaded per buffer). Plain
-/// reads rather than a memory map: mapped pages would count in the process's RSS, and a
-/// multi-GB input would then peak at its full size before the conversion starts.
+/// Hash a file's contents 16 MiB at a time through a read-only map, dropping each chunk's pages
+/// from the map once hashed: hashing the whole map at once would make every page of a multi-GB
+/// input resident (RSS = file size), and `read()` into a buffer costs a copy per byte (measured:
+/// 0.4 s of system time for a 259 MB input, as much as converting it to q4_0).
 fn hash_contents(h: &mut blake3::Hasher, path: &Path, parallel: bool) -> Result<()> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut buf = vec![0u8; 16 << 20];
-    loop {
-        let mut n = 0;
-        while n < buf.len() {
-            match f.read(&mut buf[n..]) {
-                Ok(0) => break,
-                Ok(k) => n += k,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::io(path, e)),
-            }
-        }
-        if n == 0 {
-            return Ok(());
-        }
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: read-only map of a file we only read; the usual caveat (another process
+    // truncating the file) is documented in docs/gguf.md for the reader's map as well.
+    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| Error::io(path, e))?;
+    const CHUNK: usize = 16 << 20;
+    for (k, c) in map.chunks(CHUNK).enumerate() {
         if parallel {
-            h.update_rayon(&buf[..n]);
+            h.update_rayon(c);
         } else {
-            h.update(&buf[..n]);
+            h.update(c);
+        }
+        #[cfg(unix)]
+        {
+            // SAFETY: read-only, file-backed: DONTNEED only drops clean pages from this map.
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, k * CHUNK, c.len())
+            };
         }
     }
+    Ok(())
 }
 
 /// blake3 of a file; of a model directory (Hugging Face input): of its regular files in name

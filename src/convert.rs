@@ -100,7 +100,7 @@ pub fn tensor_specs(plan: &Plan, profile: &Profile) -> Vec<TensorSpec> {
 /// from the map once hashed: hashing the whole map at once would make every page of a multi-GB
 /// input resident (RSS = file size), and `read()` into a buffer costs a copy per byte (measured:
 /// 0.4 s of system time for a 259 MB input, as much as converting it to q4_0).
-fn hash_contents(h: &mut blake3::Hasher, path: &Path, parallel: bool) -> Result<()> {
+fn hash_contents(h: &mut blake3::Hasher, path: &Path) -> Result<()> {
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
     if len == 0 {
@@ -111,11 +111,7 @@ fn hash_contents(h: &mut blake3::Hasher, path: &Path, parallel: bool) -> Result<
     let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| Error::io(path, e))?;
     const CHUNK: usize = 16 << 20;
     for (k, c) in map.chunks(CHUNK).enumerate() {
-        if parallel {
-            h.update_rayon(c);
-        } else {
-            h.update(c);
-        }
+        h.update(c);
         #[cfg(unix)]
         {
             // SAFETY: read-only, file-backed: DONTNEED only drops clean pages from this map.
@@ -127,17 +123,13 @@ fn hash_contents(h: &mut blake3::Hasher, path: &Path, parallel: bool) -> Result<
     Ok(())
 }
 
-/// blake3 of a file; of a model directory (Hugging Face input): of its regular files in name
-/// order, each as name, NUL, length (u64 LE), contents.
-pub fn hash_file(path: &Path) -> Result<String> {
-    hash_file_with(path, true)
-}
-
 /// Placeholder for `tq.input.blake3` while the hash is computed alongside the conversion.
 pub const HASH_PLACEHOLDER: &str =
     "0000000000000000000000000000000000000000000000000000000000000000";
 
-fn hash_file_with(path: &Path, parallel: bool) -> Result<String> {
+/// blake3 of a file; of a model directory (Hugging Face input): of its regular files in name
+/// order, each as name, NUL, length (u64 LE), contents.
+pub fn hash_file(path: &Path) -> Result<String> {
     let mut h = blake3::Hasher::new();
     if path.is_dir() {
         let mut files: Vec<_> = std::fs::read_dir(path)
@@ -156,10 +148,10 @@ fn hash_file_with(path: &Path, parallel: bool) -> Result<String> {
             h.update(name.as_bytes())
                 .update(&[0])
                 .update(&len.to_le_bytes());
-            hash_contents(&mut h, &f, parallel)?;
+            hash_contents(&mut h, &f)?;
         }
     } else {
-        hash_contents(&mut h, path, parallel)?;
+        hash_contents(&mut h, path)?;
     }
     Ok(h.finalize().to_hex().to_string())
 }
@@ -193,7 +185,7 @@ pub fn execute(
     // over the input before anything starts.
     let hasher = hash_input.map(|p| {
         let p = p.to_path_buf();
-        std::thread::spawn(move || hash_file_with(&p, false))
+        std::thread::spawn(move || hash_file(&p))
     });
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
     let mut stats = Stats {

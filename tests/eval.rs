@@ -862,6 +862,17 @@ fn reference_runs() -> Vec<serde_json::Value> {
     j["runs"].as_array().unwrap().clone()
 }
 
+fn try_find_run<'a>(
+    runs: &'a [serde_json::Value],
+    text: &str,
+    ctx: u64,
+    chunks: u64,
+    model: &str,
+) -> Option<&'a serde_json::Value> {
+    runs.iter().find(|r| {
+        r["text"] == text && r["ctx"] == ctx && r["chunks"] == chunks && r["model"] == model
+    })
+}
 fn find_run<'a>(
     runs: &'a [serde_json::Value],
     text: &str,
@@ -869,13 +880,9 @@ fn find_run<'a>(
     chunks: u64,
     model: &str,
 ) -> &'a serde_json::Value {
-    runs.iter()
-        .find(|r| {
-            r["text"] == text && r["ctx"] == ctx && r["chunks"] == chunks && r["model"] == model
-        })
-        .unwrap_or_else(|| {
-            panic!("no recorded llama.cpp run for {model} on {text} ctx {ctx} x {chunks}")
-        })
+    try_find_run(runs, text, ctx, chunks, model).unwrap_or_else(|| {
+        panic!("no recorded llama.cpp run for {model} on {text} ctx {ctx} x {chunks}")
+    })
 }
 
 /// F16 / Q8_0 / Q4_0 SmolLM2 made by tq from the Q4_1 file (deterministic, as recorded).
@@ -912,6 +919,26 @@ fn smollm2_variants(dir: &Path) -> Option<[PathBuf; 3]> {
 
 /// `tq eval` vs llama-perplexity on `text` (ctx × chunks): PPL of F16 within 0.5%, of Q8_0/Q4_0
 /// within `q_tol`, KLD against F16 within 10%.
+/// `tq eval MODEL --ref-logits BASE EXTRA...`: (PPL, mean KLD).
+fn ppl_kld_against(model: &Path, base: &Path, extra: &[&str]) -> (f64, f64) {
+    let mut args = vec![
+        "eval",
+        model.to_str().unwrap(),
+        "--ref-logits",
+        base.to_str().unwrap(),
+        "--json",
+        "-q",
+    ];
+    args.extend_from_slice(extra);
+    let (code, out, err) = tq(&args);
+    assert_eq!(code, 0, "{err}");
+    let r = json_result(&out);
+    (
+        r["ppl"]["value"].as_f64().unwrap(),
+        r["kld"]["kld"]["value"].as_f64().unwrap(),
+    )
+}
+
 fn compare_with_llama(text_name: &str, text: &Path, ctx: u64, chunks: u64, q_tol: f64) {
     let runs = reference_runs();
     let dir = tempfile::tempdir().unwrap();
@@ -946,21 +973,8 @@ fn compare_with_llama(text_name: &str, text: &Path, ctx: u64, chunks: u64, q_tol
         "F16 PPL {got} vs llama.cpp {want}"
     );
     for (name, p) in [("q8_0", &q8), ("q4_0", &q4)] {
-        let (code, out, err) = tq(&[
-            "eval",
-            p.to_str().unwrap(),
-            "--ref-logits",
-            base.to_str().unwrap(),
-            "--json",
-            "-q",
-        ]);
-        assert_eq!(code, 0, "{err}");
-        let r = json_result(&out);
         let w = find_run(&runs, text_name, ctx, chunks, name);
-        let (ppl, kld) = (
-            r["ppl"]["value"].as_f64().unwrap(),
-            r["kld"]["kld"]["value"].as_f64().unwrap(),
-        );
+        let (ppl, kld) = ppl_kld_against(p, &base, &[]);
         let (wp, wk) = (w["ppl"].as_f64().unwrap(), w["kld"].as_f64().unwrap());
         eprintln!("{name}: tq PPL {ppl:.4} KLD {kld:.6}, llama.cpp PPL {wp:.4} KLD {wk:.6}");
         assert!(
@@ -979,36 +993,12 @@ fn compare_with_llama(text_name: &str, text: &Path, ctx: u64, chunks: u64, q_tol
         ("f16+kv:q4_0/q4_0", "q4_0", true),
         ("f16+kv:q4_0/q4_0-norot", "q4_0", false),
     ] {
-        let Some(w) = runs.iter().find(|r| {
-            r["text"] == text_name
-                && r["ctx"] == ctx
-                && r["chunks"] == chunks
-                && r["model"] == model
-        }) else {
+        let Some(w) = try_find_run(&runs, text_name, ctx, chunks, model) else {
             continue;
         };
-        let mut args = vec![
-            "eval",
-            f16.to_str().unwrap(),
-            "--ref-logits",
-            base.to_str().unwrap(),
-            "--ctk",
-            t,
-            "--ctv",
-            t,
-            "--json",
-            "-q",
-        ];
-        if !rot {
-            args.push("--no-kv-rotation");
-        }
-        let (code, out, err) = tq(&args);
-        assert_eq!(code, 0, "{err}");
-        let r = json_result(&out);
-        let (ppl, kld) = (
-            r["ppl"]["value"].as_f64().unwrap(),
-            r["kld"]["kld"]["value"].as_f64().unwrap(),
-        );
+        let rot_off: &[&str] = if rot { &[] } else { &["--no-kv-rotation"] };
+        let (ppl, kld) =
+            ppl_kld_against(&f16, &base, &[&["--ctk", t, "--ctv", t], rot_off].concat());
         let (wp, wk) = (w["ppl"].as_f64().unwrap(), w["kld"].as_f64().unwrap());
         eprintln!("{model}: tq PPL {ppl:.4} KLD {kld:.6}, llama.cpp PPL {wp:.4} KLD {wk:.6}");
         // PPL of a lossy cache on 8 short windows swings more than the KLD (q4_0 unrotated:

@@ -170,18 +170,24 @@ fn bos_id(f: &GgufFile) -> Option<u32> {
 /// The token stream of the input and the BOS that replaces each window's first token (if any).
 fn input_tokens(a: &EvalArgs, f: &GgufFile) -> Result<(Vec<u32>, Option<u32>)> {
     if let Some(p) = &a.tokens {
-        let toks = read_token_file(p)?;
-        let bos = if add_bos_from_metadata(f) {
-            bos_id(f)
-        } else {
-            None
-        };
-        return Ok((toks, bos));
+        return token_file_tokens(p, f);
     }
     let p = a.text.as_ref().ok_or_else(|| {
         Error::Usage("tq eval: give --text FILE (or --tokens FILE, or --ref-logits FILE)".into())
     })?;
     text_tokens(p, f)
+}
+
+/// A `--tokens` file's ids and the BOS that replaces each window's first token (from metadata:
+/// no tokenizer runs).
+pub fn token_file_tokens(p: &Path, f: &GgufFile) -> Result<(Vec<u32>, Option<u32>)> {
+    let toks = read_token_file(p)?;
+    let bos = if add_bos_from_metadata(f) {
+        bos_id(f)
+    } else {
+        None
+    };
+    Ok((toks, bos))
 }
 
 /// Tokenize a text file with the model's tokenizer the way `llama-perplexity -f` does; returns
@@ -212,17 +218,9 @@ pub fn run(a: EvalArgs) -> Result<()> {
             )))
         }
     };
-    if a.threads == Some(0) {
-        return Err(Error::Usage("--threads must be at least 1".into()));
-    }
-    let threads = a
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .map_err(|e| Error::Usage(format!("cannot start {threads} threads: {e}")))?;
-    pool.install(|| run_in_pool(&a, numerics, format, threads))
+    super::with_thread_pool(a.threads, |threads| {
+        run_in_pool(&a, numerics, format, threads)
+    })
 }
 
 fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize) -> Result<()> {

@@ -73,17 +73,7 @@ fn preset_json(p: &Preset, cfg: &Config) -> serde_json::Value {
 }
 
 pub fn run(a: KvArgs) -> Result<()> {
-    if a.threads == Some(0) {
-        return Err(Error::Usage("--threads must be at least 1".into()));
-    }
-    let threads = a
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .map_err(|e| Error::Usage(format!("cannot start {threads} threads: {e}")))?;
-    pool.install(|| run_in_pool(&a, threads))
+    super::with_thread_pool(a.threads, |threads| run_in_pool(&a, threads))
 }
 
 fn run_in_pool(a: &KvArgs, threads: usize) -> Result<()> {
@@ -117,15 +107,7 @@ fn run_in_pool(a: &KvArgs, threads: usize) -> Result<()> {
     if a.measure {
         let (text, (toks, bos)) = match (&a.text, &a.tokens) {
             (Some(t), _) => (t, super::eval::text_tokens(t, &file)?),
-            (None, Some(t)) => {
-                let bos = if super::eval::add_bos_from_metadata(&file) {
-                    file.get_u64("tokenizer.ggml.bos_token_id")
-                        .map(|v| v as u32)
-                } else {
-                    None
-                };
-                (t, (super::eval::read_token_file(t)?, bos))
-            }
+            (None, Some(t)) => (t, super::eval::token_file_tokens(t, &file)?),
             (None, None) => {
                 return Err(Error::Usage(
                     "tq kv --measure: give --text FILE (or --tokens FILE)".into(),

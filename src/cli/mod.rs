@@ -39,6 +39,23 @@ enum Command {
     Kernels(kernels::KernelsArgs),
 }
 
+/// Run `f` in a rayon pool of `--threads` workers (default: all cores), giving it the count.
+pub fn with_thread_pool<R: Send>(
+    threads: Option<usize>,
+    f: impl FnOnce(usize) -> crate::error::Result<R> + Send,
+) -> crate::error::Result<R> {
+    use crate::error::Error;
+    if threads == Some(0) {
+        return Err(Error::Usage("--threads must be at least 1".into()));
+    }
+    let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .map_err(|e| Error::Usage(format!("cannot start {n} threads: {e}")))?;
+    pool.install(|| f(n))
+}
+
 /// Parse arguments, run, and map errors to a one-line message and an exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();

@@ -17,9 +17,8 @@
 //!   conformance vectors) or the true Lloyd-Max table for d = 128 (what the fork ships since June).
 
 use crate::error::{Error, Result};
-use crate::math::hadamard::{fwht, fwht_scalar, inv_sqrt_len};
+use crate::math::hadamard::{fwht, inv_sqrt_len, rht2_forward};
 use crate::math::lloyd_max::{lloyd_max_bits, Dist};
-use crate::math::signs::{TURBO_S1, TURBO_S2};
 use crate::types::{turbo, TensorType};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -101,7 +100,7 @@ pub fn is_turbo(t: TensorType) -> bool {
     )
 }
 
-fn is_quantized(t: TensorType) -> bool {
+pub fn is_quantized(t: TensorType) -> bool {
     !matches!(t, TensorType::F32 | TensorType::F16 | TensorType::BF16)
 }
 
@@ -394,14 +393,6 @@ pub fn hadamard_blocks(x: &mut [f32], n: usize) {
     }
 }
 
-fn signs(s: &[i8; 128]) -> [f32; 128] {
-    let mut o = [0f32; 128];
-    for (o, &v) in o.iter_mut().zip(s) {
-        *o = v as f32;
-    }
-    o
-}
-
 /// Lloyd-Max centroids (ascending, f32) for a coordinate of a random unit vector in R^d.
 fn lloyd_max_f32(d: usize, bits: u32) -> &'static [f32] {
     static CACHE: OnceLock<Mutex<HashMap<(usize, u32), &'static [f32]>>> = OnceLock::new();
@@ -436,59 +427,13 @@ pub fn turbo_codebook(t: TensorType, table: Turbo4Table, g: usize) -> &'static [
 }
 
 /// Store one `g`-value group (g = 64 or 128) in a turbo block and read it back, in the rotated
-/// domain: returns the dequantized `norm · C[idx]`. The arithmetic mirrors `types::turbo`
-/// (f32 sum of squares in order, scalar butterfly, `v * (1/√g) * s2`, first centroid `y < mid`,
-/// f16 corrected norm), so with g = 128 and the stock tables it equals the registry's bytes.
+/// domain: `f16(norm) · C[idx]` from the fork's encoder (`types::turbo::quantize_group`) with any
+/// codebook; with g = 128 and the stock tables this equals the registry's dequantized bytes.
 pub fn turbo_group_rotated(x: &[f32], cb: &[f32], out: &mut [f32]) {
-    let g = x.len();
-    debug_assert!(g == 64 || g == 128);
-    let (s1, s2) = (signs(&TURBO_S1), signs(&TURBO_S2));
-    let mut s = 0f32;
-    for v in x {
-        s += v * v;
-    }
-    let norm = s.sqrt();
-    let mut y = [0f32; 128];
-    let y = &mut y[..g];
-    if norm > 1e-10 {
-        let inv = 1.0 / norm;
-        for (o, v) in y.iter_mut().zip(x) {
-            *o = v * inv;
-        }
-    }
-    for (v, s) in y.iter_mut().zip(&s1) {
-        *v *= s;
-    }
-    fwht_scalar(y);
-    let k = inv_sqrt_len(g);
-    for (v, s) in y.iter_mut().zip(&s2) {
-        *v = *v * k * s;
-    }
-    let mut rs = 0f32;
-    for (o, &v) in out.iter_mut().zip(y.iter()) {
-        let i = cb
-            .windows(2)
-            .position(|w| v < (w[0] + w[1]) * 0.5)
-            .unwrap_or(cb.len() - 1);
-        *o = cb[i];
-        rs += cb[i] * cb[i];
-    }
-    let rn = rs.sqrt();
-    let stored = if rn > 1e-10 { norm / rn } else { norm };
-    let stored = half::f16::from_f32(stored).to_f32();
-    out.iter_mut().for_each(|v| *v *= stored);
-}
-
-/// Inverse of the turbo rotation on one group: `x = s1 ⊙ ((1/√g)·H·(s2 ⊙ y))`.
-fn turbo_unrotate(y: &mut [f32]) {
-    let (s1, s2) = (signs(&TURBO_S1), signs(&TURBO_S2));
-    for (v, s) in y.iter_mut().zip(&s2) {
-        *v *= s;
-    }
-    fwht(y);
-    let k = inv_sqrt_len(y.len());
-    for (v, s) in y.iter_mut().zip(&s1) {
-        *v = *v * k * s;
+    let (norm, idx) = turbo::quantize_group(x, cb);
+    let stored = half::f16::from_f32(norm).to_f32();
+    for (o, &i) in out.iter_mut().zip(&idx) {
+        *o = cb[i as usize] * stored;
     }
 }
 
@@ -510,7 +455,8 @@ pub fn round_trip(t: TensorType, table: Turbo4Table, x: &mut [f32]) {
                 buf[..part.len()].copy_from_slice(part);
                 let mut y = [0f32; 128];
                 turbo_group_rotated(&buf[..g], cb, &mut y[..g]);
-                turbo_unrotate(&mut y[..g]);
+                // The inverse of the turbo rotation swaps the sign vectors.
+                rht2_forward(&mut y[..g], &turbo::S2[..g], &turbo::S1[..g]);
                 part.copy_from_slice(&y[..part.len()]);
             }
         }

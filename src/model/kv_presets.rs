@@ -3,7 +3,9 @@
 //! fork's published behaviour (FORMATS.md §3). `tq kv --measure` ranks them on real text instead.
 
 use super::config::Config;
-use super::kv::{auto_asym_applies, bits_per_value, is_turbo, KvLayer, KvSpec, LayerRule};
+use super::kv::{
+    auto_asym_applies, bits_per_value, is_quantized, is_turbo, KvLayer, KvSpec, LayerRule,
+};
 use crate::types::TensorType;
 
 /// One candidate setting.
@@ -29,9 +31,7 @@ impl Preset {
     /// Environment the engine needs for this preset.
     pub fn env(&self) -> Vec<String> {
         let mut e = Vec::new();
-        let stock_quant = |t: TensorType| {
-            !is_turbo(t) && !matches!(t, TensorType::F16 | TensorType::F32 | TensorType::BF16)
-        };
+        let stock_quant = |t: TensorType| is_quantized(t) && !is_turbo(t);
         if !self.spec.rotate && (stock_quant(self.spec.k) || stock_quant(self.spec.v)) {
             e.push("LLAMA_ATTN_ROT_DISABLE=1".to_string());
         }

@@ -16,9 +16,6 @@ pub const TURBO2_BYTES: usize = 34;
 pub const TURBO3_BYTES: usize = 50;
 pub const TURBO4_BYTES: usize = 68;
 
-/// `1/sqrt(128)` as an f32 constant.
-const INV_SQRT128: f32 = 0.088_388_347_648_318_44;
-
 /// 2-bit codebook (values for N(0, 1/128)).
 pub const CB2: [f32; 4] = [-0.133462, -0.039994, 0.039994, 0.133462];
 /// 3-bit codebook.
@@ -41,14 +38,16 @@ const fn signs_f32(s: &[i8; 128]) -> [f32; 128] {
     }
     o
 }
-const S1: [f32; 128] = signs_f32(&TURBO_S1);
-const S2: [f32; 128] = signs_f32(&TURBO_S2);
+/// The sign vectors as f32 (FORMATS.md §3).
+pub const S1: [f32; 128] = signs_f32(&TURBO_S1);
+pub const S2: [f32; 128] = signs_f32(&TURBO_S2);
 
-/// Midpoints between neighbouring centroids, `(c[i] + c[i+1]) / 2` in f32.
-fn midpoints<const N: usize>(c: &[f32; N]) -> [f32; N] {
-    let mut m = [f32::INFINITY; N];
-    for i in 0..N - 1 {
-        m[i] = (c[i] + c[i + 1]) * 0.5;
+/// Midpoints between neighbouring centroids, `(c[i] + c[i+1]) / 2` in f32 (at most 16 levels).
+fn midpoints(c: &[f32]) -> [f32; 16] {
+    debug_assert!(c.len() <= 16);
+    let mut m = [f32::INFINITY; 16];
+    for (o, w) in m.iter_mut().zip(c.windows(2)) {
+        *o = (w[0] + w[1]) * 0.5;
     }
     m
 }
@@ -66,35 +65,48 @@ fn nearest(y: f32, mid: &[f32]) -> usize {
 
 /// Forward rotation of one normalized group: `y = s2 * ((1/sqrt(128)) * H * (s1 * u))`.
 pub fn rotate_forward(y: &mut [f32; QK_TURBO]) {
+    rotate_forward_n(y);
+}
+
+/// The same rotation for a group of 64 or 128 values (a 64-value group uses the first 64 signs
+/// and `1/8`, FORMATS.md §3).
+fn rotate_forward_n(y: &mut [f32]) {
+    let k = crate::math::hadamard::inv_sqrt_len(y.len());
     for (v, s) in y.iter_mut().zip(S1.iter()) {
         *v *= *s;
     }
     fwht_scalar(y);
     for (v, s) in y.iter_mut().zip(S2.iter()) {
-        *v = *v * INV_SQRT128 * *s;
+        *v = *v * k * *s;
     }
 }
 
-/// Quantize one 128-group: returns the f32 corrected norm and the indices.
-fn quantize_group<const N: usize>(x: &[f32], c: &[f32; N]) -> (f32, [u8; QK_TURBO]) {
-    let mid = midpoints(c);
+/// Quantize one group of 64 or 128 values against the ascending codebook `c`: returns the f32
+/// corrected norm `g / ||c[idx]||` and the indices (`idx[..x.len()]`). The engines' encoder, and
+/// the KV simulator's with any codebook (`model::kv`).
+pub fn quantize_group(x: &[f32], c: &[f32]) -> (f32, [u8; QK_TURBO]) {
+    let n = x.len();
+    debug_assert!(n == 64 || n == QK_TURBO);
     let mut s = 0f32;
-    for v in &x[..QK_TURBO] {
+    for v in x {
         s += v * v;
     }
     let g = s.sqrt();
-    let mut y = [0f32; QK_TURBO];
+    let mut buf = [0f32; QK_TURBO];
+    let y = &mut buf[..n];
     if g > 1e-10 {
         let inv = 1.0 / g;
         for (o, v) in y.iter_mut().zip(x) {
             *o = v * inv;
         }
     }
-    rotate_forward(&mut y);
+    rotate_forward_n(y);
+    let mid = midpoints(c);
+    let mid = &mid[..c.len() - 1];
     let mut idx = [0u8; QK_TURBO];
     let mut rs = 0f32;
-    for j in 0..QK_TURBO {
-        let i = nearest(y[j], &mid[..N - 1]);
+    for (j, &v) in y.iter().enumerate() {
+        let i = nearest(v, mid);
         idx[j] = i as u8;
         rs += c[i] * c[i];
     }

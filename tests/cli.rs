@@ -18,6 +18,32 @@ fn tq(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// `tq inspect … | head -1`: the reader goes away early; tq must end quietly, not panic.
+#[test]
+fn closed_stdout_pipe_is_not_a_panic() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("fx.gguf");
+    std::fs::write(&p, fixtures::gguf_gen::standard(3, None).bytes).unwrap();
+    for json in [false, true] {
+        let mut args = vec!["inspect", p.to_str().unwrap(), "--full"];
+        if json {
+            args.push("--json");
+        }
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tq"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // close the read end before tq writes
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.contains("panicked"), "{err}");
+        assert_ne!(o.status.code(), Some(101), "{err}");
+    }
+}
+
 #[test]
 fn inspect_smollm2_json() {
     let Some(p) = fixtures::smollm2() else { return };

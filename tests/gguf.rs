@@ -427,6 +427,24 @@ fn targeted_corruptions_give_specific_errors() {
             "overflows",
         ),
         (
+            "byte size overflow",
+            {
+                let mut b = header(1, 0);
+                tensor_info(&mut b, "t", &[1 << 31, (1 << 31) - 1], 28, 0);
+                with_data(b, 8)
+            },
+            "f64 elements overflows",
+        ),
+        (
+            "offset + size overflows",
+            {
+                let mut b = header(1, 0);
+                tensor_info(&mut b, "t", &[16], 0, u64::MAX - 31);
+                with_data(b, 64)
+            },
+            "offset + size overflows",
+        ),
+        (
             "unknown type",
             {
                 let mut b = header(1, 0);
@@ -490,6 +508,21 @@ fn targeted_corruptions_give_specific_errors() {
             "{what}: got '{e}', expected it to contain '{expect}'"
         );
     }
+}
+
+/// A u8 array costs one byte per element in the file but a whole `Value` in memory: a corrupt
+/// count backed by a (sparse) file of that size must be refused, not decoded into 32x its size.
+#[test]
+fn metadata_value_budget_bounds_memory() {
+    let n = tq::gguf::reader::MAX_METADATA_VALUES + 1;
+    let mut b = header(0, 1);
+    push_str(&mut b, "big");
+    b.extend_from_slice(&9u32.to_le_bytes()); // array
+    b.extend_from_slice(&0u32.to_le_bytes()); // of u8
+    b.extend_from_slice(&n.to_le_bytes());
+    b.resize(b.len() + n as usize, 0);
+    let e = open_bytes(&b).expect_err("oversized u8 array accepted");
+    assert!(e.contains("'big'") && e.contains("limit"), "{e}");
 }
 
 #[test]

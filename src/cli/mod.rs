@@ -57,7 +57,18 @@ pub fn with_thread_pool<R: Send>(
 }
 
 /// Parse arguments, run, and map errors to a one-line message and an exit code.
+/// Rust ignores SIGPIPE, so `println!` into a closed pipe (`tq inspect … | head -1`) panics.
+/// A command-line filter should end quietly instead, as cat and grep do.
+fn restore_default_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: sets the disposition of one signal to its default before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 pub fn main() -> i32 {
+    restore_default_sigpipe();
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Inspect(a) => inspect::run(a),

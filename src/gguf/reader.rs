@@ -183,7 +183,18 @@ struct Parsed {
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// Metadata values still allowed to be decoded (see `MAX_METADATA_VALUES`).
+    values_left: u64,
 }
+
+/// Every decoded metadata value costs one `Value` (32 bytes) however small its encoding, so a
+/// file of N bytes could otherwise ask for 32·N bytes of memory with one long u8 array. Real
+/// models stay far below this (a 256k-token vocabulary with scores, types and merges is ~1.2 M).
+pub const MAX_METADATA_VALUES: u64 = 1 << 24;
+
+/// Up-front reservation for a count read from the file: the vector grows past this as the
+/// values are actually decoded, so a lying count never allocates more than the data backs.
+const MAX_RESERVE: u64 = 1 << 12;
 
 impl<'a> Cursor<'a> {
     fn remaining(&self) -> u64 {
@@ -271,7 +282,13 @@ impl<'a> Cursor<'a> {
                         self.remaining()
                     ));
                 }
-                let mut v = Vec::with_capacity(n as usize);
+                if n > self.values_left {
+                    return Err(format!(
+                        "metadata '{key}': array of {n} elements exceeds tq's limit of {MAX_METADATA_VALUES} metadata values per file (a corrupt count, or not a model file)"
+                    ));
+                }
+                self.values_left -= n;
+                let mut v = Vec::with_capacity(n.min(MAX_RESERVE) as usize);
                 for _ in 0..n {
                     v.push(self.value(et, key, depth + 1)?);
                 }
@@ -282,7 +299,11 @@ impl<'a> Cursor<'a> {
 }
 
 fn parse(buf: &[u8], profile: &Profile) -> std::result::Result<Parsed, String> {
-    let mut c = Cursor { buf, pos: 0 };
+    let mut c = Cursor {
+        buf,
+        pos: 0,
+        values_left: MAX_METADATA_VALUES,
+    };
     let magic = c
         .take(4, "magic")
         .map_err(|_| "not a GGUF file: shorter than the 4-byte magic".to_string())?;
@@ -314,17 +335,17 @@ fn parse(buf: &[u8], profile: &Profile) -> std::result::Result<Parsed, String> {
     // Smallest possible KV: 8-byte key length + 4-byte type + 1-byte value.
     if n_kv.checked_mul(13).is_none_or(|b| b > c.remaining()) {
         return Err(format!(
-            "header claims {n_kv} metadata entries, more than the file can hold"
+            "header claims {n_kv} metadata entries, more than the file can hold (truncated or corrupt file)"
         ));
     }
     // Smallest possible tensor info: name length 8 + n_dims 4 + type 4 + offset 8.
     if n_tensors.checked_mul(24).is_none_or(|b| b > c.remaining()) {
         return Err(format!(
-            "header claims {n_tensors} tensors, more than the file can hold"
+            "header claims {n_tensors} tensors, more than the file can hold (truncated or corrupt file)"
         ));
     }
 
-    let mut metadata = Vec::with_capacity(n_kv as usize);
+    let mut metadata = Vec::with_capacity(n_kv.min(MAX_RESERVE) as usize);
     let mut keys = HashSet::new();
     for i in 0..n_kv {
         let key = c.utf8(&format!("metadata key #{i}"))?;
@@ -348,7 +369,7 @@ fn parse(buf: &[u8], profile: &Profile) -> std::result::Result<Parsed, String> {
         }
     };
 
-    let mut tensors = Vec::with_capacity(n_tensors as usize);
+    let mut tensors = Vec::with_capacity(n_tensors.min(MAX_RESERVE) as usize);
     let mut names = HashSet::new();
     for i in 0..n_tensors {
         let name = c.utf8(&format!("tensor #{i} name"))?;

@@ -111,6 +111,17 @@ fn inspect_text_has_table_and_totals() {
     ]);
     assert_eq!(code, 0);
     assert!(out.contains("\"profile\": \"x\""));
+    // Both at once is ambiguous: a usage error, not a silent choice.
+    let (code, _, err) = tq(&[
+        "inspect",
+        p.to_str().unwrap(),
+        "--target",
+        "upstream",
+        "--type-map",
+        m.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot be used with"), "{err}");
 }
 
 #[test]

@@ -44,8 +44,8 @@ pub struct ConvertArgs {
     /// Target engine profile: fork (default), fork-pre-2026-04-15, upstream.
     #[arg(long)]
     pub target: Option<String>,
-    /// JSON type map for other forks (overrides --target).
-    #[arg(long)]
+    /// JSON type map for other forks (instead of --target).
+    #[arg(long, conflicts_with = "target")]
     pub type_map: Option<PathBuf>,
     /// Worker threads (default: all cores). Output bytes do not depend on it.
     #[arg(long)]

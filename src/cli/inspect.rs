@@ -20,7 +20,7 @@ pub struct InspectArgs {
     #[arg(long)]
     pub target: Option<String>,
     /// JSON type map for other forks: {"name": "...", "types": {"tq4_1s": 46, ...}}.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "target")]
     pub type_map: Option<PathBuf>,
 }
 

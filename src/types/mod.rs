@@ -58,6 +58,7 @@ pub enum TensorType {
     MXFP4,
     NVFP4,
     Q1_0,
+    Q2_0,
     // TurboQuant (ids assigned by a target profile)
     TQ3_1S,
     TQ4_1S,
@@ -260,6 +261,7 @@ pub static TYPES: &[TypeInfo] = &[
     row!(MXFP4, "mxfp4", Stock(39), 32, 17, None, None),
     row!(NVFP4, "nvfp4", Stock(40), 64, 36, None, None),
     row!(Q1_0, "q1_0", Stock(41), 128, 18, None, None),
+    row!(Q2_0, "q2_0", Stock(42), 64, 18, None, None),
     row!(
         TQ3_1S,
         "tq3_1s",
@@ -441,6 +443,28 @@ mod tests {
         ids.sort();
         ids.dedup();
         assert_eq!(ids.len(), n);
+    }
+
+    /// Ids past gguf-py 0.19's table (which ends at MXFP4 = 39), checked against ggml's block
+    /// structs: block_nvfp4 (64 values: 4 e4m3 scales + 32 nibble bytes), block_q1_0 (f16 d +
+    /// 128 sign bits), block_q2_0 (f16 d + 64 two-bit values).
+    #[test]
+    fn ids_past_gguf_py_match_ggml() {
+        for (id, name, bs, bytes) in [
+            (40, "nvfp4", 64, 36),
+            (41, "q1_0", 128, 18),
+            (42, "q2_0", 64, 18),
+        ] {
+            let t = TYPES
+                .iter()
+                .find(|t| t.ty.stock_id() == Some(id))
+                .unwrap_or_else(|| panic!("stock id {id} missing"));
+            assert_eq!((t.name, t.block_size, t.block_bytes), (name, bs, bytes));
+        }
+        // The upstream profile reads id 42 as q2_0; the fork profile gives it to turbo2.
+        let up = profile::Profile::built_in("upstream").unwrap();
+        assert_eq!(up.type_of(42), Some(TensorType::Q2_0));
+        assert_eq!(profile::Profile::default().id_of(TensorType::Q2_0), None);
     }
 
     #[test]

@@ -69,7 +69,7 @@ impl Profile {
         })
     }
 
-    /// Resolve `--target NAME` / `--type-map FILE` (the file wins when both are given).
+    /// Resolve `--target NAME` / `--type-map FILE` (the CLI refuses both at once).
     pub fn select(target: Option<&str>, type_map: Option<&Path>) -> Result<Profile> {
         if let Some(path) = type_map {
             return Profile::from_file(path);

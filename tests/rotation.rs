@@ -245,7 +245,8 @@ fn stats(rows: &[Vec<f32>]) -> Stats {
     }
 }
 
-/// Incoherence of every rotation option on real SmolLM2-135M rows (lengths 576 and 1536).
+/// Incoherence of every rotation option on real SmolLM2-135M rows (lengths 576 and 1536, and
+/// 172 = 43·4, which has no Hadamard order: the first 172 entries of the 576-wide rows).
 /// Prints a Markdown table (run with `--nocapture`); the numbers are in docs/codebook.md.
 #[test]
 fn smollm2_incoherence() {
@@ -254,22 +255,24 @@ fn smollm2_incoherence() {
     };
     let f = tq::gguf::GgufFile::open(&path).unwrap();
     let layers = [0usize, 10, 20, 29];
-    let groups: [(usize, &[&str]); 2] = [
-        (576, &["attn_q", "attn_k", "attn_output", "ffn_up"]),
-        (1536, &["ffn_down"]),
+    // (row length, width of the source tensors, tensors)
+    let groups: [(usize, usize, &[&str]); 3] = [
+        (576, 576, &["attn_q", "attn_k", "attn_output", "ffn_up"]),
+        (1536, 1536, &["ffn_down"]),
+        (172, 576, &["attn_q", "attn_k", "attn_output", "ffn_up"]),
     ];
     let mut report = String::from(
         "| row length | rotation | rows | mean μ | p99 μ | max μ | excess kurtosis | 3-bit NMSE |\n|---|---|---|---|---|---|---|---|\n",
     );
-    for (len, names) in groups {
+    for (len, width, names) in groups {
         let mut rows: Vec<Vec<f32>> = Vec::new();
         for l in layers {
             for nm in names {
                 let name = format!("blk.{l}.{nm}.weight");
                 let t = f.tensor(&name).unwrap_or_else(|| panic!("{name} missing"));
-                assert_eq!(t.dims[0] as usize, len, "{name}");
+                assert_eq!(t.dims[0] as usize, width, "{name}");
                 let v = f.tensor_f32(t).unwrap();
-                rows.extend(v.chunks_exact(len).map(|r| r.to_vec()));
+                rows.extend(v.chunks_exact(width).map(|r| r[..len].to_vec()));
             }
         }
         let mut line = |label: &str, rs: &[Vec<f32>]| -> Stats {

@@ -20,8 +20,8 @@ Nothing here is derived from the Rust code.
 import os
 import sys
 
-# This file is named math.py: keep its directory off sys.path so that the standard library's
-# `math` (imported by datetime, numpy, ...) is not shadowed by this script.
+# Keep this directory off sys.path so that a sibling oracle script can never be imported in place
+# of a library module of the same name (this file was once called math.py and shadowed the stdlib).
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 

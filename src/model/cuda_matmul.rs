@@ -349,7 +349,8 @@ fn int_dot(wb: &[f32], a: &[&[f32]; TT], at: usize, js: std::ops::Range<usize>) 
         for t in 0..TT {
             let x = a[t][at + j];
             for r in 0..RT {
-                s[t][r] += x * wr[r];
+                // Exact either way (integers below 2^24); fused, it is one instruction.
+                s[t][r] = x.mul_add(wr[r], s[t][r]);
             }
         }
     }

@@ -1161,3 +1161,231 @@ fn cli_kv_cache_flags_presets_and_errors() {
     let (code, _, err) = tq(&["kv", m, "--measure"]);
     assert_eq!(code, 2, "{err}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// CUDA numerics (`--numerics cuda` / `cuda-q8_0`): the fork's CUDA arithmetic for TQ weights
+
+/// The eval path (a `LinearSet` with a TQ4_1S, an f32 and a TQ3_1S segment, ggml numerics for
+/// the rest) gives, for every token and every row of a TQ segment, exactly the bits of
+/// `cuda_native::matvec` — the oracle held to the fork's arithmetic in src/gpu/cuda_native.rs.
+#[test]
+fn cuda_numerics_linear_set_equals_cuda_native_matvec() {
+    use std::sync::Arc;
+    use tq::gpu::cuda_native::{matvec, CudaTqPath};
+    use tq::gpu::{random_activation, random_weights, Rng};
+    use tq::model::cuda_matmul::CudaWeights;
+    use tq::model::layer::{LinearSet, Segment};
+    use tq::types::{dequantize, TensorType};
+
+    let mut rng = Rng(77);
+    let (k, rows) = (1536, 9);
+    let parts = [
+        (TensorType::TQ4_1S, 40),
+        (TensorType::F32, 8),
+        (TensorType::TQ3_1S, 21),
+    ];
+    for path in [CudaTqPath::Native, CudaTqPath::LoadQ8_0] {
+        let n_total: usize = parts.iter().map(|p| p.1).sum();
+        let mut w = vec![0f32; n_total * k];
+        let mut segments = Vec::new();
+        let mut raw = Vec::new();
+        let mut off = 0;
+        for (i, &(ty, n)) in parts.iter().enumerate() {
+            let ws = &mut w[off * k..(off + n) * k];
+            let cuda = if ty == TensorType::F32 {
+                for v in ws.iter_mut() {
+                    *v = (rng.gauss() * 0.05) as f32;
+                }
+                raw.push(Vec::new());
+                None
+            } else {
+                let b = random_weights(ty, n, k, &mut rng).unwrap();
+                dequantize(ty, &b, ws, "test").unwrap();
+                let cw = CudaWeights::new(path, ty, &b, n, k).unwrap();
+                raw.push(b);
+                Some(Arc::new(cw))
+            };
+            segments.push(Segment {
+                name: format!("w{i}"),
+                off,
+                n,
+                ty,
+                cuda,
+            });
+            off += n;
+        }
+        let set = LinearSet {
+            k,
+            n_total,
+            w,
+            bias: None,
+            segments,
+        };
+        let x: Vec<f32> = (0..rows)
+            .flat_map(|_| random_activation(k, &mut rng))
+            .collect();
+        let mut out = vec![0f32; rows * n_total];
+        set.forward(&x, rows, &mut out, true, 2);
+        for (s, b) in set.segments.iter().zip(&raw) {
+            if s.cuda.is_none() {
+                continue;
+            }
+            for t in 0..rows {
+                let want = matvec(path, s.ty, b, s.n, k, &x[t * k..(t + 1) * k]).unwrap();
+                let got = &out[t * n_total + s.off..t * n_total + s.off + s.n];
+                let (gb, wb): (Vec<u32>, Vec<u32>) = (
+                    got.iter().map(|v| v.to_bits()).collect(),
+                    want.iter().map(|v| v.to_bits()).collect(),
+                );
+                assert_eq!(gb, wb, "{path:?} {} token {t}", s.ty);
+            }
+        }
+    }
+}
+
+/// SmolLM2 converted to TQ4_1S in-test, 4 Botchan windows of 256 tokens, KLD against the F16
+/// model: the CUDA numerics move the result a little, never nothing.
+///
+/// Tolerance: the CUDA paths add 8-bit rounding of the activations (and, natively, of the
+/// centroids; for q8_0, of the dequantized weights) to every TQ mat-vec: ~0.6-1% relative noise
+/// per output (docs/kernels.md), an order of magnitude below TQ4_1S's own weight error (~10%
+/// per weight). KLD grows roughly with the square of the total noise, so the shift must stay
+/// within a few percent of the TQ4_1S KLD: 5% is the bound (measured on 10 wikitext windows:
+/// +0.3% to +3.1%, docs/benchmarks.md). PPL within 2%. The F16 model, which has no TQ weight, gives
+/// bit-identical results under CUDA numerics and says so.
+#[test]
+fn cuda_numerics_on_smollm2_tq4_close_to_ggml_not_equal() {
+    let Some(smol) = fixtures::smollm2() else {
+        return;
+    };
+    let Some(text) = fixtures::data_file(
+        fixtures::cache_dir().join("text/botchan.txt"),
+        "scripts/fetch-botchan.sh",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let f16 = dir.path().join("f16.gguf");
+    let tq4 = dir.path().join("tq4.gguf");
+    for (src, out, w) in [(&smol, &f16, "f16"), (&f16, &tq4, "tq4_1s")] {
+        let (code, _, err) = tq(&[
+            "convert",
+            src.to_str().unwrap(),
+            "--weights",
+            w,
+            "-o",
+            out.to_str().unwrap(),
+            "--quiet",
+        ]);
+        assert_eq!(code, 0, "{err}");
+    }
+    let base = dir.path().join("f16.tql");
+    let (code, out, err) = tq(&[
+        "eval",
+        f16.to_str().unwrap(),
+        "--text",
+        text.to_str().unwrap(),
+        "--ctx",
+        "256",
+        "--chunks",
+        "4",
+        "--save-logits",
+        base.to_str().unwrap(),
+        "--json",
+        "-q",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let ppl_f16 = json_result(&out)["ppl"]["value"].as_f64().unwrap();
+
+    let eval = |model: &Path, numerics: &str| -> serde_json::Value {
+        let (code, out, err) = tq(&[
+            "eval",
+            model.to_str().unwrap(),
+            "--ref-logits",
+            base.to_str().unwrap(),
+            "--numerics",
+            numerics,
+            "--json",
+            "-q",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str(&out).unwrap()
+    };
+    let pk = |j: &serde_json::Value| {
+        (
+            j["result"]["ppl"]["value"].as_f64().unwrap(),
+            j["result"]["kld"]["kld"]["value"].as_f64().unwrap(),
+        )
+    };
+    let g = eval(&tq4, "ggml");
+    assert_eq!(g["numerics"], "ggml");
+    let (ppl_g, kld_g) = pk(&g);
+    let mut klds = vec![];
+    for n in ["cuda", "cuda-q8_0"] {
+        let j = eval(&tq4, n);
+        let want = if n == "cuda" { "cuda-native" } else { n };
+        assert_eq!(j["numerics"], want);
+        assert_eq!(j["numerics_path"]["name"], want);
+        // 30 blocks x 7 weights; output stays q6_K/q8_0 in the pure recipe.
+        assert_eq!(j["numerics_path"]["cuda_tensors"], 210, "{j}");
+        let (ppl, kld) = pk(&j);
+        eprintln!("{n}: PPL {ppl:.4} KLD {kld:.6}; ggml PPL {ppl_g:.4} KLD {kld_g:.6}");
+        assert_ne!(kld, kld_g, "{n} numerics changed nothing");
+        assert!(
+            (kld / kld_g - 1.0).abs() < 0.05,
+            "{n}: KLD {kld} vs ggml {kld_g}"
+        );
+        assert!(
+            (ppl / ppl_g - 1.0).abs() < 0.02,
+            "{n}: PPL {ppl} vs {ppl_g}"
+        );
+        klds.push(kld);
+    }
+    assert_ne!(klds[0], klds[1], "native and q8_0 paths differ");
+
+    // No TQ weight: identical to ggml, and the report says the CUDA model changed nothing.
+    let j = eval(&f16, "cuda");
+    assert_eq!(j["numerics_path"]["cuda_tensors"], 0);
+    let note = j["numerics_path"]["note"].as_str().unwrap();
+    assert!(note.contains("changed nothing"), "{note}");
+    assert_eq!(pk(&j).0, ppl_f16);
+}
+
+#[test]
+fn cli_numerics_errors_and_text_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_model(dir.path(), &Spec::llama());
+    let tf = dir.path().join("tokens.txt");
+    let ids: Vec<String> = tokens(64, 80, 5).iter().map(|t| t.to_string()).collect();
+    std::fs::write(&tf, ids.join(" ")).unwrap();
+    let (m, t) = (model.to_str().unwrap(), tf.to_str().unwrap());
+    let (code, _, err) = tq(&[
+        "eval",
+        m,
+        "--tokens",
+        t,
+        "--ctx",
+        "32",
+        "--numerics",
+        "cuda9",
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("--numerics cuda9") && err.contains("cuda-q8_0"),
+        "{err}"
+    );
+    let (code, out, err) = tq(&[
+        "eval",
+        m,
+        "--tokens",
+        t,
+        "--ctx",
+        "32",
+        "--numerics",
+        "cuda",
+        "-q",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("Numerics: cuda-native"), "{out}");
+    assert!(out.contains("changed nothing"), "{out}");
+}

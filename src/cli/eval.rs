@@ -46,7 +46,10 @@ pub struct EvalArgs {
     /// Windows run through the model together (default: about 2048 tokens' worth).
     #[arg(long)]
     pub batch: Option<usize>,
-    /// ggml (round activations like llama.cpp's CPU backend; default) or f32 (exact activations).
+    /// ggml (round activations like llama.cpp's CPU backend; default), f32 (exact activations),
+    /// cuda (= cuda-native: TQ4_1S/TQ3_1S weights through the fork's CUDA mat-vec arithmetic
+    /// with GGML_TQ_NATIVE=1, int8 centroids x q8_1 activations) or cuda-q8_0 (the fork's CUDA
+    /// default: TQ4_1S converted to q8_0 at load). Other weight types keep ggml numerics.
     #[arg(long, default_value = "ggml")]
     pub numerics: String,
     #[command(flatten)]
@@ -207,8 +210,12 @@ pub fn text_tokens(p: &Path, f: &GgufFile) -> Result<(Vec<u32>, Option<u32>)> {
 }
 
 pub fn run(a: EvalArgs) -> Result<()> {
-    let numerics = Numerics::parse(&a.numerics)
-        .ok_or_else(|| Error::Usage(format!("--numerics {}: expected ggml or f32", a.numerics)))?;
+    let numerics = Numerics::parse(&a.numerics).ok_or_else(|| {
+        Error::Usage(format!(
+            "--numerics {}: expected ggml, f32, cuda (cuda-native) or cuda-q8_0",
+            crate::error::one_line(&a.numerics)
+        ))
+    })?;
     let format = match a.logits_format.as_str() {
         "tq" => Format::Tq,
         "llama" => Format::Llama,
@@ -234,6 +241,8 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
         model.cfg.head_dim,
     )?;
     let (kv_bits_k, kv_bits_v) = model.kv.bits(model.cfg.n_layer, model.cfg.head_dim);
+    let cuda_tensors = model.cuda_tensors();
+    let numerics_note = numerics_note(numerics, cuda_tensors.len());
 
     let ref_file;
     let mut ref_model = None;
@@ -293,7 +302,7 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
         Some(p) => {
             let info = serde_json::json!({
                 "model": a.model.file_name().map(|s| s.to_string_lossy().into_owned()),
-                "numerics": a.numerics, "tq": env!("CARGO_PKG_VERSION"),
+                "numerics": numerics.name(), "tq": env!("CARGO_PKG_VERSION"),
             })
             .to_string();
             let h = logits_file::Header {
@@ -321,7 +330,7 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
             win.scored_per_window(),
             batch,
             threads,
-            a.numerics,
+            numerics.name(),
             model.kv.describe(model.cfg.n_layer),
             kv_bits_k,
             kv_bits_v
@@ -353,7 +362,13 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
         let j = serde_json::json!({
             "model": a.model.display().to_string(),
             "reference": a.reference.as_ref().or(a.ref_logits.as_ref()).map(|p| p.display().to_string()),
-            "numerics": a.numerics,
+            "numerics": numerics.name(),
+            "numerics_path": {
+                "name": numerics.name(),
+                "description": numerics.describe(),
+                "cuda_tensors": cuda_tensors.len(),
+                "note": numerics_note,
+            },
             "kv": kv_json(&model.kv, &model.cfg),
             "threads": threads,
             "batch": batch,
@@ -366,6 +381,10 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
         );
     } else {
         print!("{}", render(&res));
+        println!("Numerics: {} ({})", numerics.name(), numerics.describe());
+        if let Some(n) = &numerics_note {
+            println!("  {n}");
+        }
         println!(
             "KV cache: {} ({:.3} bits per value K, {:.3} V{})",
             model.kv.describe(model.cfg.n_layer),
@@ -379,6 +398,20 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
         );
     }
     Ok(())
+}
+
+/// What the CUDA numerics did to this model (None for ggml / f32).
+fn numerics_note(numerics: Numerics, cuda_tensors: usize) -> Option<String> {
+    numerics.cuda_path()?;
+    Some(if cuda_tensors == 0 {
+        "no tq4_1s/tq3_1s weight in this model: the CUDA model changed nothing (same as ggml)"
+            .to_string()
+    } else {
+        format!(
+            "{cuda_tensors} tq4_1s/tq3_1s weights through the CUDA model (modelled per token as \
+             the fork's mat-vec kernels compute it; see docs/eval.md)"
+        )
+    })
 }
 
 /// The text report.

@@ -2,11 +2,14 @@
 //! "sets" (weights that share an input: q/k/v, gate/up) multiplied in one pass.
 
 use super::config::{Config, LayerNames};
+use super::cuda_matmul::CudaWeights;
 use super::matmul::{matmul_t, ActRound};
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, TensorInfo};
+use crate::gpu::cuda_native::CudaTqPath;
 use crate::types::TensorType;
 use rayon::prelude::*;
+use std::sync::Arc;
 
 /// Dequantize rows `r0..r1` of a 2-D tensor into `out` (`(r1 - r0) * row_len` values), in
 /// parallel over chunks of rows.
@@ -74,6 +77,9 @@ pub struct Segment {
     pub off: usize,
     pub n: usize,
     pub ty: TensorType,
+    /// Set by [`LinearSet::prepare_cuda`]: this weight is multiplied the way the fork's CUDA
+    /// kernels do it instead of through the f32 weights.
+    pub cuda: Option<Arc<CudaWeights>>,
 }
 
 /// Weights sharing one input of width `k`, stacked row-wise (`n_total × k`), with optional biases.
@@ -129,6 +135,7 @@ impl LinearSet {
                 off,
                 n,
                 ty: t.ty,
+                cuda: None,
             });
             off += n;
         }
@@ -141,9 +148,29 @@ impl LinearSet {
         })
     }
 
+    /// Route this set's TQ4_1S / TQ3_1S weights through the CUDA model (`path`), from their
+    /// bytes in `f`. Returns how many segments it prepared.
+    pub fn prepare_cuda(&mut self, f: &GgufFile, path: CudaTqPath) -> Result<usize> {
+        let mut count = 0;
+        for seg in &mut self.segments {
+            if !matches!(seg.ty, TensorType::TQ4_1S | TensorType::TQ3_1S) {
+                continue;
+            }
+            let t = f
+                .tensor(&seg.name)
+                .ok_or_else(|| Error::bad_input(&f.path, format!("missing tensor {}", seg.name)))?;
+            let cw = CudaWeights::new(path, seg.ty, f.tensor_data(t), seg.n, self.k)
+                .map_err(|e| Error::bad_input(&f.path, format!("{}: {e}", seg.name)))?;
+            seg.cuda = Some(Arc::new(cw));
+            count += 1;
+        }
+        Ok(count)
+    }
+
     /// `out (rows × n_total) = x (rows × k) · Wᵀ + b`. With `ggml_numerics`, the input is first
     /// rounded the way ggml converts activations for each weight's type; segments with the same
-    /// rounding are multiplied together.
+    /// rounding are multiplied together. Segments prepared by [`LinearSet::prepare_cuda`] go
+    /// through [`CudaWeights::matmul`] (which quantizes the exact input its own way).
     pub fn forward(
         &self,
         x: &[f32],
@@ -155,6 +182,12 @@ impl LinearSet {
         let k = self.k;
         let mut i = 0;
         while i < self.segments.len() {
+            if let Some(cw) = &self.segments[i].cuda {
+                let off = self.segments[i].off;
+                cw.matmul(x, rows, &mut out[off..], self.n_total);
+                i += 1;
+                continue;
+            }
             let round = if ggml_numerics {
                 ActRound::for_weight(self.segments[i].ty)
             } else {
@@ -162,6 +195,7 @@ impl LinearSet {
             };
             let mut j = i + 1;
             while j < self.segments.len()
+                && self.segments[j].cuda.is_none()
                 && (!ggml_numerics || ActRound::for_weight(self.segments[j].ty) == round)
             {
                 j += 1;
@@ -205,6 +239,14 @@ pub struct LayerWeights {
 }
 
 impl LayerWeights {
+    /// [`LinearSet::prepare_cuda`] for every set of the block; returns the number of weights.
+    pub fn prepare_cuda(&mut self, f: &GgufFile, path: CudaTqPath) -> Result<usize> {
+        Ok(self.qkv.prepare_cuda(f, path)?
+            + self.wo.prepare_cuda(f, path)?
+            + self.gate_up.prepare_cuda(f, path)?
+            + self.down.prepare_cuda(f, path)?)
+    }
+
     pub fn load(f: &GgufFile, _cfg: &Config, l: usize) -> Result<LayerWeights> {
         let n = LayerNames::new(l);
         let qkv = if f.tensor(&n.attn_qkv).is_some() {

@@ -11,6 +11,8 @@ use super::matmul::{matmul_t, ActRound};
 use super::rope::Rope;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
+use crate::gpu::cuda_native::CudaTqPath;
+use crate::types::TensorType;
 use rayon::prelude::*;
 
 /// How activations meet the weights.
@@ -22,14 +24,58 @@ pub enum Numerics {
     /// (f16, Q8_0, Q8_K) and the K/V cache in f16. The default: it makes perplexity and KL
     /// divergence comparable with llama.cpp's.
     Ggml,
+    /// What the fork's CUDA backend computes: TQ4_1S/TQ3_1S weights through its mat-vec kernels
+    /// as [`crate::gpu::cuda_native`] models them (`Native`: `GGML_TQ_NATIVE=1`, int8 centroids ×
+    /// q8_1 rotated activations; `LoadQ8_0`: the default conversion to q8_0 at load, q8_0 × q8_1),
+    /// every other weight type and the KV cache as [`Numerics::Ggml`].
+    Cuda(CudaTqPath),
 }
 
 impl Numerics {
+    /// `f32`, `ggml`, `cuda` (= `cuda-native`) or `cuda-q8_0`.
     pub fn parse(s: &str) -> Option<Numerics> {
         match s {
             "f32" => Some(Numerics::F32),
             "ggml" => Some(Numerics::Ggml),
+            "cuda" | "cuda-native" => Some(Numerics::Cuda(CudaTqPath::Native)),
+            "cuda-q8_0" => Some(Numerics::Cuda(CudaTqPath::LoadQ8_0)),
             _ => None,
+        }
+    }
+
+    /// The canonical name (what `parse` accepts).
+    pub fn name(self) -> &'static str {
+        match self {
+            Numerics::F32 => "f32",
+            Numerics::Ggml => "ggml",
+            Numerics::Cuda(CudaTqPath::Native) => "cuda-native",
+            Numerics::Cuda(CudaTqPath::LoadQ8_0) => "cuda-q8_0",
+        }
+    }
+
+    /// The CUDA path TQ weights take, if any.
+    pub fn cuda_path(self) -> Option<CudaTqPath> {
+        match self {
+            Numerics::Cuda(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// What the numerics mean, for reports.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Numerics::F32 => "exact f32 activations against the dequantized weights",
+            Numerics::Ggml => {
+                "ggml CPU backend (activations rounded to each weight's vec_dot type)"
+            }
+            Numerics::Cuda(CudaTqPath::Native) => {
+                "fork CUDA mat-vec kernels, GGML_TQ_NATIVE=1: tq4_1s int8 centroids x q8_1 rotated \
+                 activations, tq3_1s f32 rotated; other types as ggml"
+            }
+            Numerics::Cuda(CudaTqPath::LoadQ8_0) => {
+                "fork CUDA default: tq4_1s converted to q8_0 at load, q8_0 x q8_1; tq3_1s f32 \
+                 rotated; other types as ggml"
+            }
         }
     }
 }
@@ -104,8 +150,30 @@ impl<'a> Model<'a> {
         self.output_name()
     }
 
+    /// ggml rounding of activations (also for the non-TQ weights under CUDA numerics).
     fn ggml(&self) -> bool {
-        self.numerics == Numerics::Ggml
+        matches!(self.numerics, Numerics::Ggml | Numerics::Cuda(_))
+    }
+
+    /// The TQ4_1S / TQ3_1S weights a forward pass runs through the CUDA model (none unless the
+    /// numerics are `Cuda`): names of block weights and, if TQ, the output projection.
+    pub fn cuda_tensors(&self) -> Vec<String> {
+        if self.numerics.cuda_path().is_none() {
+            return Vec::new();
+        }
+        let mut v: Vec<String> = self
+            .file
+            .tensors
+            .iter()
+            .filter(|t| {
+                matches!(t.ty, TensorType::TQ4_1S | TensorType::TQ3_1S)
+                    && (t.name.starts_with("blk.") || t.name == self.output_name())
+                    && t.dims.len() == 2
+            })
+            .map(|t| t.name.clone())
+            .collect();
+        v.sort();
+        v
     }
 
     fn output_name(&self) -> &'static str {
@@ -190,6 +258,15 @@ impl<'a> Model<'a> {
                 o.layer_start(l);
             }
             let mut lw = LayerWeights::load(self.file, cfg, l)?;
+            if let Some(path) = self.numerics.cuda_path() {
+                if watch {
+                    return Err(Error::Usage(format!(
+                        "{} numerics are for evaluation; calibration hooks need ggml or f32",
+                        self.numerics.name()
+                    )));
+                }
+                lw.prepare_cuda(self.file, path)?;
+            }
             let kv = self.kv.layer(l);
             // The cache is simulated with ggml numerics (f16 by default) or whenever a type was
             // chosen.
@@ -364,6 +441,26 @@ impl<'a> Model<'a> {
             hn
         };
         let mut logits = vec![0f32; rows * nv];
+        if let (Some(path), TensorType::TQ4_1S | TensorType::TQ3_1S) =
+            (self.numerics.cuda_path(), t.ty)
+        {
+            // A TQ output projection under CUDA numerics (never in the fork's recipes, but
+            // possible): through the CUDA model, in the same vocabulary slices.
+            let data = self.file.tensor_data(t);
+            let row_bytes = e / 32 * t.ty.block_bytes();
+            let mut v0 = 0;
+            while v0 < nv {
+                let v1 = (v0 + OUTPUT_ROWS_PER_SLICE).min(nv);
+                let bytes = data.get(v0 * row_bytes..v1 * row_bytes).ok_or_else(|| {
+                    Error::bad_input(&self.file.path, format!("{}: data too short", t.name))
+                })?;
+                super::cuda_matmul::CudaWeights::new(path, t.ty, bytes, v1 - v0, e)
+                    .map_err(|err| Error::bad_input(&self.file.path, format!("{}: {err}", t.name)))?
+                    .matmul(hn, rows, &mut logits[v0..], nv);
+                v0 = v1;
+            }
+            return Ok(logits);
+        }
         let mut w = vec![0f32; OUTPUT_ROWS_PER_SLICE.min(nv) * e];
         let mut v0 = 0;
         while v0 < nv {

@@ -7,7 +7,7 @@
 #     sha256-checked, cached); running them needs an NVIDIA GPU (docs/kernels.md).
 #  3. `tq kernels check --backend auto` shows what it picks and what it skips and why.
 #  4. Metal sources: a host C++ syntax check through a shim header (no Metal compiler here; see
-#     docs/kernels.md).
+#     docs/kernels.md). Missing g++, libnvrtc or the lavapipe ICD fails the script (no silent skip).
 source "$(dirname "$0")/common.sh"
 cd "$TQ_ROOT"
 
@@ -17,6 +17,14 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers >/dev/null
 fi
+# The lavapipe ICD must be there now, or "wgpu" below would test whatever else the loader finds.
+if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
+  echo "FAIL: no lavapipe ICD (/usr/share/vulkan/icd.d/lvp_icd*.json) after installing mesa-vulkan-drivers" >&2
+  exit 1
+fi
+ls /usr/share/vulkan/icd.d/lvp_icd*.json
+# Test lavapipe, by name (src/gpu/wgpu.rs: TQ_WGPU_ADAPTER picks the adapter whose name contains it).
+export TQ_WGPU_ADAPTER=llvmpipe
 
 # NVRTC for the CUDA compile check (no driver, no GPU needed).
 NVRTC_VER=12.9.86
@@ -42,7 +50,8 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 
 TARGET="${CARGO_TARGET_DIR:-target}"
 echo "== kernels: parity harness on wgpu (lavapipe) + CUDA NVRTC compile =="
-TQ_REQUIRE_GPU=1 TQ_REQUIRE_DATA=1 cargo test --locked --features wgpu,cuda --test kernels -- --nocapture
+# TQ_REQUIRE_GPU / TQ_REQUIRE_NVRTC: no adapter / no libnvrtc is a failure here, not a skip.
+TQ_REQUIRE_GPU=1 TQ_REQUIRE_NVRTC=1 TQ_REQUIRE_DATA=1 cargo test --locked --features wgpu,cuda --test kernels -- --nocapture
 echo "== tq kernels check --backend wgpu =="
 "$TARGET/debug/tq" kernels check --backend wgpu
 echo "== Metal sources: host C++ syntax check with kernels/metal/check/msl_shim.h (not a Metal compile) =="
@@ -55,7 +64,8 @@ if command -v g++ >/dev/null; then
     echo "kernels/metal/$f.metal: syntax ok (host C++ shim)"
   done
 else
-  echo "g++ not found: Metal syntax check skipped"
+  echo "FAIL: g++ not found: the Metal syntax check cannot run (install g++)" >&2
+  exit 1
 fi
 echo "== tq kernels check --backend auto --quick =="
 "$TARGET/debug/tq" kernels check --backend auto --quick --types tq4_1s

@@ -12,8 +12,12 @@
 struct Params {
     n: u32,      // dequantize: number of blocks; mat-vec / Q·K: number of rows
     cols: u32,   // mat-vec / Q·K: row length in values
+    group: u32,  // turbo: values per group (64 | 128)
+    bytes: u32,  // turbo: bytes per block
+    hdr: u32,    // turbo: bytes before qs (2, or 4 for the May-2026 turbo4 block)
     pad0: u32,
     pad1: u32,
+    pad2: u32,
 }
 
 // Packed blocks, little-endian bytes in u32 words (the host pads to a multiple of 4 bytes).

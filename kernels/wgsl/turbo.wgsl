@@ -1,60 +1,54 @@
-// tq GPU decode kernels, WGSL: turbo2 / turbo3 / turbo4 KV-cache blocks (FORMATS.md §3, the
-// 2026-05-04 layouts). Prepend common.wgsl.
+// tq GPU decode kernels, WGSL: turbo2 / turbo3 / turbo4 KV-cache blocks (FORMATS.md §3) in every
+// layout tq writes or simulates. Prepend common.wgsl.
+//
+// Layout parameters: params.group (64 | 128 values per group), params.bytes (bytes per block),
+// params.hdr (bytes before qs: 2, or 4 for the May-2026 turbo4 block), and the codebook `cb`
+// (binding 4, 2^bits f32 written by the host: the May-2026 tables, the June turbo4 table or a
+// per-head-dim table; never hard-coded here, and passed as raw f32 bits so no literal rounding).
+// Block: f16 norm | [f16 unused] | qs[group/4 or group/2] | turbo3: signs[group/8].
 //
 // Entry points
-//   turbo{2,3,4}_dequant   value j of a 128-group = C[idx_j] · f16(norm), left in the rotated
-//                          domain (no inverse rotation, as in the engines). One thread per value.
+//   turbo{2,3,4}_dequant   value j of a group = C[idx_j] · f16(norm), left in the rotated
+//                          domain (no inverse rotation, as in the engines). One thread per value,
+//                          128 per workgroup (value index / group = block).
 //   turbo{2,3,4}_qk        score[r] = Σ_j q̂_j · (C[idx_j] · norm) over a key row of params.cols
-//                          values (a multiple of 128), q̂ = the query already rotated forward
-//                          (bound as vec_in). 128 threads per key row.
+//                          values (a multiple of params.group), q̂ = the query already rotated
+//                          forward (bound as vec_in). 128 threads per key row (reduce128).
 // Dequantize is one f32 product per value: bit-exact. Q·K sums in another order than the f64
 // reference and is held to a relative bound (docs/kernels.md).
 
-// Codebooks for N(0, 1/128), as f32 bit patterns (tq::types::turbo::CB2 / CB3 / CB4, the May-2026
-// snapshot; CB4 is the mis-scaled table the snapshot shipped).
-var<private> CB2: array<u32, 4> = array<u32, 4>(0xbe08aa43u, 0xbd23d0c0u, 0x3d23d0c0u, 0x3e08aa43u);
-var<private> CB3: array<u32, 8> = array<u32, 8>(
-    0xbe4342eeu, 0xbdf151e7u, 0xbd8696a2u, 0xbcafcce2u, 0x3cafcce2u, 0x3d8696a2u, 0x3df151e7u, 0x3e4342eeu);
-var<private> CB4: array<u32, 16> = array<u32, 16>(
-    0xbe3219a8u, 0xbdf003efu, 0xbdb759efu, 0xbd8ccff2u, 0xbd51f81au, 0xbd11ce29u, 0xbcabf120u, 0xbbe3582au,
-    0x3be3582au, 0x3cabf120u, 0x3d11ce29u, 0x3d51f81au, 0x3d8ccff2u, 0x3db759efu, 0x3df003efu, 0x3e3219a8u);
-
-const TURBO2_BYTES: u32 = 34u;
-const TURBO3_BYTES: u32 = 50u;
-const TURBO4_BYTES: u32 = 68u;
+@group(0) @binding(4) var<storage, read> cb: array<f32>;
 
 var<workgroup> red: array<f32, 128>;
 
-// Value j of group g: centroid × norm (the CPU reference's order of operands).
-fn turbo2_value(g: u32, j: u32) -> f32 {
-    let o = g * TURBO2_BYTES;
+// Value j of the block at byte offset o: centroid × norm (the CPU reference's order of operands).
+fn turbo2_value(o: u32, j: u32) -> f32 {
     let norm = f16_to_f32(rd_u16(o));
-    let i = (rd_byte(o + 2u + (j >> 2u)) >> (2u * (j & 3u))) & 3u;
-    return bitcast<f32>(CB2[i]) * norm;
+    let i = (rd_byte(o + params.hdr + (j >> 2u)) >> (2u * (j & 3u))) & 3u;
+    return cb[i] * norm;
 }
 
-fn turbo3_value(g: u32, j: u32) -> f32 {
-    let o = g * TURBO3_BYTES;
+fn turbo3_value(o: u32, j: u32) -> f32 {
     let norm = f16_to_f32(rd_u16(o));
-    let lo = (rd_byte(o + 2u + (j >> 2u)) >> (2u * (j & 3u))) & 3u;
-    let hi = (rd_byte(o + 34u + (j >> 3u)) >> (j & 7u)) & 1u;
-    return bitcast<f32>(CB3[lo | (hi << 2u)]) * norm;
+    let lo = (rd_byte(o + params.hdr + (j >> 2u)) >> (2u * (j & 3u))) & 3u;
+    let hi = (rd_byte(o + params.hdr + (params.group >> 2u) + (j >> 3u)) >> (j & 7u)) & 1u;
+    return cb[lo | (hi << 2u)] * norm;
 }
 
-fn turbo4_value(g: u32, j: u32) -> f32 {
-    let o = g * TURBO4_BYTES;
+fn turbo4_value(o: u32, j: u32) -> f32 {
     let norm = f16_to_f32(rd_u16(o));
-    let i = (rd_byte(o + 4u + (j >> 1u)) >> (4u * (j & 1u))) & 15u;
-    return bitcast<f32>(CB4[i]) * norm;
+    let i = (rd_byte(o + params.hdr + (j >> 1u)) >> (4u * (j & 1u))) & 15u;
+    return cb[i] * norm;
 }
 
 @compute @workgroup_size(128)
 fn turbo2_dequant(@builtin(local_invocation_index) t: u32,
                   @builtin(workgroup_id) wid: vec3<u32>,
                   @builtin(num_workgroups) nwg: vec3<u32>) {
-    let g = group_index(wid, nwg);
+    let idx = group_index(wid, nwg) * 128u + t;
+    let g = idx / params.group;
     if (g < params.n) {
-        dst[g * 128u + t] = turbo2_value(g, t);
+        dst[idx] = turbo2_value(g * params.bytes, idx - g * params.group);
     }
 }
 
@@ -62,9 +56,10 @@ fn turbo2_dequant(@builtin(local_invocation_index) t: u32,
 fn turbo3_dequant(@builtin(local_invocation_index) t: u32,
                   @builtin(workgroup_id) wid: vec3<u32>,
                   @builtin(num_workgroups) nwg: vec3<u32>) {
-    let g = group_index(wid, nwg);
+    let idx = group_index(wid, nwg) * 128u + t;
+    let g = idx / params.group;
     if (g < params.n) {
-        dst[g * 128u + t] = turbo3_value(g, t);
+        dst[idx] = turbo3_value(g * params.bytes, idx - g * params.group);
     }
 }
 
@@ -72,9 +67,10 @@ fn turbo3_dequant(@builtin(local_invocation_index) t: u32,
 fn turbo4_dequant(@builtin(local_invocation_index) t: u32,
                   @builtin(workgroup_id) wid: vec3<u32>,
                   @builtin(num_workgroups) nwg: vec3<u32>) {
-    let g = group_index(wid, nwg);
+    let idx = group_index(wid, nwg) * 128u + t;
+    let g = idx / params.group;
     if (g < params.n) {
-        dst[g * 128u + t] = turbo4_value(g, t);
+        dst[idx] = turbo4_value(g * params.bytes, idx - g * params.group);
     }
 }
 
@@ -88,7 +84,12 @@ fn reduce128(t: u32) {
     workgroupBarrier();
 }
 
-// params.n = key rows, params.cols = values per row (multiple of 128); vec_in = q̂; dst = scores.
+// Byte offset of the block holding value j of key row `row`.
+fn turbo_block(row: u32, j: u32) -> u32 {
+    return (row * (params.cols / params.group) + j / params.group) * params.bytes;
+}
+
+// params.n = key rows, params.cols = values per row (multiple of group); vec_in = q̂; dst = scores.
 @compute @workgroup_size(128)
 fn turbo2_qk(@builtin(local_invocation_index) t: u32,
              @builtin(workgroup_id) wid: vec3<u32>,
@@ -96,9 +97,8 @@ fn turbo2_qk(@builtin(local_invocation_index) t: u32,
     let row = group_index(wid, nwg);
     var acc = 0.0;
     if (row < params.n) {
-        let gpr = params.cols / 128u;
         for (var j = t; j < params.cols; j = j + 128u) {
-            acc = acc + vec_in[j] * turbo2_value(row * gpr + (j >> 7u), j & 127u);
+            acc = acc + vec_in[j] * turbo2_value(turbo_block(row, j), j % params.group);
         }
     }
     red[t] = acc;
@@ -115,9 +115,8 @@ fn turbo3_qk(@builtin(local_invocation_index) t: u32,
     let row = group_index(wid, nwg);
     var acc = 0.0;
     if (row < params.n) {
-        let gpr = params.cols / 128u;
         for (var j = t; j < params.cols; j = j + 128u) {
-            acc = acc + vec_in[j] * turbo3_value(row * gpr + (j >> 7u), j & 127u);
+            acc = acc + vec_in[j] * turbo3_value(turbo_block(row, j), j % params.group);
         }
     }
     red[t] = acc;
@@ -134,9 +133,8 @@ fn turbo4_qk(@builtin(local_invocation_index) t: u32,
     let row = group_index(wid, nwg);
     var acc = 0.0;
     if (row < params.n) {
-        let gpr = params.cols / 128u;
         for (var j = t; j < params.cols; j = j + 128u) {
-            acc = acc + vec_in[j] * turbo4_value(row * gpr + (j >> 7u), j & 127u);
+            acc = acc + vec_in[j] * turbo4_value(turbo_block(row, j), j % params.group);
         }
     }
     red[t] = acc;

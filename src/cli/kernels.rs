@@ -2,7 +2,7 @@
 //! tensors of real shapes, compare with the CPU reference, exit non-zero beyond tolerance.
 
 use crate::error::{Error, Result};
-use crate::gpu::{self, BackendKind, CheckOptions};
+use crate::gpu::{self, BackendKind, CheckOptions, OpenError};
 use crate::types::TensorType;
 use clap::{Args, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -79,28 +79,34 @@ fn parse_types(names: &[String]) -> Result<Vec<TensorType>> {
         .collect()
 }
 
-/// Why CUDA is unavailable, with the NVRTC compile check when NVRTC itself is present.
-fn cuda_skip_reason(e: &Error) -> String {
+/// Why CUDA is absent, with the NVRTC compile check when NVRTC itself is present: the skip
+/// line, and the NVRTC error when it rejects a kernel (a failure even though no GPU is here).
+fn cuda_absent(msg: &str) -> (String, Option<String>) {
     #[cfg(feature = "cuda")]
     {
         if !gpu::cuda::libcuda_present() {
-            let nvrtc = match gpu::cuda::compile_kernels(None) {
-                Ok(_) => match gpu::cuda::nvrtc_version() {
-                    Some((a, b)) => format!("; kernels compile with NVRTC {a}.{b}"),
-                    None => "; kernels compile with NVRTC".into(),
-                },
-                Err(e) if gpu::cuda::nvrtc_present() => format!("; {e}"),
-                Err(_) => String::new(),
+            let (nvrtc, failure) = match gpu::cuda::compile_kernels(None) {
+                Ok(_) => (
+                    match gpu::cuda::nvrtc_version() {
+                        Some((a, b)) => format!(
+                            "; kernels compile with NVRTC {a}.{b} for {}",
+                            gpu::cuda::DEFAULT_ARCH
+                        ),
+                        None => "; kernels compile with NVRTC".into(),
+                    },
+                    None,
+                ),
+                Err(e) if gpu::cuda::nvrtc_present() => (String::new(), Some(e.to_string())),
+                Err(_) => (String::new(), None),
             };
-            return format!("cuda: skipped (libcuda not found{nvrtc})");
+            return (format!("cuda: skipped (libcuda not found{nvrtc})"), failure);
         }
     }
-    format!("cuda: skipped ({})", strip(e, "cuda: "))
+    (format!("cuda: skipped ({})", strip(msg, "cuda: ")), None)
 }
 
-fn strip(e: &Error, prefix: &str) -> String {
-    let s = e.to_string();
-    s.strip_prefix(prefix).unwrap_or(&s).to_string()
+fn strip(s: &str, prefix: &str) -> String {
+    s.strip_prefix(prefix).unwrap_or(s).to_string()
 }
 
 fn check(a: CheckArgs) -> Result<()> {
@@ -138,21 +144,41 @@ fn check(a: CheckArgs) -> Result<()> {
     for kind in kinds {
         let mut backend = match gpu::open_backend(kind) {
             Ok(b) => b,
-            Err(e) => {
-                let why = match kind {
-                    BackendKind::Cuda => cuda_skip_reason(&e),
-                    _ => format!(
-                        "{}: skipped ({})",
-                        kind.name(),
-                        strip(&e, &format!("{}: ", kind.name()))
+            // Absent (not built in, no library, no device): `auto` skips it.
+            Err(OpenError::Absent(msg)) => {
+                let (why, failure) = match kind {
+                    BackendKind::Cuda => cuda_absent(&msg),
+                    _ => (
+                        format!(
+                            "{}: skipped ({})",
+                            kind.name(),
+                            strip(&msg, &format!("{}: ", kind.name()))
+                        ),
+                        None,
                     ),
                 };
+                if let Some(f) = failure {
+                    println!("{why}");
+                    println!("{}: FAILED: {f}", kind.name());
+                    failed += 1;
+                    continue;
+                }
                 if a.backend == BackendArg::Auto {
                     println!("{why}");
                     skipped.push(why);
                     continue;
                 }
                 return Err(Error::Unsupported(why));
+            }
+            // Present but broken (a kernel does not compile, a pipeline or driver error): a
+            // failure in every mode.
+            Err(OpenError::Failed(e)) => {
+                if a.backend != BackendArg::Auto {
+                    return Err(e);
+                }
+                println!("{}: FAILED to open: {e}", kind.name());
+                failed += 1;
+                continue;
             }
         };
         let rep = gpu::check(backend.as_mut(), &opts)?;
@@ -165,15 +191,16 @@ fn check(a: CheckArgs) -> Result<()> {
     if a.cuda_model {
         print_cuda_model(&types)?;
     }
+    if failed > 0 {
+        return Err(Error::Unsupported(format!(
+            "{failed} backend(s) failed: a kernel out of tolerance or a backend that did not \
+             open (see the FAIL/FAILED lines above)"
+        )));
+    }
     if ran == 0 {
         return Err(Error::Unsupported(format!(
             "no GPU backend available ({})",
             skipped.join("; ")
-        )));
-    }
-    if failed > 0 {
-        return Err(Error::Unsupported(format!(
-            "{failed} backend(s) had kernels out of tolerance (see the FAIL lines above)"
         )));
     }
     Ok(())

@@ -9,16 +9,16 @@
 // status we could not check without a Mac are wrapped in `unsafe` blocks.
 #![allow(unused_unsafe)]
 
-use super::{sources, Backend, BackendKind};
+use super::{sources, Backend, BackendKind, OpenError, TurboSpec, TURBO_QK_THREADS};
 use crate::error::{Error, Result};
 use crate::types::TensorType;
 use objc2::rc::Retained;
 use objc2::runtime::ProtocolObject;
 use objc2_foundation::NSString;
 use objc2_metal::{
-    MTLBuffer, MTLCommandBuffer, MTLCommandEncoder, MTLCommandQueue, MTLCompileOptions,
-    MTLComputeCommandEncoder, MTLComputePipelineState, MTLCreateSystemDefaultDevice, MTLDevice,
-    MTLLibrary, MTLResourceOptions, MTLSize,
+    MTLBuffer, MTLCommandBuffer, MTLCommandBufferStatus, MTLCommandEncoder, MTLCommandQueue,
+    MTLCompileOptions, MTLComputeCommandEncoder, MTLComputePipelineState,
+    MTLCreateSystemDefaultDevice, MTLDevice, MTLLibrary, MTLResourceOptions, MTLSize,
 };
 use std::ffi::c_void;
 use std::ptr::NonNull;
@@ -38,15 +38,17 @@ pub struct MetalBackend {
 }
 
 impl MetalBackend {
-    pub fn new() -> Result<Self> {
+    /// Absent: no Metal device. Failed: a kernel file does not compile, no command queue.
+    pub fn new() -> std::result::Result<Self, OpenError> {
         let device = MTLCreateSystemDefaultDevice()
-            .ok_or_else(|| Error::Unsupported("metal: no Metal device".into()))?;
+            .ok_or_else(|| OpenError::Absent("metal: no Metal device".into()))?;
+        let common = sources::text("metal", "common.metal")?;
         let opts = MTLCompileOptions::new();
         #[allow(deprecated)]
         opts.setFastMathEnabled(false);
         let compile =
             |name: &str, body: &str| -> Result<Retained<ProtocolObject<dyn MTLLibrary>>> {
-                let src = NSString::from_str(&format!("{}\n{}", sources::METAL_COMMON, body));
+                let src = NSString::from_str(&format!("{common}\n{body}"));
                 device
                     .newLibraryWithSource_options_error(&src, Some(&opts))
                     .map_err(|e| {
@@ -56,8 +58,8 @@ impl MetalBackend {
                         )
                     })
             };
-        let tq = compile("tq.metal", sources::METAL_TQ)?;
-        let turbo = compile("turbo.metal", sources::METAL_TURBO)?;
+        let tq = compile("tq.metal", &sources::text("metal", "tq.metal")?)?;
+        let turbo = compile("turbo.metal", &sources::text("metal", "turbo.metal")?)?;
         let queue = device
             .newCommandQueue()
             .ok_or_else(|| Error::Unsupported("metal: no command queue".into()))?;
@@ -144,6 +146,17 @@ impl MetalBackend {
         enc.endEncoding();
         cb.commit();
         cb.waitUntilCompleted();
+        // A command buffer that faulted (or was not completed) has garbage in its outputs.
+        if cb.status() != MTLCommandBufferStatus::Completed {
+            let why = cb
+                .error()
+                .map(|e| e.localizedDescription().to_string())
+                .unwrap_or_else(|| "no error object".into());
+            return Err(metal_err(
+                &format!("{entry}: command buffer status {:?}", cb.status()),
+                why,
+            ));
+        }
         Ok(cb.GPUEndTime() - cb.GPUStartTime())
     }
 
@@ -165,18 +178,55 @@ impl MetalBackend {
     fn dequant(&self, ty: TensorType, blocks: &[u8]) -> Result<(Vec<f32>, f64)> {
         let nblk = blocks.len() / ty.block_bytes();
         let n = nblk * ty.block_size();
+        if let Ok(spec) = TurboSpec::stock(ty) {
+            return self.turbo_dequant(&spec, blocks);
+        }
         let (entry, tg) = match ty {
             TensorType::TQ4_1S => ("tq4_dequant", 256),
             TensorType::TQ3_1S => ("tq3_dequant", 256),
-            TensorType::Turbo2 => ("turbo2_dequant", 128),
-            TensorType::Turbo3 => ("turbo3_dequant", 128),
-            TensorType::Turbo4 => ("turbo4_dequant", 128),
             _ => return Err(Error::Unsupported(format!("{ty}: no GPU kernel"))),
         };
+        if n == 0 {
+            return Ok((vec![], 0.0));
+        }
         let src = self.buffer(blocks)?;
         let dst = self.out(n)?;
         let nb = self.u32_buf(nblk as u32)?;
         let t = self.run(entry, &[(0, &src), (1, &dst), (2, &nb)], n, tg)?;
+        Ok((Self::read(&dst, n), t))
+    }
+
+    /// The layout of `spec` as the kernels' `lay` buffer: {group, bytes, hdr}.
+    fn layout_buf(&self, spec: &TurboSpec) -> Result<Buf> {
+        let l = &spec.layout;
+        let v = [l.group as u32, l.block_bytes() as u32, l.header as u32];
+        let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.buffer(&b)
+    }
+
+    fn turbo_dequant(&self, spec: &TurboSpec, blocks: &[u8]) -> Result<(Vec<f32>, f64)> {
+        spec.validate(blocks.len(), None)?;
+        let entry = match spec.ty {
+            TensorType::Turbo2 => "turbo2_dequant",
+            TensorType::Turbo3 => "turbo3_dequant",
+            _ => "turbo4_dequant",
+        };
+        let nblk = blocks.len() / spec.layout.block_bytes();
+        let n = nblk * spec.layout.group;
+        if n == 0 {
+            return Ok((vec![], 0.0));
+        }
+        let src = self.buffer(blocks)?;
+        let dst = self.out(n)?;
+        let nb = self.u32_buf(nblk as u32)?;
+        let cb = self.f32_buf(&spec.codebook)?;
+        let lay = self.layout_buf(spec)?;
+        let t = self.run(
+            entry,
+            &[(0, &src), (1, &dst), (2, &nb), (5, &cb), (6, &lay)],
+            n,
+            128,
+        )?;
         Ok((Self::read(&dst, n), t))
     }
 }
@@ -207,6 +257,9 @@ impl Backend for MetalBackend {
             TensorType::TQ3_1S => "tq3_matvec",
             _ => return Err(Error::Unsupported(format!("{ty}: no mat-vec kernel"))),
         };
+        if rows == 0 || cols == 0 {
+            return Ok(vec![0.0; rows]);
+        }
         let xb = self.f32_buf(x)?;
         let xr = self.out(cols)?;
         let nb = self.u32_buf((cols / 32) as u32)?;
@@ -224,30 +277,48 @@ impl Backend for MetalBackend {
         Ok(Self::read(&y, rows))
     }
 
-    fn qk_dot(
+    fn turbo_dequantize(&mut self, spec: &TurboSpec, blocks: &[u8]) -> Result<Vec<f32>> {
+        Ok(self.turbo_dequant(spec, blocks)?.0)
+    }
+
+    fn turbo_qk(
         &mut self,
-        ty: TensorType,
+        spec: &TurboSpec,
         k: &[u8],
         rows: usize,
         cols: usize,
         q_rot: &[f32],
     ) -> Result<Vec<f32>> {
-        let entry = match ty {
+        spec.validate(k.len(), Some((rows, cols)))?;
+        let entry = match spec.ty {
             TensorType::Turbo2 => "turbo2_qk",
             TensorType::Turbo3 => "turbo3_qk",
-            TensorType::Turbo4 => "turbo4_qk",
-            _ => return Err(Error::Unsupported(format!("{ty}: no Q·K kernel"))),
+            _ => "turbo4_qk",
         };
+        if rows == 0 || cols == 0 {
+            return Ok(vec![0.0; rows]);
+        }
         let kb = self.buffer(k)?;
         let qb = self.f32_buf(q_rot)?;
         let out = self.out(rows)?;
         let r = self.u32_buf(rows as u32)?;
         let c = self.u32_buf(cols as u32)?;
+        let cb = self.f32_buf(&spec.codebook)?;
+        let lay = self.layout_buf(spec)?;
+        // part[4] in the kernel: exactly TURBO_QK_THREADS (128) threads per row.
         self.run(
             entry,
-            &[(0, &kb), (1, &out), (2, &r), (3, &c), (4, &qb)],
-            rows * 128,
-            128,
+            &[
+                (0, &kb),
+                (1, &out),
+                (2, &r),
+                (3, &c),
+                (4, &qb),
+                (5, &cb),
+                (6, &lay),
+            ],
+            rows * TURBO_QK_THREADS,
+            TURBO_QK_THREADS,
         )?;
         Ok(Self::read(&out, rows))
     }

@@ -4,7 +4,7 @@
 //! at run time by naga and the driver. Adapter choice: `TQ_WGPU_ADAPTER=<substring>` picks an
 //! adapter by name; otherwise the first hardware adapter, else the first one (lavapipe).
 
-use super::{sources, Backend, BackendKind};
+use super::{sources, Backend, BackendKind, OpenError, TurboSpec};
 use crate::error::{Error, Result};
 use crate::types::TensorType;
 use std::collections::HashMap;
@@ -24,6 +24,7 @@ pub struct WgpuBackend {
     turbo: wgpu::ShaderModule,
     pipelines: HashMap<&'static str, wgpu::ComputePipeline>,
     max_groups: u32,
+    max_binding: u64,
 }
 
 /// Adapters wgpu can see, as `name (backend, type)` lines (for `--backend auto` messages).
@@ -45,11 +46,13 @@ fn make_instance() -> wgpu::Instance {
 }
 
 impl WgpuBackend {
-    pub fn new() -> Result<Self> {
+    /// Absent: no adapter, or none matching `TQ_WGPU_ADAPTER`. Failed: the device request, a
+    /// kernel's WGSL validation.
+    pub fn new() -> std::result::Result<Self, OpenError> {
         let instance = make_instance();
         let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
         if adapters.is_empty() {
-            return Err(Error::Unsupported(
+            return Err(OpenError::Absent(
                 "wgpu: no adapter found (no Vulkan/Metal/DX12 driver; on Linux install \
                  mesa-vulkan-drivers for the lavapipe software device)"
                     .into(),
@@ -61,7 +64,10 @@ impl WgpuBackend {
                 .into_iter()
                 .find(|a| a.get_info().name.to_lowercase().contains(&w.to_lowercase()))
                 .ok_or_else(|| {
-                    Error::Unsupported(format!("wgpu: no adapter matches TQ_WGPU_ADAPTER={w}"))
+                    OpenError::Absent(format!(
+                        "wgpu: no adapter matches TQ_WGPU_ADAPTER={w} (adapters: {})",
+                        list_adapters().join(", ")
+                    ))
                 })?,
             None => {
                 let hw = adapters
@@ -91,7 +97,7 @@ impl WgpuBackend {
             let m = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(name),
                 source: wgpu::ShaderSource::Wgsl(
-                    format!("{}\n{}", sources::WGSL_COMMON, body).into(),
+                    format!("{}\n{}", sources::text("wgsl", "common.wgsl")?, body).into(),
                 ),
             });
             if let Some(e) = pollster::block_on(scope.pop()) {
@@ -99,10 +105,11 @@ impl WgpuBackend {
             }
             Ok(m)
         };
-        let tq = compile("tq.wgsl", sources::WGSL_TQ)?;
-        let turbo = compile("turbo.wgsl", sources::WGSL_TURBO)?;
+        let tq = compile("tq.wgsl", &sources::text("wgsl", "tq.wgsl")?)?;
+        let turbo = compile("turbo.wgsl", &sources::text("wgsl", "turbo.wgsl")?)?;
         Ok(WgpuBackend {
             max_groups: device.limits().max_compute_workgroups_per_dimension,
+            max_binding: device.limits().max_storage_buffer_binding_size,
             device,
             queue,
             info,
@@ -161,7 +168,16 @@ impl WgpuBackend {
     }
 
     fn params(&self, n: usize, cols: usize) -> wgpu::Buffer {
-        let p: [u32; 4] = [n as u32, cols as u32, 0, 0];
+        self.params_turbo(n, cols, None)
+    }
+
+    /// Params with a turbo layout (`group`, `bytes`, `hdr`; zero for the TQ kernels).
+    fn params_turbo(&self, n: usize, cols: usize, spec: Option<&TurboSpec>) -> wgpu::Buffer {
+        let (g, b, h) = spec.map_or((0, 0, 0), |s| {
+            let l = &s.layout;
+            (l.group as u32, l.block_bytes() as u32, l.header as u32)
+        });
+        let p: [u32; 8] = [n as u32, cols as u32, g, b, h, 0, 0, 0];
         let bytes: Vec<u8> = p.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -272,23 +288,38 @@ impl WgpuBackend {
         })
     }
 
+    /// Encode `reps` back-to-back dequantize dispatches of `nblk` blocks (`reps` > 1: timing).
     fn encode_dequant(
         &mut self,
         ty: TensorType,
+        spec: Option<&TurboSpec>,
         src: &wgpu::Buffer,
         out: &wgpu::Buffer,
         nblk: usize,
+        reps: usize,
     ) -> Result<wgpu::CommandEncoder> {
         let (entry, per_group) = Self::dequant_entry(ty)?;
-        let n = nblk * ty.block_size();
-        let params = self.params(nblk, 0);
-        let (p, bg) = self.bind(entry, &[(0, src), (1, out), (2, &params)])?;
+        let n = nblk * spec.map_or(ty.block_size(), |s| s.layout.group);
+        let params = self.params_turbo(nblk, 0, spec);
+        let cb = spec.map(|s| self.f32_storage("cb", &s.codebook));
+        let mut bufs = vec![(0, src), (1, out), (2, &params)];
+        if let Some(cb) = &cb {
+            bufs.push((4, cb));
+        }
+        let (p, bg) = self.bind(entry, &bufs)?;
         let grid = self.grid(n.div_ceil(per_group))?;
         let mut enc = self
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        self.encode(&mut enc, &p, &bg, grid);
+        for _ in 0..reps.max(1) {
+            self.encode(&mut enc, &p, &bg, grid);
+        }
         Ok(enc)
+    }
+
+    fn f32_storage(&self, label: &str, v: &[f32]) -> wgpu::Buffer {
+        let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.storage(label, &b)
     }
 }
 
@@ -309,11 +340,30 @@ impl Backend for WgpuBackend {
     }
 
     fn dequantize(&mut self, ty: TensorType, blocks: &[u8]) -> Result<Vec<f32>> {
+        if let Ok(spec) = TurboSpec::stock(ty) {
+            return self.turbo_dequantize(&spec, blocks);
+        }
         let nblk = blocks.len() / ty.block_bytes();
         let n = nblk * ty.block_size();
+        if n == 0 {
+            return Ok(vec![]);
+        }
         let src = self.storage("blocks", blocks);
         let out = self.output(n);
-        let enc = self.encode_dequant(ty, &src, &out, nblk)?;
+        let enc = self.encode_dequant(ty, None, &src, &out, nblk, 1)?;
+        self.finish(enc, &out, n)
+    }
+
+    fn turbo_dequantize(&mut self, spec: &TurboSpec, blocks: &[u8]) -> Result<Vec<f32>> {
+        spec.validate(blocks.len(), None)?;
+        let nblk = blocks.len() / spec.layout.block_bytes();
+        let n = nblk * spec.layout.group;
+        if n == 0 {
+            return Ok(vec![]);
+        }
+        let src = self.storage("blocks", blocks);
+        let out = self.output(n);
+        let enc = self.encode_dequant(spec.ty, Some(spec), &src, &out, nblk, 1)?;
         self.finish(enc, &out, n)
     }
 
@@ -330,6 +380,9 @@ impl Backend for WgpuBackend {
             TensorType::TQ3_1S => "tq3_matvec",
             _ => return Err(Error::Unsupported(format!("{ty}: no mat-vec kernel"))),
         };
+        if rows == 0 || cols == 0 {
+            return Ok(vec![0.0; rows]);
+        }
         let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
         let xbuf = self.storage("x", &xb);
         let xr = self.output(cols);
@@ -349,26 +402,33 @@ impl Backend for WgpuBackend {
         self.finish(enc, &y, rows)
     }
 
-    fn qk_dot(
+    fn turbo_qk(
         &mut self,
-        ty: TensorType,
+        spec: &TurboSpec,
         k: &[u8],
         rows: usize,
         cols: usize,
         q_rot: &[f32],
     ) -> Result<Vec<f32>> {
-        let entry = match ty {
+        let entry = match spec.ty {
             TensorType::Turbo2 => "turbo2_qk",
             TensorType::Turbo3 => "turbo3_qk",
             TensorType::Turbo4 => "turbo4_qk",
-            _ => return Err(Error::Unsupported(format!("{ty}: no Q·K kernel"))),
+            ty => return Err(Error::Unsupported(format!("{ty}: no Q·K kernel"))),
         };
-        let qb: Vec<u8> = q_rot.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let qbuf = self.storage("q", &qb);
+        spec.validate(k.len(), Some((rows, cols)))?;
+        if rows == 0 || cols == 0 {
+            return Ok(vec![0.0; rows]);
+        }
+        let qbuf = self.f32_storage("q", q_rot);
         let kbuf = self.storage("k", k);
+        let cb = self.f32_storage("cb", &spec.codebook);
         let out = self.output(rows);
-        let params = self.params(rows, cols);
-        let (p, bg) = self.bind(entry, &[(0, &kbuf), (1, &out), (2, &params), (3, &qbuf)])?;
+        let params = self.params_turbo(rows, cols, Some(spec));
+        let (p, bg) = self.bind(
+            entry,
+            &[(0, &kbuf), (1, &out), (2, &params), (3, &qbuf), (4, &cb)],
+        )?;
         let grid = self.grid(rows)?;
         let mut enc = self
             .device
@@ -377,27 +437,47 @@ impl Backend for WgpuBackend {
         self.finish(enc, &out, rows)
     }
 
+    /// Best over `iters` submissions of `REPS` back-to-back dispatches each (one submit and one
+    /// wait per `REPS` kernels, so the fixed submit/poll cost is amortized), per dispatch.
     fn time_dequantize(&mut self, ty: TensorType, blocks: &[u8], iters: usize) -> Result<f64> {
+        const REPS: usize = 8;
+        let spec = TurboSpec::stock(ty).ok();
         let nblk = blocks.len() / ty.block_bytes();
         let n = nblk * ty.block_size();
+        if n == 0 {
+            return Err(Error::Unsupported("wgpu: nothing to time".into()));
+        }
         let src = self.storage("blocks", blocks);
         let out = self.output(n);
         // Warm-up (pipeline creation, first-touch of the buffers).
-        let enc = self.encode_dequant(ty, &src, &out, nblk)?;
+        let enc = self.encode_dequant(ty, spec.as_ref(), &src, &out, nblk, 1)?;
         self.queue.submit([enc.finish()]);
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| gpu_err("poll", e))?;
         let mut best = f64::INFINITY;
         for _ in 0..iters.max(1) {
-            let enc = self.encode_dequant(ty, &src, &out, nblk)?;
+            let enc = self.encode_dequant(ty, spec.as_ref(), &src, &out, nblk, REPS)?;
             let t = Instant::now();
             self.queue.submit([enc.finish()]);
             self.device
                 .poll(wgpu::PollType::wait_indefinitely())
                 .map_err(|e| gpu_err("poll", e))?;
-            best = best.min(t.elapsed().as_secs_f64());
+            best = best.min(t.elapsed().as_secs_f64() / REPS as f64);
         }
         Ok(best)
+    }
+
+    /// Discrete/integrated GPUs: up to 256 MiB of blocks (well above any L2), within the
+    /// device's largest storage binding for input and output; software devices: 16 Mi values.
+    fn bench_values(&self, ty: TensorType) -> usize {
+        if self.info.device_type == wgpu::DeviceType::Cpu {
+            return 1 << 24;
+        }
+        let per_value = ty.block_bytes() as f64 / ty.block_size() as f64;
+        let by_input = (256u64 << 20) as f64 / per_value;
+        let by_binding = self.max_binding as f64 / 4.0;
+        let v = by_input.min(by_binding) as usize;
+        (v / ty.block_size() * ty.block_size()).max(ty.block_size())
     }
 }

@@ -70,7 +70,7 @@ pub fn rotate_forward(y: &mut [f32; QK_TURBO]) {
 
 /// The same rotation for a group of 64 or 128 values (a 64-value group uses the first 64 signs
 /// and `1/8`, FORMATS.md §3).
-fn rotate_forward_n(y: &mut [f32]) {
+pub fn rotate_forward_n(y: &mut [f32]) {
     let k = crate::math::hadamard::inv_sqrt_len(y.len());
     for (v, s) in y.iter_mut().zip(S1.iter()) {
         *v *= *s;
@@ -207,6 +207,111 @@ pub fn dequantize_turbo4(blocks: &[u8], out: &mut [f32]) {
     }
 }
 
+/// A turbo block layout: the index width, the group size (128, or 64 for 64-wide heads) and the
+/// header bytes before the packed indices (2: f16 norm; 4: the May-2026 turbo4 f16 norm + unused
+/// f16). The registry's types are [`TurboLayout::MAY`] layouts; `tq eval`/`tq kv` also simulate
+/// the June-2026 turbo4 layout (`f16 norm | qs[g/2]`) and 64-value groups (FORMATS.md §3).
+/// Packing is the same at every size: 2-bit/4-bit indices low bits first in `qs[g/4]`/`qs[g/2]`,
+/// turbo3's third bit in `signs[g/8]` after `qs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TurboLayout {
+    /// Index bits: 2, 3 or 4.
+    pub bits: u32,
+    /// Values per group: 64 or 128.
+    pub group: usize,
+    /// Bytes before `qs`: 2, or 4 for the May-2026 turbo4 block.
+    pub header: usize,
+}
+
+impl TurboLayout {
+    /// The May-2026 layouts of the registry's turbo2/3/4 (34 / 50 / 68 bytes per 128 values).
+    pub const MAY: [TurboLayout; 3] = [
+        TurboLayout::new(2, 128, 2),
+        TurboLayout::new(3, 128, 2),
+        TurboLayout::new(4, 128, 4),
+    ];
+
+    pub const fn new(bits: u32, group: usize, header: usize) -> TurboLayout {
+        TurboLayout {
+            bits,
+            group,
+            header,
+        }
+    }
+
+    /// Whether the layout is one the kernels and [`quantize_blocks`] handle.
+    pub fn is_valid(&self) -> bool {
+        matches!(self.bits, 2..=4)
+            && matches!(self.group, 64 | 128)
+            && (self.header == 2 || (self.header == 4 && self.bits == 4))
+    }
+
+    /// Offset of turbo3's `signs` (the byte after `qs`).
+    pub fn signs_offset(&self) -> usize {
+        self.header + self.group / 4
+    }
+
+    pub fn block_bytes(&self) -> usize {
+        self.header + self.group * self.bits as usize / 8
+    }
+
+    /// Index `j` of a block.
+    #[inline]
+    pub fn index(&self, b: &[u8], j: usize) -> usize {
+        let h = self.header;
+        (match self.bits {
+            2 => (b[h + j / 4] >> (2 * (j % 4))) & 3,
+            3 => {
+                ((b[h + j / 4] >> (2 * (j % 4))) & 3)
+                    | (((b[self.signs_offset() + j / 8] >> (j % 8)) & 1) << 2)
+            }
+            _ => (b[h + j / 2] >> (4 * (j % 2))) & 15,
+        }) as usize
+    }
+}
+
+/// Quantize whole groups of `src` into blocks of `layout` with the ascending codebook `cb`
+/// (`2^bits` entries): [`quantize_group`], the f16 corrected norm, the layout's packing (header
+/// padding zero). For the [`TurboLayout::MAY`] layouts and CB2/CB3/CB4 this writes the registry's
+/// bytes. Trailing values short of a group, and groups beyond `out`, are left alone.
+pub fn quantize_blocks(layout: &TurboLayout, cb: &[f32], src: &[f32], out: &mut [u8]) {
+    let g = layout.group;
+    let h = layout.header;
+    for (x, o) in src
+        .chunks_exact(g)
+        .zip(out.chunks_exact_mut(layout.block_bytes()))
+    {
+        let (norm, idx) = quantize_group(x, cb);
+        o.fill(0);
+        put_norm(o, norm);
+        for (j, &i) in idx[..g].iter().enumerate() {
+            match layout.bits {
+                2 => o[h + j / 4] |= (i & 3) << (2 * (j % 4)),
+                3 => {
+                    o[h + j / 4] |= (i & 3) << (2 * (j % 4));
+                    o[layout.signs_offset() + j / 8] |= ((i >> 2) & 1) << (j % 8);
+                }
+                _ => o[h + j / 2] |= (i & 15) << (4 * (j % 2)),
+            }
+        }
+    }
+}
+
+/// Dequantize whole blocks of `layout` (rotated domain): `cb[idx] * f16(norm)`, the CPU
+/// reference of the GPU turbo kernels for every layout and codebook. An index beyond `cb` (a
+/// codebook shorter than `2^bits`) decodes to NaN.
+pub fn dequantize_blocks(layout: &TurboLayout, cb: &[f32], blocks: &[u8], out: &mut [f32]) {
+    for (b, o) in blocks
+        .chunks_exact(layout.block_bytes())
+        .zip(out.chunks_exact_mut(layout.group))
+    {
+        let norm = get_norm(b);
+        for (j, v) in o.iter_mut().enumerate() {
+            *v = cb.get(layout.index(b, j)).map_or(f32::NAN, |c| c * norm);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,5 +442,36 @@ mod tests {
         rotate_forward(&mut y);
         let n1: f32 = y.iter().map(|v| v * v).sum();
         assert!((n0 - n1).abs() < 1e-4 * n0);
+    }
+
+    /// The generalized layouts reproduce the registry's May-2026 bytes and values exactly.
+    #[test]
+    fn layouts_match_the_may_functions() {
+        let mut r = Rng(5);
+        for ((q, d, bytes, cb), l) in KINDS.into_iter().zip(TurboLayout::MAY) {
+            assert_eq!(l.block_bytes(), bytes);
+            let x: Vec<f32> = (0..4 * QK_TURBO).map(|_| r.gauss()).collect();
+            let (mut a, mut b) = (vec![0u8; 4 * bytes], vec![0u8; 4 * bytes]);
+            q(&x, &mut a);
+            quantize_blocks(&l, cb, &x, &mut b);
+            assert_eq!(a, b);
+            let raw: Vec<u8> = (0..64 * bytes).map(|_| r.next() as u8).collect();
+            let (mut u, mut v) = (vec![0f32; 64 * QK_TURBO], vec![0f32; 64 * QK_TURBO]);
+            d(&raw, &mut u);
+            dequantize_blocks(&l, cb, &raw, &mut v);
+            assert!(u
+                .iter()
+                .zip(&v)
+                .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())));
+        }
+        for bits in 2..=4 {
+            for g in [64, 128] {
+                assert!(TurboLayout::new(bits, g, 2).is_valid());
+            }
+        }
+        assert_eq!(TurboLayout::new(4, 128, 2).block_bytes(), 66);
+        assert_eq!(TurboLayout::new(3, 64, 2).block_bytes(), 26);
+        assert!(!TurboLayout::new(3, 128, 4).is_valid());
+        assert!(!TurboLayout::new(4, 96, 2).is_valid());
     }
 }

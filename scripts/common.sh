@@ -26,3 +26,25 @@ py() {
   fi
   "$venv/bin/python" "$@"
 }
+
+# hf_dir GGUF OUT [make_hf_dir.py options]: a Hugging Face directory rebuilt from GGUF by
+# scripts/dev/make_hf_dir.py (gguf-py, numpy, safetensors, tokenizers; independent of tq), cached:
+# rebuilt only when the script, the input or the options change.
+hf_dir() {
+  local src="$1" out="$2"; shift 2
+  local want; want="$(sha256sum "$TQ_ROOT/scripts/dev/make_hf_dir.py" | cut -c1-16) $(stat -c %s.%Y "$src") $*"
+  if [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$want" ]; then
+    return 0
+  fi
+  rm -rf "$out"
+  py "$TQ_ROOT/scripts/dev/make_hf_dir.py" "$src" "$out" "$@" >&2
+  echo "$want" > "$out/.stamp"
+}
+
+# peak_rss_kib CMD...: run CMD under /usr/bin/time and print its peak RSS in KiB (stdout of CMD
+# goes to stderr so that only the number is printed).
+peak_rss_kib() {
+  local t; t=$(mktemp)
+  /usr/bin/time -f %M -o "$t" "$@" >&2
+  cat "$t"; rm -f "$t"
+}

@@ -395,6 +395,11 @@ impl TensorSource for HfSource {
             Data::Owned(b) => Some(b),
         }
     }
+    fn release(&self, index: usize) {
+        if let Data::St { file, t, .. } = &self.data[index] {
+            self.files[*file].release(t);
+        }
+    }
     fn read_rows_f32(&self, index: usize, row0: u64, out: &mut [f32]) -> Result<()> {
         let st = &self.tensors[index];
         let row_len = st.row_len() as usize;

@@ -306,7 +306,20 @@ fn tiny_tensors(
     n_kv: usize,
     vocab: usize,
 ) -> Tensors {
-    let hd = n_embd / n_head;
+    tiny_tensors_hd(arch, layers, n_embd, n_head, n_kv, vocab, n_embd / n_head)
+}
+
+/// Real shapes for a per-head dimension `hd` (`head_dim` in config.json when ≠ n_embd / n_head):
+/// q [n_head·hd, n_embd], k/v [n_kv·hd, n_embd], o [n_embd, n_head·hd], q/k norms [hd].
+fn tiny_tensors_hd(
+    arch: &str,
+    layers: usize,
+    n_embd: usize,
+    n_head: usize,
+    n_kv: usize,
+    vocab: usize,
+    hd: usize,
+) -> Tensors {
     let ff = 2 * n_embd;
     let mut t: Tensors = vec![];
     let mut seed = 1;
@@ -534,11 +547,10 @@ fn tiny_qwen2_biases_and_qwen3_norms() {
     assert_eq!(g.get_u64("qwen2.block_count"), Some(2));
     assert!(g.get("qwen2.rope.dimension_count").is_none());
 
-    let t = tiny_tensors("qwen3", 2, 32, 4, 2, 40);
+    // head_dim 16 != 32 / 4, as in real Qwen3 (e.g. 0.6B: hidden 1024, 16 heads, head_dim 128):
+    // q [4·16, 32], k/v [2·16, 32], o [32, 4·16], q/k norms [16].
+    let t = tiny_tensors_hd("qwen3", 2, 32, 4, 2, 40, 16);
     let m = tiny_dir("qwen3", "Qwen3ForCausalLM", &t, 4, 2, r#","head_dim":16"#);
-    let _ = m;
-    // head_dim 16 != 32/4: q/k shapes follow head_dim in real Qwen3; here shapes use 8 so the
-    // converter must still take the tensors as they are and write key/value_length from config.
     let out = o.path().join("q3.gguf");
     convert(m.dir.path(), &out, &[]);
     let g = GgufFile::open(&out).unwrap();
@@ -546,8 +558,93 @@ fn tiny_qwen2_biases_and_qwen3_norms() {
         f32_of(&g, "blk.1.attn_q_norm.weight"),
         get3(&t, "model.layers.1.self_attn.q_norm.weight")
     );
+    assert_eq!(
+        f32_of(&g, "blk.0.attn_output.weight"),
+        get3(&t, "model.layers.0.self_attn.o_proj.weight")
+    );
+    assert_eq!(g.tensor("blk.0.attn_q.weight").unwrap().dims, vec![32, 64]);
+    assert_eq!(g.tensor("blk.0.attn_k.weight").unwrap().dims, vec![32, 32]);
+    assert_eq!(
+        g.tensor("blk.0.attn_output.weight").unwrap().dims,
+        vec![64, 32]
+    );
     assert_eq!(g.get_u64("qwen3.attention.key_length"), Some(16));
     assert_eq!(g.get_u64("qwen3.attention.value_length"), Some(16));
+}
+
+/// Shapes are checked against config.json before anything is written: the q/k/v/o, embedding,
+/// norm and MLP shapes the hyper-parameters imply (here: what a wrong `head_dim` or
+/// `intermediate_size` would make llama.cpp reject).
+#[test]
+fn shapes_must_match_config() {
+    // A tiny llama with head_dim 1 in config.json (weights of head_dim 8).
+    let t = tiny_tensors("llama", 1, 16, 2, 2, 8);
+    let m = tiny_dir("llama", "LlamaForCausalLM", &t, 2, 2, r#","head_dim":1"#);
+    expect_error(
+        m.dir.path(),
+        "tensor 'model.layers.0.self_attn.k_proj.weight' (blk.0.attn_k.weight) has shape [16, 16], but config.json gives [2, 16] (num_key_value_heads 2 x head_dim 1, hidden_size 16); config.json and the weights describe different models",
+    );
+    // The wrong intermediate_size / vocab_size / qwen3 q_norm width.
+    for (arch, hf, extra, needle) in [
+        ("llama", "LlamaForCausalLM", r#","intermediate_size":24"#, "intermediate_size 24"),
+        ("llama", "LlamaForCausalLM", r#","vocab_size":9"#, "tensor 'lm_head.weight' (output.weight) has shape [8, 16], but config.json gives [9, 16] (vocab_size 9, hidden_size 16)"),
+        ("qwen3", "Qwen3ForCausalLM", r#","head_dim":4"#, "(blk.0.attn_k_norm.weight) has shape [8], but config.json gives [4] (head_dim 4)"),
+    ] {
+        let t = tiny_tensors(arch, 1, 16, 2, 2, 8);
+        let m = tiny_dir(arch, hf, &t, 2, 2, extra);
+        let cfg = std::fs::read_to_string(m.dir.path().join("config.json")).unwrap();
+        // tiny_dir writes intermediate_size and vocab_size itself: drop its value so that the
+        // file holds the key once.
+        let cfg = if extra.contains("intermediate_size") {
+            cfg.replacen("\"intermediate_size\":32,", "", 1)
+        } else if extra.contains("vocab_size") {
+            cfg.replacen("\"vocab_size\":8,", "", 1)
+        } else {
+            cfg
+        };
+        std::fs::write(m.dir.path().join("config.json"), cfg).unwrap();
+        expect_error(m.dir.path(), needle);
+    }
+    // Heads that do not divide: a config error before any tensor is read.
+    let t = tiny_tensors("llama", 1, 16, 2, 2, 8);
+    let m = tiny_dir("llama", "LlamaForCausalLM", &t, 2, 2, "");
+    let cfg = std::fs::read_to_string(m.dir.path().join("config.json")).unwrap();
+    std::fs::write(
+        m.dir.path().join("config.json"),
+        cfg.replace("\"num_attention_heads\":2", "\"num_attention_heads\":3")
+            .replace("\"num_key_value_heads\":2", "\"num_key_value_heads\":1"),
+    )
+    .unwrap();
+    expect_error(
+        m.dir.path(),
+        "hidden_size 16 is not a multiple of num_attention_heads 3",
+    );
+}
+
+/// The reported case: the real (reduced) SmolLM2 directory with `"head_dim": 1` added to its
+/// config.json converted with exit 0 and wrote a file llama.cpp rejects.
+#[test]
+fn smollm2_with_wrong_head_dim_is_refused() {
+    let Some(src) = fixtures::oracle("hf/smol2-f16") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        let dst = tmp.path().join(p.file_name().unwrap());
+        if p.file_name().unwrap() == "config.json" {
+            let mut c: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            c["head_dim"] = 1.into();
+            std::fs::write(&dst, c.to_string()).unwrap();
+        } else {
+            std::os::unix::fs::symlink(&p, &dst).unwrap();
+        }
+    }
+    expect_error(
+        tmp.path(),
+        "tensor 'model.layers.0.self_attn.k_proj.weight' (blk.0.attn_k.weight) has shape [192, 576], but config.json gives [3, 576]",
+    );
 }
 
 fn get3(t: &Tensors, n: &str) -> Vec<f32> {
@@ -652,7 +749,7 @@ fn hostile_directories() {
     .unwrap();
     expect_error(m.dir.path(), "dtype I32");
 
-    // q_proj rows that the rope permutation cannot split.
+    // q_proj rows that do not match config.json.
     let (mut t, m) = small();
     let q = t
         .iter_mut()
@@ -661,6 +758,15 @@ fn hostile_directories() {
     q.1 = vec![15, 16];
     q.2.truncate(15 * 16);
     write_st(&m.dir.path().join("model.safetensors"), &t, Dtype::F32);
+    expect_error(
+        m.dir.path(),
+        "has shape [15, 16], but config.json gives [16, 16]",
+    );
+
+    // An odd head_dim: shapes agree with config.json, but the rope permutation cannot split
+    // the heads' rows into halves.
+    let t = tiny_tensors_hd("llama", 1, 16, 2, 2, 8, 3);
+    let m = tiny_dir("llama", "LlamaForCausalLM", &t, 2, 2, r#","head_dim":3"#);
     expect_error(m.dir.path(), "rope permutation");
 
     // A tensor with no GGUF name.

@@ -316,6 +316,21 @@ impl HfSource {
                     format!("tensor '{}' has shape {:?}; tq converts tensors of 1 to 4 non-empty dimensions", crate::error::one_line(&name), t.shape),
                 ));
             }
+            if let Some(want) = config.expected_shape(&gname)? {
+                let got: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
+                let want_dims: Vec<u64> = want.iter().map(|(d, _)| *d).collect();
+                if got != want_dims {
+                    let why: Vec<&str> = want.iter().map(|(_, w)| w.as_str()).collect();
+                    return Err(Error::bad_input(
+                        shard,
+                        format!(
+                            "tensor '{}' ({gname}) has shape {got:?}, but config.json gives {want_dims:?} ({}); config.json and the weights describe different models: fix config.json (or use the checkpoint it belongs to)",
+                            crate::error::one_line(&name),
+                            why.join(", ")
+                        ),
+                    ));
+                }
+            }
             let dims: Vec<u64> = t.shape.iter().rev().map(|&d| d as u64).collect();
             if let Perm::Rope(h) = perm {
                 let rows = t.shape[0] as u64;

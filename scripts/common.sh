@@ -27,6 +27,20 @@ py() {
   "$venv/bin/python" "$@"
 }
 
+# A second venv for the oracles that need transformers (gguf-py's LlamaHfVocab asks its
+# AutoTokenizer): gguf 0.19.0 and transformers 4.57.6, the version llama.cpp's convert
+# requirements pin (it brings its own tokenizers). Separate so that the main venv's set, which
+# stamps every oracle's output, is unchanged.
+py_tf() {
+  local venv="$TQ_CACHE/venv-tf"
+  if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.ok-v1" ]; then
+    python3 -m venv "$venv" >&2
+    "$venv/bin/pip" install -q --disable-pip-version-check gguf==0.19.0 numpy==2.4.6 safetensors==0.8.0 transformers==4.57.6 >&2
+    touch "$venv/.ok-v1"
+  fi
+  "$venv/bin/python" "$@"
+}
+
 # hf_dir GGUF OUT [make_hf_dir.py options]: a Hugging Face directory rebuilt from GGUF by
 # scripts/dev/make_hf_dir.py (gguf-py, numpy, safetensors, tokenizers; independent of tq), cached:
 # rebuilt only when the script, the input or the options change.

@@ -225,6 +225,65 @@ fn hf_dir_to_tq4_1s_in_one_command() {
     assert!(out.contains("blk.0.attn_q.weight"), "{out}");
 }
 
+/// A SentencePiece-style tokenizer.json (byte-fallback BPE, Llama 2 / Mistral) with no
+/// tokenizer.model: convert_hf_to_gguf's `_set_vocab_llama_hf`. The expected keys are gguf-py's
+/// (LlamaHfVocab with transformers, then SpecialVocab) for the directories
+/// scripts/oracle/hf_llama_vocab.py builds: tokens, types, scores -1000, no merges, special ids,
+/// add_bos/add_eos, chat template, and no other tokenizer key.
+#[test]
+fn llama_hf_tokenizer_json_matches_gguf_py() {
+    let Some(p) = fixtures::oracle("hf/llama-hf/expect.json") else {
+        return;
+    };
+    let expect: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let cases = expect.as_object().unwrap();
+    assert_eq!(cases.len(), 2);
+    let tmp = tempfile::tempdir().unwrap();
+    for (case, kv) in cases {
+        let dir = p.parent().unwrap().join(case);
+        let out = tmp.path().join(format!("{case}.gguf"));
+        convert(&dir, &out, &[]);
+        let g = GgufFile::open(&out).unwrap();
+        let gm = md_map(&g);
+        let kv = kv.as_object().unwrap();
+        for (k, e) in kv {
+            let v = &e["value"];
+            let want = match k.as_str() {
+                "tokenizer.ggml.tokens" => json_value("ARRAY", v),
+                "tokenizer.ggml.scores" => Value::Array(
+                    tq::gguf::ValueType::F32,
+                    v.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| Value::F32(x.as_f64().unwrap() as f32))
+                        .collect(),
+                ),
+                "tokenizer.ggml.token_type" => Value::Array(
+                    tq::gguf::ValueType::I32,
+                    v.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| Value::I32(x.as_i64().unwrap() as i32))
+                        .collect(),
+                ),
+                _ => json_value(e["type"].as_str().unwrap(), v),
+            };
+            assert_eq!(gm.get(k), Some(&want), "{case}: {k}");
+        }
+        // No tokenizer key that gguf-py does not write (no merges for this model).
+        for k in gm.keys().filter(|k| k.starts_with("tokenizer.")) {
+            assert!(kv.contains_key(k), "{case}: extra key {k}");
+        }
+        let types = g
+            .get("tokenizer.ggml.token_type")
+            .unwrap()
+            .as_array()
+            .unwrap();
+        assert_eq!(types[3], Value::I32(6), "{case}: <0x00> is BYTE");
+    }
+}
+
 /// tq's BPE encoder gives the `tokenizers` library's ids (convert_hf_to_gguf fingerprints the
 /// pre-tokenizer by hashing these ids).
 #[test]

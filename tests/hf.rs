@@ -225,6 +225,38 @@ fn hf_dir_to_tq4_1s_in_one_command() {
     assert!(out.contains("blk.0.attn_q.weight"), "{out}");
 }
 
+/// HF directory → TQ4_1S in one command writes the same bytes as HF → f16 GGUF → TQ4_1S (the
+/// f16 shards make the intermediate f16 exact). Provenance names the input, so it is left out;
+/// general.file_type still follows the tensors written (44 = TQ4_1S).
+#[test]
+fn hf_dir_to_tq4_1s_equals_two_steps() {
+    let Some(dir) = fixtures::oracle("hf/smol2-f16") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let (one, f16, two) = (
+        tmp.path().join("one.gguf"),
+        tmp.path().join("f16.gguf"),
+        tmp.path().join("two.gguf"),
+    );
+    let np = ["--no-provenance"];
+    convert(&dir, &one, &["--weights", "tq4_1s", np[0]]);
+    convert(&dir, &f16, &["--weights", "f16", np[0]]);
+    convert(&f16, &two, &["--weights", "tq4_1s", np[0]]);
+    let (a, b) = (std::fs::read(&one).unwrap(), std::fs::read(&two).unwrap());
+    assert!(a == b, "one-step and two-step TQ4_1S files differ");
+    let g = GgufFile::open(&one).unwrap();
+    assert_eq!(g.get_u64("general.file_type"), Some(44));
+    assert_eq!(
+        GgufFile::open(&f16).unwrap().get_u64("general.file_type"),
+        Some(1)
+    );
+    assert_eq!(
+        g.tensor("blk.1.attn_k.weight").unwrap().ty,
+        TensorType::TQ4_1S
+    );
+}
+
 /// A SentencePiece-style tokenizer.json (byte-fallback BPE, Llama 2 / Mistral) with no
 /// tokenizer.model: convert_hf_to_gguf's `_set_vocab_llama_hf`. The expected keys are gguf-py's
 /// (LlamaHfVocab with transformers, then SpecialVocab) for the directories

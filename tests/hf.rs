@@ -913,6 +913,65 @@ fn hostile_directories() {
     expect_error(empty.path(), "no config.json");
 }
 
+/// `tq inspect DIR`: a model directory is shown as the GGUF `tq convert` would write (same
+/// tensors and metadata as the f16 conversion, source types); a directory that is not one says
+/// which files to pass.
+#[test]
+fn inspect_a_model_directory() {
+    let Some(dir) = fixtures::oracle("hf/smol2-f16") else {
+        return;
+    };
+    let (code, out, err) = tq(&["inspect", dir.to_str().unwrap(), "--json", "--full"]);
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["format"], "hf");
+    let tmp = tempfile::tempdir().unwrap();
+    let conv = tmp.path().join("f16.gguf");
+    convert(&dir, &conv, &["--no-provenance"]);
+    let g = GgufFile::open(&conv).unwrap();
+    let tensors = j["tensors"].as_array().unwrap();
+    assert_eq!(tensors.len(), g.tensors.len());
+    for (t, gt) in tensors.iter().zip(&g.tensors) {
+        assert_eq!(t["name"], gt.name.as_str());
+        assert_eq!(t["type"], gt.ty.name());
+        let shape: Vec<u64> = t["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap())
+            .collect();
+        assert_eq!(shape, gt.dims);
+    }
+    let keys: Vec<&str> = j["metadata"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["key"].as_str().unwrap())
+        .collect();
+    let want: Vec<&str> = g.metadata.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, want);
+    let (code, out, _) = tq(&["inspect", dir.to_str().unwrap()]);
+    assert_eq!(code, 0);
+    assert!(out.contains("Hugging Face model directory"), "{out}");
+
+    // Not a model directory: one line naming the files to pass, exit 2.
+    let d = tempfile::tempdir().unwrap();
+    for f in ["b.safetensors", "a.safetensors", "notes.txt"] {
+        std::fs::write(d.path().join(f), b"x").unwrap();
+    }
+    let (code, _, err) = tq(&["inspect", d.path().to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("not a Hugging Face model directory")
+            && err.contains(
+                "pass one of its 2 .gguf / .safetensors files (a.safetensors, b.safetensors)"
+            ),
+        "{err}"
+    );
+    assert!(!err.contains("os error"), "{err}");
+}
+
 #[test]
 fn inspect_lists_a_shard() {
     let Some(dir) = fixtures::oracle("hf/smol2-f16") else {

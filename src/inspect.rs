@@ -4,6 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
+use crate::source::TensorSource;
 use crate::st::SafetensorsFile;
 use crate::types::profile::Profile;
 use serde::Serialize;
@@ -23,7 +24,8 @@ pub struct MetaEntry {
 #[derive(Serialize)]
 pub struct TensorRow {
     pub name: String,
-    /// GGUF: ggml order (ne0 = row length first). safetensors: PyTorch order.
+    /// GGUF and Hugging Face directories: ggml order (ne0 = row length first). safetensors:
+    /// PyTorch order.
     pub shape: Vec<u64>,
     #[serde(rename = "type")]
     pub ty: String,
@@ -66,6 +68,9 @@ pub struct Report {
 pub const SUMMARY_ITEMS: usize = 8;
 
 pub fn inspect(path: &Path, profile: &Profile, full: bool) -> Result<Report> {
+    if path.is_dir() {
+        return dir_report(path, full);
+    }
     let mut head = [0u8; 16];
     let n = {
         use std::io::Read;
@@ -171,6 +176,90 @@ fn st_report(f: &SafetensorsFile) -> Report {
     })
 }
 
+/// A directory: a Hugging Face model directory (config.json beside the shards) is shown as the
+/// GGUF `tq convert DIR` would write before quantizing (its metadata, GGUF tensor names in ggml
+/// order, source types). Anything else: an error that names the files to pass instead.
+fn dir_report(dir: &Path, full: bool) -> Result<Report> {
+    if !dir.join("config.json").is_file() {
+        let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+        let mut files: Vec<String> = rd
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".safetensors") || n.ends_with(".gguf"))
+            .collect();
+        files.sort();
+        let hint = match files.len() {
+            0 => "it holds no .gguf or .safetensors file".to_string(),
+            n => format!(
+                "pass one of its {n} .gguf / .safetensors files ({}{})",
+                files
+                    .iter()
+                    .take(3)
+                    .map(|f| crate::error::one_line(f))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if n > 3 { ", ..." } else { "" }
+            ),
+        };
+        return Err(Error::bad_input(
+            dir,
+            format!(
+                "is a directory without config.json, not a Hugging Face model directory: {hint}"
+            ),
+        ));
+    }
+    let src = crate::hf::HfSource::open(dir)?;
+    let items = if full { usize::MAX } else { SUMMARY_ITEMS };
+    let metadata = src
+        .metadata()
+        .iter()
+        .map(|(k, v)| MetaEntry {
+            key: k.clone(),
+            ty: match v {
+                crate::gguf::Value::Array(t, _) => format!("array[{}]", t.name()),
+                _ => v.value_type().name().to_string(),
+            },
+            value: v.to_json(if full { None } else { Some(items) }),
+            text: v.summary(items),
+        })
+        .collect();
+    let mut offset = 0;
+    let tensors = src
+        .tensors()
+        .iter()
+        .map(|t| {
+            let bytes = t.ty.bytes_for(t.n_elements()).unwrap_or(0);
+            let row = TensorRow {
+                name: t.name.clone(),
+                shape: t.dims.clone(),
+                ty: t.ty.name().to_string(),
+                bytes,
+                offset,
+            };
+            offset += bytes;
+            row
+        })
+        .collect();
+    let file_bytes = src.shard_bytes();
+    Ok(finish(Report {
+        file: dir.display().to_string(),
+        format: "hf",
+        version: None,
+        file_bytes,
+        alignment: None,
+        profile: None,
+        metadata,
+        tensors,
+        totals: vec![],
+        parameters: 0,
+        tensor_bytes: 0,
+        bpw: 0.0,
+        bpw_file: 0.0,
+        bpw_2d: 0.0,
+        parameters_2d: 0,
+    }))
+}
+
 /// Fill in totals and bits per weight from the tensor rows.
 fn finish(mut r: Report) -> Report {
     let mut totals: BTreeMap<String, TypeTotal> = BTreeMap::new();
@@ -203,7 +292,7 @@ fn finish(mut r: Report) -> Report {
     r.bpw_2d = per(bytes_2d, el_2d);
     r.parameters_2d = el_2d;
     let mut t: Vec<TypeTotal> = totals.into_values().collect();
-    t.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    t.sort_by_key(|x| std::cmp::Reverse(x.bytes));
     r.totals = t;
     r
 }
@@ -236,6 +325,12 @@ pub fn render_text(r: &Report, show_tensors: bool) -> String {
         human(r.file_bytes),
         r.file_bytes
     );
+    if r.format == "hf" {
+        let _ = writeln!(
+            s,
+            "Hugging Face model directory (size: its shards): the metadata and tensors tq convert writes from it before quantizing (GGUF names, ggml order, source types); inspect a .safetensors shard for its own table"
+        );
+    }
     if let Some(a) = r.alignment {
         let _ = writeln!(
             s,

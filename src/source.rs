@@ -47,6 +47,31 @@ pub trait TensorSource: Sync {
     fn release(&self, _index: usize) {}
 }
 
+/// Drop the resident pages of bytes `[start, end)` of a read-only file-backed map (only whole
+/// pages inside the range, so neighbouring data keeps its pages). The pages are simply re-read if
+/// touched again; this keeps RSS bounded while streaming through a model larger than RAM.
+/// Best effort: errors are ignored, and it does nothing off unix.
+pub fn drop_pages(map: &memmap2::Mmap, start: u64, end: u64) {
+    #[cfg(unix)]
+    {
+        let page = 4096u64;
+        let s = start.div_ceil(page) * page;
+        let e = (end.min(map.len() as u64) / page) * page;
+        if e > s {
+            // SAFETY: read-only, file-backed mapping; DONTNEED only discards clean pages.
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    s as usize,
+                    (e - s) as usize,
+                )
+            };
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (map, start, end);
+}
+
 /// Open a model for conversion: a GGUF file (or, later, a Hugging Face model directory).
 pub fn open(
     path: &std::path::Path,

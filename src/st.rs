@@ -77,6 +77,13 @@ impl SafetensorsFile {
         &self.mmap[self.data_offset + t.start..self.data_offset + t.end]
     }
 
+    /// Drop the resident pages of a tensor's bytes once the converter is done with it (as
+    /// [`crate::gguf::GgufFile::release`] does), so that streaming keeps RSS bounded.
+    pub fn release(&self, t: &StTensor) {
+        let start = (self.data_offset + t.start) as u64;
+        crate::source::drop_pages(&self.mmap, start, start + (t.end - t.start) as u64);
+    }
+
     /// A tensor as f32 (F32, F16, BF16; other dtypes are a clear error).
     pub fn tensor_f32(&self, t: &StTensor) -> Result<Vec<f32>> {
         let data = self.tensor_data(t);

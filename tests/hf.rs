@@ -225,6 +225,97 @@ fn hf_dir_to_tq4_1s_in_one_command() {
     assert!(out.contains("blk.0.attn_q.weight"), "{out}");
 }
 
+/// HF directory → TQ4_1S in one command writes the same bytes as HF → f16 GGUF → TQ4_1S (the
+/// f16 shards make the intermediate f16 exact). Provenance names the input, so it is left out;
+/// general.file_type still follows the tensors written (44 = TQ4_1S).
+#[test]
+fn hf_dir_to_tq4_1s_equals_two_steps() {
+    let Some(dir) = fixtures::oracle("hf/smol2-f16") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let (one, f16, two) = (
+        tmp.path().join("one.gguf"),
+        tmp.path().join("f16.gguf"),
+        tmp.path().join("two.gguf"),
+    );
+    let np = ["--no-provenance"];
+    convert(&dir, &one, &["--weights", "tq4_1s", np[0]]);
+    convert(&dir, &f16, &["--weights", "f16", np[0]]);
+    convert(&f16, &two, &["--weights", "tq4_1s", np[0]]);
+    let (a, b) = (std::fs::read(&one).unwrap(), std::fs::read(&two).unwrap());
+    assert!(a == b, "one-step and two-step TQ4_1S files differ");
+    let g = GgufFile::open(&one).unwrap();
+    assert_eq!(g.get_u64("general.file_type"), Some(44));
+    assert_eq!(
+        GgufFile::open(&f16).unwrap().get_u64("general.file_type"),
+        Some(1)
+    );
+    assert_eq!(
+        g.tensor("blk.1.attn_k.weight").unwrap().ty,
+        TensorType::TQ4_1S
+    );
+}
+
+/// A SentencePiece-style tokenizer.json (byte-fallback BPE, Llama 2 / Mistral) with no
+/// tokenizer.model: convert_hf_to_gguf's `_set_vocab_llama_hf`. The expected keys are gguf-py's
+/// (LlamaHfVocab with transformers, then SpecialVocab) for the directories
+/// scripts/oracle/hf_llama_vocab.py builds: tokens, types, scores -1000, no merges, special ids,
+/// add_bos/add_eos, chat template, and no other tokenizer key.
+#[test]
+fn llama_hf_tokenizer_json_matches_gguf_py() {
+    let Some(p) = fixtures::oracle("hf/llama-hf/expect.json") else {
+        return;
+    };
+    let expect: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let cases = expect.as_object().unwrap();
+    assert_eq!(cases.len(), 2);
+    let tmp = tempfile::tempdir().unwrap();
+    for (case, kv) in cases {
+        let dir = p.parent().unwrap().join(case);
+        let out = tmp.path().join(format!("{case}.gguf"));
+        convert(&dir, &out, &[]);
+        let g = GgufFile::open(&out).unwrap();
+        let gm = md_map(&g);
+        let kv = kv.as_object().unwrap();
+        for (k, e) in kv {
+            let v = &e["value"];
+            let want = match k.as_str() {
+                "tokenizer.ggml.tokens" => json_value("ARRAY", v),
+                "tokenizer.ggml.scores" => Value::Array(
+                    tq::gguf::ValueType::F32,
+                    v.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| Value::F32(x.as_f64().unwrap() as f32))
+                        .collect(),
+                ),
+                "tokenizer.ggml.token_type" => Value::Array(
+                    tq::gguf::ValueType::I32,
+                    v.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| Value::I32(x.as_i64().unwrap() as i32))
+                        .collect(),
+                ),
+                _ => json_value(e["type"].as_str().unwrap(), v),
+            };
+            assert_eq!(gm.get(k), Some(&want), "{case}: {k}");
+        }
+        // No tokenizer key that gguf-py does not write (no merges for this model).
+        for k in gm.keys().filter(|k| k.starts_with("tokenizer.")) {
+            assert!(kv.contains_key(k), "{case}: extra key {k}");
+        }
+        let types = g
+            .get("tokenizer.ggml.token_type")
+            .unwrap()
+            .as_array()
+            .unwrap();
+        assert_eq!(types[3], Value::I32(6), "{case}: <0x00> is BYTE");
+    }
+}
+
 /// tq's BPE encoder gives the `tokenizers` library's ids (convert_hf_to_gguf fingerprints the
 /// pre-tokenizer by hashing these ids).
 #[test]
@@ -306,7 +397,20 @@ fn tiny_tensors(
     n_kv: usize,
     vocab: usize,
 ) -> Tensors {
-    let hd = n_embd / n_head;
+    tiny_tensors_hd(arch, layers, n_embd, n_head, n_kv, vocab, n_embd / n_head)
+}
+
+/// Real shapes for a per-head dimension `hd` (`head_dim` in config.json when ≠ n_embd / n_head):
+/// q [n_head·hd, n_embd], k/v [n_kv·hd, n_embd], o [n_embd, n_head·hd], q/k norms [hd].
+fn tiny_tensors_hd(
+    arch: &str,
+    layers: usize,
+    n_embd: usize,
+    n_head: usize,
+    n_kv: usize,
+    vocab: usize,
+    hd: usize,
+) -> Tensors {
     let ff = 2 * n_embd;
     let mut t: Tensors = vec![];
     let mut seed = 1;
@@ -534,11 +638,10 @@ fn tiny_qwen2_biases_and_qwen3_norms() {
     assert_eq!(g.get_u64("qwen2.block_count"), Some(2));
     assert!(g.get("qwen2.rope.dimension_count").is_none());
 
-    let t = tiny_tensors("qwen3", 2, 32, 4, 2, 40);
+    // head_dim 16 != 32 / 4, as in real Qwen3 (e.g. 0.6B: hidden 1024, 16 heads, head_dim 128):
+    // q [4·16, 32], k/v [2·16, 32], o [32, 4·16], q/k norms [16].
+    let t = tiny_tensors_hd("qwen3", 2, 32, 4, 2, 40, 16);
     let m = tiny_dir("qwen3", "Qwen3ForCausalLM", &t, 4, 2, r#","head_dim":16"#);
-    let _ = m;
-    // head_dim 16 != 32/4: q/k shapes follow head_dim in real Qwen3; here shapes use 8 so the
-    // converter must still take the tensors as they are and write key/value_length from config.
     let out = o.path().join("q3.gguf");
     convert(m.dir.path(), &out, &[]);
     let g = GgufFile::open(&out).unwrap();
@@ -546,12 +649,169 @@ fn tiny_qwen2_biases_and_qwen3_norms() {
         f32_of(&g, "blk.1.attn_q_norm.weight"),
         get3(&t, "model.layers.1.self_attn.q_norm.weight")
     );
+    assert_eq!(
+        f32_of(&g, "blk.0.attn_output.weight"),
+        get3(&t, "model.layers.0.self_attn.o_proj.weight")
+    );
+    assert_eq!(g.tensor("blk.0.attn_q.weight").unwrap().dims, vec![32, 64]);
+    assert_eq!(g.tensor("blk.0.attn_k.weight").unwrap().dims, vec![32, 32]);
+    assert_eq!(
+        g.tensor("blk.0.attn_output.weight").unwrap().dims,
+        vec![64, 32]
+    );
     assert_eq!(g.get_u64("qwen3.attention.key_length"), Some(16));
     assert_eq!(g.get_u64("qwen3.attention.value_length"), Some(16));
 }
 
+/// Shapes are checked against config.json before anything is written: the q/k/v/o, embedding,
+/// norm and MLP shapes the hyper-parameters imply (here: what a wrong `head_dim` or
+/// `intermediate_size` would make llama.cpp reject).
+#[test]
+fn shapes_must_match_config() {
+    // A tiny llama with head_dim 1 in config.json (weights of head_dim 8).
+    let t = tiny_tensors("llama", 1, 16, 2, 2, 8);
+    let m = tiny_dir("llama", "LlamaForCausalLM", &t, 2, 2, r#","head_dim":1"#);
+    expect_error(
+        m.dir.path(),
+        "tensor 'model.layers.0.self_attn.k_proj.weight' (blk.0.attn_k.weight) has shape [16, 16], but config.json gives [2, 16] (num_key_value_heads 2 x head_dim 1, hidden_size 16); config.json and the weights describe different models",
+    );
+    // The wrong intermediate_size / vocab_size / qwen3 q_norm width.
+    for (arch, hf, extra, needle) in [
+        ("llama", "LlamaForCausalLM", r#","intermediate_size":24"#, "intermediate_size 24"),
+        ("llama", "LlamaForCausalLM", r#","vocab_size":9"#, "tensor 'lm_head.weight' (output.weight) has shape [8, 16], but config.json gives [9, 16] (vocab_size 9, hidden_size 16)"),
+        ("qwen3", "Qwen3ForCausalLM", r#","head_dim":4"#, "(blk.0.attn_k_norm.weight) has shape [8], but config.json gives [4] (head_dim 4)"),
+    ] {
+        let t = tiny_tensors(arch, 1, 16, 2, 2, 8);
+        let m = tiny_dir(arch, hf, &t, 2, 2, extra);
+        let cfg = std::fs::read_to_string(m.dir.path().join("config.json")).unwrap();
+        // tiny_dir writes intermediate_size and vocab_size itself: drop its value so that the
+        // file holds the key once.
+        let cfg = if extra.contains("intermediate_size") {
+            cfg.replacen("\"intermediate_size\":32,", "", 1)
+        } else if extra.contains("vocab_size") {
+            cfg.replacen("\"vocab_size\":8,", "", 1)
+        } else {
+            cfg
+        };
+        std::fs::write(m.dir.path().join("config.json"), cfg).unwrap();
+        expect_error(m.dir.path(), needle);
+    }
+    // Heads that do not divide: a config error before any tensor is read.
+    let t = tiny_tensors("llama", 1, 16, 2, 2, 8);
+    let m = tiny_dir("llama", "LlamaForCausalLM", &t, 2, 2, "");
+    let cfg = std::fs::read_to_string(m.dir.path().join("config.json")).unwrap();
+    std::fs::write(
+        m.dir.path().join("config.json"),
+        cfg.replace("\"num_attention_heads\":2", "\"num_attention_heads\":3")
+            .replace("\"num_key_value_heads\":2", "\"num_key_value_heads\":1"),
+    )
+    .unwrap();
+    expect_error(
+        m.dir.path(),
+        "hidden_size 16 is not a multiple of num_attention_heads 3",
+    );
+}
+
+/// The reported case: the real (reduced) SmolLM2 directory with `"head_dim": 1` added to its
+/// config.json converted with exit 0 and wrote a file llama.cpp rejects.
+#[test]
+fn smollm2_with_wrong_head_dim_is_refused() {
+    let Some(src) = fixtures::oracle("hf/smol2-f16") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        let dst = tmp.path().join(p.file_name().unwrap());
+        if p.file_name().unwrap() == "config.json" {
+            let mut c: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            c["head_dim"] = 1.into();
+            std::fs::write(&dst, c.to_string()).unwrap();
+        } else {
+            std::os::unix::fs::symlink(&p, &dst).unwrap();
+        }
+    }
+    expect_error(
+        tmp.path(),
+        "tensor 'model.layers.0.self_attn.k_proj.weight' (blk.0.attn_k.weight) has shape [192, 576], but config.json gives [3, 576]",
+    );
+}
+
 fn get3(t: &Tensors, n: &str) -> Vec<f32> {
     t.iter().find(|x| x.0 == n).unwrap().2.clone()
+}
+
+/// Rope scaling from config.json: the `llama.rope.*` keys (names, types, values) are exactly what
+/// convert_hf_to_gguf writes (scripts/oracle/hf_rope.py: gguf-py's writer calls), for llama3
+/// (the `rope_freqs.weight` factors, numpy float32: equal to within 1 ulp, torch's own pow being
+/// vectorized), yarn given with the old `type` key, and linear.
+#[test]
+fn rope_scaling_keys_match_convert_hf_to_gguf() {
+    let Some(p) = fixtures::oracle("hf/rope/expect.json") else {
+        return;
+    };
+    let expect: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let out_dir = tempfile::tempdir().unwrap();
+    for (case, e) in expect.as_object().unwrap() {
+        let u = |k: &str| e[k].as_u64().unwrap() as usize;
+        let (n_embd, n_head, n_kv) = (u("n_embd"), u("n_head"), u("n_kv"));
+        let t = tiny_tensors("llama", 1, n_embd, n_head, n_kv, 40);
+        let m = tiny_dir("llama", "LlamaForCausalLM", &t, n_head, n_kv, "");
+        let cp = m.dir.path().join("config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&cp).unwrap()).unwrap();
+        let obj = cfg.as_object_mut().unwrap();
+        obj.remove("rope_theta");
+        for (k, v) in e["config"].as_object().unwrap() {
+            obj.insert(k.clone(), v.clone());
+        }
+        std::fs::write(&cp, cfg.to_string()).unwrap();
+        let out = out_dir.path().join(format!("{case}.gguf"));
+        convert(m.dir.path(), &out, &[]);
+        let g = GgufFile::open(&out).unwrap();
+        let want: HashMap<&str, Value> = e["keys"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k.contains(".rope."))
+            .map(|(k, v)| {
+                (
+                    k.as_str(),
+                    json_value(v["type"].as_str().unwrap(), &v["value"]),
+                )
+            })
+            .collect();
+        let got: HashMap<&str, Value> = g
+            .metadata
+            .iter()
+            .filter(|(k, _)| k.contains(".rope."))
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        assert_eq!(got, want, "{case}");
+        match e.get("rope_freqs") {
+            Some(f) => {
+                let want: Vec<f32> = f
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap() as f32)
+                    .collect();
+                assert_eq!(g.tensors[0].name, "rope_freqs.weight");
+                let got = f32_of(&g, "rope_freqs.weight");
+                assert_eq!(got.len(), want.len());
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    let ulps = (a.to_bits() as i64 - b.to_bits() as i64).abs();
+                    assert!(
+                        ulps <= 1,
+                        "{case}: rope_freqs[{i}] = {a}, gguf-py/numpy {b}"
+                    );
+                }
+            }
+            None => assert!(g.tensor("rope_freqs.weight").is_none(), "{case}"),
+        }
+    }
 }
 
 // ---- hostile / unsupported input: one line, exit 2, nothing written ----
@@ -652,7 +912,7 @@ fn hostile_directories() {
     .unwrap();
     expect_error(m.dir.path(), "dtype I32");
 
-    // q_proj rows that the rope permutation cannot split.
+    // q_proj rows that do not match config.json.
     let (mut t, m) = small();
     let q = t
         .iter_mut()
@@ -661,6 +921,15 @@ fn hostile_directories() {
     q.1 = vec![15, 16];
     q.2.truncate(15 * 16);
     write_st(&m.dir.path().join("model.safetensors"), &t, Dtype::F32);
+    expect_error(
+        m.dir.path(),
+        "has shape [15, 16], but config.json gives [16, 16]",
+    );
+
+    // An odd head_dim: shapes agree with config.json, but the rope permutation cannot split
+    // the heads' rows into halves.
+    let t = tiny_tensors_hd("llama", 1, 16, 2, 2, 8, 3);
+    let m = tiny_dir("llama", "LlamaForCausalLM", &t, 2, 2, r#","head_dim":3"#);
     expect_error(m.dir.path(), "rope permutation");
 
     // A tensor with no GGUF name.
@@ -714,6 +983,65 @@ fn hostile_directories() {
     expect_error(m.dir.path(), "no model*.safetensors");
     let empty = tempfile::tempdir().unwrap();
     expect_error(empty.path(), "no config.json");
+}
+
+/// `tq inspect DIR`: a model directory is shown as the GGUF `tq convert` would write (same
+/// tensors and metadata as the f16 conversion, source types); a directory that is not one says
+/// which files to pass.
+#[test]
+fn inspect_a_model_directory() {
+    let Some(dir) = fixtures::oracle("hf/smol2-f16") else {
+        return;
+    };
+    let (code, out, err) = tq(&["inspect", dir.to_str().unwrap(), "--json", "--full"]);
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["format"], "hf");
+    let tmp = tempfile::tempdir().unwrap();
+    let conv = tmp.path().join("f16.gguf");
+    convert(&dir, &conv, &["--no-provenance"]);
+    let g = GgufFile::open(&conv).unwrap();
+    let tensors = j["tensors"].as_array().unwrap();
+    assert_eq!(tensors.len(), g.tensors.len());
+    for (t, gt) in tensors.iter().zip(&g.tensors) {
+        assert_eq!(t["name"], gt.name.as_str());
+        assert_eq!(t["type"], gt.ty.name());
+        let shape: Vec<u64> = t["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap())
+            .collect();
+        assert_eq!(shape, gt.dims);
+    }
+    let keys: Vec<&str> = j["metadata"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["key"].as_str().unwrap())
+        .collect();
+    let want: Vec<&str> = g.metadata.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, want);
+    let (code, out, _) = tq(&["inspect", dir.to_str().unwrap()]);
+    assert_eq!(code, 0);
+    assert!(out.contains("Hugging Face model directory"), "{out}");
+
+    // Not a model directory: one line naming the files to pass, exit 2.
+    let d = tempfile::tempdir().unwrap();
+    for f in ["b.safetensors", "a.safetensors", "notes.txt"] {
+        std::fs::write(d.path().join(f), b"x").unwrap();
+    }
+    let (code, _, err) = tq(&["inspect", d.path().to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("not a Hugging Face model directory")
+            && err.contains(
+                "pass one of its 2 .gguf / .safetensors files (a.safetensors, b.safetensors)"
+            ),
+        "{err}"
+    );
+    assert!(!err.contains("os error"), "{err}");
 }
 
 #[test]

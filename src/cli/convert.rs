@@ -184,7 +184,8 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         src.metadata(),
         &plan,
         prov.as_ref(),
-        !req.keep_types && !a.no_provenance,
+        // general.file_type describes the tensors written, with or without provenance.
+        !req.keep_types,
     );
     let version = src.gguf_version();
     let size =

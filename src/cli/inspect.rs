@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct InspectArgs {
-    /// GGUF or safetensors file.
+    /// GGUF or safetensors file, or a Hugging Face model directory (shown as the GGUF
+    /// `tq convert DIR` would write before quantizing).
     pub file: PathBuf,
     /// Machine-readable JSON output.
     #[arg(long)]

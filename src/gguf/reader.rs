@@ -127,22 +127,8 @@ impl GgufFile {
     /// streaming through a model larger than RAM keeps RSS bounded. The map is read-only and
     /// file-backed, so the pages are simply re-read if touched again. Best effort.
     pub fn release(&self, t: &TensorInfo) {
-        #[cfg(unix)]
-        {
-            let page = 4096u64;
-            let start = (self.data_offset + t.offset).div_ceil(page) * page;
-            let end = ((self.data_offset + t.offset + t.size) / page) * page;
-            if end > start {
-                // SAFETY: read-only file-backed mapping; DONTNEED only discards clean pages.
-                let _ = unsafe {
-                    self.mmap.unchecked_advise_range(
-                        memmap2::UncheckedAdvice::DontNeed,
-                        start as usize,
-                        (end - start) as usize,
-                    )
-                };
-            }
-        }
+        let start = self.data_offset + t.offset;
+        crate::source::drop_pages(&self.mmap, start, start + t.size);
     }
 
     /// Dequantize a whole tensor to f32.

@@ -147,6 +147,18 @@ impl Config {
         if c.n_layer > 4096 {
             return Err(bad(format!("layer count {} is out of range", c.n_layer)));
         }
+        if c.n_head % c.n_head_kv != 0 {
+            return Err(bad(format!(
+                "num_attention_heads {} is not a multiple of num_key_value_heads {} (llama.cpp shares each key/value head among a whole number of query heads)",
+                c.n_head, c.n_head_kv
+            )));
+        }
+        if c.head_dim_explicit()?.is_none() && c.n_embd % c.n_head != 0 {
+            return Err(bad(format!(
+                "hidden_size {} is not a multiple of num_attention_heads {} and there is no head_dim",
+                c.n_embd, c.n_head
+            )));
+        }
         Ok(c)
     }
 
@@ -305,13 +317,7 @@ impl Config {
             "embedding_length",
             Value::U32(u32_of(&self.path, "hidden size", self.n_embd)?),
         );
-        if let Some(n) = self.opt_u64(&[
-            "prefix_dense_intermediate_size",
-            "dense_intermediate_size",
-            "intermediate_size",
-            "n_inner",
-            "hidden_dim",
-        ])? {
+        if let Some(n) = self.n_ff()? {
             put(
                 "feed_forward_length",
                 Value::U32(u32_of(&self.path, "intermediate size", n)?),
@@ -398,9 +404,7 @@ impl Config {
                     Value::U32(u32_of(&self.path, "vocab size", v)?),
                 ));
             }
-            let rope_dim = self
-                .head_dim_explicit()?
-                .unwrap_or(self.n_embd / self.n_head);
+            let rope_dim = self.head_dim()?;
             md.push((
                 format!("{a}.rope.dimension_count"),
                 Value::U32(rope_dim as u32),
@@ -421,6 +425,67 @@ impl Config {
                 )),
             },
         }
+    }
+
+    /// The per-head dimension: `head_dim`, else hidden size / heads (exact: checked at parse).
+    pub fn head_dim(&self) -> Result<u64> {
+        Ok(self
+            .head_dim_explicit()?
+            .unwrap_or(self.n_embd / self.n_head))
+    }
+
+    /// `intermediate_size` (the keys convert_hf_to_gguf reads for `feed_forward_length`).
+    pub fn n_ff(&self) -> Result<Option<u64>> {
+        self.opt_u64(&[
+            "prefix_dense_intermediate_size",
+            "dense_intermediate_size",
+            "intermediate_size",
+            "n_inner",
+            "hidden_dim",
+        ])
+    }
+
+    /// The PyTorch-order shape config.json implies for a GGUF-named tensor, with each dimension
+    /// explained (`None`: a tensor whose shape the hyper-parameters do not fix, or a dimension
+    /// config.json does not state).
+    pub fn expected_shape(&self, gguf_name: &str) -> Result<Option<Vec<(u64, String)>>> {
+        let hd = self.head_dim()?;
+        let e = (self.n_embd, format!("hidden_size {}", self.n_embd));
+        let q = (
+            self.n_head * hd,
+            format!("num_attention_heads {} x head_dim {hd}", self.n_head),
+        );
+        let kv = (
+            self.n_head_kv * hd,
+            format!("num_key_value_heads {} x head_dim {hd}", self.n_head_kv),
+        );
+        let ff = self.n_ff()?.map(|f| (f, format!("intermediate_size {f}")));
+        let vocab = self.vocab_size()?.map(|v| (v, format!("vocab_size {v}")));
+        let (stem, suffix) = gguf_name.rsplit_once('.').unwrap_or((gguf_name, ""));
+        let part = match stem.strip_prefix("blk.") {
+            Some(rest) => rest.split_once('.').map_or(rest, |(_, p)| p),
+            None => stem,
+        };
+        let two = |a: Option<(u64, String)>, b: Option<(u64, String)>| match (a, b) {
+            (Some(a), Some(b)) => Some(vec![a, b]),
+            _ => None,
+        };
+        Ok(match (part, suffix) {
+            ("token_embd" | "output", "weight") => two(vocab, Some(e)),
+            ("output_norm" | "attn_norm" | "ffn_norm", "weight") => Some(vec![e]),
+            ("attn_q", "weight") => Some(vec![q, e]),
+            ("attn_k" | "attn_v", "weight") => Some(vec![kv, e]),
+            ("attn_output", "weight") => Some(vec![e, q]),
+            ("attn_q", "bias") => Some(vec![q]),
+            ("attn_k" | "attn_v", "bias") => Some(vec![kv]),
+            ("attn_output", "bias") => Some(vec![e]),
+            ("attn_q_norm" | "attn_k_norm", "weight") => Some(vec![(hd, format!("head_dim {hd}"))]),
+            ("ffn_gate" | "ffn_up", "weight") => two(ff, Some(e)),
+            ("ffn_down", "weight") => two(Some(e), ff),
+            ("ffn_gate" | "ffn_up", "bias") => ff.map(|f| vec![f]),
+            ("ffn_down", "bias") => Some(vec![e]),
+            _ => None,
+        })
     }
 
     /// llama3-type rope scaling: the `rope_freqs.weight` factors convert_hf_to_gguf generates.

@@ -316,6 +316,21 @@ impl HfSource {
                     format!("tensor '{}' has shape {:?}; tq converts tensors of 1 to 4 non-empty dimensions", crate::error::one_line(&name), t.shape),
                 ));
             }
+            if let Some(want) = config.expected_shape(&gname)? {
+                let got: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
+                let want_dims: Vec<u64> = want.iter().map(|(d, _)| *d).collect();
+                if got != want_dims {
+                    let why: Vec<&str> = want.iter().map(|(_, w)| w.as_str()).collect();
+                    return Err(Error::bad_input(
+                        shard,
+                        format!(
+                            "tensor '{}' ({gname}) has shape {got:?}, but config.json gives {want_dims:?} ({}); config.json and the weights describe different models: fix config.json (or use the checkpoint it belongs to)",
+                            crate::error::one_line(&name),
+                            why.join(", ")
+                        ),
+                    ));
+                }
+            }
             let dims: Vec<u64> = t.shape.iter().rev().map(|&d| d as u64).collect();
             if let Perm::Rope(h) = perm {
                 let rows = t.shape[0] as u64;
@@ -374,6 +389,13 @@ impl HfSource {
     }
 }
 
+impl HfSource {
+    /// The shards' total size in bytes.
+    pub fn shard_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.file_len()).sum()
+    }
+}
+
 impl TensorSource for HfSource {
     fn name(&self) -> String {
         self.dir.display().to_string()
@@ -393,6 +415,11 @@ impl TensorSource for HfSource {
             } => Some(self.files[*file].tensor_data(t)),
             Data::St { .. } => None,
             Data::Owned(b) => Some(b),
+        }
+    }
+    fn release(&self, index: usize) {
+        if let Data::St { file, t, .. } = &self.data[index] {
+            self.files[*file].release(t);
         }
     }
     fn read_rows_f32(&self, index: usize, row0: u64, out: &mut [f32]) -> Result<()> {

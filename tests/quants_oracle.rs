@@ -138,6 +138,11 @@ fn registry_sizes_match_gguf_py() {
     }
     for t in TYPES {
         if let Origin::Stock(id) = t.origin {
+            if t.ty == TensorType::Q2_0 {
+                // Newer than gguf-py 0.19 (its ids end at Q1_0 = 41); held to ggml's struct by
+                // the unit test types::tests::ids_past_gguf_py_match_ggml.
+                continue;
+            }
             assert!(
                 seen.contains(&t.ty),
                 "registry type {} (id {id}) unknown to gguf-py",

@@ -445,9 +445,9 @@ mod tests {
         assert_eq!(ids.len(), n);
     }
 
-    /// Ids past gguf-py 0.19's table (which ends at MXFP4 = 39), checked against ggml's block
-    /// structs: block_nvfp4 (64 values: 4 e4m3 scales + 32 nibble bytes), block_q1_0 (f16 d +
-    /// 128 sign bits), block_q2_0 (f16 d + 64 two-bit values).
+    /// The newest ids, checked against ggml's block structs: block_nvfp4 (64 values: 4 e4m3
+    /// scales + 32 nibble bytes), block_q1_0 (f16 d + 128 sign bits), block_q2_0 (f16 d + 64
+    /// two-bit values). gguf-py 0.19 knows 40 and 41 (tests/quants_oracle.rs) but not 42.
     #[test]
     fn ids_past_gguf_py_match_ggml() {
         for (id, name, bs, bytes) in [

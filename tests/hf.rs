@@ -270,7 +270,7 @@ fn llama_hf_tokenizer_json_matches_gguf_py() {
     let expect: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     let cases = expect.as_object().unwrap();
-    assert_eq!(cases.len(), 2);
+    assert_eq!(cases.len(), 3);
     let tmp = tempfile::tempdir().unwrap();
     for (case, kv) in cases {
         let dir = p.parent().unwrap().join(case);

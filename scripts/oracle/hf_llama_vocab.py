@@ -104,6 +104,9 @@ CASES = [
         "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
         "tokenizer_class": "LlamaTokenizer",
     }),
+    # No special-token keys at all: transformers' LlamaTokenizerFast falls back to its defaults
+    # <s> / </s> / <unk>, so those are CONTROL in gguf-py's token types.
+    ("bare", [], {"add_bos_token": True, "tokenizer_class": "LlamaTokenizer"}),
 ]
 
 
@@ -190,8 +193,11 @@ def main():
         assert enc.ids[0] == 1, enc.tokens
         assert v[SP + "hello"] in enc.ids and v[SP + "world"] in enc.ids, enc.tokens
         assert enc.ids[-2:] == [v["<0xC3>"], v["<0xA9>"]], enc.tokens  # "é": byte fallback
-        kv, n_vocab = expected(d, tc)
+        # The model (config.json with bos/eos ids) is written first: SpecialVocab reads it.
+        n_vocab = len(tj["model"]["vocab"]) + len(added_beyond)
         write_model(d, n_vocab, seed=100 + i)
+        kv, n_tokens = expected(d, tc)
+        assert n_tokens == n_vocab, (n_tokens, n_vocab)
         expect[case] = kv
     with open(os.path.join(root, "expect.json"), "w", encoding="utf-8") as f:
         json.dump(expect, f, ensure_ascii=False, indent=1)

@@ -246,6 +246,17 @@ fn llama_hf_vocab(
                 .map(str::to_string)
         })
     };
+    // transformers' LlamaTokenizerFast (what upstream asks) defaults these three when
+    // tokenizer_config.json does not name them; an explicit null turns one off.
+    for (k, default) in [
+        ("bos_token", "<s>"),
+        ("eos_token", "</s>"),
+        ("unk_token", "<unk>"),
+    ] {
+        if tc.is_none_or(|tc| tc.get(k).is_none()) {
+            special_names.push(default.to_string());
+        }
+    }
     if let Some(tc) = tc {
         for k in [
             "bos_token",

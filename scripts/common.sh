@@ -18,11 +18,13 @@ verify() {
 # The Python used by oracle/dev scripts: a venv in the cache with pinned packages.
 py() {
   local venv="$TQ_CACHE/venv"
-  if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.ok-v3" ]; then
-    python3 -m venv "$venv" >&2
-    "$venv/bin/pip" install -q --disable-pip-version-check \
-      gguf==0.19.0 numpy==2.4.6 scipy==1.17.1 safetensors==0.8.0 mpmath==1.3.0 tokenizers==0.23.3 >&2
-    touch "$venv/.ok-v3"
+  if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.ok-v4" ]; then
+    rm -rf "$venv" && python3 -m venv "$venv" >&2
+    # gguf 0.19.0, numpy 2.4.6, scipy 1.17.1, safetensors 0.8.0, mpmath 1.3.0, tokenizers
+    # 0.23.3 and their dependencies, every wheel sha256-checked.
+    "$venv/bin/pip" install -q --disable-pip-version-check --require-hashes --no-deps \
+      --only-binary=:all: -r "$TQ_ROOT/scripts/requirements/oracle.txt" >&2
+    touch "$venv/.ok-v4"
   fi
   "$venv/bin/python" "$@"
 }
@@ -33,10 +35,11 @@ py() {
 # stamps every oracle's output, is unchanged.
 py_tf() {
   local venv="$TQ_CACHE/venv-tf"
-  if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.ok-v1" ]; then
-    python3 -m venv "$venv" >&2
-    "$venv/bin/pip" install -q --disable-pip-version-check gguf==0.19.0 numpy==2.4.6 safetensors==0.8.0 transformers==4.57.6 >&2
-    touch "$venv/.ok-v1"
+  if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.ok-v2" ]; then
+    rm -rf "$venv" && python3 -m venv "$venv" >&2
+    "$venv/bin/pip" install -q --disable-pip-version-check --require-hashes --no-deps \
+      --only-binary=:all: -r "$TQ_ROOT/scripts/requirements/oracle-transformers.txt" >&2
+    touch "$venv/.ok-v2"
   fi
   "$venv/bin/python" "$@"
 }

@@ -42,7 +42,7 @@ pub struct TypeTotal {
     pub bytes: u64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Default)]
 pub struct Report {
     pub file: String,
     pub format: &'static str,
@@ -90,11 +90,11 @@ pub fn inspect(path: &Path, profile: &Profile, full: bool) -> Result<Report> {
     }
 }
 
-fn gguf_report(f: &GgufFile, profile: &Profile, full: bool) -> Report {
+/// GGUF-typed metadata (a GGUF file's, or what an HF directory would write) as report entries;
+/// long arrays summarized unless `full`.
+fn gguf_metadata(md: &[(String, crate::gguf::Value)], full: bool) -> Vec<MetaEntry> {
     let items = if full { usize::MAX } else { SUMMARY_ITEMS };
-    let metadata = f
-        .metadata
-        .iter()
+    md.iter()
         .map(|(k, v)| MetaEntry {
             key: k.clone(),
             ty: match v {
@@ -104,7 +104,11 @@ fn gguf_report(f: &GgufFile, profile: &Profile, full: bool) -> Report {
             value: v.to_json(if full { None } else { Some(items) }),
             text: v.summary(items),
         })
-        .collect();
+        .collect()
+}
+
+fn gguf_report(f: &GgufFile, profile: &Profile, full: bool) -> Report {
+    let metadata = gguf_metadata(&f.metadata, full);
     let tensors = f
         .tensors
         .iter()
@@ -125,13 +129,8 @@ fn gguf_report(f: &GgufFile, profile: &Profile, full: bool) -> Report {
         profile: Some(profile.name.clone()),
         metadata,
         tensors,
-        totals: vec![],
-        parameters: 0,
-        tensor_bytes: 0,
-        bpw: 0.0,
-        bpw_file: 0.0,
-        bpw_2d: 0.0,
-        parameters_2d: 0,
+        // totals, parameters and bits per weight: filled in by `finish`
+        ..Default::default()
     })
 }
 
@@ -166,13 +165,8 @@ fn st_report(f: &SafetensorsFile) -> Report {
         profile: None,
         metadata,
         tensors,
-        totals: vec![],
-        parameters: 0,
-        tensor_bytes: 0,
-        bpw: 0.0,
-        bpw_file: 0.0,
-        bpw_2d: 0.0,
-        parameters_2d: 0,
+        // totals, parameters and bits per weight: filled in by `finish`
+        ..Default::default()
     })
 }
 
@@ -209,20 +203,7 @@ fn dir_report(dir: &Path, full: bool) -> Result<Report> {
         ));
     }
     let src = crate::hf::HfSource::open(dir)?;
-    let items = if full { usize::MAX } else { SUMMARY_ITEMS };
-    let metadata = src
-        .metadata()
-        .iter()
-        .map(|(k, v)| MetaEntry {
-            key: k.clone(),
-            ty: match v {
-                crate::gguf::Value::Array(t, _) => format!("array[{}]", t.name()),
-                _ => v.value_type().name().to_string(),
-            },
-            value: v.to_json(if full { None } else { Some(items) }),
-            text: v.summary(items),
-        })
-        .collect();
+    let metadata = gguf_metadata(src.metadata(), full);
     let mut offset = 0;
     let tensors = src
         .tensors()
@@ -250,13 +231,8 @@ fn dir_report(dir: &Path, full: bool) -> Result<Report> {
         profile: None,
         metadata,
         tensors,
-        totals: vec![],
-        parameters: 0,
-        tensor_bytes: 0,
-        bpw: 0.0,
-        bpw_file: 0.0,
-        bpw_2d: 0.0,
-        parameters_2d: 0,
+        // totals, parameters and bits per weight: filled in by `finish`
+        ..Default::default()
     }))
 }
 

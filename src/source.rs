@@ -15,6 +15,14 @@ pub struct SourceTensor {
 }
 
 impl SourceTensor {
+    /// A GGUF tensor as the planner sees it.
+    pub fn of_gguf(t: &crate::gguf::TensorInfo) -> SourceTensor {
+        SourceTensor {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ty: t.ty,
+        }
+    }
     pub fn row_len(&self) -> u64 {
         self.dims.first().copied().unwrap_or(1)
     }
@@ -93,15 +101,7 @@ pub struct GgufSource {
 
 impl GgufSource {
     pub fn new(file: GgufFile) -> GgufSource {
-        let tensors = file
-            .tensors
-            .iter()
-            .map(|t| SourceTensor {
-                name: t.name.clone(),
-                dims: t.dims.clone(),
-                ty: t.ty,
-            })
-            .collect();
+        let tensors = file.tensors.iter().map(SourceTensor::of_gguf).collect();
         GgufSource { file, tensors }
     }
 }

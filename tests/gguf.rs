@@ -10,16 +10,7 @@ use tq::gguf::{GgufFile, GgufWriter, TensorSpec, Value};
 
 /// Re-write `f` through the streaming writer (data in chunks of `chunk` bytes).
 fn rewrite(f: &GgufFile, out: &Path, chunk: usize) {
-    let specs: Vec<TensorSpec> = f
-        .tensors
-        .iter()
-        .map(|t| TensorSpec {
-            name: t.name.clone(),
-            dims: t.dims.clone(),
-            type_id: t.type_id,
-            size: t.size,
-        })
-        .collect();
+    let specs: Vec<TensorSpec> = f.tensors.iter().map(|t| t.spec()).collect();
     let mut w = GgufWriter::create(out, f.version, &f.metadata, &specs).unwrap();
     for t in &f.tensors {
         for c in f.tensor_data(t).chunks(chunk) {
@@ -92,15 +83,7 @@ fn generated_fixtures_read_and_round_trip() {
         let size = tq::gguf::writer::file_size(
             version,
             &f.metadata,
-            &f.tensors
-                .iter()
-                .map(|t| TensorSpec {
-                    name: t.name.clone(),
-                    dims: t.dims.clone(),
-                    type_id: t.type_id,
-                    size: t.size,
-                })
-                .collect::<Vec<_>>(),
+            &f.tensors.iter().map(|t| t.spec()).collect::<Vec<_>>(),
         )
         .unwrap();
         assert_eq!(size, fx.bytes.len() as u64);
@@ -114,16 +97,7 @@ fn writer_leaves_no_partial_file() {
     let p = dir.path().join("fx.gguf");
     std::fs::write(&p, &fx.bytes).unwrap();
     let f = GgufFile::open(&p).unwrap();
-    let specs: Vec<TensorSpec> = f
-        .tensors
-        .iter()
-        .map(|t| TensorSpec {
-            name: t.name.clone(),
-            dims: t.dims.clone(),
-            type_id: t.type_id,
-            size: t.size,
-        })
-        .collect();
+    let specs: Vec<TensorSpec> = f.tensors.iter().map(|t| t.spec()).collect();
     let out = dir.path().join("out.gguf");
     // Too little data: finish() fails and nothing exists under the final name.
     let mut w = GgufWriter::create(&out, 3, &f.metadata, &specs).unwrap();

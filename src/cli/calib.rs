@@ -115,15 +115,7 @@ pub fn seq_quant(f: &GgufFile, a: &CalibArgs) -> Result<SeqQuant> {
         keep_types: false,
         strict: false,
     };
-    let tensors: Vec<SourceTensor> = f
-        .tensors
-        .iter()
-        .map(|t| SourceTensor {
-            name: t.name.clone(),
-            dims: t.dims.clone(),
-            ty: t.ty,
-        })
-        .collect();
+    let tensors: Vec<SourceTensor> = f.tensors.iter().map(SourceTensor::of_gguf).collect();
     let p = plan::plan(&tensors, &req, &Profile::default())?;
     Ok(SeqQuant::from_plan(
         &p,

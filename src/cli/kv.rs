@@ -363,16 +363,7 @@ fn write_with_preset(
         "tq.kv.bits_per_value".into(),
         Value::F32(p.bits(cfg) as f32),
     ));
-    let specs: Vec<TensorSpec> = file
-        .tensors
-        .iter()
-        .map(|t| TensorSpec {
-            name: t.name.clone(),
-            dims: t.dims.clone(),
-            type_id: t.type_id,
-            size: t.size,
-        })
-        .collect();
+    let specs: Vec<TensorSpec> = file.tensors.iter().map(|t| t.spec()).collect();
     let mut w = GgufWriter::create(out, file.version, &md, &specs)?;
     for t in &file.tensors {
         w.write_data(file.tensor_data(t))?;

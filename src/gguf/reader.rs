@@ -37,6 +37,15 @@ impl TensorInfo {
     pub fn n_rows(&self) -> u64 {
         self.dims.iter().skip(1).product()
     }
+    /// The writer's description of this tensor, unchanged (a copy keeps id, shape and size).
+    pub fn spec(&self) -> super::writer::TensorSpec {
+        super::writer::TensorSpec {
+            name: self.name.clone(),
+            dims: self.dims.clone(),
+            type_id: self.type_id,
+            size: self.size,
+        }
+    }
 }
 
 pub struct GgufFile {

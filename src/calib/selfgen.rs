@@ -19,26 +19,7 @@ use crate::model::decode::Decoder;
 use crate::model::runtime::Model;
 use rayon::prelude::*;
 
-/// SplitMix64: 64-bit state, Weyl increment `0x9E3779B97F4A7C15`, Stafford's mix 13.
-#[derive(Clone, Debug)]
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `[0, 1)` with 53 random bits.
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
+pub use crate::math::splitmix::SplitMix64;
 
 /// Sample one id from `logits` (all finite) at temperature 1 among the `k` largest.
 pub fn sample_top_k(logits: &[f32], k: usize, rng: &mut SplitMix64) -> u32 {

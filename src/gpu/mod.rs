@@ -400,29 +400,7 @@ pub fn open_backend(kind: BackendKind) -> std::result::Result<Box<dyn Backend>, 
 // ---------------------------------------------------------------------------------------------
 
 /// SplitMix64 with Box–Muller Gaussians (the conformance generator's PRNG; inputs only).
-#[derive(Clone)]
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform on (0, 1].
-    pub fn uniform(&mut self) -> f64 {
-        ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
-    }
-    pub fn gauss(&mut self) -> f64 {
-        let (u1, u2) = (self.uniform(), self.uniform());
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-    }
-    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next_u64() as u8).collect()
-    }
-}
+pub use crate::math::splitmix::SplitMix64 as Rng;
 
 /// A weight or KV tensor shape to test on.
 #[derive(Clone, Debug)]

@@ -7,6 +7,7 @@
 //! - [`signs`], [`pcg64`]: the sign vectors the engines compile in, numpy's generator, tq's own.
 //! - [`lloyd_max`]: Lloyd-Max codebooks for the rotated-coordinate (beta) density, its Gaussian
 //!   limit, N(0,1) and sample data; [`special`]: the special functions they need.
+//! - [`splitmix`]: SplitMix64, the small seeded generator for sampling and test inputs.
 
 pub mod hadamard;
 pub mod lloyd_max;
@@ -14,3 +15,4 @@ pub mod pcg64;
 pub mod rotation;
 pub mod signs;
 pub mod special;
+pub mod splitmix;

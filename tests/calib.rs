@@ -43,33 +43,9 @@ fn calib_resume_equals_uninterrupted() {
     let dir = tempfile::tempdir().unwrap();
     let (model, toks) = setup(dir.path());
     let full = dir.path().join("full.safetensors");
-    let args = |o: &Path| {
-        vec![
-            "calib".to_string(),
-            s(&model).into(),
-            "--token-file".into(),
-            s(&toks).into(),
-            "--tokens".into(),
-            "256".into(),
-            "--ctx".into(),
-            "32".into(),
-            "--batch".into(),
-            "2".into(),
-            "-o".into(),
-            s(o).into(),
-        ]
-    };
-    let run = |a: Vec<String>, env: Option<&str>| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_tq"));
-        c.args(&a);
-        if let Some(v) = env {
-            c.env("TQ_CALIB_ABORT_AFTER", v);
-        }
-        let o = c.output().unwrap();
-        (
-            o.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&o.stderr).to_string(),
-        )
+    let args = |o: &Path| calib_args(&model, &toks, o, &[]);
+    let run = |a: Vec<String>, abort_after: Option<&str>| {
+        run_tq(&a, abort_after.map(|v| ("TQ_CALIB_ABORT_AFTER", v)))
     };
     let (code, err) = run(args(&full), None);
     assert_eq!(code, 0, "{err}");
@@ -467,10 +443,7 @@ fn sequential_on_smollm2_simulates_the_converted_model() {
     let Some(smol) = fixtures::smollm2() else {
         return;
     };
-    let Some(text) = fixtures::data_file(
-        fixtures::cache_dir().join("text/botchan.txt"),
-        "scripts/fetch-botchan.sh",
-    ) else {
+    let Some(text) = fixtures::botchan() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

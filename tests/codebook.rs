@@ -30,10 +30,9 @@ fn dist_of(name: &str, d: Option<usize>) -> Dist {
 
 #[test]
 fn tables_match_scipy_oracle() {
-    let Some(path) = fixtures::oracle("math/lloyd_max.json") else {
+    let Some(doc) = fixtures::oracle_json("math/lloyd_max.json") else {
         return;
     };
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let mut worst_c: f64 = 0.0;
     let mut worst_mse: f64 = 0.0;
     let tables = doc["tables"].as_array().unwrap();
@@ -89,10 +88,9 @@ fn tables_match_scipy_oracle() {
 #[test]
 fn tables_match_mpmath_reference() {
     // mpmath is pinned in the oracle venv, so under TQ_REQUIRE_DATA=1 a missing file fails.
-    let Some(path) = fixtures::oracle("math/lloyd_max_mp.json") else {
+    let Some(doc) = fixtures::oracle_json("math/lloyd_max_mp.json") else {
         return;
     };
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     for t in doc["tables"].as_array().unwrap() {
         let d = t["d"].as_u64().map(|d| d as usize);
         let dist = dist_of(t["dist"].as_str().unwrap(), d);
@@ -119,10 +117,9 @@ fn tables_match_mpmath_reference() {
 
 #[test]
 fn turbo4_may_table_against_oracle() {
-    let Some(path) = fixtures::oracle("math/lloyd_max.json") else {
+    let Some(doc) = fixtures::oracle_json("math/lloyd_max.json") else {
         return;
     };
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     for t in doc["turbo4_may"].as_array().unwrap() {
         let dist = dist_of(t["dist"].as_str().unwrap(), Some(128));
         let table = symmetric(&TURBO4_MAY);
@@ -437,19 +434,18 @@ fn cli_empirical_samples() {
         .collect();
     let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
     std::fs::write(&raw, &bytes).unwrap();
-    let (rc, out, err) = tq(&[
-        "codebook",
-        "--samples",
-        raw.to_str().unwrap(),
-        "--bits",
-        "2",
-        "--format",
-        "json",
-    ]);
-    assert_eq!(rc, 0, "{err}");
-    let v: Value = serde_json::from_str(&out).unwrap();
-    let c = v["tables"][0]["centroids"].as_array().unwrap();
-    assert!((c[3].as_f64().unwrap() - 1.5104).abs() < 0.01, "{out}");
+    // The 2-bit table fitted to a sample file given by `source` (flags naming the file).
+    let fit2 = |source: &[&str]| -> Value {
+        let mut args = vec!["codebook"];
+        args.extend_from_slice(source);
+        args.extend(["--bits", "2", "--format", "json"]);
+        let (rc, out, err) = tq(&args);
+        assert_eq!(rc, 0, "{source:?}: {err}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        v["tables"][0]["centroids"].clone()
+    };
+    let c = fit2(&["--samples", raw.to_str().unwrap()]);
+    assert!((c[3].as_f64().unwrap() - 1.5104).abs() < 0.01, "{c}");
     // The same data as .npy (<f4).
     let npy = dir.path().join("acts.npy");
     let mut h = format!(
@@ -465,18 +461,7 @@ fn cli_empirical_samples() {
     f.extend(h.as_bytes());
     f.extend(&bytes);
     std::fs::write(&npy, f).unwrap();
-    let (rc, out2, err) = tq(&[
-        "codebook",
-        "--samples",
-        npy.to_str().unwrap(),
-        "--bits",
-        "2",
-        "--format",
-        "json",
-    ]);
-    assert_eq!(rc, 0, "{err}");
-    let v2: Value = serde_json::from_str(&out2).unwrap();
-    assert_eq!(v2["tables"][0]["centroids"], v["tables"][0]["centroids"]);
+    assert_eq!(fit2(&["--samples", npy.to_str().unwrap()]), c);
     // Bad sample files: one-line errors, exit code 2.
     std::fs::write(&raw, [0u8; 6]).unwrap();
     let (rc, _, err) = tq(&["codebook", "--samples", raw.to_str().unwrap()]);
@@ -486,19 +471,7 @@ fn cli_empirical_samples() {
         "{err}"
     );
     // The spelling, --dist empirical FILE, is the same as --samples FILE.
-    let (rc, out3, err) = tq(&[
-        "codebook",
-        "--dist",
-        "empirical",
-        npy.to_str().unwrap(),
-        "--bits",
-        "2",
-        "--format",
-        "json",
-    ]);
-    assert_eq!(rc, 0, "{err}");
-    let v3: Value = serde_json::from_str(&out3).unwrap();
-    assert_eq!(v3["tables"][0]["centroids"], v["tables"][0]["centroids"]);
+    assert_eq!(fit2(&["--dist", "empirical", npy.to_str().unwrap()]), c);
     // Fewer distinct samples than levels: the optimum is exact, no "inf" ratio.
     std::fs::write(&raw, 0.5f32.to_le_bytes()).unwrap();
     let (rc, out, err) = tq(&[

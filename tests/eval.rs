@@ -889,32 +889,28 @@ fn find_run<'a>(
 fn smollm2_variants(dir: &Path) -> Option<[PathBuf; 3]> {
     let smol = fixtures::smollm2()?;
     let f16 = dir.join("smollm2-f16.gguf");
-    let (code, _, err) = tq(&[
-        "convert",
-        smol.to_str().unwrap(),
-        "--weights",
-        "f16",
-        "-o",
-        f16.to_str().unwrap(),
-        "--quiet",
-    ]);
-    assert_eq!(code, 0, "{err}");
+    convert(&smol, "f16", &f16);
     let mut out = vec![f16.clone()];
     for q in ["q8_0", "q4_0"] {
         let p = dir.join(format!("smollm2-{q}.gguf"));
-        let (code, _, err) = tq(&[
-            "convert",
-            f16.to_str().unwrap(),
-            "--weights",
-            q,
-            "-o",
-            p.to_str().unwrap(),
-            "--quiet",
-        ]);
-        assert_eq!(code, 0, "{err}");
+        convert(&f16, q, &p);
         out.push(p);
     }
     Some(out.try_into().unwrap())
+}
+
+/// `tq convert SRC --weights WEIGHTS -o OUT`, which must succeed.
+fn convert(src: &Path, weights: &str, out: &Path) {
+    let (code, _, err) = tq(&[
+        "convert",
+        src.to_str().unwrap(),
+        "--weights",
+        weights,
+        "-o",
+        out.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(code, 0, "{weights}: {err}");
 }
 
 /// `tq eval` vs llama-perplexity on `text` (ctx × chunks): PPL of F16 within 0.5%, of Q8_0/Q4_0
@@ -1021,10 +1017,7 @@ fn compare_with_llama(text_name: &str, text: &Path, ctx: u64, chunks: u64, q_tol
 /// paths differ by ~0.5% on so few windows); F16 agrees to ~1e-5.
 #[test]
 fn smollm2_botchan_matches_llama_cpp() {
-    let Some(text) = fixtures::data_file(
-        fixtures::cache_dir().join("text/botchan.txt"),
-        "scripts/fetch-botchan.sh",
-    ) else {
+    let Some(text) = fixtures::botchan() else {
         return;
     };
     compare_with_llama("botchan.txt", &text, 256, 8, 0.01);
@@ -1258,27 +1251,14 @@ fn cuda_numerics_on_smollm2_tq4_close_to_ggml_not_equal() {
     let Some(smol) = fixtures::smollm2() else {
         return;
     };
-    let Some(text) = fixtures::data_file(
-        fixtures::cache_dir().join("text/botchan.txt"),
-        "scripts/fetch-botchan.sh",
-    ) else {
+    let Some(text) = fixtures::botchan() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let f16 = dir.path().join("f16.gguf");
     let tq4 = dir.path().join("tq4.gguf");
-    for (src, out, w) in [(&smol, &f16, "f16"), (&f16, &tq4, "tq4_1s")] {
-        let (code, _, err) = tq(&[
-            "convert",
-            src.to_str().unwrap(),
-            "--weights",
-            w,
-            "-o",
-            out.to_str().unwrap(),
-            "--quiet",
-        ]);
-        assert_eq!(code, 0, "{err}");
-    }
+    convert(&smol, "f16", &f16);
+    convert(&f16, "tq4_1s", &tq4);
     let base = dir.path().join("f16.tql");
     let (code, out, err) = tq(&[
         "eval",

@@ -74,11 +74,9 @@ fn roundtrip(name: &str, weights: &str) {
     let Some(dir) = fixtures::oracle(&format!("hf/{name}")) else {
         return;
     };
-    let Some(expect) = fixtures::oracle("hf/expect.json") else {
+    let Some(expect) = fixtures::oracle_json("hf/expect.json") else {
         return;
     };
-    let expect: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(expect).unwrap()).unwrap();
     let expect = &expect[name];
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out.gguf");
@@ -748,11 +746,9 @@ fn get3(t: &Tensors, n: &str) -> Vec<f32> {
 /// vectorized), yarn given with the old `type` key, and linear.
 #[test]
 fn rope_scaling_keys_match_convert_hf_to_gguf() {
-    let Some(p) = fixtures::oracle("hf/rope/expect.json") else {
+    let Some(expect) = fixtures::oracle_json("hf/rope/expect.json") else {
         return;
     };
-    let expect: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     let out_dir = tempfile::tempdir().unwrap();
     for (case, e) in expect.as_object().unwrap() {
         let u = |k: &str| e[k].as_u64().unwrap() as usize;

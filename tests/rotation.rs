@@ -13,8 +13,7 @@ use tq::math::rotation::{excess_kurtosis, incoherence, Method, Rotation};
 use tq::math::signs::{tq_block_signs, TURBO_S1, TURBO_S2};
 
 fn pcg_oracle() -> Option<Value> {
-    let p = fixtures::oracle("math/pcg64.json")?;
-    Some(serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
+    fixtures::oracle_json("math/pcg64.json")
 }
 
 fn u64s(v: &Value) -> Vec<u64> {

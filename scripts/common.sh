@@ -15,33 +15,42 @@ verify() {
   fi
 }
 
-# The Python used by oracle/dev scripts: a venv in the cache with pinned packages.
-py() {
-  local venv="$TQ_CACHE/venv"
-  if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.ok-v4" ]; then
+# venv_python NAME REQUIREMENTS ARGS...: run python in the cached venv $TQ_CACHE/NAME, (re)built
+# whenever the hash-pinned requirements file changes (pip --require-hashes checks every wheel).
+venv_python() {
+  local venv="$TQ_CACHE/$1" reqs="$TQ_ROOT/scripts/requirements/$2"; shift 2
+  local stamp; stamp="$venv/.ok-$(sha256sum "$reqs" | cut -c1-16)"
+  if [ ! -x "$venv/bin/python" ] || [ ! -f "$stamp" ]; then
     rm -rf "$venv" && python3 -m venv "$venv" >&2
-    # gguf 0.19.0, numpy 2.4.6, scipy 1.17.1, safetensors 0.8.0, mpmath 1.3.0, tokenizers
-    # 0.23.3 and their dependencies, every wheel sha256-checked.
     "$venv/bin/pip" install -q --disable-pip-version-check --require-hashes --no-deps \
-      --only-binary=:all: -r "$TQ_ROOT/scripts/requirements/oracle.txt" >&2
-    touch "$venv/.ok-v4"
+      --only-binary=:all: -r "$reqs" >&2
+    touch "$stamp"
   fi
   "$venv/bin/python" "$@"
 }
+
+# The Python used by oracle/dev scripts: gguf 0.19.0, numpy 2.4.6, scipy 1.17.1, safetensors
+# 0.8.0, mpmath 1.3.0, tokenizers 0.23.3 and their dependencies.
+py() { venv_python venv oracle.txt "$@"; }
 
 # A second venv for the oracles that need transformers (gguf-py's LlamaHfVocab asks its
 # AutoTokenizer): gguf 0.19.0 and transformers 4.57.6, the version llama.cpp's convert
 # requirements pin (it brings its own tokenizers). Separate so that the main venv's set, which
 # stamps every oracle's output, is unchanged.
-py_tf() {
-  local venv="$TQ_CACHE/venv-tf"
-  if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.ok-v2" ]; then
-    rm -rf "$venv" && python3 -m venv "$venv" >&2
-    "$venv/bin/pip" install -q --disable-pip-version-check --require-hashes --no-deps \
-      --only-binary=:all: -r "$TQ_ROOT/scripts/requirements/oracle-transformers.txt" >&2
-    touch "$venv/.ok-v2"
-  fi
-  "$venv/bin/python" "$@"
+py_tf() { venv_python venv-tf oracle-transformers.txt "$@"; }
+
+# llama_bin: the directory of llama.cpp's tools ($LLAMA_BIN, else the cached build, built if missing).
+llama_bin() {
+  local bin="${LLAMA_BIN:-$TQ_CACHE/llama.cpp/build/bin}"
+  [ -x "$bin/llama-perplexity" ] || bin="$("$TQ_ROOT/scripts/build-llama.sh")"
+  echo "$bin"
+}
+
+# tq_bin: $TQ_BIN, else the release binary of this checkout (built first).
+tq_bin() {
+  if [ -n "${TQ_BIN:-}" ]; then echo "$TQ_BIN"; return; fi
+  (cd "$TQ_ROOT" && cargo build --release -q >&2)
+  echo "${CARGO_TARGET_DIR:-$TQ_ROOT/target}/release/tq"
 }
 
 # hf_dir GGUF OUT [make_hf_dir.py options]: a Hugging Face directory rebuilt from GGUF by

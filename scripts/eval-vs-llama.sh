@@ -28,12 +28,8 @@ while [ $# -gt 0 ]; do
 done
 [ $# -eq 2 ] || { echo "usage: $0 [--base BASE.gguf] [--chunks N] [--ctx N] [--threads N] MODEL TEXT" >&2; exit 2; }
 model="$1"; text="$2"
-bin="${LLAMA_BIN:-$TQ_CACHE/llama.cpp/build/bin}"
-[ -x "$bin/llama-perplexity" ] || bin="$("$TQ_ROOT/scripts/build-llama.sh")"
-if [ -z "${TQ_BIN:-}" ]; then
-  (cd "$TQ_ROOT" && cargo build --release -q >&2)
-  TQ_BIN="${CARGO_TARGET_DIR:-$TQ_ROOT/target}/release/tq"
-fi
+bin=$(llama_bin)
+TQ_BIN=$(tq_bin)
 work="$TQ_CACHE/eval"; mkdir -p "$work"
 now() { date +%s.%N; }
 

@@ -31,12 +31,8 @@ done
 text="${1:-$TQ_ROOT/../shared/data/wikitext-2-raw-test.txt}"
 [ -f "$text" ] || { echo "error: $text: no such text file (pass one)" >&2; exit 2; }
 smol=$("$TQ_ROOT/scripts/fetch-data.sh")
-bin="${LLAMA_BIN:-$TQ_CACHE/llama.cpp/build/bin}"
-[ -x "$bin/llama-perplexity" ] || bin="$("$TQ_ROOT/scripts/build-llama.sh")"
-if [ -z "${TQ_BIN:-}" ]; then
-  (cd "$TQ_ROOT" && cargo build --release -q >&2)
-  TQ_BIN="${CARGO_TARGET_DIR:-$TQ_ROOT/target}/release/tq"
-fi
+bin=$(llama_bin)
+TQ_BIN=$(tq_bin)
 work="$TQ_CACHE/hf-roundtrip"; mkdir -p "$work"
 dir="$work/smol-f16"
 

@@ -79,7 +79,7 @@ pub fn method(e: &crate::plan::PlanEntry) -> &'static str {
 /// Calibration data for LDLQ: Hessians, band (0 = full) and damping; factors are computed once
 /// per Hessian group and shared by the tensors of the group (q/k/v, gate/up).
 pub struct Ldlq {
-    pub hessians: crate::calib::Hessians,
+    pub hessians: crate::quant::Hessians,
     pub band: usize,
     pub damp: f64,
 }
@@ -96,60 +96,9 @@ pub fn tensor_specs(plan: &Plan, profile: &Profile) -> Vec<TensorSpec> {
         .collect()
 }
 
-/// Hash a file's contents 16 MiB at a time through a read-only map, dropping each chunk's pages
-/// from the map once hashed: hashing the whole map at once would make every page of a multi-GB
-/// input resident (RSS = file size), and `read()` into a buffer costs a copy per byte (measured:
-/// 0.4 s of system time for a 259 MB input, as much as converting it to q4_0).
-fn hash_contents(h: &mut blake3::Hasher, path: &Path) -> Result<()> {
-    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
-    if len == 0 {
-        return Ok(());
-    }
-    // SAFETY: read-only map of a file we only read; the usual caveat (another process
-    // truncating the file) is documented in docs/gguf.md for the reader's map as well.
-    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| Error::io(path, e))?;
-    const CHUNK: usize = 16 << 20;
-    for (k, c) in map.chunks(CHUNK).enumerate() {
-        h.update(c);
-        let start = (k * CHUNK) as u64;
-        crate::source::drop_pages(&map, start, start + c.len() as u64);
-    }
-    Ok(())
-}
-
 /// Placeholder for `tq.input.blake3` while the hash is computed alongside the conversion.
 pub const HASH_PLACEHOLDER: &str =
     "0000000000000000000000000000000000000000000000000000000000000000";
-
-/// blake3 of a file; of a model directory (Hugging Face input): of its regular files in name
-/// order, each as name, NUL, length (u64 LE), contents.
-pub fn hash_file(path: &Path) -> Result<String> {
-    let mut h = blake3::Hasher::new();
-    if path.is_dir() {
-        let mut files: Vec<_> = std::fs::read_dir(path)
-            .map_err(|e| Error::io(path, e))?
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.is_file())
-            .collect();
-        files.sort();
-        for f in files {
-            let name = f
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let len = std::fs::metadata(&f).map_err(|e| Error::io(&f, e))?.len();
-            h.update(name.as_bytes())
-                .update(&[0])
-                .update(&len.to_le_bytes());
-            hash_contents(&mut h, &f)?;
-        }
-    } else {
-        hash_contents(&mut h, path)?;
-    }
-    Ok(h.finalize().to_hex().to_string())
-}
 
 pub struct Stats {
     pub bytes_written: u64,
@@ -180,7 +129,7 @@ pub fn execute(
     // over the input before anything starts.
     let hasher = hash_input.map(|p| {
         let p = p.to_path_buf();
-        std::thread::spawn(move || hash_file(&p))
+        std::thread::spawn(move || crate::io::hash_file(&p))
     });
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
     let mut stats = Stats {
@@ -225,7 +174,7 @@ fn produce(
     tx: &std::sync::mpsc::SyncSender<Vec<u8>>,
     stats: &mut Stats,
 ) -> Result<()> {
-    let mut factors: std::collections::HashMap<String, std::sync::Arc<crate::ldlq::Factor>> =
+    let mut factors: std::collections::HashMap<String, std::sync::Arc<crate::quant::ldlq::Factor>> =
         Default::default();
     // The writer thread hung up: its error is reported by the caller.
     let closed = || Error::Usage("output writer stopped".into());
@@ -254,7 +203,7 @@ fn produce(
                     .expect("planner checked the Hessian");
                 let key = h.tensors.join(",");
                 if !factors.contains_key(&key) {
-                    let f = crate::ldlq::factor_hessian(h, l.damp, &e.name)?;
+                    let f = crate::quant::ldlq::factor_hessian(h, l.damp, &e.name)?;
                     factors.insert(key.clone(), std::sync::Arc::new(f));
                 }
                 Some((factors[&key].clone(), l.band))
@@ -271,10 +220,16 @@ fn produce(
                     .try_for_each(|(r, row)| -> Result<()> {
                         let abs = row0 + r as u64;
                         src.read_rows_f32(i, abs, row)?;
-                        check_finite(&e.name, abs, row)
+                        crate::quant::check_finite(&e.name, abs, row)
                     })?;
-                tx.send(encode_rows(e.dst, &e.name, &x, row_len, Some((f, *band)))?)
-                    .map_err(|_| closed())?;
+                tx.send(crate::quant::encode_rows(
+                    e.dst,
+                    &e.name,
+                    &x,
+                    row_len,
+                    Some((f, *band)),
+                )?)
+                .map_err(|_| closed())?;
                 row0 += rows as u64;
                 continue;
             }
@@ -286,7 +241,7 @@ fn produce(
                     |row, (r, ob)| -> Result<()> {
                         let abs = row0 + r as u64;
                         src.read_rows_f32(i, abs, row)?;
-                        check_finite(&e.name, abs, row)?;
+                        crate::quant::check_finite(&e.name, abs, row)?;
                         crate::types::quantize(e.dst, row, ob, &e.name)
                     },
                 )?;
@@ -297,66 +252,4 @@ fn produce(
         stats.tensors_converted += 1;
     }
     Ok(())
-}
-
-/// Encode whole rows (`x` is `rows × row_len`) as `dst`: banded LDLQ when `ldlq` gives a factor
-/// and band, else round-to-nearest row by row. These are the bytes `tq convert` writes for the
-/// rows; sequential calibration calls it to simulate the converted model. Rows in parallel: the
-/// bytes do not depend on the thread count.
-pub fn encode_rows(
-    dst: crate::types::TensorType,
-    name: &str,
-    x: &[f32],
-    row_len: usize,
-    ldlq: Option<(&crate::ldlq::Factor, usize)>,
-) -> Result<Vec<u8>> {
-    if let Some((f, band)) = ldlq {
-        return Ok(crate::ldlq::quantize_ldlq(dst, x, row_len, f, band));
-    }
-    let row_bytes = dst.bytes_for(row_len as u64).ok_or_else(|| {
-        Error::Unsupported(format!(
-            "{name}: row length {row_len} does not fit type {dst}"
-        ))
-    })? as usize;
-    let mut buf = vec![0u8; x.len() / row_len.max(1) * row_bytes];
-    buf.par_chunks_mut(row_bytes)
-        .zip(x.par_chunks(row_len))
-        .try_for_each(|(ob, row)| crate::types::quantize(dst, row, ob, name))?;
-    Ok(buf)
-}
-
-/// A non-finite weight is an error naming the tensor, row and column.
-pub fn check_finite(name: &str, row_index: u64, row: &[f32]) -> Result<()> {
-    match row.iter().position(|v| !v.is_finite()) {
-        Some(c) => Err(Error::Unsupported(format!(
-            "{name}: non-finite weight {} at row {row_index}, column {c}; fix the source model (NaN/Inf cannot be quantized)",
-            row[c]
-        ))),
-        None => Ok(()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The buffered hash equals the one-shot hash, across buffer boundaries.
-    #[test]
-    fn hash_file_equals_one_shot_blake3() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("x.bin");
-        let data: Vec<u8> = (0..(16u32 << 20) + 12345)
-            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
-            .collect();
-        std::fs::write(&p, &data).unwrap();
-        assert_eq!(
-            hash_file(&p).unwrap(),
-            blake3::hash(&data).to_hex().to_string()
-        );
-        std::fs::write(&p, b"").unwrap();
-        assert_eq!(
-            hash_file(&p).unwrap(),
-            blake3::hash(b"").to_hex().to_string()
-        );
-    }
 }

@@ -4,8 +4,8 @@
 
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
+use crate::source::st::SafetensorsFile;
 use crate::source::TensorSource;
-use crate::st::SafetensorsFile;
 use crate::types::profile::Profile;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -83,7 +83,7 @@ pub fn inspect(path: &Path, profile: &Profile, full: bool) -> Result<Report> {
             profile,
             full,
         ))
-    } else if crate::st::looks_like_safetensors(&head[..n]) {
+    } else if crate::source::st::looks_like_safetensors(&head[..n]) {
         Ok(st_report(&SafetensorsFile::open(path)?))
     } else {
         Err(Error::bad_input(path, "neither a GGUF file (magic \"GGUF\") nor a safetensors file (8-byte length + JSON header)"))
@@ -202,7 +202,7 @@ fn dir_report(dir: &Path, full: bool) -> Result<Report> {
             ),
         ));
     }
-    let src = crate::hf::HfSource::open(dir)?;
+    let src = crate::source::hf::HfSource::open(dir)?;
     let metadata = gguf_metadata(src.metadata(), full);
     let mut offset = 0;
     let tensors = src

@@ -4,21 +4,21 @@
 //! → streaming GGUF writer. See `docs/design.md`.
 
 pub mod calib;
-pub mod cli;
+pub mod codebook;
 pub mod convert;
 pub mod error;
 pub mod eval;
 pub mod gguf;
 pub mod gpu;
-pub mod hf;
 pub mod inspect;
-pub mod ldlq;
+pub mod io;
 pub mod math;
 pub mod model;
-pub mod st;
+pub mod numerics;
+pub mod plan;
+pub mod quant;
+pub mod source;
 pub mod tokenizer;
 pub mod types;
 
 pub use error::{Error, Result};
-pub mod plan;
-pub mod source;

@@ -64,7 +64,7 @@ fn calib_resume_equals_uninterrupted() {
         std::fs::read(&part).unwrap(),
         "resumed Hessians differ"
     );
-    let (hs, meta) = tq::calib::Hessians::load(&full).unwrap();
+    let (hs, meta) = tq::quant::Hessians::load(&full).unwrap();
     assert_eq!(meta["tq.complete"], "true");
     // q/k/v share one Hessian, gate/up another; attn_output and ffn_down their own: 4 per layer.
     assert_eq!(hs.groups.len(), 8);
@@ -146,7 +146,7 @@ fn convert_with_ldlq_beats_rtn_at_identical_size() {
     let src = tq::gguf::GgufFile::open(&model).unwrap();
     let fr = tq::gguf::GgufFile::open(&rtn).unwrap();
     let fl = tq::gguf::GgufFile::open(&ldlq).unwrap();
-    let (hs, _) = tq::calib::Hessians::load(&h).unwrap();
+    let (hs, _) = tq::quant::Hessians::load(&h).unwrap();
     let methods = fl
         .get("tq.tensor_methods")
         .unwrap()
@@ -175,8 +175,8 @@ fn convert_with_ldlq_beats_rtn_at_identical_size() {
         let ql = fl.tensor_f32(t).unwrap();
         let qr = fr.tensor_f32(tr).unwrap();
         let (ll, lr) = (
-            tq::ldlq::proxy_loss(&hg.h, hg.n, &w, &ql),
-            tq::ldlq::proxy_loss(&hg.h, hg.n, &w, &qr),
+            tq::quant::ldlq::proxy_loss(&hg.h, hg.n, &w, &ql),
+            tq::quant::ldlq::proxy_loss(&hg.h, hg.n, &w, &qr),
         );
         eprintln!("{}: H-weighted error rtn {lr:.5} ldlq {ll:.5}", t.name);
         sum_r += lr;
@@ -269,9 +269,9 @@ fn sequential_hessians_follow_the_quantized_model() {
         "{err}"
     );
 
-    let (b, _) = tq::calib::Hessians::load(&hb).unwrap();
-    let (sq, meta) = tq::calib::Hessians::load(&hs_path).unwrap();
-    let (sf, _) = tq::calib::Hessians::load(&hf).unwrap();
+    let (b, _) = tq::quant::Hessians::load(&hb).unwrap();
+    let (sq, meta) = tq::quant::Hessians::load(&hs_path).unwrap();
+    let (sf, _) = tq::quant::Hessians::load(&hf).unwrap();
     assert_eq!(meta["tq.sequential"], "true");
     assert_eq!(meta["tq.weights"], "tq4_1s");
     assert_eq!(meta["tq.recipe"], "pure");
@@ -323,7 +323,7 @@ fn sequential_hessians_follow_the_quantized_model() {
     let hc = dir.path().join("converted.safetensors");
     let (code, err) = run_tq(&calib_args(&out, &toks, &hc, &[]), None);
     assert_eq!(code, 0, "{err}");
-    let (c, _) = tq::calib::Hessians::load(&hc).unwrap();
+    let (c, _) = tq::quant::Hessians::load(&hc).unwrap();
     for (k, g) in &sq.groups {
         let d = rel_diff(&g.h, &c.groups[k].h);
         let d_batched = rel_diff(&b.groups[k].h, &c.groups[k].h);
@@ -374,7 +374,7 @@ fn sequential_resume_equals_uninterrupted() {
     );
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--resume"), "{err}");
-    let (_, meta) = tq::calib::Hessians::load(&part).unwrap();
+    let (_, meta) = tq::quant::Hessians::load(&part).unwrap();
     assert_eq!(meta["tq.layers_done"], "1");
     assert_eq!(meta["tq.complete"], "false");
     let mut resume: Vec<&str> = seq.to_vec();
@@ -498,9 +498,9 @@ fn sequential_on_smollm2_simulates_the_converted_model() {
     let hc = dir.path().join("c.safetensors");
     let (code, err) = run_tq(&args(&out, &hc, &[]), None);
     assert_eq!(code, 0, "{err}");
-    let (b, _) = tq::calib::Hessians::load(&hb).unwrap();
-    let (sq, _) = tq::calib::Hessians::load(&hs_path).unwrap();
-    let (c, _) = tq::calib::Hessians::load(&hc).unwrap();
+    let (b, _) = tq::quant::Hessians::load(&hb).unwrap();
+    let (sq, _) = tq::quant::Hessians::load(&hs_path).unwrap();
+    let (c, _) = tq::quant::Hessians::load(&hc).unwrap();
     assert_eq!(sq.groups.len(), 120);
     let (mut min_change, mut max_sim) = (f64::INFINITY, 0f64);
     for (k, g) in &sq.groups {
@@ -790,8 +790,8 @@ fn self_generate_is_deterministic_in_range_and_calibrates_on_its_tokens() {
         s(&p("t.safetensors")),
     ]);
     assert_eq!(code, 0, "{err}");
-    let (g, meta) = tq::calib::Hessians::load(&p("a.safetensors")).unwrap();
-    let (t, _) = tq::calib::Hessians::load(&p("t.safetensors")).unwrap();
+    let (g, meta) = tq::quant::Hessians::load(&p("a.safetensors")).unwrap();
+    let (t, _) = tq::quant::Hessians::load(&p("t.safetensors")).unwrap();
     assert!(meta["tq.source"].contains("self-generate 3 windows, seed 7"));
     assert_eq!(g.groups.len(), 8);
     for (k, h) in &g.groups {

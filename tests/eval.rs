@@ -1164,10 +1164,10 @@ fn cli_kv_cache_flags_presets_and_errors() {
 #[test]
 fn cuda_numerics_linear_set_equals_cuda_native_matvec() {
     use std::sync::Arc;
-    use tq::gpu::cuda_native::{matvec, CudaTqPath};
     use tq::gpu::{random_activation, random_weights, Rng};
-    use tq::model::cuda_matmul::CudaWeights;
     use tq::model::layer::{LinearSet, Segment};
+    use tq::numerics::cuda_matmul::CudaWeights;
+    use tq::numerics::cuda_native::{matvec, CudaTqPath};
     use tq::types::{dequantize, TensorType};
 
     let mut rng = Rng(77);

@@ -335,7 +335,7 @@ fn bpe_encoder_matches_tokenizers_library() {
             &std::fs::read_to_string(dir.join(format!("{variant}.json"))).unwrap(),
         )
         .unwrap();
-        let enc = tq::hf::bpe::Encoder::new(&tok).unwrap();
+        let enc = tq::source::hf::bpe::Encoder::new(&tok).unwrap();
         for (t, want) in texts.iter().zip(ids.as_array().unwrap()) {
             let want: Vec<u32> = want
                 .as_array()
@@ -350,7 +350,7 @@ fn bpe_encoder_matches_tokenizers_library() {
     assert!(n >= 25);
     let tok: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("smollm.json")).unwrap()).unwrap();
-    assert_eq!(tq::hf::bpe::detect_pre(&tok).unwrap().0, "smollm");
+    assert_eq!(tq::source::hf::bpe::detect_pre(&tok).unwrap().0, "smollm");
 }
 
 // ---- tiny synthetic models ----

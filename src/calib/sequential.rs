@@ -7,17 +7,17 @@
 //! linear set of a block, in the order the runtime meets them (q/k/v, attn_output, gate/up,
 //! ffn_down): `linear_input` completes that input's Hessian, then `transform_weights` quantizes the
 //! set's weights to their planned type (LDLQ with the just-completed Hessian for TQ types, else
-//! round-to-nearest; [`crate::convert::encode_rows`], the bytes `tq convert` writes) and replaces
+//! round-to-nearest; [`crate::quant::encode_rows`], the bytes `tq convert` writes) and replaces
 //! them by their dequantized values, so the set's output — and everything after it — is the
 //! quantized model's.
 
 use super::Hessians;
 use crate::error::{Error, Result};
-use crate::ldlq::Factor;
 use crate::model::layer::LinearSet;
 use crate::model::runtime::Observer;
 use crate::plan::recipe::{classify, is_tq_weight};
 use crate::plan::Plan;
+use crate::quant::ldlq::Factor;
 use crate::types::TensorType;
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap};
@@ -199,19 +199,19 @@ impl<'q, 'c> Sequential<'q, 'c> {
             let w = &mut set.w[seg.off * k..(seg.off + seg.n) * k];
             w.par_chunks(k)
                 .enumerate()
-                .try_for_each(|(r, row)| crate::convert::check_finite(&seg.name, r as u64, row))?;
+                .try_for_each(|(r, row)| crate::quant::check_finite(&seg.name, r as u64, row))?;
             let factor = match self.hs.for_tensor(&seg.name) {
                 Some(h) if is_tq_weight(dst) && h.n == k => {
                     let key = h.tensors.join(",");
                     if !self.factors.contains_key(&key) {
-                        let f = crate::ldlq::factor_hessian(h, self.q.damp, &seg.name)?;
+                        let f = crate::quant::ldlq::factor_hessian(h, self.q.damp, &seg.name)?;
                         self.factors.insert(key.clone(), Arc::new(f));
                     }
                     Some(self.factors[&key].clone())
                 }
                 _ => None,
             };
-            let bytes = crate::convert::encode_rows(
+            let bytes = crate::quant::encode_rows(
                 dst,
                 &seg.name,
                 w,

@@ -1,14 +1,14 @@
 //! `tq calib MODEL --text FILE [--tokens N --ctx C] -o H.safetensors [--resume]
 //! [--sequential --weights T --recipe R --ldlq-band K --damp D]`
-use crate::calib::run::{self, Options};
-use crate::calib::sequential::SeqQuant;
-use crate::error::{Error, Result};
-use crate::gguf::GgufFile;
-use crate::plan::{self, recipe, Request};
-use crate::source::SourceTensor;
-use crate::types::profile::Profile;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use tq::calib::run::{self, Options};
+use tq::calib::sequential::SeqQuant;
+use tq::error::{Error, Result};
+use tq::gguf::GgufFile;
+use tq::plan::{self, recipe, Request};
+use tq::source::SourceTensor;
+use tq::types::profile::Profile;
 
 #[derive(clap::Args)]
 pub struct CalibArgs {
@@ -188,8 +188,8 @@ fn calibrate(a: &CalibArgs) -> Result<()> {
 
 /// `--self-generate N`: sample the windows from the model (see `calib::selfgen`).
 fn self_generate(a: &CalibArgs, f: &GgufFile, n: usize) -> Result<Vec<u32>> {
-    use crate::calib::selfgen::{generate, GenOptions};
-    use crate::model::runtime::{Model, Numerics};
+    use tq::calib::selfgen::{generate, GenOptions};
+    use tq::model::runtime::{Model, Numerics};
     let bos = f.get_u64("tokenizer.ggml.bos_token_id").ok_or_else(|| {
         Error::bad_input(
             &a.model,

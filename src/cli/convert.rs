@@ -1,10 +1,10 @@
 //! `tq convert INPUT -o OUT.gguf [--weights TYPE] [--recipe R] ...`
-use crate::calib::sequential::SeqQuant;
-use crate::convert::{self, Provenance};
-use crate::error::{Error, Result};
-use crate::plan::{self, recipe, Action, Plan, Request};
-use crate::types::profile::Profile;
 use std::path::{Path, PathBuf};
+use tq::calib::sequential::SeqQuant;
+use tq::convert::{self, Provenance};
+use tq::error::{Error, Result};
+use tq::plan::{self, recipe, Action, Plan, Request};
+use tq::types::profile::Profile;
 
 #[derive(clap::Args)]
 pub struct ConvertArgs {
@@ -100,9 +100,9 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         }
     };
     if let Some(o) = &out {
-        check_output(&a.input, o)?;
+        tq::io::check_output("-o", o, &[&a.input])?;
     }
-    let src = crate::source::open(&a.input, &profile)?;
+    let src = tq::source::open(&a.input, &profile)?;
     let req = request(&a)?;
     let mut plan = plan::plan(src.tensors(), &req, &profile)?;
     let now = SeqQuant::from_plan(
@@ -141,8 +141,8 @@ pub fn run(a: ConvertArgs) -> Result<()> {
             })
         }
         Some(p) => {
-            let (hessians, meta) = crate::calib::Hessians::load(p)?;
-            if let Some(d) = crate::calib::sequential::mismatch(&meta, &now) {
+            let (hessians, meta) = tq::quant::Hessians::load(p)?;
+            if let Some(d) = tq::calib::sequential::mismatch(&meta, &now) {
                 eprintln!(
                     "tq: warning: {}: sequential Hessians were computed for another quantization ({d}); blocks after the first saw activations of a model this conversion does not write (rerun tq calib --sequential with matching flags)",
                     p.display()
@@ -188,8 +188,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         !req.keep_types,
     );
     let version = src.gguf_version();
-    let size =
-        crate::gguf::writer::file_size(version, &md, &convert::tensor_specs(&plan, &profile))?;
+    let size = tq::gguf::writer::file_size(version, &md, &convert::tensor_specs(&plan, &profile))?;
     if a.dry_run {
         print_plan(&plan, &a, size, &profile)?;
         return Ok(());
@@ -271,9 +270,9 @@ fn calibrate_inline(
     text: &Path,
     profile: &Profile,
     sequential: Option<&SeqQuant>,
-) -> Result<crate::calib::Hessians> {
-    use crate::calib::run;
-    if crate::hf::is_model_dir(&a.input) {
+) -> Result<tq::quant::Hessians> {
+    use tq::calib::run;
+    if tq::source::hf::is_model_dir(&a.input) {
         return Err(Error::Usage(format!(
             "{}: calibrating on text (--calib {}) needs a GGUF input (the runtime reads GGUF); convert to GGUF first, then calibrate",
             a.input.display(),
@@ -285,7 +284,7 @@ fn calibrate_inline(
             "tq convert: --calib-ctx must be >= 2 and --calib-batch >= 1".into(),
         ));
     }
-    let f = crate::gguf::GgufFile::open_with(&a.input, profile)?;
+    let f = tq::gguf::GgufFile::open_with(&a.input, profile)?;
     let (tokens, bos) = run::text_tokens(&f, text)?;
     let n_win = a.calib_tokens.min(tokens.len()) / a.calib_ctx;
     if n_win == 0 {
@@ -314,29 +313,6 @@ fn calibrate_inline(
         },
     )?;
     Ok(hs)
-}
-
-fn check_output(input: &Path, out: &Path) -> Result<()> {
-    if let (Ok(a), Ok(b)) = (std::fs::canonicalize(input), std::fs::canonicalize(out)) {
-        if a == b {
-            return Err(Error::Usage(format!(
-                "{}: output is the input file; choose another -o",
-                out.display()
-            )));
-        }
-    }
-    let dir = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    if !dir.is_dir() {
-        return Err(Error::Usage(format!(
-            "{}: output directory {} does not exist",
-            out.display(),
-            dir.display()
-        )));
-    }
-    Ok(())
 }
 
 fn request(a: &ConvertArgs) -> Result<Request<'static>> {
@@ -374,7 +350,7 @@ fn request(a: &ConvertArgs) -> Result<Request<'static>> {
         && output_type.is_none()
         && token_embd_type.is_none();
     Ok(Request {
-        weights: weights.unwrap_or(crate::types::TensorType::TQ4_1S),
+        weights: weights.unwrap_or(tq::types::TensorType::TQ4_1S),
         recipe: recipe.unwrap_or(&recipe::RECIPES[0]),
         overrides,
         output_type,

@@ -1,11 +1,11 @@
 //! `tq eval MODEL --text FILE`: perplexity the way `llama-perplexity` computes it, and with
 //! `--ref REF.gguf` or `--ref-logits FILE` the KL divergence from a reference model.
-use crate::error::{Error, Result};
-use crate::eval::logits_file::{self, Format};
-use crate::eval::{evaluate, EvalResult, Reference, Windows};
-use crate::gguf::GgufFile;
-use crate::model::{Model, Numerics};
 use std::path::{Path, PathBuf};
+use tq::error::{Error, Result};
+use tq::eval::logits_file::{self, Format};
+use tq::eval::{evaluate, EvalResult, Reference, Windows};
+use tq::gguf::GgufFile;
+use tq::model::{Model, Numerics};
 
 #[derive(clap::Args)]
 pub struct EvalArgs {
@@ -88,9 +88,9 @@ pub struct KvArgs {
 }
 
 impl KvArgs {
-    pub fn spec(&self) -> Result<crate::model::KvSpec> {
-        use crate::model::kv;
-        Ok(crate::model::KvSpec {
+    pub fn spec(&self) -> Result<tq::model::KvSpec> {
+        use tq::model::kv;
+        Ok(tq::model::KvSpec {
             k: kv::parse_type(&self.cache_type_k)?,
             v: kv::parse_type(&self.cache_type_v)?,
             rules: self
@@ -100,13 +100,13 @@ impl KvArgs {
                 .collect::<Result<_>>()?,
             auto_asym: self.kv_auto_asym,
             rotate: !self.no_kv_rotation,
-            turbo4: crate::model::Turbo4Table::parse(&self.turbo_codebook)?,
+            turbo4: tq::model::Turbo4Table::parse(&self.turbo_codebook)?,
         })
     }
 }
 
 /// The KV part of a JSON report.
-pub fn kv_json(kv: &crate::model::KvCache, cfg: &crate::model::Config) -> serde_json::Value {
+pub fn kv_json(kv: &tq::model::KvCache, cfg: &tq::model::Config) -> serde_json::Value {
     let (bk, bv) = kv.bits(cfg.n_layer, cfg.head_dim);
     serde_json::json!({
         "types": kv.describe(cfg.n_layer),
@@ -130,7 +130,7 @@ pub fn read_token_file(p: &Path) -> Result<Vec<u32>> {
                     format!(
                         "token {} ('{}') is not a u32 id",
                         i + 1,
-                        crate::error::one_line(w)
+                        tq::error::one_line(w)
                     ),
                 )
             })
@@ -203,7 +203,7 @@ pub fn text_tokens(p: &Path, f: &GgufFile) -> Result<(Vec<u32>, Option<u32>)> {
     if text.ends_with('\n') {
         text.pop();
     }
-    let tok = crate::tokenizer::Tokenizer::from_gguf(f)?;
+    let tok = tq::tokenizer::Tokenizer::from_gguf(f)?;
     let bos = tok.bos();
     let add_bos = bos.is_some() && tok.encode("", true).first() == bos.as_ref();
     Ok((tok.encode(&text, true), if add_bos { bos } else { None }))
@@ -213,7 +213,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
     let numerics = Numerics::parse(&a.numerics).ok_or_else(|| {
         Error::Usage(format!(
             "--numerics {}: expected ggml, f32, cuda (cuda-native) or cuda-q8_0",
-            crate::error::one_line(&a.numerics)
+            tq::error::one_line(&a.numerics)
         ))
     })?;
     let format = match a.logits_format.as_str() {

@@ -1,7 +1,7 @@
 //! `tq inspect FILE [--json]`.
-use crate::error::{Error, Result};
-use crate::types::profile::Profile;
 use std::path::PathBuf;
+use tq::error::{Error, Result};
+use tq::types::profile::Profile;
 
 #[derive(clap::Args)]
 pub struct InspectArgs {
@@ -27,7 +27,7 @@ pub struct InspectArgs {
 
 pub fn run(a: InspectArgs) -> Result<()> {
     let profile = Profile::select(a.target.as_deref(), a.type_map.as_deref())?;
-    let mut r = crate::inspect::inspect(&a.file, &profile, a.full)?;
+    let mut r = tq::inspect::inspect(&a.file, &profile, a.full)?;
     if a.no_tensors {
         r.tensors.clear();
     }
@@ -36,7 +36,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
             .map_err(|e| Error::Usage(format!("JSON encoding failed: {e}")))?;
         println!("{s}");
     } else {
-        print!("{}", crate::inspect::render_text(&r, !a.no_tensors));
+        print!("{}", tq::inspect::render_text(&r, !a.no_tensors));
     }
     Ok(())
 }

@@ -1,11 +1,11 @@
 //! `tq kernels check`: run the bundled GPU decode kernels on the conformance vectors and on random
 //! tensors of real shapes, compare with the CPU reference, exit non-zero beyond tolerance.
 
-use crate::error::{Error, Result};
-use crate::gpu::{self, BackendKind, CheckOptions, OpenError};
-use crate::types::TensorType;
 use clap::{Args, Subcommand, ValueEnum};
 use std::path::PathBuf;
+use tq::error::{Error, Result};
+use tq::gpu::{self, BackendKind, CheckOptions, OpenError};
+use tq::types::TensorType;
 
 #[derive(Args)]
 pub struct KernelsArgs {
@@ -208,7 +208,7 @@ fn check(a: CheckArgs) -> Result<()> {
 
 /// The CUDA models' worst error relative to Σ|w·x| and RMS error relative to |y|, per path.
 fn print_cuda_model(types: &[TensorType]) -> Result<()> {
-    use gpu::cuda_native::{matvec, CudaTqPath};
+    use tq::numerics::cuda_native::{matvec, CudaTqPath};
     let mut rng = gpu::Rng(0x6375_6461);
     println!("CUDA TQ paths, CPU model vs CPU reference (err/S = |y - y_ref| / sum|w*x|):");
     for &ty in types

@@ -1,13 +1,13 @@
 //! `tq kv MODEL`: KV-cache presets. Without `--measure`, a recommendation from the model's shape;
 //! with `--measure --text FILE`, every candidate simulated on the text and the one with the fewest
 //! bits per value whose mean KLD (vs the f16 cache) is under `--max-kld` chosen.
-use crate::error::{Error, Result};
-use crate::eval::logits_file::{self, Format};
-use crate::eval::{evaluate, Reference, Windows};
-use crate::gguf::{GgufFile, GgufWriter, TensorSpec, Value};
-use crate::model::kv_presets::{candidates, recommend, Preset};
-use crate::model::{Config, Model, Numerics};
 use std::path::PathBuf;
+use tq::error::{Error, Result};
+use tq::eval::logits_file::{self, Format};
+use tq::eval::{evaluate, Reference, Windows};
+use tq::gguf::{GgufFile, GgufWriter, TensorSpec, Value};
+use tq::model::kv_presets::{candidates, recommend, Preset};
+use tq::model::{Config, Model, Numerics};
 
 #[derive(clap::Args)]
 pub struct KvArgs {
@@ -62,7 +62,7 @@ fn preset_json(p: &Preset, cfg: &Config) -> serde_json::Value {
         "name": p.name,
         "ctk": p.spec.k.name(),
         "ctv": p.spec.v.name(),
-        "kv_layers": p.spec.rules.iter().map(crate::model::kv_presets::rule_text).collect::<Vec<_>>(),
+        "kv_layers": p.spec.rules.iter().map(tq::model::kv_presets::rule_text).collect::<Vec<_>>(),
         "rotation": p.spec.rotate,
         "bits_per_value": p.bits(cfg),
         "llama_flags": p.llama_flags(),
@@ -87,7 +87,7 @@ fn run_in_pool(a: &KvArgs, threads: usize) -> Result<()> {
             if !cands.iter().any(|p| &p.name == n) {
                 return Err(Error::Usage(format!(
                     "--only {}: no such preset for this model (have: {})",
-                    crate::error::one_line(n),
+                    tq::error::one_line(n),
                     cands
                         .iter()
                         .map(|p| p.name.as_str())
@@ -116,7 +116,7 @@ fn run_in_pool(a: &KvArgs, threads: usize) -> Result<()> {
         };
         let win = Windows::new(&toks, a.ctx, Some(a.chunks), bos)?;
         let batch = (2048 / win.n_ctx).clamp(1, win.n_chunk);
-        let tmp = TempPath(std::env::temp_dir().join(format!(
+        let tmp = tq::io::ScratchFile(std::env::temp_dir().join(format!(
             "tq-kv-ref-{}-{}.logits",
             std::process::id(),
             std::time::SystemTime::now()
@@ -145,7 +145,7 @@ fn run_in_pool(a: &KvArgs, threads: usize) -> Result<()> {
             text.display()
         ));
         let mut w = logits_file::Writer::create(&tmp.0, Format::Tq, &h)?;
-        model.kv = crate::model::KvCache::default();
+        model.kv = tq::model::KvCache::default();
         let base = evaluate(
             &model,
             &win,
@@ -312,14 +312,6 @@ fn run_in_pool(a: &KvArgs, threads: usize) -> Result<()> {
     Ok(())
 }
 
-/// Removes the file when dropped (the reference distributions of --measure).
-struct TempPath(PathBuf);
-impl Drop for TempPath {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// Copy the model with the preset recorded under `tq.kv.*` (engines ignore unknown keys; the
 /// fork reads no TurboQuant metadata, so these are for people and tools).
 fn write_with_preset(
@@ -328,16 +320,7 @@ fn write_with_preset(
     p: &Preset,
     cfg: &Config,
 ) -> Result<()> {
-    if out
-        .canonicalize()
-        .ok()
-        .is_some_and(|o| file.path.canonicalize().ok() == Some(o))
-    {
-        return Err(Error::Usage(format!(
-            "--write {}: refusing to overwrite the input",
-            out.display()
-        )));
-    }
+    tq::io::check_output("--write", out, &[&file.path])?;
     let mut md: Vec<(String, Value)> = file
         .metadata
         .iter()
@@ -353,7 +336,7 @@ fn write_with_preset(
             &p.spec
                 .rules
                 .iter()
-                .map(crate::model::kv_presets::rule_text)
+                .map(tq::model::kv_presets::rule_text)
                 .collect::<Vec<_>>()
                 .join(" "),
         ),

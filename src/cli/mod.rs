@@ -42,9 +42,9 @@ enum Command {
 /// Run `f` in a rayon pool of `--threads` workers (default: all cores), giving it the count.
 pub fn with_thread_pool<R: Send>(
     threads: Option<usize>,
-    f: impl FnOnce(usize) -> crate::error::Result<R> + Send,
-) -> crate::error::Result<R> {
-    use crate::error::Error;
+    f: impl FnOnce(usize) -> tq::error::Result<R> + Send,
+) -> tq::error::Result<R> {
+    use tq::error::Error;
     if threads == Some(0) {
         return Err(Error::Usage("--threads must be at least 1".into()));
     }

@@ -50,7 +50,8 @@ impl Header {
 pub struct Writer {
     out: BufWriter<std::fs::File>,
     tmp: PathBuf,
-    path: PathBuf,
+    /// Removes the temporary file unless `finish` renames it into place.
+    target: crate::io::TempOutput,
     format: Format,
     n_vocab: usize,
     buf: Vec<u8>,
@@ -63,8 +64,8 @@ fn io(p: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
 impl Writer {
     /// Start a file at `path` (written to a temporary name, renamed by [`Writer::finish`]).
     pub fn create(path: &Path, format: Format, h: &Header) -> Result<Writer> {
-        let tmp = path.with_extension("tq-partial");
-        let f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
+        let (target, f) = crate::io::TempOutput::create(path)?;
+        let tmp = target.tmp_path().to_path_buf();
         let mut out = BufWriter::with_capacity(1 << 20, f);
         let mut b = Vec::new();
         match format {
@@ -101,7 +102,7 @@ impl Writer {
         Ok(Writer {
             out,
             tmp,
-            path: path.to_path_buf(),
+            target,
             format,
             n_vocab: h.n_vocab,
             buf: Vec::new(),
@@ -171,9 +172,7 @@ impl Writer {
             .out
             .into_inner()
             .map_err(|e| Error::io(&self.tmp, e.into_error()))?;
-        f.sync_all().map_err(io(&self.tmp))?;
-        drop(f);
-        std::fs::rename(&self.tmp, &self.path).map_err(io(&self.path))
+        self.target.commit(f)
     }
 }
 

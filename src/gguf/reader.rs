@@ -137,7 +137,7 @@ impl GgufFile {
     /// file-backed, so the pages are simply re-read if touched again. Best effort.
     pub fn release(&self, t: &TensorInfo) {
         let start = self.data_offset + t.offset;
-        crate::source::drop_pages(&self.mmap, start, start + t.size);
+        crate::io::drop_pages(&self.mmap, start, start + t.size);
     }
 
     /// Dequantize a whole tensor to f32.

@@ -8,6 +8,7 @@
 use super::value::{GString, Value, ValueType};
 use super::{DEFAULT_ALIGNMENT, MAGIC, MAX_DIMS};
 use crate::error::{Error, Result};
+use crate::io::TempOutput;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -24,6 +25,8 @@ pub struct TensorSpec {
 }
 
 pub struct GgufWriter {
+    /// The temporary file's names; removed on drop unless committed by `finish`.
+    target: TempOutput,
     final_path: PathBuf,
     tmp_path: PathBuf,
     out: Option<BufWriter<File>>,
@@ -158,23 +161,10 @@ impl GgufWriter {
             }
         }
         let (header, _, alignment) = encode_header(version, metadata, tensors)?;
-        let dir = match final_path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let base = final_path.file_name().ok_or_else(|| {
-            Error::Usage(format!(
-                "{}: output path has no file name",
-                final_path.display()
-            ))
-        })?;
-        let tmp_path = dir.join(format!(
-            ".{}.tq-tmp-{}",
-            base.to_string_lossy(),
-            std::process::id()
-        ));
-        let file = File::create(&tmp_path).map_err(|e| Error::io(&tmp_path, e))?;
+        let (target, file) = TempOutput::create(&final_path)?;
+        let tmp_path = target.tmp_path().to_path_buf();
         let mut w = GgufWriter {
+            target,
             final_path,
             tmp_path,
             out: Some(BufWriter::with_capacity(1 << 22, file)),
@@ -294,30 +284,7 @@ impl GgufWriter {
         let file = out
             .into_inner()
             .map_err(|e| Error::io(&self.tmp_path, e.into_error()))?;
-        file.sync_all().map_err(|e| Error::io(&self.tmp_path, e))?;
-        drop(file);
-        std::fs::rename(&self.tmp_path, &self.final_path)
-            .map_err(|e| Error::io(&self.final_path, e))?;
-        if let Some(dir) = self.final_path.parent() {
-            // Make the rename durable; not all filesystems allow opening a directory, so best effort.
-            if let Ok(d) = File::open(if dir.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                dir
-            }) {
-                let _ = d.sync_all();
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Drop for GgufWriter {
-    fn drop(&mut self) {
-        // Not finished (error or panic upstream): remove the temporary file.
-        if self.out.take().is_some() {
-            let _ = std::fs::remove_file(&self.tmp_path);
-        }
+        self.target.commit(file)
     }
 }
 

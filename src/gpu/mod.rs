@@ -21,8 +21,6 @@
 //! [`cuda_native`] models, on the CPU, what the fork's CUDA backend computes for TQ weights (the
 //! q8_0 conversion at load, or the native int8-centroid × q8_1 path), for `tq eval`.
 
-pub mod cuda_native;
-
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(all(feature = "metal", target_os = "macos"))]
@@ -34,7 +32,7 @@ use crate::error::{Error, Result};
 use crate::model::kv::{self, Turbo4Table};
 use crate::types::tq as tqs;
 use crate::types::turbo;
-use crate::types::{dequantize as cpu_dequantize, quantize as cpu_quantize, TensorType};
+use crate::types::{dequantize as cpu_dequantize, TensorType};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -401,6 +399,7 @@ pub fn open_backend(kind: BackendKind) -> std::result::Result<Box<dyn Backend>, 
 
 /// SplitMix64 with Box–Muller Gaussians (the conformance generator's PRNG; inputs only).
 pub use crate::math::splitmix::SplitMix64 as Rng;
+pub use crate::numerics::sample::{dots_of, random_activation, random_weights, reference_dots};
 
 /// A weight or KV tensor shape to test on.
 #[derive(Clone, Debug)]
@@ -452,31 +451,6 @@ pub fn kv_shapes() -> Vec<Shape> {
             cols: 256,
         },
     ]
-}
-
-/// Gaussian weights quantized with the CPU reference quantizer.
-pub fn random_weights(ty: TensorType, rows: usize, cols: usize, rng: &mut Rng) -> Result<Vec<u8>> {
-    let sigma = 0.02 + 0.05 * rng.uniform();
-    let src: Vec<f32> = (0..rows * cols)
-        .map(|_| (rng.gauss() * sigma) as f32)
-        .collect();
-    let mut out = vec![0u8; (rows * cols) / ty.block_size() * ty.block_bytes()];
-    cpu_quantize(ty, &src, &mut out, "random weights")?;
-    Ok(out)
-}
-
-/// An activation like an RMS-normed hidden state: Gaussian with a few large outlier channels.
-pub fn random_activation(n: usize, rng: &mut Rng) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            let g = rng.gauss();
-            if rng.uniform() < 1.0 / 64.0 {
-                (g * 20.0) as f32
-            } else {
-                g as f32
-            }
-        })
-        .collect()
 }
 
 /// Forward turbo rotation of a query row (each 128-group separately, as the engine rotates Q).
@@ -785,38 +759,6 @@ pub fn compare_dots(
         }
     }
     r
-}
-
-/// CPU reference of a mat-vec / Q·K: dequantize each row (CPU reference) and dot with `x` in f64.
-/// Returns the dots and `Σ|w_j·x_j|` per row.
-pub fn reference_dots(
-    ty: TensorType,
-    bytes: &[u8],
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-) -> Result<(Vec<f64>, Vec<f64>)> {
-    let mut w = vec![0f32; rows * cols];
-    cpu_dequantize(ty, bytes, &mut w, "reference")?;
-    Ok(dots_of(&w, rows, cols, x))
-}
-
-/// f64 dots of the rows of `w` (`rows × cols`) with `x`, and `Σ|w_j·x_j|` per row.
-pub fn dots_of(w: &[f32], rows: usize, cols: usize, x: &[f32]) -> (Vec<f64>, Vec<f64>) {
-    let mut dots = Vec::with_capacity(rows);
-    let mut sums = Vec::with_capacity(rows);
-    for r in 0..rows {
-        let row = &w[r * cols..(r + 1) * cols];
-        let (mut d, mut s) = (0f64, 0f64);
-        for (a, b) in row.iter().zip(x) {
-            let p = *a as f64 * *b as f64;
-            d += p;
-            s += p.abs();
-        }
-        dots.push(d);
-        sums.push(s);
-    }
-    (dots, sums)
 }
 
 fn cpu_reference(ty: TensorType, bytes: &[u8]) -> Result<Vec<f32>> {

@@ -18,46 +18,8 @@
 
 use crate::error::{Error, Result};
 use crate::math::hadamard::{fwht, inv_sqrt_len, rht2_forward};
-use crate::math::lloyd_max::{lloyd_max_bits, Dist};
+pub use crate::types::turbo::{turbo_codebook, Turbo4Table};
 use crate::types::{turbo, TensorType};
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
-
-/// The turbo codebooks used by the simulation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Turbo4Table {
-    /// The fork's May-2026 tables (`types::turbo::CB2/CB3/CB4`; the 4-bit one mis-scaled),
-    /// 68-byte turbo4 blocks.
-    May,
-    /// The fork's 2/3-bit tables and Lloyd-Max for a coordinate of a random unit vector in R^128
-    /// at 4 bits (the June-2026 table up to rounding), 66-byte turbo4 blocks.
-    LloydMax,
-    /// Lloyd-Max for the group's own dimension at every width (what `tq codebook --head-dim G`
-    /// emits): differs from the fork's tables on 64-value groups, where the d = 128 tables are
-    /// √2 too narrow.
-    HeadDim,
-}
-
-impl Turbo4Table {
-    pub fn parse(s: &str) -> Result<Turbo4Table> {
-        match s {
-            "may" | "may-2026" => Ok(Turbo4Table::May),
-            "fork" | "lloyd-max" | "june" => Ok(Turbo4Table::LloydMax),
-            "head-dim" => Ok(Turbo4Table::HeadDim),
-            o => Err(Error::Usage(format!(
-                "--turbo-codebook {}: expected fork, may or head-dim",
-                crate::error::one_line(o)
-            ))),
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            Turbo4Table::May => "may",
-            Turbo4Table::LloydMax => "fork",
-            Turbo4Table::HeadDim => "head-dim",
-        }
-    }
-}
 
 /// Cache types of one layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -390,39 +352,6 @@ pub fn hadamard_blocks(x: &mut [f32], n: usize) {
     for b in x.chunks_exact_mut(n) {
         fwht(b);
         b.iter_mut().for_each(|v| *v *= k);
-    }
-}
-
-/// Lloyd-Max centroids (ascending, f32) for a coordinate of a random unit vector in R^d.
-fn lloyd_max_f32(d: usize, bits: u32) -> &'static [f32] {
-    static CACHE: OnceLock<Mutex<HashMap<(usize, u32), &'static [f32]>>> = OnceLock::new();
-    let mut m = CACHE
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    m.entry((d, bits)).or_insert_with(|| {
-        let c: Vec<f32> = lloyd_max_bits(&Dist::Beta { d }, bits)
-            .centroids
-            .iter()
-            .map(|&c| c as f32)
-            .collect();
-        Box::leak(c.into_boxed_slice())
-    })
-}
-
-/// The centroids (ascending) of a turbo type for `g`-value groups with the chosen tables.
-pub fn turbo_codebook(t: TensorType, table: Turbo4Table, g: usize) -> &'static [f32] {
-    let bits = match t {
-        TensorType::Turbo2 => 2,
-        TensorType::Turbo3 => 3,
-        _ => 4,
-    };
-    match (bits, table) {
-        (_, Turbo4Table::HeadDim) => lloyd_max_f32(g, bits),
-        (2, _) => &turbo::CB2,
-        (3, _) => &turbo::CB3,
-        (_, Turbo4Table::May) => &turbo::CB4,
-        (_, Turbo4Table::LloydMax) => lloyd_max_f32(128, 4),
     }
 }
 

@@ -2,11 +2,11 @@
 //! "sets" (weights that share an input: q/k/v, gate/up) multiplied in one pass.
 
 use super::config::{Config, LayerNames};
-use super::cuda_matmul::CudaWeights;
 use super::matmul::{matmul_t, ActRound};
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::gpu::cuda_native::CudaTqPath;
+use crate::numerics::cuda_matmul::CudaWeights;
+use crate::numerics::cuda_native::CudaTqPath;
 use crate::types::TensorType;
 use rayon::prelude::*;
 use std::sync::Arc;

@@ -4,7 +4,6 @@
 
 pub mod attention;
 pub mod config;
-pub mod cuda_matmul;
 pub mod decode;
 pub mod kv;
 pub mod kv_presets;

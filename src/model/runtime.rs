@@ -11,7 +11,7 @@ use super::matmul::{matmul_t, ActRound};
 use super::rope::Rope;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
-use crate::gpu::cuda_native::CudaTqPath;
+use crate::numerics::cuda_native::CudaTqPath;
 use crate::types::TensorType;
 use rayon::prelude::*;
 
@@ -25,7 +25,7 @@ pub enum Numerics {
     /// divergence comparable with llama.cpp's.
     Ggml,
     /// What the fork's CUDA backend computes: TQ4_1S/TQ3_1S weights through its mat-vec kernels
-    /// as [`crate::gpu::cuda_native`] models them (`Native`: `GGML_TQ_NATIVE=1`, int8 centroids ×
+    /// as [`crate::numerics::cuda_native`] models them (`Native`: `GGML_TQ_NATIVE=1`, int8 centroids ×
     /// q8_1 rotated activations; `LoadQ8_0`: the default conversion to q8_0 at load, q8_0 × q8_1),
     /// every other weight type and the KV cache as [`Numerics::Ggml`].
     Cuda(CudaTqPath),
@@ -454,7 +454,7 @@ impl<'a> Model<'a> {
                 let bytes = data.get(v0 * row_bytes..v1 * row_bytes).ok_or_else(|| {
                     Error::bad_input(&self.file.path, format!("{}: data too short", t.name))
                 })?;
-                super::cuda_matmul::CudaWeights::new(path, t.ty, bytes, v1 - v0, e)
+                crate::numerics::cuda_matmul::CudaWeights::new(path, t.ty, bytes, v1 - v0, e)
                     .map_err(|err| Error::bad_input(&self.file.path, format!("{}: {err}", t.name)))?
                     .matmul(hn, rows, &mut logits[v0..], nv);
                 v0 = v1;

@@ -335,7 +335,7 @@ fn unify_attention(entries: &mut [PlanEntry]) {
 
 /// Mark the TQ tensors that have a calibration Hessian of the right size for LDLQ; the others
 /// fall back to round-to-nearest with the reason recorded.
-pub fn assign_ldlq(plan: &mut Plan, hessians: &crate::calib::Hessians, band: usize) {
+pub fn assign_ldlq(plan: &mut Plan, hessians: &crate::quant::Hessians, band: usize) {
     for e in &mut plan.entries {
         if e.action == Action::Copy || !is_tq_weight(e.dst) {
             continue;

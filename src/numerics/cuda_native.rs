@@ -285,7 +285,8 @@ pub fn rotated_q8_1_values(x: &[f32]) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::{random_activation, random_weights, reference_dots, Rng};
+    use crate::math::splitmix::SplitMix64 as Rng;
+    use crate::numerics::sample::{random_activation, random_weights, reference_dots};
 
     #[test]
     fn int8_table_is_rounded_codebook() {

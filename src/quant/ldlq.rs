@@ -124,7 +124,7 @@ pub fn factor(h: &[f64], n: usize, damp: f64, what: &str) -> Result<Factor> {
 
 /// Rotate, damp and factor one calibration Hessian (what `tq convert --calib` and sequential
 /// calibration do for every Hessian group).
-pub fn factor_hessian(h: &crate::calib::Hessian, damp: f64, what: &str) -> Result<Factor> {
+pub fn factor_hessian(h: &crate::quant::Hessian, damp: f64, what: &str) -> Result<Factor> {
     factor(&rotate_hessian(&h.h, h.n), h.n, damp, what)
 }
 

@@ -15,8 +15,8 @@ pub mod vocab;
 
 use crate::error::{Error, Result};
 use crate::gguf::Value;
+use crate::source::st::{SafetensorsFile, StTensor};
 use crate::source::{SourceTensor, TensorSource};
-use crate::st::{SafetensorsFile, StTensor};
 use crate::types::TensorType;
 use config::{Arch, Config};
 use names::Perm;

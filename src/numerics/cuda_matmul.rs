@@ -1,5 +1,5 @@
 //! The TQ4_1S / TQ3_1S mat-muls of `tq eval --numerics cuda*`: every output is computed with the
-//! arithmetic of the fork's CUDA mat-vec kernels as [`crate::gpu::cuda_native`] models them (that
+//! arithmetic of the fork's CUDA mat-vec kernels as [`crate::numerics::cuda_native`] models them (that
 //! module's `matvec` is the oracle; the kernel here is a faster, batched evaluation of it that
 //! gives the same bits).
 //!
@@ -15,7 +15,7 @@
 //! stays in registers; tokens are split into chunks of [`TCHUNK`] for the thread pool.
 
 use crate::error::{Error, Result};
-use crate::gpu::cuda_native::{self as cn, CudaTqPath};
+use crate::numerics::cuda_native::{self as cn, CudaTqPath};
 use crate::types::float::f16_bits_to_f32;
 use crate::types::tq as tqs;
 use crate::types::TensorType;
@@ -396,7 +396,8 @@ pub fn matmul_ref(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::{random_activation, random_weights, Rng};
+    use crate::math::splitmix::SplitMix64 as Rng;
+    use crate::numerics::sample::{random_activation, random_weights};
 
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()

@@ -81,7 +81,7 @@ impl SafetensorsFile {
     /// [`crate::gguf::GgufFile::release`] does), so that streaming keeps RSS bounded.
     pub fn release(&self, t: &StTensor) {
         let start = (self.data_offset + t.start) as u64;
-        crate::source::drop_pages(&self.mmap, start, start + (t.end - t.start) as u64);
+        crate::io::drop_pages(&self.mmap, start, start + (t.end - t.start) as u64);
     }
 
     /// A tensor as f32 (F32, F16, BF16; other dtypes are a clear error).

@@ -29,9 +29,9 @@ pub mod metal;
 pub mod wgpu;
 
 use crate::error::{Error, Result};
-use crate::model::kv::{self, Turbo4Table};
 use crate::types::tq as tqs;
 use crate::types::turbo;
+use crate::types::turbo::{turbo_codebook, Turbo4Table};
 use crate::types::{dequantize as cpu_dequantize, TensorType};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -168,7 +168,7 @@ impl TurboSpec {
 
     /// What `tq eval` / `tq kv` simulate for `ty` with `--turbo-codebook table` on `group`-value
     /// groups (64 for 64-wide heads): turbo4 has the 4-byte May header only with the May table
-    /// (`model::kv::bits_per_value`), the codebook is `model::kv::turbo_codebook`.
+    /// (`model::kv::bits_per_value`), the codebook is `types::turbo::turbo_codebook`.
     pub fn simulated(ty: TensorType, table: Turbo4Table, group: usize) -> Result<TurboSpec> {
         let bits = match ty {
             TensorType::Turbo2 => 2,
@@ -184,7 +184,7 @@ impl TurboSpec {
         Ok(TurboSpec {
             ty,
             layout: turbo::TurboLayout::new(bits, group, header),
-            codebook: kv::turbo_codebook(ty, table, group).to_vec(),
+            codebook: turbo_codebook(ty, table, group).to_vec(),
             tables: vec![table.name()],
         })
     }

@@ -4,7 +4,7 @@
 //! Numerics: `XᵀX` is computed in f32 by faer on fixed 64-column tiles (each tile single-threaded,
 //! so the reduction order never depends on the thread count) and added into f64 accumulators.
 //! Hessians are persisted as safetensors (F64 `[n, n]` tensors named by the weights they serve,
-//! joined by `,`). The calibration that fills them lives in `crate::calib`.
+//! joined by `,`). The calibration that fills them lives in the `calib` room.
 
 use crate::error::{Error, Result};
 use faer::{Accum, MatRef, Par};

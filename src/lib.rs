@@ -3,6 +3,7 @@
 //! Data flows one way: sources (GGUF, safetensors) → plan → quantize (via the type registry)
 //! → streaming GGUF writer. See `docs/design.md`.
 
+pub mod arch;
 pub mod calib;
 pub mod codebook;
 pub mod convert;

@@ -356,9 +356,66 @@ fn token_file_escape_hatch() {
         tq::tokenizer::read_token_file(&p).unwrap(),
         vec![1, 2, 3, 40, 5]
     );
+    // The plain form `tq eval --tokens` documented and `tq calib --save-tokens` writes:
+    // whitespace-separated ids, one window per line, tabs and CRLF included.
+    std::fs::write(&p, "7 8\t9\r\n10\n\n11\n").unwrap();
+    assert_eq!(
+        tq::tokenizer::read_token_file(&p).unwrap(),
+        vec![7, 8, 9, 10, 11]
+    );
     std::fs::write(&p, "1 x\n").unwrap();
     let e = tq::tokenizer::read_token_file(&p).unwrap_err().to_string();
     assert!(e.contains("line 1") && e.contains("\"x\""), "{e}");
+}
+
+/// One BOS policy: the metadata-only rule (used for token files) agrees with the tokenizer's,
+/// and follows llama.cpp: add_bos_token if present, else the vocabulary type's default.
+#[test]
+fn window_bos_policy() {
+    use tq::tokenizer::input::window_bos;
+    let dir = tempfile::tempdir().unwrap();
+    let s = |x: &str| Value::string(x);
+    let strs = |v: &[&str]| Value::Array(ValueType::String, v.iter().map(|x| s(x)).collect());
+    let base = |model: &str, pre: &str| {
+        vec![
+            ("general.architecture".to_string(), s("llama")),
+            ("tokenizer.ggml.model".to_string(), s(model)),
+            ("tokenizer.ggml.pre".to_string(), s(pre)),
+            (
+                "tokenizer.ggml.tokens".to_string(),
+                strs(&["a", "b", "ab", "<s>"]),
+            ),
+            ("tokenizer.ggml.merges".to_string(), strs(&["a b"])),
+            ("tokenizer.ggml.bos_token_id".to_string(), Value::U32(3)),
+        ]
+    };
+    let flag = |b: bool| ("tokenizer.ggml.add_bos_token".to_string(), Value::Bool(b));
+    let cases: Vec<(Vec<(String, Value)>, Option<u32>)> = vec![
+        // gpt2: off by default, on for the LLaMA-3 pre-tokenizers, the key wins.
+        (base("gpt2", "gpt-2"), None),
+        (base("gpt2", "llama-bpe"), Some(3)),
+        ([base("gpt2", "gpt-2"), vec![flag(true)]].concat(), Some(3)),
+        (
+            [base("gpt2", "llama-bpe"), vec![flag(false)]].concat(),
+            None,
+        ),
+        // SentencePiece: on by default.
+        (base("llama", ""), Some(3)),
+    ];
+    for (i, (meta, want)) in cases.iter().enumerate() {
+        let f = write_gguf(dir.path(), &format!("v{i}.gguf"), meta);
+        assert_eq!(window_bos(&f), *want, "case {i}");
+        let tok = Tokenizer::from_gguf(&f).unwrap();
+        assert_eq!(tok.bos().filter(|_| tok.add_bos()), *want, "case {i}");
+    }
+    // A vocabulary the tokenizer does not implement: only the key decides (token files).
+    let mut meta = base("t5", "");
+    assert_eq!(window_bos(&write_gguf(dir.path(), "t5a.gguf", &meta)), None);
+    meta.push(flag(true));
+    assert_eq!(
+        window_bos(&write_gguf(dir.path(), "t5b.gguf", &meta)),
+        Some(3)
+    );
 }
 
 fn write_gguf(dir: &std::path::Path, name: &str, meta: &[(String, Value)]) -> GgufFile {

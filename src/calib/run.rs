@@ -29,18 +29,6 @@ pub struct Options<'a> {
     pub quiet: bool,
 }
 
-/// Tokens of a UTF-8 text file with the model's tokenizer, and the BOS to put at the start of
-/// each window (when the vocabulary adds one, as llama-perplexity does).
-pub fn text_tokens(f: &GgufFile, p: &Path) -> Result<(Vec<u32>, Option<u32>)> {
-    let bytes = std::fs::read(p).map_err(|e| Error::io(p, e))?;
-    let text = String::from_utf8(bytes)
-        .map_err(|e| Error::bad_input(p, format!("not UTF-8 text ({e})")))?;
-    let tok = crate::tokenizer::Tokenizer::from_gguf(f)?;
-    let bos = tok.bos();
-    let add_bos = bos.is_some() && tok.encode("", true).first() == bos.as_ref();
-    Ok((tok.encode(&text, true), if add_bos { bos } else { None }))
-}
-
 /// The first `n_win` windows of `ctx` tokens, with `bos` written at the start of each.
 pub fn make_windows(tokens: &[u32], n_win: usize, ctx: usize, bos: Option<u32>) -> Vec<u32> {
     let mut toks = tokens[..n_win * ctx].to_vec();

@@ -15,9 +15,11 @@
 //! thread count.
 
 use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
 use crate::model::decode::Decoder;
-use crate::model::runtime::Model;
+use crate::model::runtime::{Model, Numerics};
 use rayon::prelude::*;
+use std::path::Path;
 
 pub use crate::math::splitmix::SplitMix64;
 
@@ -139,6 +141,71 @@ pub fn generate(model: &Model, o: &GenOptions) -> Result<(Vec<u32>, GenStats)> {
             output_cached,
         },
     ))
+}
+
+/// `tq calib --self-generate N`: what to sample and where to save it.
+pub struct SelfGenerate<'a> {
+    pub windows: usize,
+    pub ctx: usize,
+    pub seed: u64,
+    pub top_k: usize,
+    /// MiB of dequantized weights kept between decoding steps.
+    pub cache_mib: usize,
+    /// Also write the sampled tokens here (one window per line, readable as a token file).
+    pub save_tokens: Option<&'a Path>,
+}
+
+/// Sample calibration windows from the model at `path` (opened as `f`, run with f32 numerics),
+/// starting each from the vocabulary's BOS; reports the rate on stderr.
+pub fn self_generate(path: &Path, f: &GgufFile, o: &SelfGenerate) -> Result<Vec<u32>> {
+    let bos = f.get_u64("tokenizer.ggml.bos_token_id").ok_or_else(|| {
+        Error::bad_input(
+            path,
+            "no tokenizer.ggml.bos_token_id: --self-generate starts every window from BOS",
+        )
+    })?;
+    if o.windows == 0 || o.top_k == 0 {
+        return Err(Error::Usage(
+            "tq calib: --self-generate N and --top-k must be >= 1".into(),
+        ));
+    }
+    let model = Model::new(f, Numerics::F32)?;
+    let (toks, st) = generate(
+        &model,
+        &GenOptions {
+            windows: o.windows,
+            ctx: o.ctx,
+            bos: u32::try_from(bos).unwrap_or(u32::MAX),
+            seed: o.seed,
+            top_k: o.top_k,
+            cache_bytes: o.cache_mib.saturating_mul(1 << 20),
+            quiet: false,
+        },
+    )?;
+    eprintln!(
+        "tq calib: self-generated {} windows x {} tokens ({} sampled) in {:.1} s: {:.1} tokens/s ({} of {} blocks{} kept dequantized)",
+        o.windows,
+        o.ctx,
+        st.sampled,
+        st.secs,
+        st.sampled as f64 / st.secs.max(1e-9),
+        st.cached_blocks,
+        model.cfg.n_layer,
+        if st.output_cached { " and the output" } else { "" }
+    );
+    if let Some(p) = o.save_tokens {
+        let text: Vec<String> = toks
+            .chunks(o.ctx)
+            .map(|w| {
+                w.iter()
+                    .map(|t| t.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
+        std::fs::write(p, text.join("\n") + "\n").map_err(|e| Error::io(p, e))?;
+    }
+    Ok(toks)
 }
 
 #[cfg(test)]

@@ -13,11 +13,14 @@
 
 use super::Hessians;
 use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
 use crate::model::layer::LinearSet;
 use crate::model::runtime::Observer;
 use crate::plan::recipe::{classify, is_tq_weight};
 use crate::plan::Plan;
 use crate::quant::ldlq::Factor;
+use crate::source::SourceTensor;
+use crate::types::profile::Profile;
 use crate::types::TensorType;
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap};
@@ -52,6 +55,31 @@ impl SeqQuant {
             weights: weights.into(),
             recipe: recipe.into(),
         }
+    }
+
+    /// What `tq convert --weights W --recipe R` of `f` (default target profile) would write,
+    /// reduced to what sequential calibration simulates (`tq calib --sequential`).
+    pub fn for_conversion(
+        f: &GgufFile,
+        weights: &str,
+        recipe: &str,
+        band: usize,
+        damp: f64,
+    ) -> Result<SeqQuant> {
+        let weights = TensorType::parse(weights)?;
+        let r = crate::plan::recipe::parse(recipe)?;
+        let req = crate::plan::Request {
+            weights,
+            recipe: r,
+            overrides: vec![],
+            output_type: None,
+            token_embd_type: None,
+            keep_types: false,
+            strict: false,
+        };
+        let tensors: Vec<SourceTensor> = f.tensors.iter().map(SourceTensor::of_gguf).collect();
+        let p = crate::plan::plan(&tensors, &req, &Profile::default())?;
+        Ok(SeqQuant::from_plan(&p, weights.name(), r.name, band, damp))
     }
 
     fn types_string(&self) -> String {

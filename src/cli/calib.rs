@@ -2,13 +2,13 @@
 //! [--sequential --weights T --recipe R --ldlq-band K --damp D]`
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use tq::calib::input::first_windows;
 use tq::calib::run::{self, Options};
+use tq::calib::selfgen::{self_generate, SelfGenerate};
 use tq::calib::sequential::SeqQuant;
 use tq::error::{Error, Result};
 use tq::gguf::GgufFile;
-use tq::plan::{self, recipe, Request};
-use tq::source::SourceTensor;
-use tq::types::profile::Profile;
+use tq::tokenizer::input::Input;
 
 #[derive(clap::Args)]
 pub struct CalibArgs {
@@ -84,53 +84,22 @@ pub fn run(a: CalibArgs) -> Result<()> {
             "tq calib: --ctx must be >= 2 and --batch >= 1".into(),
         ));
     }
-    let threads = a
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .map_err(|e| Error::Usage(e.to_string()))?;
-    pool.install(|| calibrate(&a))
-}
-
-/// The convert plan for `f` under `--weights`/`--recipe` (default target profile), reduced to
-/// what sequential calibration simulates.
-pub fn seq_quant(f: &GgufFile, a: &CalibArgs) -> Result<SeqQuant> {
-    let weights = plan::parse_type(&a.weights)?;
-    let r = recipe::recipe(&a.recipe).ok_or_else(|| {
-        Error::Usage(format!(
-            "unknown recipe '{}'; recipes: {}",
-            a.recipe,
-            recipe::names().join(", ")
-        ))
-    })?;
-    let req = Request {
-        weights,
-        recipe: r,
-        overrides: vec![],
-        output_type: None,
-        token_embd_type: None,
-        keep_types: false,
-        strict: false,
-    };
-    let tensors: Vec<SourceTensor> = f.tensors.iter().map(SourceTensor::of_gguf).collect();
-    let p = plan::plan(&tensors, &req, &Profile::default())?;
-    Ok(SeqQuant::from_plan(
-        &p,
-        weights.name(),
-        r.name,
-        a.ldlq_band,
-        a.damp,
-    ))
+    super::with_thread_pool(a.threads, |_| calibrate(&a))
 }
 
 fn calibrate(a: &CalibArgs) -> Result<()> {
     let f = GgufFile::open(&a.model)?;
     let mut extra_meta = BTreeMap::new();
     let windows = if let Some(n) = a.self_generate {
-        let windows = self_generate(a, &f, n)?;
+        let o = SelfGenerate {
+            windows: n,
+            ctx: a.ctx,
+            seed: a.seed,
+            top_k: a.top_k,
+            cache_mib: a.gen_cache_mib,
+            save_tokens: a.save_tokens.as_deref(),
+        };
+        let windows = self_generate(&a.model, &f, &o)?;
         extra_meta.insert(
             "tq.source".to_string(),
             format!(
@@ -140,26 +109,41 @@ fn calibrate(a: &CalibArgs) -> Result<()> {
         );
         windows
     } else {
-        let (tokens, bos) = input_tokens(a, &f)?;
-        let n_win = (a.tokens.min(tokens.len())) / a.ctx;
-        if n_win == 0 {
-            return Err(Error::Usage(format!(
+        let input = match (&a.token_file, &a.text) {
+            (Some(p), _) => Input::TokenFile(p),
+            (None, Some(p)) => Input::Text(p),
+            (None, None) => {
+                return Err(Error::Usage(
+                    "tq calib: give --text FILE (or --token-file FILE)".into(),
+                ))
+            }
+        };
+        let (tokens, bos) = input.tokens(&f)?;
+        let windows = first_windows(&tokens, bos, a.tokens, a.ctx).ok_or_else(|| {
+            Error::Usage(format!(
                 "tq calib: the input has {} tokens, fewer than one window of --ctx {}",
                 tokens.len(),
                 a.ctx
-            )));
-        }
-        let src = a.text.as_ref().or(a.token_file.as_ref()).expect("checked");
+            ))
+        })?;
         extra_meta.insert(
             "tq.source".to_string(),
-            src.file_name()
+            input
+                .path()
+                .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
         );
-        run::make_windows(&tokens, n_win, a.ctx, bos)
+        windows
     };
     let seq = if a.sequential {
-        Some(seq_quant(&f, a)?)
+        Some(SeqQuant::for_conversion(
+            &f,
+            &a.weights,
+            &a.recipe,
+            a.ldlq_band,
+            a.damp,
+        )?)
     } else {
         None
     };
@@ -184,75 +168,4 @@ fn calibrate(a: &CalibArgs) -> Result<()> {
         a.output.display()
     );
     Ok(())
-}
-
-/// `--self-generate N`: sample the windows from the model (see `calib::selfgen`).
-fn self_generate(a: &CalibArgs, f: &GgufFile, n: usize) -> Result<Vec<u32>> {
-    use tq::calib::selfgen::{generate, GenOptions};
-    use tq::model::runtime::{Model, Numerics};
-    let bos = f.get_u64("tokenizer.ggml.bos_token_id").ok_or_else(|| {
-        Error::bad_input(
-            &a.model,
-            "no tokenizer.ggml.bos_token_id: --self-generate starts every window from BOS",
-        )
-    })?;
-    if n == 0 || a.top_k == 0 {
-        return Err(Error::Usage(
-            "tq calib: --self-generate N and --top-k must be >= 1".into(),
-        ));
-    }
-    let model = Model::new(f, Numerics::F32)?;
-    let (toks, st) = generate(
-        &model,
-        &GenOptions {
-            windows: n,
-            ctx: a.ctx,
-            bos: u32::try_from(bos).unwrap_or(u32::MAX),
-            seed: a.seed,
-            top_k: a.top_k,
-            cache_bytes: a.gen_cache_mib.saturating_mul(1 << 20),
-            quiet: false,
-        },
-    )?;
-    eprintln!(
-        "tq calib: self-generated {n} windows x {} tokens ({} sampled) in {:.1} s: {:.1} tokens/s ({} of {} blocks{} kept dequantized)",
-        a.ctx,
-        st.sampled,
-        st.secs,
-        st.sampled as f64 / st.secs.max(1e-9),
-        st.cached_blocks,
-        model.cfg.n_layer,
-        if st.output_cached { " and the output" } else { "" }
-    );
-    if let Some(p) = &a.save_tokens {
-        let text: Vec<String> = toks
-            .chunks(a.ctx)
-            .map(|w| {
-                w.iter()
-                    .map(|t| t.to_string())
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            })
-            .collect();
-        std::fs::write(p, text.join("\n") + "\n").map_err(|e| Error::io(p, e))?;
-    }
-    Ok(toks)
-}
-
-fn input_tokens(a: &CalibArgs, f: &GgufFile) -> Result<(Vec<u32>, Option<u32>)> {
-    let bos_id = f.get_u64("tokenizer.ggml.bos_token_id").map(|v| v as u32);
-    if let Some(p) = &a.token_file {
-        let t = super::eval::read_token_file(p)?;
-        let bos = if super::eval::add_bos_from_metadata(f) {
-            bos_id
-        } else {
-            None
-        };
-        return Ok((t, bos));
-    }
-    let p = a
-        .text
-        .as_ref()
-        .ok_or_else(|| Error::Usage("tq calib: give --text FILE (or --token-file FILE)".into()))?;
-    run::text_tokens(f, p)
 }

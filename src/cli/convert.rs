@@ -1,10 +1,12 @@
 //! `tq convert INPUT -o OUT.gguf [--weights TYPE] [--recipe R] ...`
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use tq::calib::input::{calibrate_text, is_hessian_file, TextOptions};
 use tq::calib::sequential::SeqQuant;
 use tq::convert::{self, Provenance};
 use tq::error::{Error, Result};
 use tq::plan::{self, recipe, Action, Plan, Request};
 use tq::types::profile::Profile;
+use tq::types::TensorType;
 
 #[derive(clap::Args)]
 pub struct ConvertArgs {
@@ -83,12 +85,10 @@ pub struct ConvertArgs {
 }
 
 pub fn run(a: ConvertArgs) -> Result<()> {
-    if let Some(n) = a.threads {
-        // Only the first global-pool configuration succeeds; a second call in-process is harmless.
-        let _ = rayon::ThreadPoolBuilder::new()
-            .num_threads(n.max(1))
-            .build_global();
-    }
+    super::with_thread_pool(a.threads, |_| convert(&a))
+}
+
+fn convert(a: &ConvertArgs) -> Result<()> {
     let profile = Profile::select(a.target.as_deref(), a.type_map.as_deref())?;
     let out = match (&a.output, a.dry_run) {
         (Some(o), _) => Some(o.clone()),
@@ -103,7 +103,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         tq::io::check_output("-o", o, &[&a.input])?;
     }
     let src = tq::source::open(&a.input, &profile)?;
-    let req = request(&a)?;
+    let req = request(a)?;
     let mut plan = plan::plan(src.tensors(), &req, &profile)?;
     let now = SeqQuant::from_plan(
         &plan,
@@ -132,7 +132,14 @@ pub fn run(a: ConvertArgs) -> Result<()> {
             None
         }
         Some(p) if calib_text => {
-            let hessians = calibrate_inline(&a, p, &profile, a.calib_sequential.then_some(&now))?;
+            let o = TextOptions {
+                tokens: a.calib_tokens,
+                ctx: a.calib_ctx,
+                batch: a.calib_batch,
+                sequential: a.calib_sequential.then_some(&now),
+                quiet: a.quiet,
+            };
+            let hessians = calibrate_text(&a.input, &profile, p, &o)?;
             plan::assign_ldlq(&mut plan, &hessians, a.ldlq_band);
             Some(convert::Ldlq {
                 hessians,
@@ -166,7 +173,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
             } else {
                 req.recipe.name.into()
             },
-            flags: canonical_flags(&a, &req),
+            flags: canonical_flags(a, &req),
             input_name: a
                 .input
                 .file_name()
@@ -190,7 +197,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     let version = src.gguf_version();
     let size = tq::gguf::writer::file_size(version, &md, &convert::tensor_specs(&plan, &profile))?;
     if a.dry_run {
-        print_plan(&plan, &a, size, &profile)?;
+        print_plan(&plan, a, size, &profile)?;
         return Ok(());
     }
     if !a.quiet {
@@ -240,92 +247,9 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     Ok(())
 }
 
-/// A safetensors file (what `tq calib` writes) rather than calibration text: named
-/// `*.safetensors`, or starting with a little-endian header length followed by `{`.
-fn is_hessian_file(p: &Path) -> Result<bool> {
-    if p.extension().is_some_and(|e| e == "safetensors") {
-        return Ok(true);
-    }
-    use std::io::Read;
-    let mut f = std::fs::File::open(p).map_err(|e| Error::io(p, e))?;
-    let len = f.metadata().map_err(|e| Error::io(p, e))?.len();
-    let mut b = [0u8; 9];
-    let mut got = 0;
-    while got < b.len() {
-        match f.read(&mut b[got..]).map_err(|e| Error::io(p, e))? {
-            0 => break,
-            n => got += n,
-        }
-    }
-    if got < b.len() {
-        return Ok(false);
-    }
-    let n = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
-    Ok(b[8] == b'{' && n >= 2 && n <= len - 8)
-}
-
-/// `--calib TEXT`: calibrate the input on the text (as `tq calib`, in memory, no checkpoints).
-fn calibrate_inline(
-    a: &ConvertArgs,
-    text: &Path,
-    profile: &Profile,
-    sequential: Option<&SeqQuant>,
-) -> Result<tq::quant::Hessians> {
-    use tq::calib::run;
-    if tq::source::hf::is_model_dir(&a.input) {
-        return Err(Error::Usage(format!(
-            "{}: calibrating on text (--calib {}) needs a GGUF input (the runtime reads GGUF); convert to GGUF first, then calibrate",
-            a.input.display(),
-            text.display()
-        )));
-    }
-    if a.calib_ctx < 2 || a.calib_batch == 0 {
-        return Err(Error::Usage(
-            "tq convert: --calib-ctx must be >= 2 and --calib-batch >= 1".into(),
-        ));
-    }
-    let f = tq::gguf::GgufFile::open_with(&a.input, profile)?;
-    let (tokens, bos) = run::text_tokens(&f, text)?;
-    let n_win = a.calib_tokens.min(tokens.len()) / a.calib_ctx;
-    if n_win == 0 {
-        return Err(Error::Usage(format!(
-            "{}: {} tokens, fewer than one window of --calib-ctx {} (with --calib-tokens {})",
-            text.display(),
-            tokens.len(),
-            a.calib_ctx,
-            a.calib_tokens
-        )));
-    }
-    let windows = run::make_windows(&tokens, n_win, a.calib_ctx, bos);
-    let (hs, _) = run::calibrate(
-        &a.input,
-        &f,
-        &windows,
-        &run::Options {
-            ctx: a.calib_ctx,
-            batch: a.calib_batch,
-            output: None,
-            resume: false,
-            sequential,
-            checkpoint_secs: 0.0,
-            extra_meta: Default::default(),
-            quiet: a.quiet,
-        },
-    )?;
-    Ok(hs)
-}
-
 fn request(a: &ConvertArgs) -> Result<Request<'static>> {
-    let weights = a.weights.as_deref().map(plan::parse_type).transpose()?;
-    let recipe = match &a.recipe {
-        Some(r) => Some(recipe::recipe(r).ok_or_else(|| {
-            Error::Usage(format!(
-                "unknown recipe '{r}'; recipes: {}",
-                recipe::names().join(", ")
-            ))
-        })?),
-        None => None,
-    };
+    let weights = a.weights.as_deref().map(TensorType::parse).transpose()?;
+    let recipe = a.recipe.as_deref().map(recipe::parse).transpose()?;
     let mut overrides = a
         .tensor_type
         .iter()
@@ -337,12 +261,12 @@ fn request(a: &ConvertArgs) -> Result<Request<'static>> {
     let output_type = a
         .output_tensor_type
         .as_deref()
-        .map(plan::parse_type)
+        .map(TensorType::parse)
         .transpose()?;
     let token_embd_type = a
         .token_embedding_type
         .as_deref()
-        .map(plan::parse_type)
+        .map(TensorType::parse)
         .transpose()?;
     let keep_types = weights.is_none()
         && recipe.is_none()
@@ -350,7 +274,7 @@ fn request(a: &ConvertArgs) -> Result<Request<'static>> {
         && output_type.is_none()
         && token_embd_type.is_none();
     Ok(Request {
-        weights: weights.unwrap_or(tq::types::TensorType::TQ4_1S),
+        weights: weights.unwrap_or(TensorType::TQ4_1S),
         recipe: recipe.unwrap_or(&recipe::RECIPES[0]),
         overrides,
         output_type,

@@ -1,11 +1,13 @@
 //! `tq eval MODEL --text FILE`: perplexity the way `llama-perplexity` computes it, and with
 //! `--ref REF.gguf` or `--ref-logits FILE` the KL divergence from a reference model.
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use tq::error::{Error, Result};
+use tq::eval::kv::kv_json;
 use tq::eval::logits_file::{self, Format};
 use tq::eval::{evaluate, EvalResult, Reference, Windows};
 use tq::gguf::GgufFile;
-use tq::model::{Model, Numerics};
+use tq::model::{KvSpec, Model, Numerics};
+use tq::tokenizer::input::{window_bos, Input};
 
 #[derive(clap::Args)]
 pub struct EvalArgs {
@@ -53,15 +55,15 @@ pub struct EvalArgs {
     #[arg(long, default_value = "ggml")]
     pub numerics: String,
     #[command(flatten)]
-    pub kv: KvArgs,
+    pub kv: KvCacheArgs,
     /// No progress bar.
     #[arg(long, short = 'q')]
     pub quiet: bool,
 }
 
-/// The simulated KV cache (shared by `tq eval` and `tq kv`).
+/// The simulated KV cache's flags (`tq eval`); the library's form is [`tq::model::KvSpec`].
 #[derive(clap::Args, Clone, Debug)]
-pub struct KvArgs {
+pub struct KvCacheArgs {
     /// KV-cache type for K, simulated like llama.cpp's -ctk (f16 default; f32, bf16, q8_0, q4_0,
     /// q4_1, q5_0, q5_1, iq4_nl, turbo2, turbo3, turbo4). A --ref model keeps f16.
     #[arg(long, visible_aliases = ["ctk", "kv-k"], default_value = "f16")]
@@ -87,126 +89,37 @@ pub struct KvArgs {
     pub turbo_codebook: String,
 }
 
-impl KvArgs {
-    pub fn spec(&self) -> Result<tq::model::KvSpec> {
-        use tq::model::kv;
-        Ok(tq::model::KvSpec {
-            k: kv::parse_type(&self.cache_type_k)?,
-            v: kv::parse_type(&self.cache_type_v)?,
-            rules: self
-                .kv_layers
-                .iter()
-                .map(|r| kv::LayerRule::parse(r))
-                .collect::<Result<_>>()?,
-            auto_asym: self.kv_auto_asym,
-            rotate: !self.no_kv_rotation,
-            turbo4: tq::model::Turbo4Table::parse(&self.turbo_codebook)?,
-        })
+impl KvCacheArgs {
+    pub fn spec(&self) -> Result<KvSpec> {
+        KvSpec::from_names(
+            &self.cache_type_k,
+            &self.cache_type_v,
+            &self.kv_layers,
+            self.kv_auto_asym,
+            !self.no_kv_rotation,
+            &self.turbo_codebook,
+        )
     }
 }
 
-/// The KV part of a JSON report.
-pub fn kv_json(kv: &tq::model::KvCache, cfg: &tq::model::Config) -> serde_json::Value {
-    let (bk, bv) = kv.bits(cfg.n_layer, cfg.head_dim);
-    serde_json::json!({
-        "types": kv.describe(cfg.n_layer),
-        "rotation": kv.rotate,
-        "turbo_codebook": kv.turbo4.name(),
-        "bits_per_value_k": bk,
-        "bits_per_value_v": bv,
-        "bits_per_value": (bk + bv) / 2.0,
-    })
-}
-
-/// Read a `--tokens` file: whitespace-separated u32 ids.
-pub fn read_token_file(p: &Path) -> Result<Vec<u32>> {
-    let s = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
-    s.split_whitespace()
-        .enumerate()
-        .map(|(i, w)| {
-            w.parse::<u32>().map_err(|_| {
-                Error::bad_input(
-                    p,
-                    format!(
-                        "token {} ('{}') is not a u32 id",
-                        i + 1,
-                        tq::error::one_line(w)
-                    ),
-                )
-            })
-        })
-        .collect()
-}
-
-/// Whether llama.cpp's vocabulary would add a BOS token, from metadata alone (used with
-/// `--tokens`, where no tokenizer runs): the explicit flag, else llama.cpp's per-model default.
-pub fn add_bos_from_metadata(f: &GgufFile) -> bool {
-    if let Some(b) = f
-        .get("tokenizer.ggml.add_bos_token")
-        .and_then(|v| v.as_bool())
-    {
-        return b;
+/// `--text` or `--tokens`, if either was given.
+fn input(a: &EvalArgs) -> Option<Input<'_>> {
+    match (&a.tokens, &a.text) {
+        (Some(p), _) => Some(Input::TokenFile(p)),
+        (None, Some(p)) => Some(Input::Text(p)),
+        (None, None) => None,
     }
-    match f.get_str("tokenizer.ggml.model") {
-        Some("llama") | Some("bert") => true,
-        Some("gpt2") => matches!(
-            f.get_str("tokenizer.ggml.pre"),
-            Some(
-                "llama3"
-                    | "llama-v3"
-                    | "llama-bpe"
-                    | "falcon3"
-                    | "falcon-h1"
-                    | "pixtral"
-                    | "midm-2.0"
-                    | "lfm2"
-            )
-        ),
-        _ => false,
-    }
-}
-
-fn bos_id(f: &GgufFile) -> Option<u32> {
-    f.get_u64("tokenizer.ggml.bos_token_id").map(|v| v as u32)
 }
 
 /// The token stream of the input and the BOS that replaces each window's first token (if any).
 fn input_tokens(a: &EvalArgs, f: &GgufFile) -> Result<(Vec<u32>, Option<u32>)> {
-    if let Some(p) = &a.tokens {
-        return token_file_tokens(p, f);
-    }
-    let p = a.text.as_ref().ok_or_else(|| {
-        Error::Usage("tq eval: give --text FILE (or --tokens FILE, or --ref-logits FILE)".into())
-    })?;
-    text_tokens(p, f)
-}
-
-/// A `--tokens` file's ids and the BOS that replaces each window's first token (from metadata:
-/// no tokenizer runs).
-pub fn token_file_tokens(p: &Path, f: &GgufFile) -> Result<(Vec<u32>, Option<u32>)> {
-    let toks = read_token_file(p)?;
-    let bos = if add_bos_from_metadata(f) {
-        bos_id(f)
-    } else {
-        None
-    };
-    Ok((toks, bos))
-}
-
-/// Tokenize a text file with the model's tokenizer the way `llama-perplexity -f` does; returns
-/// the tokens and the BOS that replaces each window's first token (if the vocabulary adds one).
-pub fn text_tokens(p: &Path, f: &GgufFile) -> Result<(Vec<u32>, Option<u32>)> {
-    let bytes = std::fs::read(p).map_err(|e| Error::io(p, e))?;
-    let mut text = String::from_utf8(bytes)
-        .map_err(|e| Error::bad_input(p, format!("not UTF-8 text ({e})")))?;
-    // llama.cpp's -f drops one trailing newline.
-    if text.ends_with('\n') {
-        text.pop();
-    }
-    let tok = tq::tokenizer::Tokenizer::from_gguf(f)?;
-    let bos = tok.bos();
-    let add_bos = bos.is_some() && tok.encode("", true).first() == bos.as_ref();
-    Ok((tok.encode(&text, true), if add_bos { bos } else { None }))
+    input(a)
+        .ok_or_else(|| {
+            Error::Usage(
+                "tq eval: give --text FILE (or --tokens FILE, or --ref-logits FILE)".into(),
+            )
+        })?
+        .tokens(f)
 }
 
 pub fn run(a: EvalArgs) -> Result<()> {
@@ -233,7 +146,6 @@ pub fn run(a: EvalArgs) -> Result<()> {
 fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize) -> Result<()> {
     let file = GgufFile::open(&a.model)?;
     let mut model = Model::new(&file, numerics)?;
-    model.threads = threads;
     model.kv = a.kv.spec()?.resolve(
         model.cfg.n_layer,
         model.cfg.n_head,
@@ -248,9 +160,7 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
     let mut ref_model = None;
     if let Some(r) = &a.reference {
         ref_file = GgufFile::open(r)?;
-        let mut m = Model::new(&ref_file, numerics)?;
-        m.threads = threads;
-        ref_model = Some(m);
+        ref_model = Some(Model::new(&ref_file, numerics)?);
     }
     let (win, reference) = if let Some(rl) = &a.ref_logits {
         let rd = logits_file::Reader::open(rl)?;
@@ -263,14 +173,10 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
                 rl.display()
             )));
         }
-        let bos = if add_bos_from_metadata(&file) {
-            bos_id(&file)
-        } else {
-            None
-        };
+        let bos = window_bos(&file);
         let win = Windows::new(&h.tokens, h.n_ctx, a.chunks.or(Some(h.n_chunk)), bos)?;
-        if a.text.is_some() || a.tokens.is_some() {
-            let (toks, _) = input_tokens(a, &file)?;
+        if let Some(input) = input(a) {
+            let (toks, _) = input.tokens(&file)?;
             if toks.len() < win.tokens.len() || toks[..win.tokens.len()] != win.tokens[..] {
                 return Err(Error::Usage(format!(
                     "the input's tokens differ from those saved in {}; evaluate on the same text",

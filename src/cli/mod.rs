@@ -34,16 +34,14 @@ enum Command {
     /// Compute Lloyd-Max codebooks for a head dim / bit width and emit them for an engine.
     Codebook(codebook::CodebookArgs),
     /// KV-cache presets for a model: recommended -ctk/-ctv, or measured with --measure.
-    Kv(kv::KvArgs),
+    Kv(kv::KvCmdArgs),
     /// Check the bundled GPU decode kernels (CUDA, Metal, WGSL) against the CPU reference.
     Kernels(kernels::KernelsArgs),
 }
 
-/// Run `f` in a rayon pool of `--threads` workers (default: all cores), giving it the count.
-pub fn with_thread_pool<R: Send>(
-    threads: Option<usize>,
-    f: impl FnOnce(usize) -> tq::error::Result<R> + Send,
-) -> tq::error::Result<R> {
+/// The one thread policy, for every command: `--threads N` workers (0 is a usage error), by
+/// default all cores. Resolved once, here; the library runs in the pool it is called from.
+fn thread_pool(threads: Option<usize>) -> tq::error::Result<(rayon::ThreadPool, usize)> {
     use tq::error::Error;
     if threads == Some(0) {
         return Err(Error::Usage("--threads must be at least 1".into()));
@@ -53,6 +51,15 @@ pub fn with_thread_pool<R: Send>(
         .num_threads(n)
         .build()
         .map_err(|e| Error::Usage(format!("cannot start {n} threads: {e}")))?;
+    Ok((pool, n))
+}
+
+/// Run `f` in the [`thread_pool`] for `--threads`, giving it the worker count.
+pub fn with_thread_pool<R: Send>(
+    threads: Option<usize>,
+    f: impl FnOnce(usize) -> tq::error::Result<R> + Send,
+) -> tq::error::Result<R> {
+    let (pool, n) = thread_pool(threads)?;
     pool.install(|| f(n))
 }
 

@@ -6,41 +6,7 @@
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 
-/// The architectures the runtime implements. They share one graph; they differ in RoPE layout,
-/// optional q/k/v biases and per-head q/k RMS norms.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    /// llama, SmolLM, Mistral-style (no biases; rotary pairs are adjacent values).
-    Llama,
-    /// Qwen2: q/k/v biases; NEOX rotary layout (pairs half a head apart).
-    Qwen2,
-    /// Qwen3: per-head RMS norm of q and k before RoPE; NEOX rotary layout.
-    Qwen3,
-}
-
-impl Arch {
-    pub fn from_name(name: &str) -> Option<Arch> {
-        match name {
-            "llama" => Some(Arch::Llama),
-            "qwen2" => Some(Arch::Qwen2),
-            "qwen3" => Some(Arch::Qwen3),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-        }
-    }
-
-    /// ggml's rope mode: adjacent pairs (`LLAMA_ROPE_TYPE_NORM`) or halves (`NEOX`).
-    pub fn rope_neox(self) -> bool {
-        !matches!(self, Arch::Llama)
-    }
-}
+pub use crate::arch::Arch;
 
 /// Everything the forward pass needs to know about the shapes and constants of a model.
 #[derive(Clone, Debug)]
@@ -277,7 +243,7 @@ impl Config {
             check(&n.attn_q_b, &[q], false)?;
             check(&n.attn_k_b, &[kv], false)?;
             check(&n.attn_v_b, &[kv], false)?;
-            let qk_norm = self.arch == Arch::Qwen3;
+            let qk_norm = self.arch.qk_norm();
             check(&n.attn_q_norm, &[hd], qk_norm)?;
             check(&n.attn_k_norm, &[hd], qk_norm)?;
             check(&n.attn_output, &[q, e], true)?;

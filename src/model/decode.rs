@@ -158,7 +158,7 @@ impl<'m, 'a> Decoder<'m, 'a> {
         let (qd, kvd) = (nh * hd, cfg.n_head_kv * hd);
         let ld = qd + 2 * kvd;
         let group = nh / cfg.n_head_kv;
-        let (nff, mp, threads) = (cfg.n_ff, self.max_pos, m.threads);
+        let (nff, mp, threads) = (cfg.n_ff, self.max_pos, m.threads());
         let mut x = m.embed(tokens)?;
         let mut h = vec![0f32; b * e];
         let mut qkv = vec![0f32; b * ld];

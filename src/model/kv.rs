@@ -72,8 +72,8 @@ pub const KV_TYPES: &[&str] = &[
     "turbo4",
 ];
 
-/// Parse a cache type name (as `-ctk` takes it).
-pub fn parse_type(name: &str) -> Result<TensorType> {
+/// Parse a cache type name (as `-ctk` takes it): a registry type that is on [`KV_TYPES`].
+pub fn parse_kv_type(name: &str) -> Result<TensorType> {
     if !KV_TYPES.contains(&name) {
         return Err(Error::Usage(format!(
             "KV cache type '{}' is not supported (one of: {})",
@@ -81,7 +81,7 @@ pub fn parse_type(name: &str) -> Result<TensorType> {
             KV_TYPES.join(", ")
         )));
     }
-    TensorType::from_name(name).ok_or_else(|| Error::Usage(format!("unknown type {name}")))
+    TensorType::parse(name)
 }
 
 /// A per-layer rule from `--kv-layers RANGES=TYPE` (K and V) or `RANGES=KTYPE/VTYPE`
@@ -116,7 +116,7 @@ impl LayerRule {
         let side = |x: &str| -> Result<Option<TensorType>> {
             match x.trim() {
                 "-" => Ok(None),
-                n => parse_type(n).map(Some),
+                n => parse_kv_type(n).map(Some),
             }
         };
         let (k, v) = match t.split_once('/') {
@@ -160,6 +160,30 @@ impl Default for KvSpec {
 }
 
 impl KvSpec {
+    /// The spec from its command-line form (`tq eval`'s flags): `-ctk`/`-ctv` type names,
+    /// `--kv-layers` rules, the auto-asymmetric rule, rotation of quantized stock types, and the
+    /// turbo codebook's name.
+    pub fn from_names(
+        k: &str,
+        v: &str,
+        rules: &[String],
+        auto_asym: bool,
+        rotate: bool,
+        turbo_codebook: &str,
+    ) -> Result<KvSpec> {
+        Ok(KvSpec {
+            k: parse_kv_type(k)?,
+            v: parse_kv_type(v)?,
+            rules: rules
+                .iter()
+                .map(|r| LayerRule::parse(r))
+                .collect::<Result<_>>()?,
+            auto_asym,
+            rotate,
+            turbo4: Turbo4Table::parse(turbo_codebook)?,
+        })
+    }
+
     /// Lay the spec over a model of `n_layer` layers: defaults, the auto-asymmetric rule (as the
     /// engine applies it to `-ctk/-ctv`), then the per-layer rules in order (later ones win).
     pub fn resolve(

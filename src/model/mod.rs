@@ -6,7 +6,6 @@ pub mod attention;
 pub mod config;
 pub mod decode;
 pub mod kv;
-pub mod kv_presets;
 pub mod layer;
 pub mod matmul;
 pub mod rope;

@@ -116,8 +116,9 @@ pub struct Model<'a> {
     pub file: &'a GgufFile,
     pub cfg: Config,
     pub numerics: Numerics,
-    /// Threads given to each large matrix product (the rayon pool decides the rest).
-    pub threads: usize,
+    /// Threads given to each large matrix product: those of the rayon pool the model was made in
+    /// (the caller's; the rest of the work runs in that pool too).
+    threads: usize,
     /// KV-cache types simulated (default f16, as llama.cpp).
     pub kv: KvCache,
     output_norm: Vec<f32>,
@@ -138,6 +139,11 @@ impl<'a> Model<'a> {
             kv: KvCache::default(),
             output_norm,
         })
+    }
+
+    /// Worker threads the large matrix products use (see `threads`).
+    pub(crate) fn threads(&self) -> usize {
+        self.threads
     }
 
     /// The final norm's weight.

@@ -65,24 +65,10 @@ pub fn parse_override(s: &str) -> Result<(Regex, TensorType)> {
             "--tensor-type '{s}': expected REGEX=TYPE, e.g. 'attn_v=q8_0'"
         ))
     })?;
-    let ty = parse_type(ty)?;
+    let ty = TensorType::parse(ty)?;
     let re =
         Regex::new(re).map_err(|e| Error::Usage(format!("--tensor-type '{s}': bad regex: {e}")))?;
     Ok((re, ty))
-}
-
-pub fn parse_type(s: &str) -> Result<TensorType> {
-    TensorType::from_name(s.trim()).ok_or_else(|| {
-        let known: Vec<&str> = crate::types::TYPES
-            .iter()
-            .filter(|t| t.quantize.is_some())
-            .map(|t| t.name)
-            .collect();
-        Error::Usage(format!(
-            "unknown tensor type '{s}'; types tq can write: {}",
-            known.join(", ")
-        ))
-    })
 }
 
 /// Read `--tensor-type-file`: one `REGEX=TYPE` per line, `#` comments.

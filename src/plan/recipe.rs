@@ -1,5 +1,6 @@
 //! Recipes: which type each role of tensor gets, as data. FORMATS.md §2 gives the fork's mixes.
 
+pub use crate::arch::{attention_group, classify, Role};
 use crate::types::TensorType;
 
 /// Where a slot's type comes from.
@@ -10,17 +11,6 @@ pub enum Slot {
     /// The `--weights` type if it is a TurboQuant weight type, else TQ4_1S.
     Tq,
     Fixed(TensorType),
-}
-
-/// Tensor roles the recipes distinguish (llama.cpp tensor names).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    TokenEmbd,
-    Output,
-    Attn,
-    FfnGateUp,
-    FfnDown,
-    Other,
 }
 
 pub struct Recipe {
@@ -105,6 +95,16 @@ pub fn names() -> Vec<&'static str> {
     RECIPES.iter().map(|r| r.name).collect()
 }
 
+/// A recipe by name, or a usage error listing the recipes (`--recipe`).
+pub fn parse(name: &str) -> crate::error::Result<&'static Recipe> {
+    recipe(name).ok_or_else(|| {
+        crate::error::Error::Usage(format!(
+            "unknown recipe '{name}'; recipes: {}",
+            names().join(", ")
+        ))
+    })
+}
+
 impl Slot {
     pub fn resolve(self, weights: TensorType) -> TensorType {
         match self {
@@ -118,44 +118,6 @@ impl Slot {
 
 pub fn is_tq_weight(t: TensorType) -> bool {
     matches!(t, TQ4_1S | TQ3_1S)
-}
-
-/// Classify a tensor by its llama.cpp name: role and layer index.
-pub fn classify(name: &str) -> (Role, Option<u32>) {
-    let layer = name
-        .strip_prefix("blk.")
-        .and_then(|r| r.split('.').next())
-        .and_then(|n| n.parse::<u32>().ok());
-    let base = name.strip_suffix(".weight").unwrap_or(name);
-    let last = base.rsplit('.').next().unwrap_or(base);
-    let role = match last {
-        "token_embd" => Role::TokenEmbd,
-        "output" if layer.is_none() => Role::Output,
-        "attn_q" | "attn_k" | "attn_v" | "attn_output" | "attn_qkv" => Role::Attn,
-        "ffn_gate" | "ffn_up" | "ffn_gate_exps" | "ffn_up_exps" | "ffn_gate_shexp"
-        | "ffn_up_shexp" => Role::FfnGateUp,
-        "ffn_down" | "ffn_down_exps" | "ffn_down_shexp" => Role::FfnDown,
-        _ => Role::Other,
-    };
-    (role, layer)
-}
-
-/// The four attention projections whose types must agree within a layer (FORMATS.md §2: Metal
-/// rotates the activation in place).
-pub fn attention_group(name: &str) -> Option<u32> {
-    let (role, layer) = classify(name);
-    let last = name
-        .strip_suffix(".weight")
-        .unwrap_or(name)
-        .rsplit('.')
-        .next()
-        .unwrap_or("");
-    match (role, layer) {
-        (Role::Attn, Some(l)) if matches!(last, "attn_q" | "attn_k" | "attn_v" | "attn_output") => {
-            Some(l)
-        }
-        _ => None,
-    }
 }
 
 #[cfg(test)]

@@ -11,13 +11,15 @@
 //! `add_eos_token`, with llama.cpp's defaults when those keys are absent.
 
 pub mod bpe;
+pub mod input;
 pub mod pretokenize;
 pub mod spm;
 pub mod unicode;
 
+pub use input::read_token_file;
+
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, Value};
@@ -395,10 +397,6 @@ impl Tokenizer {
             token_to_id.insert(t.as_slice().into(), i as u32);
         }
 
-        // Model-specific defaults (llama.cpp's llama_vocab::impl::load).
-        let (mut bos, mut eos, mut unk): (Option<u32>, Option<u32>, Option<u32>);
-        let mut add_bos;
-        let add_eos = false;
         let pre_name;
         let model = if is_bpe {
             let pre = if pre_raw.is_empty() {
@@ -418,11 +416,6 @@ impl Tokenizer {
             } else {
                 pre_raw.to_string()
             };
-            (bos, eos, unk) = (Some(11), Some(11), None);
-            add_bos = matches!(pre, Pre::Llama3);
-            if matches!(pre, Pre::ChatGlm | Pre::Glm4) {
-                bos = None;
-            }
             let ignore_merges = matches!(pre, Pre::Llama3 | Pre::Glm4);
             let merges = array(f, "tokenizer.ggml.merges")
                 .ok_or_else(|| bad("gpt2 tokenizer without tokenizer.ggml.merges".to_string()))?;
@@ -448,8 +441,6 @@ impl Tokenizer {
             }
         } else {
             pre_name = "default".to_string();
-            (bos, eos, unk) = (Some(1), Some(2), Some(0));
-            add_bos = true;
             let scores = match array(f, "tokenizer.ggml.scores") {
                 None => vec![0.0; n_vocab],
                 Some(v) => {
@@ -469,20 +460,13 @@ impl Tokenizer {
             .and_then(Value::as_bool)
             .unwrap_or(!is_bpe);
 
-        // Special ids: defaults out of range are dropped; metadata ids out of range are ignored.
-        let in_range = |id: Option<u32>| id.filter(|&i| (i as usize) < n_vocab);
-        let meta_id = |key: &str, default: Option<u32>| -> Option<u32> {
-            match f.get_u64(key) {
-                Some(v) if (v as usize) < n_vocab => Some(v as u32),
-                _ => default,
-            }
-        };
-        bos = meta_id("tokenizer.ggml.bos_token_id", in_range(bos));
-        eos = meta_id("tokenizer.ggml.eos_token_id", in_range(eos));
-        unk = meta_id("tokenizer.ggml.unknown_token_id", in_range(unk));
-        let flag = |key: &str| f.get(key).and_then(Value::as_bool);
-        add_bos = flag("tokenizer.ggml.add_bos_token").unwrap_or(add_bos);
-        let add_eos = flag("tokenizer.ggml.add_eos_token").unwrap_or(add_eos);
+        let Specials {
+            bos,
+            eos,
+            unk,
+            add_bos,
+            add_eos,
+        } = Specials::of(f, &model_name, pre_raw, n_vocab);
 
         mark_control_looking(&tokens, &mut attrs);
         set_strip_attrs(f, &pre_name, &token_to_id, &mut attrs);
@@ -816,6 +800,53 @@ impl CSpace for u8 {
     }
 }
 
+/// The special tokens of a vocabulary and whether `encode(.., add_special)` adds BOS / EOS: the
+/// one policy for the tokenizer and for pre-tokenized input ([`input::window_bos`]).
+pub(crate) struct Specials {
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub unk: Option<u32>,
+    pub add_bos: bool,
+    pub add_eos: bool,
+}
+
+impl Specials {
+    /// As llama.cpp's `llama_vocab::impl::load` decides them: the vocabulary type's defaults
+    /// (`tokenizer.ggml.model`, and for gpt2 the pre-tokenizer), overridden by the metadata keys.
+    /// Defaults out of range are dropped; metadata ids out of range are ignored. Vocabulary types
+    /// the tokenizer does not implement still get llama.cpp's defaults here, for `--tokens` input.
+    pub(crate) fn of(f: &GgufFile, model: &str, pre: &str, n_vocab: usize) -> Specials {
+        let (bos, eos, unk, add_bos) = match model {
+            "llama" => (Some(1), Some(2), Some(0), true),
+            "gpt2" => {
+                let pre = Pre::from_name(pre);
+                let bos = match pre {
+                    Some(Pre::ChatGlm | Pre::Glm4) => None,
+                    _ => Some(11),
+                };
+                (bos, Some(11), None, pre == Some(Pre::Llama3))
+            }
+            "bert" => (Some(101), None, Some(100), true),
+            _ => (None, None, None, false),
+        };
+        let in_range = |id: Option<u32>| id.filter(|&i| (i as usize) < n_vocab);
+        let meta_id = |key: &str, default: Option<u32>| -> Option<u32> {
+            match f.get_u64(key) {
+                Some(v) if (v as usize) < n_vocab => Some(v as u32),
+                _ => default,
+            }
+        };
+        let flag = |key: &str| f.get(key).and_then(Value::as_bool);
+        Specials {
+            bos: meta_id("tokenizer.ggml.bos_token_id", in_range(bos)),
+            eos: meta_id("tokenizer.ggml.eos_token_id", in_range(eos)),
+            unk: meta_id("tokenizer.ggml.unknown_token_id", in_range(unk)),
+            add_bos: flag("tokenizer.ggml.add_bos_token").unwrap_or(add_bos),
+            add_eos: flag("tokenizer.ggml.add_eos_token").unwrap_or(false),
+        }
+    }
+}
+
 fn array<'a>(f: &'a GgufFile, key: &str) -> Option<&'a [Value]> {
     f.get(key).and_then(Value::as_array)
 }
@@ -938,27 +969,4 @@ fn set_strip_attrs(
     } else if name.contains("modern-bert") {
         set(attrs, "[MASK]", ATTR_LSTRIP, true);
     }
-}
-
-/// Read pre-tokenized ids (the `--tokens FILE` escape hatch): decimal ids separated by white
-/// space and/or commas; `#` starts a comment to the end of the line.
-pub fn read_token_file(path: &Path) -> Result<Vec<u32>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let mut ids = Vec::new();
-    for (lineno, line) in text.lines().enumerate() {
-        let line = line.split('#').next().unwrap_or("");
-        for tok in line.split(|c: char| c.is_whitespace() || c == ',') {
-            if tok.is_empty() {
-                continue;
-            }
-            let id = tok.parse::<u32>().map_err(|_| {
-                Error::bad_input(
-                    path,
-                    format!("line {}: {tok:?} is not a token id", lineno + 1),
-                )
-            })?;
-            ids.push(id);
-        }
-    }
-    Ok(ids)
 }

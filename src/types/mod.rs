@@ -8,6 +8,7 @@ pub mod float;
 pub mod iquants;
 pub mod kquants;
 pub mod legacy;
+mod parse;
 pub mod profile;
 pub mod tq;
 pub mod turbo;

@@ -6,43 +6,13 @@ use crate::gguf::Value;
 use serde_json::{Map, Value as Json};
 use std::path::{Path, PathBuf};
 
-/// The GGUF architectures tq converts, with the Hugging Face `architectures[0]` names that map to
-/// them (as registered by convert_hf_to_gguf for these model classes).
-pub const SUPPORTED: &[(&str, &[&str])] = &[
-    (
-        "llama",
-        &[
-            "LlamaForCausalLM",
-            "LLaMAForCausalLM",
-            "MistralForCausalLM",
-            "LlamaModel",
-        ],
-    ),
-    ("qwen2", &["Qwen2ForCausalLM", "Qwen2Model"]),
-    ("qwen3", &["Qwen3ForCausalLM", "Qwen3Model"]),
-];
+pub use crate::arch::Arch;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    Llama,
-    Qwen2,
-    Qwen3,
-}
-
-impl Arch {
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-        }
-    }
-}
-
+/// The architectures tq converts, with their Hugging Face classes (for error messages).
 pub fn supported_list() -> String {
-    SUPPORTED
+    Arch::ALL
         .iter()
-        .map(|(a, hf)| format!("{a} ({})", hf.join(", ")))
+        .map(|a| format!("{} ({})", a.name(), a.hf_classes().join(", ")))
         .collect::<Vec<_>>()
         .join("; ")
 }
@@ -105,21 +75,13 @@ impl Config {
                 supported_list()
             ))
         })?;
-        let arch = SUPPORTED
-            .iter()
-            .find(|(_, names)| names.contains(&hf_arch.as_str()))
-            .map(|(a, _)| match *a {
-                "llama" => Arch::Llama,
-                "qwen2" => Arch::Qwen2,
-                _ => Arch::Qwen3,
-            })
-            .ok_or_else(|| {
-                bad(format!(
-                    "unsupported architecture '{}'; tq converts: {}",
-                    crate::error::one_line(&hf_arch),
-                    supported_list()
-                ))
-            })?;
+        let arch = Arch::from_hf_class(&hf_arch).ok_or_else(|| {
+            bad(format!(
+                "unsupported architecture '{}'; tq converts: {}",
+                crate::error::one_line(&hf_arch),
+                supported_list()
+            ))
+        })?;
         let mut c = Config {
             path: path.to_path_buf(),
             hp,

@@ -281,7 +281,7 @@ impl HfSource {
                     )
                 })?;
             if let Some(l) = names::layer_of(&gname) {
-                if l >= config.n_layer {
+                if u64::from(l) >= config.n_layer {
                     return Err(Error::bad_input(
                         shard,
                         format!(

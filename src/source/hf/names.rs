@@ -107,15 +107,7 @@ pub fn map(
     Some((format!("{out}.{suffix}"), perm))
 }
 
-/// The layer number in a GGUF name `blk.N.*`.
-pub fn layer_of(gguf_name: &str) -> Option<u64> {
-    gguf_name
-        .strip_prefix("blk.")?
-        .split('.')
-        .next()?
-        .parse()
-        .ok()
-}
+pub use crate::arch::layer_of;
 
 #[cfg(test)]
 mod tests {

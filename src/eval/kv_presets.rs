@@ -2,9 +2,9 @@
 //! recommendation from a model's shape alone (head dim, GQA ratio, layer count) following the
 //! fork's published behaviour (FORMATS.md §3). `tq kv --measure` ranks them on real text instead.
 
-use super::config::Config;
-use super::kv::{
-    auto_asym_applies, bits_per_value, is_quantized, is_turbo, KvLayer, KvSpec, LayerRule,
+use crate::model::config::Config;
+use crate::model::kv::{
+    self, auto_asym_applies, bits_per_value, is_quantized, is_turbo, KvLayer, KvSpec, LayerRule,
 };
 use crate::types::TensorType;
 
@@ -47,7 +47,7 @@ impl Preset {
         if !self.spec.rotate {
             s += " --no-kv-rotation";
         }
-        if self.spec.turbo4 != super::kv::Turbo4Table::LloydMax {
+        if self.spec.turbo4 != kv::Turbo4Table::LloydMax {
             s += &format!(" --turbo-codebook {}", self.spec.turbo4.name());
         }
         s
@@ -187,7 +187,7 @@ pub fn candidates(cfg: &Config) -> Vec<Preset> {
         });
         c.push(p);
     }
-    if super::kv::turbo_group(cfg.head_dim) != 128 {
+    if kv::turbo_group(cfg.head_dim) != 128 {
         // The fork's tables are fitted to 128-value groups; on other groups an engine built with
         // `tq codebook --head-dim G` tables does better at the same bits.
         for (name, t) in [("turbo4-hd", Turbo4), ("turbo3-hd", Turbo3)] {
@@ -197,7 +197,7 @@ pub fn candidates(cfg: &Config) -> Vec<Preset> {
                 t,
                 "Lloyd-Max tables for this group size (needs `tq codebook` tables in the engine)",
             );
-            p.spec.turbo4 = super::kv::Turbo4Table::HeadDim;
+            p.spec.turbo4 = kv::Turbo4Table::HeadDim;
             c.push(p);
         }
     }
@@ -219,17 +219,17 @@ pub fn recommend(cfg: &Config) -> Recommendation {
     let mut reasons = Vec::new();
     let gqa = cfg.n_head / cfg.n_head_kv.max(1);
     let hd = cfg.head_dim;
-    let t4 = bits_per_value(Turbo4, hd, super::kv::Turbo4Table::LloydMax);
+    let t4 = bits_per_value(Turbo4, hd, kv::Turbo4Table::LloydMax);
     reasons.push(format!(
         "head_dim {hd}: turbo groups of {} values{}; turbo4 costs {t4:.3} bits/value",
-        super::kv::turbo_group(hd),
+        kv::turbo_group(hd),
         if hd % 128 != 0 && hd != 64 {
             " (zero-padded)"
         } else {
             ""
         }
     ));
-    let q4 = bits_per_value(Q4_0, hd, super::kv::Turbo4Table::LloydMax);
+    let q4 = bits_per_value(Q4_0, hd, kv::Turbo4Table::LloydMax);
     let mut p = if t4 >= q4 && hd % 32 == 0 {
         reasons.push(format!(
             "padding makes turbo4 ({t4:.3} bits) no smaller than q4_0 ({q4:.3}): stock rotated q8_0 K / q4_0 V"

@@ -1,0 +1,136 @@
+//! The model architectures tq knows, once for every room: the runtime (`model`) runs them, the
+//! Hugging Face reader (`source::hf`) converts them, and both name them alike. Also the tensor
+//! roles read off llama.cpp tensor names (`blk.N.attn_q.weight` …), which the planner's recipes
+//! and sequential calibration key on.
+
+/// The decoder architectures tq converts from Hugging Face and runs. They share one graph and
+/// differ in RoPE layout, optional q/k/v biases and per-head q/k RMS norms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// llama, SmolLM, Mistral-style (no biases; rotary pairs are adjacent values).
+    Llama,
+    /// Qwen2: q/k/v biases; NEOX rotary layout (pairs half a head apart).
+    Qwen2,
+    /// Qwen3: per-head RMS norm of q and k before RoPE; NEOX rotary layout.
+    Qwen3,
+}
+
+impl Arch {
+    pub const ALL: [Arch; 3] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3];
+
+    /// The architecture a GGUF `general.architecture` names.
+    pub fn from_name(name: &str) -> Option<Arch> {
+        Arch::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// The GGUF `general.architecture` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+
+    /// The Hugging Face `architectures[0]` classes that convert to it (as registered by
+    /// llama.cpp's convert_hf_to_gguf for these model classes).
+    pub fn hf_classes(self) -> &'static [&'static str] {
+        match self {
+            Arch::Llama => &[
+                "LlamaForCausalLM",
+                "LLaMAForCausalLM",
+                "MistralForCausalLM",
+                "LlamaModel",
+            ],
+            Arch::Qwen2 => &["Qwen2ForCausalLM", "Qwen2Model"],
+            Arch::Qwen3 => &["Qwen3ForCausalLM", "Qwen3Model"],
+        }
+    }
+
+    /// The architecture of a Hugging Face `architectures[0]` class.
+    pub fn from_hf_class(class: &str) -> Option<Arch> {
+        Arch::ALL
+            .into_iter()
+            .find(|a| a.hf_classes().contains(&class))
+    }
+
+    /// ggml's rope mode: adjacent pairs (`LLAMA_ROPE_TYPE_NORM`) or halves (`NEOX`).
+    pub fn rope_neox(self) -> bool {
+        !matches!(self, Arch::Llama)
+    }
+
+    /// Per-head RMS norms of q and k (`attn_q_norm` / `attn_k_norm`).
+    pub fn qk_norm(self) -> bool {
+        self == Arch::Qwen3
+    }
+}
+
+/// Tensor roles the recipes distinguish (llama.cpp tensor names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    TokenEmbd,
+    Output,
+    Attn,
+    FfnGateUp,
+    FfnDown,
+    Other,
+}
+
+/// The layer number of a tensor named `blk.N.*`.
+pub fn layer_of(name: &str) -> Option<u32> {
+    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+}
+
+/// Classify a tensor by its llama.cpp name: role and layer index.
+pub fn classify(name: &str) -> (Role, Option<u32>) {
+    let layer = layer_of(name);
+    let base = name.strip_suffix(".weight").unwrap_or(name);
+    let last = base.rsplit('.').next().unwrap_or(base);
+    let role = match last {
+        "token_embd" => Role::TokenEmbd,
+        "output" if layer.is_none() => Role::Output,
+        "attn_q" | "attn_k" | "attn_v" | "attn_output" | "attn_qkv" => Role::Attn,
+        "ffn_gate" | "ffn_up" | "ffn_gate_exps" | "ffn_up_exps" | "ffn_gate_shexp"
+        | "ffn_up_shexp" => Role::FfnGateUp,
+        "ffn_down" | "ffn_down_exps" | "ffn_down_shexp" => Role::FfnDown,
+        _ => Role::Other,
+    };
+    (role, layer)
+}
+
+/// The layer of one of the four attention projections whose types must agree within a layer
+/// (FORMATS.md §2: Metal rotates the activation in place).
+pub fn attention_group(name: &str) -> Option<u32> {
+    let (role, layer) = classify(name);
+    let last = name
+        .strip_suffix(".weight")
+        .unwrap_or(name)
+        .rsplit('.')
+        .next()
+        .unwrap_or("");
+    match (role, layer) {
+        (Role::Attn, Some(l)) if matches!(last, "attn_q" | "attn_k" | "attn_v" | "attn_output") => {
+            Some(l)
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for a in Arch::ALL {
+            assert_eq!(Arch::from_name(a.name()), Some(a));
+            for c in a.hf_classes() {
+                assert_eq!(Arch::from_hf_class(c), Some(a));
+            }
+        }
+        assert_eq!(Arch::from_name("gemma"), None);
+        assert_eq!(Arch::from_hf_class("GemmaForCausalLM"), None);
+        assert_eq!(layer_of("blk.12.attn_q.weight"), Some(12));
+        assert_eq!(layer_of("output.weight"), None);
+    }
+}

@@ -1,0 +1,139 @@
+//! What a calibration runs on, decided once for `tq calib` and `tq convert --calib`: whether a
+//! `--calib` path is a Hessian file or text ([`is_hessian_file`]), the windows of a token stream
+//! ([`first_windows`]), and calibration on a text inside a conversion ([`calibrate_text`]).
+
+use std::io::Read;
+use std::path::Path;
+
+use super::run::{self, make_windows};
+use super::sequential::SeqQuant;
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use crate::quant::Hessians;
+use crate::tokenizer::input::Input;
+use crate::types::profile::Profile;
+
+/// A safetensors file (what `tq calib` writes) rather than calibration text: named
+/// `*.safetensors`, or starting with a little-endian header length followed by `{`.
+pub fn is_hessian_file(p: &Path) -> Result<bool> {
+    if p.extension().is_some_and(|e| e == "safetensors") {
+        return Ok(true);
+    }
+    let mut f = std::fs::File::open(p).map_err(|e| Error::io(p, e))?;
+    let len = f.metadata().map_err(|e| Error::io(p, e))?.len();
+    let mut b = [0u8; 9];
+    let mut got = 0;
+    while got < b.len() {
+        match f.read(&mut b[got..]).map_err(|e| Error::io(p, e))? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    if got < b.len() {
+        return Ok(false);
+    }
+    let n = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+    Ok(b[8] == b'{' && n >= 2 && n <= len - 8)
+}
+
+/// As many whole windows of `ctx` tokens as the first `max_tokens` of `tokens` hold, with `bos`
+/// written at the start of each; None when not even one window fits.
+pub fn first_windows(
+    tokens: &[u32],
+    bos: Option<u32>,
+    max_tokens: usize,
+    ctx: usize,
+) -> Option<Vec<u32>> {
+    let n_win = max_tokens.min(tokens.len()) / ctx.max(1);
+    (n_win > 0).then(|| make_windows(tokens, n_win, ctx, bos))
+}
+
+/// `tq convert --calib TEXT`: how to calibrate on the text first.
+pub struct TextOptions<'a> {
+    /// Calibration tokens (rounded down to whole windows), window length, windows per pass.
+    pub tokens: usize,
+    pub ctx: usize,
+    pub batch: usize,
+    /// Sequential (GPTQ-order) calibration of exactly this conversion.
+    pub sequential: Option<&'a SeqQuant>,
+    pub quiet: bool,
+}
+
+/// Calibrate the GGUF model at `model` on the UTF-8 `text`, as `tq calib` does but in memory and
+/// without checkpoints.
+pub fn calibrate_text(
+    model: &Path,
+    profile: &Profile,
+    text: &Path,
+    o: &TextOptions,
+) -> Result<Hessians> {
+    if crate::source::hf::is_model_dir(model) {
+        return Err(Error::Usage(format!(
+            "{}: calibrating on text (--calib {}) needs a GGUF input (the runtime reads GGUF); convert to GGUF first, then calibrate",
+            model.display(),
+            text.display()
+        )));
+    }
+    if o.ctx < 2 || o.batch == 0 {
+        return Err(Error::Usage(
+            "tq convert: --calib-ctx must be >= 2 and --calib-batch >= 1".into(),
+        ));
+    }
+    let f = GgufFile::open_with(model, profile)?;
+    let (tokens, bos) = Input::Text(text).tokens(&f)?;
+    let windows = first_windows(&tokens, bos, o.tokens, o.ctx).ok_or_else(|| {
+        Error::Usage(format!(
+            "{}: {} tokens, fewer than one window of --calib-ctx {} (with --calib-tokens {})",
+            text.display(),
+            tokens.len(),
+            o.ctx,
+            o.tokens
+        ))
+    })?;
+    let (hs, _) = run::calibrate(
+        model,
+        &f,
+        &windows,
+        &run::Options {
+            ctx: o.ctx,
+            batch: o.batch,
+            output: None,
+            resume: false,
+            sequential: o.sequential,
+            checkpoint_secs: 0.0,
+            extra_meta: Default::default(),
+            quiet: o.quiet,
+        },
+    )?;
+    Ok(hs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_are_whole_and_start_with_bos() {
+        let t: Vec<u32> = (10..20).collect();
+        assert_eq!(
+            first_windows(&t, Some(1), 100, 4),
+            Some(vec![1, 11, 12, 13, 1, 15, 16, 17])
+        );
+        assert_eq!(first_windows(&t, None, 5, 4), Some(vec![10, 11, 12, 13]));
+        assert_eq!(first_windows(&t, None, 3, 4), None);
+    }
+
+    #[test]
+    fn hessian_files_are_told_from_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = dir.path().join("t.txt");
+        std::fs::write(&text, "Once upon a time").unwrap();
+        assert!(!is_hessian_file(&text).unwrap());
+        let st = dir.path().join("h.bin");
+        let mut b = 2u64.to_le_bytes().to_vec();
+        b.extend_from_slice(b"{}");
+        std::fs::write(&st, b).unwrap();
+        assert!(is_hessian_file(&st).unwrap());
+        assert!(is_hessian_file(&dir.path().join("missing.safetensors")).unwrap());
+    }
+}

@@ -5,11 +5,11 @@
 //! - this file: the block layout (constants, codebooks, rotation, packing) and the registry
 //!   entry points (`quantize_tq4_1s`, `quantize_tq3_1s`, `dequantize_*`), the fastest bit-exact
 //!   paths for the CPU;
-//! - [`reference`]: the scalar reference (`*_ref`), which reproduces the fork's
+//! - `reference`: the scalar reference (`*_ref`), which reproduces the fork's
 //!   `quantize_row_tq*_1s_ref` / `dequantize_row_tq*_1s` f32 arithmetic operation by operation
 //!   (every op rounded on its own, same order), so that its output is byte-exact with the
 //!   conformance vectors;
-//! - [`simd`]: the cross-block quantizers (8 blocks at once, one block per SIMD lane; AVX2 when
+//! - `simd`: the cross-block quantizers (8 blocks at once, one block per SIMD lane; AVX2 when
 //!   the CPU has it, else portable lane loops).
 //!
 //! Every optimized kernel is held bit-equal to the reference by the tests beside it.

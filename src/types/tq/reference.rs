@@ -1,7 +1,7 @@
 //! The scalar reference TQ4_1S / TQ3_1S encoder and decoder: the fork's
 //! `quantize_row_tq*_1s_ref` / `dequantize_row_tq*_1s` in f32, operation by operation (every op
 //! rounded on its own, same order). The conformance vectors pin these bytes; every faster path
-//! in [`super`] and [`super::simd`] is tested bit-equal to them.
+//! in `super` and `super::simd` is tested bit-equal to them.
 
 use super::{
     forward_rotate, get_scales, inv_of, inverse_rotate, pack_tq3, pack_tq4, tq_index, unpack_tq3,

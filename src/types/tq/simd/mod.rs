@@ -1,6 +1,6 @@
 //! Cross-block TQ quantizers: `LANES` blocks at once in structure-of-arrays form (element `j`
 //! of block `l` is lane `l` of vector `j`). Every lane runs exactly the f32 operations of the
-//! scalar reference ([`super::reference`]) for its block, in the same order, with the same
+//! scalar reference (`super::reference`) for its block, in the same order, with the same
 //! operands, so the output is bit-equal (held by the `lanes_*` tests below):
 //! - the index is a branchless binary search over the sorted thresholds done lane-wise
 //!   (threshold and centroid lookups by in-register permutes on AVX2, a compare/select chain in
@@ -11,8 +11,8 @@
 //!   repeat those of the previous round, so every later round reproduces the same d), at most
 //!   `REFINE_ROUNDS` rounds: lanes that converged earlier just repeat their fixed point.
 //!
-//! Two backends implement the lane operations: [`avx2`] intrinsics (x86-64, chosen at run time;
-//! no FMA, which would fuse and change the rounding) and [`portable`] `[f32; LANES]` loops that
+//! Two backends implement the lane operations: `avx2` intrinsics (x86-64, chosen at run time;
+//! no FMA, which would fuse and change the rounding) and `portable` `[f32; LANES]` loops that
 //! the compiler vectorizes for the baseline target.
 
 #[cfg(target_arch = "x86_64")]

@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 use tq::types::tq::{
     dequantize_tq3_1s, dequantize_tq3_1s_ref, dequantize_tq4_1s, dequantize_tq4_1s_ref,
     quantize_tq3_1s, quantize_tq3_1s_portable, quantize_tq3_1s_ref, quantize_tq4_1s,
-    quantize_tq4_1s_portable, quantize_tq4_1s_ref, quantize_tq4_1s_scalar, QK, TQ3_BYTES,
-    TQ4_BYTES,
+    quantize_tq4_1s_portable, quantize_tq4_1s_ref, QK, TQ3_BYTES, TQ4_BYTES,
 };
 
 /// CPU time of the calling thread in seconds (Linux: `/proc/thread-self/schedstat`), if known.
@@ -109,16 +108,11 @@ fn main() {
         std::arch::is_x86_feature_detected!("avx2")
     );
     println!("| path | M values/s (wall) | M values/s (CPU time) |\n|---|---|---|");
-    let quants: [(&str, usize, QFn); 7] = [
+    let quants: [(&str, usize, QFn); 6] = [
         (
             "tq4_1s quantize (scalar reference)",
             TQ4_BYTES,
             quantize_tq4_1s_ref,
-        ),
-        (
-            "tq4_1s quantize (scalar optimized)",
-            TQ4_BYTES,
-            quantize_tq4_1s_scalar,
         ),
         (
             "tq4_1s quantize (portable cross-block)",

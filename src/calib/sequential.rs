@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::model::layer::LinearSet;
 use crate::model::runtime::Observer;
-use crate::plan::recipe::{classify, is_tq_weight};
+use crate::plan::recipe::classify;
 use crate::plan::Plan;
 use crate::quant::ldlq::Factor;
 use crate::source::SourceTensor;
@@ -229,7 +229,7 @@ impl<'q, 'c> Sequential<'q, 'c> {
                 .enumerate()
                 .try_for_each(|(r, row)| crate::quant::check_finite(&seg.name, r as u64, row))?;
             let factor = match self.hs.for_tensor(&seg.name) {
-                Some(h) if is_tq_weight(dst) && h.n == k => {
+                Some(h) if dst.is_tq_weight() && h.n == k => {
                     let key = h.tensors.join(",");
                     if !self.factors.contains_key(&key) {
                         let f = crate::quant::ldlq::factor_hessian(h, self.q.damp, &seg.name)?;

@@ -211,10 +211,7 @@ fn print_cuda_model(types: &[TensorType]) -> Result<()> {
     use tq::numerics::cuda_native::{matvec, CudaTqPath};
     let mut rng = gpu::Rng(0x6375_6461);
     println!("CUDA TQ paths, CPU model vs CPU reference (err/S = |y - y_ref| / sum|w*x|):");
-    for &ty in types
-        .iter()
-        .filter(|t| matches!(t, TensorType::TQ4_1S | TensorType::TQ3_1S))
-    {
+    for &ty in types.iter().filter(|t| t.is_tq_weight()) {
         for s in gpu::smollm2_weight_shapes() {
             let w = gpu::random_weights(ty, s.rows, s.cols, &mut rng)?;
             let x = gpu::random_activation(s.cols, &mut rng);

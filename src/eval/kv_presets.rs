@@ -4,7 +4,7 @@
 
 use crate::model::config::Config;
 use crate::model::kv::{
-    self, auto_asym_applies, bits_per_value, is_quantized, is_turbo, KvLayer, KvSpec, LayerRule,
+    self, auto_asym_applies, bits_per_value, KvLayer, KvSpec, LayerRule,
 };
 use crate::types::TensorType;
 
@@ -31,7 +31,7 @@ impl Preset {
     /// Environment the engine needs for this preset.
     pub fn env(&self) -> Vec<String> {
         let mut e = Vec::new();
-        let stock_quant = |t: TensorType| is_quantized(t) && !is_turbo(t);
+        let stock_quant = |t: TensorType| t.is_quantized() && !t.is_turbo();
         if !self.spec.rotate && (stock_quant(self.spec.k) || stock_quant(self.spec.v)) {
             e.push("LLAMA_ATTN_ROT_DISABLE=1".to_string());
         }
@@ -243,7 +243,7 @@ pub fn recommend(cfg: &Config) -> Recommendation {
             "fork: ~+0.2% PPL vs q8_0 published",
         )
     };
-    if is_turbo(p.spec.k)
+    if p.spec.k.is_turbo()
         && auto_asym_applies(
             KvLayer {
                 k: p.spec.k,

@@ -477,11 +477,10 @@ pub struct Conformance {
 
 /// The conformance file name for a type (`tq4_1s.json`, `turbo3_0.json`).
 pub fn conformance_file(ty: TensorType) -> String {
-    match ty {
-        TensorType::Turbo2 | TensorType::Turbo3 | TensorType::Turbo4 => {
-            format!("{}_0.json", ty.name())
-        }
-        _ => format!("{}.json", ty.name()),
+    if ty.is_turbo() {
+        format!("{}_0.json", ty.name())
+    } else {
+        format!("{}.json", ty.name())
     }
 }
 
@@ -768,10 +767,6 @@ fn cpu_reference(ty: TensorType, bytes: &[u8]) -> Result<Vec<f32>> {
     Ok(out)
 }
 
-fn is_tq(ty: TensorType) -> bool {
-    matches!(ty, TensorType::TQ4_1S | TensorType::TQ3_1S)
-}
-
 // ---------------------------------------------------------------------------------------------
 // The harness
 // ---------------------------------------------------------------------------------------------
@@ -873,7 +868,7 @@ pub fn check(backend: &mut dyn Backend, opts: &CheckOptions) -> Result<Report> {
         rep.results
             .push(compare_exact(ty, "random-bytes", &got, &want));
         // 3. Real shapes: quantized Gaussian tensors, dequantize + dot.
-        if is_tq(ty) {
+        if ty.is_tq_weight() {
             let mut shapes = smollm2_weight_shapes();
             if opts.quick {
                 shapes.truncate(2);
@@ -922,7 +917,7 @@ pub fn check(backend: &mut dyn Backend, opts: &CheckOptions) -> Result<Report> {
             }
         }
         // 4. The other turbo layouts and codebooks `tq eval` / `tq kv` simulate.
-        if !is_tq(ty) {
+        if !ty.is_tq_weight() {
             for spec in turbo_specs(ty)?.into_iter().filter(|s| !s.is_stock()) {
                 check_turbo_variant(backend, &spec, opts, &mut rng, &mut rep)?;
             }
@@ -1042,7 +1037,7 @@ fn random_weights_fast(ty: TensorType, values: usize, rng: &mut Rng) -> Vec<u8> 
     let nb = values / ty.block_size();
     let bb = ty.block_bytes();
     let mut out = rng.bytes(nb * bb);
-    let scale_bytes = if is_tq(ty) { 4 } else { 2 };
+    let scale_bytes = if ty.is_tq_weight() { 4 } else { 2 };
     for b in out.chunks_exact_mut(bb) {
         for k in (0..scale_bytes).step_by(2) {
             // f16 in [2^-8, 2^-6): exponent 7..8, random mantissa.
@@ -1083,7 +1078,7 @@ fn conformance_dots(
             }
         }
     }
-    let kind = if is_tq(ty) {
+    let kind = if ty.is_tq_weight() {
         KernelKind::MatVec
     } else {
         KernelKind::QkDot
@@ -1092,11 +1087,11 @@ fn conformance_dots(
     for (cols, bytes) in by_len {
         let rows = bytes.len() / (cols / ty.block_size() * ty.block_bytes());
         let mut x = random_activation(cols, rng);
-        if !is_tq(ty) {
+        if !ty.is_tq_weight() {
             x = rotate_query(&x);
         }
         let (dots, sums) = reference_dots(ty, &bytes, rows, cols, &x)?;
-        let got = if is_tq(ty) {
+        let got = if ty.is_tq_weight() {
             backend.matvec(ty, &bytes, rows, cols, &x)?
         } else {
             backend.qk_dot(ty, &bytes, rows, cols, &x)?
@@ -1118,7 +1113,7 @@ fn conformance_dots(
 /// Row length used for a conformance case of `n` values: TQ cases are one row; turbo cases are
 /// rows of 128 (one KV head each).
 fn tq_row_cols(ty: TensorType, n: usize) -> usize {
-    if is_tq(ty) {
+    if ty.is_tq_weight() {
         n
     } else {
         turbo::QK_TURBO

@@ -55,17 +55,6 @@ impl Default for KvCache {
     }
 }
 
-pub fn is_turbo(t: TensorType) -> bool {
-    matches!(
-        t,
-        TensorType::Turbo2 | TensorType::Turbo3 | TensorType::Turbo4
-    )
-}
-
-pub fn is_quantized(t: TensorType) -> bool {
-    !matches!(t, TensorType::F32 | TensorType::F16 | TensorType::BF16)
-}
-
 /// Types an engine accepts for the K/V cache (llama.cpp's `-ctk/-ctv` list plus the fork's turbo).
 pub const KV_TYPES: &[&str] = &[
     "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "turbo2", "turbo3",
@@ -231,7 +220,7 @@ impl KvSpec {
 
 /// Whether the fork's auto-asymmetric rule promotes K to q8_0 (FORMATS.md §3).
 pub fn auto_asym_applies(l: KvLayer, n_head: usize, n_head_kv: usize) -> bool {
-    is_turbo(l.k) && l.k == l.v && n_head_kv > 0 && n_head / n_head_kv >= 6
+    l.k.is_turbo() && l.k == l.v && n_head_kv > 0 && n_head / n_head_kv >= 6
 }
 
 /// Values per turbo group for a head dimension (FORMATS.md §3).
@@ -245,7 +234,7 @@ pub fn turbo_group(head_dim: usize) -> usize {
 
 /// Bits per stored value of cache type `t` on heads of `head_dim` (padding included).
 pub fn bits_per_value(t: TensorType, head_dim: usize, table: Turbo4Table) -> f64 {
-    if is_turbo(t) {
+    if t.is_turbo() {
         let g = turbo_group(head_dim);
         let idx_bits = match t {
             TensorType::Turbo2 => 2,
@@ -296,7 +285,7 @@ impl KvCache {
                         info.name
                     )));
                 }
-                if !is_turbo(t) && head_dim % info.block_size != 0 {
+                if !t.is_turbo() && head_dim % info.block_size != 0 {
                     return Err(Error::Unsupported(format!(
                         "layer {l}: {which} cache type {} needs heads that are a multiple of {} (head dim {head_dim}); choose another type",
                         info.name, info.block_size
@@ -351,7 +340,7 @@ impl KvCache {
 impl KvLayer {
     /// Rotation size applied to K (and queries), if any.
     pub fn k_rotation(&self, rotate: bool, head_dim: usize) -> Option<usize> {
-        if !rotate || !is_quantized(self.k) || is_turbo(self.k) || head_dim % 64 != 0 {
+        if !rotate || !self.k.is_quantized() || self.k.is_turbo() || head_dim % 64 != 0 {
             return None;
         }
         let mut n = 64;
@@ -363,7 +352,7 @@ impl KvLayer {
 
     /// Rotation size applied to V (and rotated back on the output), if any.
     pub fn v_rotation(&self, rotate: bool, head_dim: usize) -> Option<usize> {
-        if !rotate || !is_quantized(self.v) || is_turbo(self.v) || head_dim % 64 != 0 {
+        if !rotate || !self.v.is_quantized() || self.v.is_turbo() || head_dim % 64 != 0 {
             return None;
         }
         Some(64)
@@ -400,7 +389,7 @@ pub fn round_trip(t: TensorType, table: Turbo4Table, x: &mut [f32]) {
         TensorType::BF16 => x
             .iter_mut()
             .for_each(|v| *v = half::bf16::from_f32(*v).to_f32()),
-        t if is_turbo(t) => {
+        t if t.is_turbo() => {
             let g = turbo_group(x.len());
             let cb = turbo_codebook(t, table, g);
             for part in x.chunks_mut(g) {

@@ -153,7 +153,7 @@ impl LinearSet {
     pub fn prepare_cuda(&mut self, f: &GgufFile, path: CudaTqPath) -> Result<usize> {
         let mut count = 0;
         for seg in &mut self.segments {
-            if !matches!(seg.ty, TensorType::TQ4_1S | TensorType::TQ3_1S) {
+            if !seg.ty.is_tq_weight() {
                 continue;
             }
             let t = f

@@ -12,7 +12,6 @@ use super::rope::Rope;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::numerics::cuda_native::CudaTqPath;
-use crate::types::TensorType;
 use rayon::prelude::*;
 
 /// How activations meet the weights.
@@ -172,7 +171,7 @@ impl<'a> Model<'a> {
             .tensors
             .iter()
             .filter(|t| {
-                matches!(t.ty, TensorType::TQ4_1S | TensorType::TQ3_1S)
+                t.ty.is_tq_weight()
                     && (t.name.starts_with("blk.") || t.name == self.output_name())
                     && t.dims.len() == 2
             })
@@ -447,9 +446,7 @@ impl<'a> Model<'a> {
             hn
         };
         let mut logits = vec![0f32; rows * nv];
-        if let (Some(path), TensorType::TQ4_1S | TensorType::TQ3_1S) =
-            (self.numerics.cuda_path(), t.ty)
-        {
+        if let Some(path) = self.numerics.cuda_path().filter(|_| t.ty.is_tq_weight()) {
             // A TQ output projection under CUDA numerics (never in the fork's recipes, but
             // possible): through the CUDA model, in the same vocabulary slices.
             let data = self.file.tensor_data(t);

@@ -213,7 +213,7 @@ pub fn matvec(
     cols: usize,
     x: &[f32],
 ) -> Result<Vec<f32>> {
-    if !matches!(ty, TensorType::TQ4_1S | TensorType::TQ3_1S) {
+    if !ty.is_tq_weight() {
         return Err(Error::Unsupported(format!(
             "{ty}: the CUDA model covers tq4_1s and tq3_1s weights only"
         )));

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::source::SourceTensor;
 use crate::types::profile::Profile;
 use crate::types::TensorType;
-use recipe::{classify, is_tq_weight, Recipe, Role};
+use recipe::{classify, Recipe, Role};
 use regex::Regex;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -136,7 +136,7 @@ pub fn plan(tensors: &[SourceTensor], req: &Request, profile: &Profile) -> Resul
                 "{}: quantization to {} is not supported by tq yet",
                 e.name, e.dst
             )));
-        } else if matches!(e.src, TensorType::F32 | TensorType::F16 | TensorType::BF16) {
+        } else if e.src.is_float() {
             Action::Quantize
         } else {
             e.reasons.push(format!(
@@ -245,7 +245,7 @@ fn choose(t: &SourceTensor, req: &Request, n_layers: u32) -> PlanEntry {
 
 /// Engine constraints that can change a chosen type, each reported as a fallback.
 fn apply_constraints(e: &mut PlanEntry) {
-    if is_tq_weight(e.dst) && classify(&e.name).0 == Role::TokenEmbd {
+    if e.dst.is_tq_weight() && classify(&e.name).0 == Role::TokenEmbd {
         e.reasons.push(format!("fallback {} -> q8_0: token_embd is never a TQ type (the fork's CUDA get_rows lacks TQ)", e.dst));
         e.dst = TensorType::Q8_0;
         e.fallback = true;
@@ -323,7 +323,7 @@ fn unify_attention(entries: &mut [PlanEntry]) {
 /// fall back to round-to-nearest with the reason recorded.
 pub fn assign_ldlq(plan: &mut Plan, hessians: &crate::quant::Hessians, band: usize) {
     for e in &mut plan.entries {
-        if e.action == Action::Copy || !is_tq_weight(e.dst) {
+        if e.action == Action::Copy || !e.dst.is_tq_weight() {
             continue;
         }
         match hessians.for_tensor(&e.name) {

@@ -109,15 +109,11 @@ impl Slot {
     pub fn resolve(self, weights: TensorType) -> TensorType {
         match self {
             Weights => weights,
-            Tq if is_tq_weight(weights) => weights,
+            Tq if weights.is_tq_weight() => weights,
             Tq => TQ4_1S,
             Fixed(t) => t,
         }
     }
-}
-
-pub fn is_tq_weight(t: TensorType) -> bool {
-    matches!(t, TQ4_1S | TQ3_1S)
 }
 
 #[cfg(test)]

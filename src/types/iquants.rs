@@ -32,6 +32,10 @@ pub const IQ4_NL_BYTES: usize = 18;
 pub const QK_K: usize = 256;
 pub const IQ4_XS_BYTES: usize = 136;
 
+// Layouts (the table above).
+const _: () = assert!(IQ4_NL_BYTES == size_of::<u16>() + QK4_NL / 2);
+const _: () = assert!(IQ4_XS_BYTES == 2 * size_of::<u16>() + QK_K / 64 + QK_K / 2);
+
 #[inline(always)]
 fn f16_at(b: &[u8], i: usize) -> f32 {
     f16_bits_to_f32(u16::from_le_bytes([b[i], b[i + 1]]))

@@ -24,6 +24,14 @@ pub const Q5_0_BYTES: usize = 22;
 pub const Q5_1_BYTES: usize = 24;
 pub const Q8_0_BYTES: usize = 34;
 
+// Layouts (the table above): f16 scales, then `qh: u32` for the 5-bit types, then `qs`.
+const F16: usize = size_of::<u16>();
+const _: () = assert!(Q4_0_BYTES == F16 + QK / 2);
+const _: () = assert!(Q4_1_BYTES == 2 * F16 + QK / 2);
+const _: () = assert!(Q5_0_BYTES == F16 + size_of::<u32>() + QK / 2);
+const _: () = assert!(Q5_1_BYTES == 2 * F16 + size_of::<u32>() + QK / 2);
+const _: () = assert!(Q8_0_BYTES == F16 + QK);
+
 #[inline(always)]
 fn f16_at(b: &[u8], i: usize) -> f32 {
     f16_bits_to_f32(u16::from_le_bytes([b[i], b[i + 1]]))

@@ -4,6 +4,7 @@
 //!
 //! Adding a type = one enum variant + one row in [`TYPES`] (+ its kernels in a module of its own).
 
+mod carried;
 pub mod float;
 pub mod iquants;
 pub mod kquants;
@@ -77,11 +78,37 @@ pub enum Origin {
     TurboQuant,
 }
 
+/// What kind of format a type is. Callers ask the family (through [`TensorType::is_float`],
+/// [`TensorType::is_quantized`], [`TensorType::is_tq_weight`], [`TensorType::is_turbo`]) instead
+/// of listing types, so a new type needs only its row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// f32, f16, bf16: the float formats weights arrive in and that `tq` quantizes from.
+    Float,
+    /// Integer tensors and f64: carried as they are, never quantized.
+    Raw,
+    /// ggml's scale + bits blocks: Q4_0 … Q8_1, and the newer Q1_0 / Q2_0.
+    Legacy,
+    /// ggml's 256-value super-blocks: Q2_K … Q8_K.
+    KQuant,
+    /// ggml's grid and non-linear formats: IQ1_S … IQ4_XS.
+    IQuant,
+    /// ggml's ternary TQ1_0 / TQ2_0 (not TurboQuant).
+    Ternary,
+    /// Micro-scaled 4-bit floats: MXFP4, NVFP4.
+    Fp4,
+    /// TurboQuant weight blocks: TQ3_1S, TQ4_1S (rotated 32-value blocks).
+    TqWeight,
+    /// TurboQuant KV-cache blocks: turbo2, turbo3, turbo4.
+    TurboKv,
+}
+
 pub struct TypeInfo {
     pub ty: TensorType,
     /// Lower-case name as llama.cpp / gguf-py print it (`q4_0`, `q4_K`, `tq4_1s`).
     pub name: &'static str,
     pub origin: Origin,
+    pub family: Family,
     pub block_size: usize,
     pub block_bytes: usize,
     pub dequantize: Option<DequantizeFn>,
@@ -89,11 +116,12 @@ pub struct TypeInfo {
 }
 
 macro_rules! row {
-    ($ty:ident, $name:literal, $origin:expr, $bs:expr, $bb:expr, $deq:expr, $q:expr) => {
+    ($ty:ident, $name:literal, $origin:expr, $family:ident, $bs:expr, $bb:expr, $deq:expr, $q:expr) => {
         TypeInfo {
             ty: TensorType::$ty,
             name: $name,
             origin: $origin,
+            family: Family::$family,
             block_size: $bs,
             block_bytes: $bb,
             dequantize: $deq,
@@ -102,212 +130,56 @@ macro_rules! row {
     };
 }
 
+use carried as c;
 use Origin::{Stock, TurboQuant};
 
-/// The registry. Order matches [`TensorType`] (checked by a test). Sizes for stock types follow
-/// ggml's `type_traits` (gguf-py's table is checked against this one in tests; note gguf-py still
-/// lists Q8_1 as 40 bytes, ggml's `block_q8_1` is 36 since its scales became f16).
+/// The registry. Order matches [`TensorType`] (checked by a test). Sizes come from each format's
+/// layout constants, which compile-time asserts tie to the block's field arithmetic; stock sizes
+/// follow ggml's `type_traits` (gguf-py's table is checked against this one in tests; note
+/// gguf-py still lists Q8_1 as 40 bytes, ggml's `block_q8_1` is 36 since its scales became f16).
+#[rustfmt::skip]
 pub static TYPES: &[TypeInfo] = &[
-    row!(
-        F32,
-        "f32",
-        Stock(0),
-        1,
-        4,
-        Some(float::dequantize_f32),
-        Some(float::quantize_f32)
-    ),
-    row!(
-        F16,
-        "f16",
-        Stock(1),
-        1,
-        2,
-        Some(float::dequantize_f16),
-        Some(float::quantize_f16)
-    ),
-    row!(
-        Q4_0,
-        "q4_0",
-        Stock(2),
-        32,
-        18,
-        Some(legacy::dequantize_q4_0),
-        Some(legacy::quantize_q4_0)
-    ),
-    row!(
-        Q4_1,
-        "q4_1",
-        Stock(3),
-        32,
-        20,
-        Some(legacy::dequantize_q4_1),
-        Some(legacy::quantize_q4_1)
-    ),
-    row!(
-        Q5_0,
-        "q5_0",
-        Stock(6),
-        32,
-        22,
-        Some(legacy::dequantize_q5_0),
-        Some(legacy::quantize_q5_0)
-    ),
-    row!(
-        Q5_1,
-        "q5_1",
-        Stock(7),
-        32,
-        24,
-        Some(legacy::dequantize_q5_1),
-        Some(legacy::quantize_q5_1)
-    ),
-    row!(
-        Q8_0,
-        "q8_0",
-        Stock(8),
-        32,
-        34,
-        Some(legacy::dequantize_q8_0),
-        Some(legacy::quantize_q8_0)
-    ),
-    row!(Q8_1, "q8_1", Stock(9), 32, 36, None, None),
-    row!(
-        Q2K,
-        "q2_K",
-        Stock(10),
-        256,
-        84,
-        Some(kquants::dequantize_q2_k),
-        Some(kquants::quantize_q2_k)
-    ),
-    row!(
-        Q3K,
-        "q3_K",
-        Stock(11),
-        256,
-        110,
-        Some(kquants::dequantize_q3_k),
-        Some(kquants::quantize_q3_k)
-    ),
-    row!(
-        Q4K,
-        "q4_K",
-        Stock(12),
-        256,
-        144,
-        Some(kquants::dequantize_q4_k),
-        Some(kquants::quantize_q4_k)
-    ),
-    row!(
-        Q5K,
-        "q5_K",
-        Stock(13),
-        256,
-        176,
-        Some(kquants::dequantize_q5_k),
-        Some(kquants::quantize_q5_k)
-    ),
-    row!(
-        Q6K,
-        "q6_K",
-        Stock(14),
-        256,
-        210,
-        Some(kquants::dequantize_q6_k),
-        Some(kquants::quantize_q6_k)
-    ),
-    row!(Q8K, "q8_K", Stock(15), 256, 292, None, None),
-    row!(IQ2XXS, "iq2_xxs", Stock(16), 256, 66, None, None),
-    row!(IQ2XS, "iq2_xs", Stock(17), 256, 74, None, None),
-    row!(IQ3XXS, "iq3_xxs", Stock(18), 256, 98, None, None),
-    row!(IQ1S, "iq1_s", Stock(19), 256, 50, None, None),
-    row!(
-        IQ4NL,
-        "iq4_nl",
-        Stock(20),
-        32,
-        18,
-        Some(iquants::dequantize_iq4_nl),
-        None
-    ),
-    row!(IQ3S, "iq3_s", Stock(21), 256, 110, None, None),
-    row!(IQ2S, "iq2_s", Stock(22), 256, 82, None, None),
-    row!(
-        IQ4XS,
-        "iq4_xs",
-        Stock(23),
-        256,
-        136,
-        Some(iquants::dequantize_iq4_xs),
-        None
-    ),
-    row!(I8, "i8", Stock(24), 1, 1, None, None),
-    row!(I16, "i16", Stock(25), 1, 2, None, None),
-    row!(I32, "i32", Stock(26), 1, 4, None, None),
-    row!(I64, "i64", Stock(27), 1, 8, None, None),
-    row!(F64, "f64", Stock(28), 1, 8, None, None),
-    row!(IQ1M, "iq1_m", Stock(29), 256, 56, None, None),
-    row!(
-        BF16,
-        "bf16",
-        Stock(30),
-        1,
-        2,
-        Some(float::dequantize_bf16),
-        Some(float::quantize_bf16)
-    ),
-    row!(TQ1_0, "tq1_0", Stock(34), 256, 54, None, None),
-    row!(TQ2_0, "tq2_0", Stock(35), 256, 66, None, None),
-    row!(MXFP4, "mxfp4", Stock(39), 32, 17, None, None),
-    row!(NVFP4, "nvfp4", Stock(40), 64, 36, None, None),
-    row!(Q1_0, "q1_0", Stock(41), 128, 18, None, None),
-    row!(Q2_0, "q2_0", Stock(42), 64, 18, None, None),
-    row!(
-        TQ3_1S,
-        "tq3_1s",
-        TurboQuant,
-        32,
-        16,
-        Some(tq::dequantize_tq3_1s),
-        Some(tq::quantize_tq3_1s)
-    ),
-    row!(
-        TQ4_1S,
-        "tq4_1s",
-        TurboQuant,
-        32,
-        20,
-        Some(tq::dequantize_tq4_1s),
-        Some(tq::quantize_tq4_1s)
-    ),
-    row!(
-        Turbo2,
-        "turbo2",
-        TurboQuant,
-        128,
-        34,
-        Some(turbo::dequantize_turbo2),
-        Some(turbo::quantize_turbo2)
-    ),
-    row!(
-        Turbo3,
-        "turbo3",
-        TurboQuant,
-        128,
-        50,
-        Some(turbo::dequantize_turbo3),
-        Some(turbo::quantize_turbo3)
-    ),
-    row!(
-        Turbo4,
-        "turbo4",
-        TurboQuant,
-        128,
-        68,
-        Some(turbo::dequantize_turbo4),
-        Some(turbo::quantize_turbo4)
-    ),
+    //   type     name        origin       family     values per block  bytes per block         dequantize                         quantize
+    row!(F32,     "f32",      Stock(0),    Float,     1,                size_of::<f32>(),       Some(float::dequantize_f32),       Some(float::quantize_f32)),
+    row!(F16,     "f16",      Stock(1),    Float,     1,                size_of::<u16>(),       Some(float::dequantize_f16),       Some(float::quantize_f16)),
+    row!(Q4_0,    "q4_0",     Stock(2),    Legacy,    legacy::QK,       legacy::Q4_0_BYTES,     Some(legacy::dequantize_q4_0),     Some(legacy::quantize_q4_0)),
+    row!(Q4_1,    "q4_1",     Stock(3),    Legacy,    legacy::QK,       legacy::Q4_1_BYTES,     Some(legacy::dequantize_q4_1),     Some(legacy::quantize_q4_1)),
+    row!(Q5_0,    "q5_0",     Stock(6),    Legacy,    legacy::QK,       legacy::Q5_0_BYTES,     Some(legacy::dequantize_q5_0),     Some(legacy::quantize_q5_0)),
+    row!(Q5_1,    "q5_1",     Stock(7),    Legacy,    legacy::QK,       legacy::Q5_1_BYTES,     Some(legacy::dequantize_q5_1),     Some(legacy::quantize_q5_1)),
+    row!(Q8_0,    "q8_0",     Stock(8),    Legacy,    legacy::QK,       legacy::Q8_0_BYTES,     Some(legacy::dequantize_q8_0),     Some(legacy::quantize_q8_0)),
+    row!(Q8_1,    "q8_1",     Stock(9),    Legacy,    c::QK8_1,         c::Q8_1_BYTES,          None,                              None),
+    row!(Q2K,     "q2_K",     Stock(10),   KQuant,    kquants::QK_K,    kquants::Q2_K_BYTES,    Some(kquants::dequantize_q2_k),    Some(kquants::quantize_q2_k)),
+    row!(Q3K,     "q3_K",     Stock(11),   KQuant,    kquants::QK_K,    kquants::Q3_K_BYTES,    Some(kquants::dequantize_q3_k),    Some(kquants::quantize_q3_k)),
+    row!(Q4K,     "q4_K",     Stock(12),   KQuant,    kquants::QK_K,    kquants::Q4_K_BYTES,    Some(kquants::dequantize_q4_k),    Some(kquants::quantize_q4_k)),
+    row!(Q5K,     "q5_K",     Stock(13),   KQuant,    kquants::QK_K,    kquants::Q5_K_BYTES,    Some(kquants::dequantize_q5_k),    Some(kquants::quantize_q5_k)),
+    row!(Q6K,     "q6_K",     Stock(14),   KQuant,    kquants::QK_K,    kquants::Q6_K_BYTES,    Some(kquants::dequantize_q6_k),    Some(kquants::quantize_q6_k)),
+    row!(Q8K,     "q8_K",     Stock(15),   KQuant,    kquants::QK_K,    c::Q8_K_BYTES,          None,                              None),
+    row!(IQ2XXS,  "iq2_xxs",  Stock(16),   IQuant,    kquants::QK_K,    c::IQ2_XXS_BYTES,       None,                              None),
+    row!(IQ2XS,   "iq2_xs",   Stock(17),   IQuant,    kquants::QK_K,    c::IQ2_XS_BYTES,        None,                              None),
+    row!(IQ3XXS,  "iq3_xxs",  Stock(18),   IQuant,    kquants::QK_K,    c::IQ3_XXS_BYTES,       None,                              None),
+    row!(IQ1S,    "iq1_s",    Stock(19),   IQuant,    kquants::QK_K,    c::IQ1_S_BYTES,         None,                              None),
+    row!(IQ4NL,   "iq4_nl",   Stock(20),   IQuant,    iquants::QK4_NL,  iquants::IQ4_NL_BYTES,  Some(iquants::dequantize_iq4_nl),  None),
+    row!(IQ3S,    "iq3_s",    Stock(21),   IQuant,    kquants::QK_K,    c::IQ3_S_BYTES,         None,                              None),
+    row!(IQ2S,    "iq2_s",    Stock(22),   IQuant,    kquants::QK_K,    c::IQ2_S_BYTES,         None,                              None),
+    row!(IQ4XS,   "iq4_xs",   Stock(23),   IQuant,    iquants::QK_K,    iquants::IQ4_XS_BYTES,  Some(iquants::dequantize_iq4_xs),  None),
+    row!(I8,      "i8",       Stock(24),   Raw,       1,                size_of::<i8>(),        None,                              None),
+    row!(I16,     "i16",      Stock(25),   Raw,       1,                size_of::<i16>(),       None,                              None),
+    row!(I32,     "i32",      Stock(26),   Raw,       1,                size_of::<i32>(),       None,                              None),
+    row!(I64,     "i64",      Stock(27),   Raw,       1,                size_of::<i64>(),       None,                              None),
+    row!(F64,     "f64",      Stock(28),   Raw,       1,                size_of::<f64>(),       None,                              None),
+    row!(IQ1M,    "iq1_m",    Stock(29),   IQuant,    kquants::QK_K,    c::IQ1_M_BYTES,         None,                              None),
+    row!(BF16,    "bf16",     Stock(30),   Float,     1,                size_of::<u16>(),       Some(float::dequantize_bf16),      Some(float::quantize_bf16)),
+    row!(TQ1_0,   "tq1_0",    Stock(34),   Ternary,   kquants::QK_K,    c::TQ1_0_BYTES,         None,                              None),
+    row!(TQ2_0,   "tq2_0",    Stock(35),   Ternary,   kquants::QK_K,    c::TQ2_0_BYTES,         None,                              None),
+    row!(MXFP4,   "mxfp4",    Stock(39),   Fp4,       c::QK_MXFP4,      c::MXFP4_BYTES,         None,                              None),
+    row!(NVFP4,   "nvfp4",    Stock(40),   Fp4,       c::QK_NVFP4,      c::NVFP4_BYTES,         None,                              None),
+    row!(Q1_0,    "q1_0",     Stock(41),   Legacy,    c::QK1_0,         c::Q1_0_BYTES,          None,                              None),
+    row!(Q2_0,    "q2_0",     Stock(42),   Legacy,    c::QK2_0,         c::Q2_0_BYTES,          None,                              None),
+    row!(TQ3_1S,  "tq3_1s",   TurboQuant,  TqWeight,  tq::QK,           tq::TQ3_BYTES,          Some(tq::dequantize_tq3_1s),       Some(tq::quantize_tq3_1s)),
+    row!(TQ4_1S,  "tq4_1s",   TurboQuant,  TqWeight,  tq::QK,           tq::TQ4_BYTES,          Some(tq::dequantize_tq4_1s),       Some(tq::quantize_tq4_1s)),
+    row!(Turbo2,  "turbo2",   TurboQuant,  TurboKv,   turbo::QK_TURBO,  turbo::TURBO2_BYTES,    Some(turbo::dequantize_turbo2),    Some(turbo::quantize_turbo2)),
+    row!(Turbo3,  "turbo3",   TurboQuant,  TurboKv,   turbo::QK_TURBO,  turbo::TURBO3_BYTES,    Some(turbo::dequantize_turbo3),    Some(turbo::quantize_turbo3)),
+    row!(Turbo4,  "turbo4",   TurboQuant,  TurboKv,   turbo::QK_TURBO,  turbo::TURBO4_BYTES,    Some(turbo::dequantize_turbo4),    Some(turbo::quantize_turbo4)),
 ];
 
 impl TensorType {
@@ -338,6 +210,30 @@ impl TensorType {
             Origin::Stock(id) => Some(id),
             Origin::TurboQuant => None,
         }
+    }
+
+    pub fn family(self) -> Family {
+        self.info().family
+    }
+
+    /// f32, f16 or bf16: a float format `tq` quantizes from (not f64, which is carried raw).
+    pub fn is_float(self) -> bool {
+        self.family() == Family::Float
+    }
+
+    /// A block-quantized format (neither a float nor a raw integer/f64 type).
+    pub fn is_quantized(self) -> bool {
+        !matches!(self.family(), Family::Float | Family::Raw)
+    }
+
+    /// A TurboQuant weight type (TQ3_1S, TQ4_1S).
+    pub fn is_tq_weight(self) -> bool {
+        self.family() == Family::TqWeight
+    }
+
+    /// A TurboQuant KV-cache type (turbo2, turbo3, turbo4).
+    pub fn is_turbo(self) -> bool {
+        self.family() == Family::TurboKv
     }
 
     pub fn block_size(self) -> usize {
@@ -466,6 +362,29 @@ mod tests {
         let up = profile::Profile::built_in("upstream").unwrap();
         assert_eq!(up.type_of(42), Some(TensorType::Q2_0));
         assert_eq!(profile::Profile::default().id_of(TensorType::Q2_0), None);
+    }
+
+    /// The families the predicates read: exactly the types callers used to list by hand.
+    #[test]
+    fn families_hold_the_listed_types() {
+        use TensorType::*;
+        let of = |f: Family| {
+            TYPES
+                .iter()
+                .filter(|t| t.family == f)
+                .map(|t| t.ty)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(of(Family::Float), [F32, F16, BF16]);
+        assert_eq!(of(Family::Raw), [I8, I16, I32, I64, F64]);
+        assert_eq!(of(Family::TqWeight), [TQ3_1S, TQ4_1S]);
+        assert_eq!(of(Family::TurboKv), [Turbo2, Turbo3, Turbo4]);
+        for t in TYPES {
+            assert_eq!(
+                t.ty.is_quantized(),
+                !t.ty.is_float() && t.family != Family::Raw
+            );
+        }
     }
 
     #[test]

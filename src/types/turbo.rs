@@ -21,6 +21,14 @@ pub const TURBO2_BYTES: usize = 34;
 pub const TURBO3_BYTES: usize = 50;
 pub const TURBO4_BYTES: usize = 68;
 
+// The registry's sizes are the May-2026 layouts' arithmetic.
+const _: () = {
+    let may = TurboLayout::MAY;
+    assert!(may[0].block_bytes() == TURBO2_BYTES && may[0].group == QK_TURBO);
+    assert!(may[1].block_bytes() == TURBO3_BYTES && may[1].group == QK_TURBO);
+    assert!(may[2].block_bytes() == TURBO4_BYTES && may[2].group == QK_TURBO);
+};
+
 /// 2-bit codebook (values for N(0, 1/128)).
 pub const CB2: [f32; 4] = [-0.133462, -0.039994, 0.039994, 0.133462];
 /// 3-bit codebook.
@@ -256,7 +264,7 @@ impl TurboLayout {
         self.header + self.group / 4
     }
 
-    pub fn block_bytes(&self) -> usize {
+    pub const fn block_bytes(&self) -> usize {
         self.header + self.group * self.bits as usize / 8
     }
 

@@ -6,43 +6,20 @@
 //! reference vs optimized, in cache and streaming over a large array), full-row rotations of
 //! non-power-of-two rows, and Lloyd-Max codebook computation times. Single-threaded.
 
+mod common;
+
+use common::{best_time, cpu_name, logical_cpus};
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tq::math::hadamard::{fwht, fwht_scalar, rht_forward};
 use tq::math::lloyd_max::{lloyd_max_bits, Dist};
 use tq::math::pcg64::{row_signs, DEFAULT_ROW_SEED};
 use tq::math::rotation::{Method, Rotation};
 
-/// Run `f` repeatedly for at least `min` and return the best time of one call over 5 rounds.
-fn best_time(min: Duration, mut f: impl FnMut()) -> f64 {
-    let mut best = f64::INFINITY;
-    for _ in 0..5 {
-        let t = Instant::now();
-        let mut iters = 0u64;
-        while t.elapsed() < min || iters == 0 {
-            f();
-            iters += 1;
-        }
-        best = best.min(t.elapsed().as_secs_f64() / iters as f64);
-    }
-    best
-}
-
 fn data(n: usize) -> Vec<f32> {
     (0..n)
         .map(|i| ((i * 2654435761usize) % 1000) as f32 / 500.0 - 1.0)
         .collect()
-}
-
-fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into())
 }
 
 fn main() {
@@ -52,9 +29,7 @@ fn main() {
     println!(
         "Machine: {}, {} logical CPUs; single-threaded. Command: `cargo bench --bench math`.\n",
         cpu_name(),
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
+        logical_cpus()
     );
 
     // Memory bandwidth: copy 256 MiB.
@@ -64,7 +39,8 @@ fn main() {
     let t = best_time(min, || {
         dst.copy_from_slice(black_box(&src));
         black_box(&dst);
-    });
+    })
+    .wall;
     let bytes = (big * 4) as f64;
     let copy_gbs = bytes / t / 1e9;
     println!("## Memory bandwidth\n");
@@ -88,20 +64,23 @@ fn main() {
                 fwht_scalar(r);
             }
             black_box(&buf);
-        });
+        })
+        .wall;
         let to = best_time(min, || {
             for r in buf.chunks_exact_mut(n) {
                 fwht(r);
             }
             black_box(&buf);
-        });
+        })
+        .wall;
         let elems = (n * rows_c) as f64;
         let tstream = best_time(min, || {
             for r in dst.chunks_exact_mut(n) {
                 fwht(r);
             }
             black_box(&dst);
-        });
+        })
+        .wall;
         let es = big as f64 / tstream;
         println!(
             "| {n} | {:.3e} | {:.3e} | {:.2}x | {:.3e} | {:.2} | {:.0}% |",
@@ -125,7 +104,8 @@ fn main() {
         let mut x = data(n);
         let t = best_time(min, || {
             rht_forward(black_box(&mut x), &s);
-        });
+        })
+        .wall;
         println!(
             "| {n} | rht (signs, FWHT, 1/√n) | {:.0} | {:.3e} |",
             t * 1e9,
@@ -142,7 +122,8 @@ fn main() {
         let x = data(n);
         let t = best_time(min, || {
             black_box(r.forward(black_box(&x)));
-        });
+        })
+        .wall;
         println!(
             "| {n} | {} | {:.0} | {:.3e} |",
             r.describe(),
@@ -161,7 +142,8 @@ fn main() {
         for bits in 1..=8u32 {
             let t = best_time(Duration::from_millis(if quick { 5 } else { 50 }), || {
                 black_box(lloyd_max_bits(&Dist::Beta { d }, bits));
-            });
+            })
+            .wall;
             worst = worst.max(t);
             cells.push(format!("{:.2} ms", t * 1e3));
         }
@@ -169,7 +151,8 @@ fn main() {
     }
     let t = best_time(Duration::from_millis(50), || {
         black_box(lloyd_max_bits(&Dist::Normal01, 8));
-    });
+    })
+    .wall;
     println!(
         "\nN(0,1), 8 bits: {:.2} ms. Slowest beta codebook: {:.2} ms.",
         t * 1e3,

@@ -6,11 +6,14 @@
 //!   valid blocks.
 //! * `section_quant`: every type with a quantizer, ~4M random normal values.
 //!
-//! Timing: each kernel runs once to warm up, then repeats until at least `MIN_TIME` has passed
-//! (at least `MIN_REPS` runs); the fastest run is reported.
+//! Timing: each kernel runs once to warm up, then `common::best_time` over about `MIN_TIME`
+//! (5 rounds); the best round's time per run is reported.
 
+mod common;
+
+use common::{best_time, cpu_name, logical_cpus, Timing, ROUNDS};
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tq::types::{TypeInfo, TYPES};
 
@@ -20,8 +23,8 @@ const DEQUANT_N: usize = 1 << 24;
 const QUANT_N: usize = 1 << 22;
 /// Size of the pool of distinct blocks that is tiled to `DEQUANT_N` values.
 const POOL_N: usize = 1 << 20;
+/// Least time spent timing one kernel (after its warm-up run).
 const MIN_TIME: Duration = Duration::from_millis(600);
-const MIN_REPS: usize = 3;
 
 // ---------------------------------------------------------------------------------------------
 // Shared helpers
@@ -102,24 +105,14 @@ fn valid_blocks(t: &TypeInfo, n: usize, rng: &mut Rng) -> Vec<u8> {
     out
 }
 
-/// Fastest of repeated runs of `f`, or `None` if `f` panics (a kernel not implemented yet).
-fn time_best(mut f: impl FnMut()) -> Option<Duration> {
+/// Time `f` (see the module doc), or `None` if `f` panics (a kernel not implemented yet).
+fn time_best(mut f: impl FnMut()) -> Option<Timing> {
+    // The panic probe doubles as the warm-up run.
     let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut f)).is_ok();
     if !ok {
         return None;
     }
-    let (mut best, start, mut reps) = (Duration::MAX, Instant::now(), 0);
-    while reps < MIN_REPS || start.elapsed() < MIN_TIME {
-        let t0 = Instant::now();
-        f();
-        best = best.min(t0.elapsed());
-        reps += 1;
-    }
-    Some(best)
-}
-
-fn rate(n: usize, d: Duration) -> f64 {
-    n as f64 / d.as_secs_f64()
+    Some(best_time(MIN_TIME / ROUNDS as u32, f))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -140,14 +133,14 @@ fn section_dequant() {
         let mut out = vec![0f32; n];
         match time_best(|| deq(black_box(&blocks), black_box(&mut out))) {
             Some(d) => {
-                let r = rate(n, d);
+                let r = d.rate(n);
                 println!(
                     "| {} | {:.3} | {:.0} | {:.2} | {:.2} |",
                     t.name,
                     t.block_bytes as f64 * 8.0 / t.block_size as f64,
                     r / 1e6,
                     r * 4.0 / 1e9,
-                    rate(blocks.len(), d) / 1e9
+                    d.rate(blocks.len()) / 1e9
                 );
             }
             None => println!("| {} | | (panicked: not implemented) | | |", t.name),
@@ -171,24 +164,13 @@ fn section_quant() {
         let mut out = vec![0u8; n / t.block_size * t.block_bytes];
         match time_best(|| q(black_box(&src[..n]), black_box(&mut out))) {
             Some(d) => {
-                let r = rate(n, d);
+                let r = d.rate(n);
                 println!("| {} | {:.1} | {:.3} |", t.name, r / 1e6, r * 4.0 / 1e9);
             }
             None => println!("| {} | (panicked: not implemented) | |", t.name),
         }
     }
     println!();
-}
-
-fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into())
 }
 
 fn main() {
@@ -202,9 +184,7 @@ fn main() {
     println!(
         "# tq throughput ({}, {} threads available, kernels single-threaded)\n",
         cpu_name(),
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
+        logical_cpus()
     );
     let sections: &[(&str, fn())] = &[
         ("dequant", section_dequant),

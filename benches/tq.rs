@@ -7,43 +7,18 @@
 //! references and of the registry paths (`quantize_tq4_1s` etc., the fastest bit-exact versions),
 //! on 2^20 Gaussian values with a per-row scale (rows of 4096, like a weight matrix).
 
+mod common;
+
+use common::{best_time, cpu_name, logical_cpus, Timing};
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tq::types::tq::{
     dequantize_tq3_1s, dequantize_tq3_1s_ref, dequantize_tq4_1s, dequantize_tq4_1s_ref,
     quantize_tq3_1s, quantize_tq3_1s_portable, quantize_tq3_1s_ref, quantize_tq4_1s,
     quantize_tq4_1s_portable, quantize_tq4_1s_ref, QK, TQ3_BYTES, TQ4_BYTES,
 };
 
-/// CPU time of the calling thread in seconds (Linux: `/proc/thread-self/schedstat`), if known.
-fn thread_cpu() -> Option<f64> {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    Some(s.split_whitespace().next()?.parse::<f64>().ok()? * 1e-9)
-}
-
-/// Run `f` repeatedly for at least `min`, 5 rounds; return the best wall time of one call and
-/// the best CPU time of one call (the latter is steadier on a loaded machine).
-fn best_time(min: Duration, mut f: impl FnMut()) -> (f64, Option<f64>) {
-    let mut best = f64::INFINITY;
-    let mut best_cpu: Option<f64> = None;
-    for _ in 0..5 {
-        let c0 = thread_cpu();
-        let t = Instant::now();
-        let mut iters = 0u64;
-        while t.elapsed() < min || iters == 0 {
-            f();
-            iters += 1;
-        }
-        best = best.min(t.elapsed().as_secs_f64() / iters as f64);
-        if let (Some(a), Some(b)) = (c0, thread_cpu()) {
-            let c = (b - a) / iters as f64;
-            best_cpu = Some(best_cpu.map_or(c, |x: f64| x.min(c)));
-        }
-    }
-    (best, best_cpu)
-}
-
-fn row(name: &str, n: usize, (wall, cpu): (f64, Option<f64>)) {
+fn row(name: &str, n: usize, Timing { wall, cpu }: Timing) {
     let cpu = cpu.map_or("-".to_string(), |c| format!("{:.1}", n as f64 / c / 1e6));
     println!("| {name} | {:.1} | {cpu} |", n as f64 / wall / 1e6);
 }
@@ -71,17 +46,6 @@ fn data(n: usize) -> Vec<f32> {
     out
 }
 
-fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into())
-}
-
 type QFn = fn(&[f32], &mut [u8]);
 type DFn = fn(&[u8], &mut [f32]);
 
@@ -97,9 +61,7 @@ fn main() {
          Command: `cargo bench --bench tq`. M values/s, best of 5 rounds, by wall time and by the \
          thread's CPU time.\n",
         cpu_name(),
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
+        logical_cpus(),
         n
     );
     #[cfg(target_arch = "x86_64")]

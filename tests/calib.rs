@@ -5,25 +5,9 @@
 #[path = "../fixtures/mod.rs"]
 mod fixtures;
 
+use fixtures::{s, tq};
 use std::path::Path;
-use std::process::Command;
 use tq::types::TensorType;
-
-fn tq(args: &[&str]) -> (i32, String, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_tq"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into(),
-        String::from_utf8_lossy(&o.stderr).into(),
-    )
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 fn setup(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
     let fx = fixtures::gguf_gen::tiny_llama(2, 64, 128, 96);
@@ -218,17 +202,10 @@ fn calib_args(model: &Path, toks: &Path, out: &Path, extra: &[&str]) -> Vec<Stri
     v
 }
 
+/// `tq` with at most one environment variable; (exit code, stderr).
 fn run_tq(args: &[String], env: Option<(&str, &str)>) -> (i32, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_tq"));
-    c.args(args);
-    if let Some((k, v)) = env {
-        c.env(k, v);
-    }
-    let o = c.output().unwrap();
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stderr).to_string(),
-    )
+    let (code, _, err) = fixtures::tq_env(args, env.as_slice());
+    (code, err)
 }
 
 /// ‖a − b‖_F / ‖b‖_F.

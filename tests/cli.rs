@@ -4,19 +4,8 @@
 #[path = "../fixtures/mod.rs"]
 mod fixtures;
 
+use fixtures::tq;
 use std::process::Command;
-
-fn tq(args: &[&str]) -> (i32, String, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_tq"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into(),
-        String::from_utf8_lossy(&o.stderr).into(),
-    )
-}
 
 /// `tq inspect … | head -1`: the reader goes away early; tq must end quietly, not panic.
 #[test]

@@ -4,8 +4,8 @@
 #[path = "../fixtures/mod.rs"]
 mod fixtures;
 
+use fixtures::tq;
 use serde_json::Value;
-use std::process::Command;
 use tq::math::lloyd_max::{evaluate, fit_empirical, lloyd_max, lloyd_max_bits, Dist, Samples};
 
 /// The fork's May-2026 turbo4 table (FORMATS.md §3), positive half.
@@ -249,18 +249,6 @@ fn probit(p: f64) -> f64 {
 }
 
 // ------------------------------------------------------------------ CLI
-
-fn tq(args: &[&str]) -> (i32, String, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_tq"))
-        .args(args)
-        .output()
-        .expect("run tq");
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into(),
-        String::from_utf8_lossy(&o.stderr).into(),
-    )
-}
 
 #[test]
 fn cli_evaluate_turbo4_shows_ratio() {

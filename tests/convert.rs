@@ -4,31 +4,15 @@
 #[path = "../fixtures/mod.rs"]
 mod fixtures;
 
+use fixtures::{s, tq};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use tq::gguf::GgufFile;
 use tq::types::TensorType;
-
-fn tq(args: &[&str]) -> (i32, String, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_tq"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into(),
-        String::from_utf8_lossy(&o.stderr).into(),
-    )
-}
 
 fn write(dir: &Path, name: &str, fx: &fixtures::gguf_gen::Fixture) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, &fx.bytes).unwrap();
     p
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 #[test]

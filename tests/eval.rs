@@ -7,8 +7,8 @@
 mod fixtures;
 
 use fixtures::gguf_gen::{build_with_data, gaussian};
+use fixtures::tq;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use tq::gguf::{GString, GgufFile, Value};
 use tq::model::{Model, Numerics, Observer};
 
@@ -710,18 +710,6 @@ fn errors_name_the_problem() {
 
 // ---------------------------------------------------------------------------------------------
 // The CLI
-
-fn tq(args: &[&str]) -> (i32, String, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_tq"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into(),
-        String::from_utf8_lossy(&o.stderr).into(),
-    )
-}
 
 fn json_result(out: &str) -> serde_json::Value {
     serde_json::from_str::<serde_json::Value>(out).unwrap()["result"].clone()

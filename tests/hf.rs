@@ -11,25 +11,13 @@
 #[path = "../fixtures/mod.rs"]
 mod fixtures;
 
+use fixtures::tq;
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use tq::gguf::{GgufFile, Value};
 use tq::types::TensorType;
-
-fn tq(args: &[&str]) -> (i32, String, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_tq"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into(),
-        String::from_utf8_lossy(&o.stderr).into(),
-    )
-}
 
 fn convert(dir: &Path, out: &Path, extra: &[&str]) {
     let mut args = vec![

@@ -18,60 +18,14 @@ pub mod unicode;
 
 pub use input::read_token_file;
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, Value};
 use pretokenize::Step;
 
-/// A small multiplicative hasher for the tokenizer's byte-string maps (std's SipHash is the
-/// bottleneck otherwise; these maps hold vocabulary data, not attacker-chosen keys that could
-/// matter for anything but speed).
-#[derive(Default, Clone, Copy)]
-pub struct FastHasher(u64);
-
-impl Hasher for FastHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.mix(u64::from_le_bytes(c.try_into().unwrap()));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut buf = [0u8; 8];
-            buf[..rest.len()].copy_from_slice(rest);
-            self.mix(u64::from_le_bytes(buf) ^ ((rest.len() as u64) << 56));
-        }
-    }
-    #[inline]
-    fn write_u64(&mut self, v: u64) {
-        self.mix(v);
-    }
-    #[inline]
-    fn write_usize(&mut self, v: usize) {
-        self.mix(v as u64);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        // Final avalanche so that the low bits (used for bucketing) depend on all input bits.
-        let mut h = self.0;
-        h ^= h >> 29;
-        h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        h ^= h >> 32;
-        h
-    }
-}
-
-impl FastHasher {
-    #[inline]
-    fn mix(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(23) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+/// The tokenizer's byte-string maps use rustc's Fx hash (std's SipHash is the bottleneck
+/// otherwise; the keys are vocabulary data, where flooding could only cost speed). Nothing
+/// iterates these maps, so their order never reaches the output.
+pub type FastMap<K, V> = rustc_hash::FxHashMap<K, V>;
 
 // Token attributes (llama.cpp's llama_token_attr bits that matter for tokenizing).
 const ATTR_UNKNOWN: u8 = 1;

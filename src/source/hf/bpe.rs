@@ -617,11 +617,20 @@ pub fn py_list_repr(ids: &[u32]) -> String {
     format!("[{}]", inner.join(", "))
 }
 
+/// Lowercase hex SHA-256, as Python's `hashlib.sha256(…).hexdigest()` (convert_hf_to_gguf's chkhsh).
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// convert_hf_to_gguf's `tokenizer.ggml.pre` for this tokenizer, or why it cannot be named.
 pub fn detect_pre(tok: &Json) -> Res<(String, String)> {
     let enc = Encoder::new(tok)?;
     let ids = enc.encode(super::pre::CHKTXT);
-    let h = super::sha256::sha256_hex(py_list_repr(&ids).as_bytes());
+    let h = sha256_hex(py_list_repr(&ids).as_bytes());
     // The reference tests every entry in turn, so the last match wins.
     match super::pre::PRE_HASHES.iter().rev().find(|(x, _)| *x == h) {
         Some((_, name)) => Ok((name.to_string(), h)),
@@ -632,6 +641,27 @@ pub fn detect_pre(tok: &Json) -> Res<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The FIPS 180-4 vectors, and the hash of convert_hf_to_gguf's check text itself.
+    #[test]
+    fn sha256_vectors() {
+        assert_eq!(
+            sha256_hex(b""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(
+            sha256_hex(&[b'a'; 1000]),
+            "41edece42d63e8d9bf515a9ba6932e1c20cbc9f5a5d134645adb5db1b9737ea3"
+        );
+        assert_eq!(
+            sha256_hex(super::super::pre::CHKTXT.as_bytes()),
+            "a36179c1e2b1cfcfbfad1dc779addad2ffc778201e4cf0d538bddeafa2c526da"
+        );
+    }
 
     #[test]
     fn gpt2_split() {

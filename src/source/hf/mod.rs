@@ -9,7 +9,6 @@ pub mod card;
 pub mod config;
 pub mod names;
 pub mod pre;
-pub mod sha256;
 pub mod spm;
 pub mod vocab;
 

@@ -3,9 +3,7 @@
 //! fork's published behaviour (FORMATS.md §3). `tq kv --measure` ranks them on real text instead.
 
 use crate::model::config::Config;
-use crate::model::kv::{
-    self, auto_asym_applies, bits_per_value, KvLayer, KvSpec, LayerRule,
-};
+use crate::model::kv::{self, auto_asym_applies, bits_per_value, KvLayer, KvSpec, LayerRule};
 use crate::types::TensorType;
 
 /// One candidate setting.

@@ -390,7 +390,8 @@ fn window_bos_policy() {
         ]
     };
     let flag = |b: bool| ("tokenizer.ggml.add_bos_token".to_string(), Value::Bool(b));
-    let cases: Vec<(Vec<(String, Value)>, Option<u32>)> = vec![
+    type Meta = Vec<(String, Value)>;
+    let cases: Vec<(Meta, Option<u32>)> = vec![
         // gpt2: off by default, on for the LLaMA-3 pre-tokenizers, the key wins.
         (base("gpt2", "gpt-2"), None),
         (base("gpt2", "llama-bpe"), Some(3)),

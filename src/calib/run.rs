@@ -48,6 +48,8 @@ fn file_name(p: &Path) -> String {
 
 /// Calibrate the model at `path` (opened as `f`) on `windows` (`n × ctx` tokens, BOS in place).
 /// Returns the Hessians and the metadata written with them.
+// One function on purpose: batches, checkpoints and resume share state (the Hessians, the
+// window cursor, the checkpoint clock) that splitting would have to thread through every piece.
 pub fn calibrate(
     path: &Path,
     f: &GgufFile,

@@ -95,6 +95,7 @@ fn list(vals: &[f64], per_line: usize, indent: &str, suffix: &str) -> String {
 }
 
 /// Render codebooks in one of the output formats.
+// One function on purpose: one match arm per output format, each a few lines of syntax.
 pub fn render(books: &[Codebook], format: &str, prefix: &str, source: Option<&str>) -> String {
     let mut s = String::new();
     match format {

@@ -127,6 +127,8 @@ impl Observer for LayerProgress<'_> {
 /// Evaluate `model` on `win`. `batch` windows go through the model together (each block is
 /// dequantized once per batch). With a reference, per-token KL divergence is accumulated; with
 /// `save`, the model's own distributions are written as a reference file.
+// One function on purpose: the batch loop carries the running PPL/KLD sums, the logits file
+// writer and the progress callback; its order is llama-perplexity's, which tests compare to.
 pub fn evaluate(
     model: &Model,
     win: &Windows,

@@ -293,6 +293,9 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// Parse and validate a GGUF header, every count and offset checked before it is trusted.
+// One function on purpose: the checks run in file order over one cursor, and each bound uses
+// the values read before it (counts, sizes, alignment).
 fn parse(buf: &[u8], profile: &Profile) -> std::result::Result<Parsed, String> {
     let mut c = Cursor {
         buf,

@@ -359,6 +359,8 @@ fn valid(model: &Model, t: &[f64]) -> bool {
 }
 
 /// Lloyd-Max codebook with `levels` centroids for an analytic distribution.
+// One function on purpose: the fixed-point iteration, its convergence test and the two
+// safeguards (monotone thresholds, tail clamping) share the iterate.
 pub fn lloyd_max(dist: &Dist, levels: usize) -> Codebook {
     assert!(levels >= 1, "a codebook needs at least one level");
     if let Dist::Beta { d } | Dist::Gaussian { d } = *dist {

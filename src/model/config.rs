@@ -40,6 +40,8 @@ pub const DEFAULT_RMS_EPS: f32 = 1e-5;
 pub const DEFAULT_ROPE_BASE: f32 = 10000.0;
 
 impl Config {
+    /// The model's shape and hyper-parameters from GGUF metadata, each missing key named.
+    // One function on purpose: one key per block, in the order llama.cpp's llm_load_hparams reads them.
     pub fn from_gguf(f: &GgufFile) -> Result<Config> {
         let path = &f.path;
         let arch_name = f

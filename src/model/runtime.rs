@@ -211,6 +211,8 @@ impl<'a> Model<'a> {
     /// Run `n_win` windows of `seq` tokens each (`tokens.len() == n_win * seq`; position 0 at
     /// the start of each window, windows independent) and return the logits of positions
     /// `out_from..seq` of every window: `(n_win * (seq - out_from)) × n_vocab`, window-major.
+    // One function on purpose: the block loop is the streaming contract (one block's weights
+    // dequantized at a time, the observer called at each linear input), kept readable in one place.
     pub fn forward(
         &self,
         tokens: &[u32],

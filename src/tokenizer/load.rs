@@ -7,6 +7,8 @@ use super::*;
 impl Tokenizer {
     /// Build the tokenizer a GGUF file describes. Unsupported tokenizers are
     /// `Error::Unsupported` naming the value and the supported list.
+    // One function on purpose: it follows llama.cpp's llama_vocab::impl::load in order (types,
+    // specials, attributes, pre-tokenizer), which is what the golden tests compare against.
     pub fn from_gguf(f: &GgufFile) -> Result<Tokenizer> {
         let path = f.path.clone();
         let bad = |msg: String| Error::bad_input(&path, msg);

@@ -365,6 +365,9 @@ impl Atom {
 }
 
 impl Pattern {
+    /// Parse one of llama.cpp's pre-tokenizer regexes into our matcher (the subset they use).
+    // One function on purpose: a single recursive-descent pass over the pattern; the cases are
+    // the regex syntax the pre-tokenizers use, each a few lines.
     pub fn parse(re: &str) -> Result<Pattern> {
         let bad = |why: &str| Error::Unsupported(format!("pre-tokenizer regex {re:?}: {why}"));
         let chars: Vec<char> = re.chars().collect();

@@ -317,6 +317,8 @@ fn check_normalizer(v: &Json) -> Res<()> {
 }
 
 impl Encoder {
+    /// Build the encoder a tokenizer.json describes (vocab, merges, added tokens, pre-tokenizer).
+    // One function on purpose: it reads tokenizer.json's sections in the order gguf-py does.
     pub fn new(tok: &Json) -> Res<Encoder> {
         let model = tok.get("model").ok_or("no model")?;
         if str_of(model, "type") != Some("BPE") {

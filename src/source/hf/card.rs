@@ -153,6 +153,8 @@ pub struct IdParts {
 }
 
 /// gguf-py `Metadata.get_model_id_components`.
+// One function on purpose: a line-by-line port of the same-named gguf-py function (its regexes
+// and fallbacks), which tests/hf.rs compares on gguf-py's own cases.
 pub fn model_id_components(model_id: &str, total_params: i64) -> IdParts {
     if model_id.contains(' ') {
         return IdParts {
@@ -368,6 +370,8 @@ const ENTITY_KEYS: &[&str] = &[
 ];
 
 /// The general.* keys (after general.architecture / general.type) in gguf-py's order.
+// One function on purpose: it emits the keys in gguf-py's order, one block per key, so a
+// diff against convert_hf_to_gguf's output reads top to bottom.
 pub fn general_metadata(
     dir: &Path,
     config: &Map<String, Json>,

@@ -117,6 +117,10 @@ fn plain_file_name(dir: &Path, index: &Path, f: &str) -> Result<()> {
 }
 
 impl HfSource {
+    /// Open a Hugging Face model directory: config, shard index, every shard's header checked
+    /// against the config's shapes, tensor name mapping, tokenizer and metadata.
+    // One function on purpose: each validation step needs the results of the ones before it, and
+    // every failure must name the shard and tensor before anything is read.
     pub fn open(dir: &Path) -> Result<HfSource> {
         let config = Config::open(dir)?;
         let index_path = dir.join("model.safetensors.index.json");

@@ -206,6 +206,7 @@ fn gpt2_vocab(
 }
 
 /// `_set_vocab_llama_hf`: a SentencePiece-style BPE tokenizer.json (byte fallback).
+// One function on purpose: it follows gguf-py's LlamaHfVocab in order (tokens, scores, types).
 fn llama_hf_vocab(
     dir: &Path,
     tok_path: &Path,
@@ -329,6 +330,8 @@ fn llama_hf_vocab(
 }
 
 /// gguf-py `SpecialVocab(dir, load_merges, n_vocab).add_to_gguf(...)`.
+// One function on purpose: it follows gguf-py's SpecialVocab._load/add_to_gguf step by step
+// (merges, special ids, add_* flags, chat template) so the two can be compared side by side.
 pub fn special_vocab(
     dir: &Path,
     tok: Option<&Json>,

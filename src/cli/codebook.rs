@@ -44,6 +44,8 @@ pub struct CodebookArgs {
     pub units: String,
 }
 
+// Long because it checks every flag combination (one block per rule, each with its own
+// message) before one library call; the work itself is `codebook::fit` / `evaluate_table`.
 pub fn run(a: CodebookArgs) -> Result<()> {
     if !FORMATS.contains(&a.format.as_str()) {
         return Err(Error::Usage(format!(

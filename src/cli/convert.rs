@@ -112,58 +112,7 @@ fn convert(a: &ConvertArgs) -> Result<()> {
         a.ldlq_band,
         a.damp,
     );
-    let calib_text = match &a.calib {
-        Some(p) => !is_hessian_file(p)?,
-        None => false,
-    };
-    if a.calib_sequential && !calib_text {
-        return Err(Error::Usage(
-            "tq convert: --calib-sequential calibrates on a text file given to --calib; for a Hessian file, run tq calib --sequential".into(),
-        ));
-    }
-    let ldlq = match &a.calib {
-        Some(p) if calib_text && a.dry_run => {
-            if !a.quiet {
-                eprintln!(
-                    "tq: --dry-run: calibration on {} not run; TQ tensors would be quantized with LDLQ",
-                    p.display()
-                );
-            }
-            None
-        }
-        Some(p) if calib_text => {
-            let o = TextOptions {
-                tokens: a.calib_tokens,
-                ctx: a.calib_ctx,
-                batch: a.calib_batch,
-                sequential: a.calib_sequential.then_some(&now),
-                quiet: a.quiet,
-            };
-            let hessians = calibrate_text(&a.input, &profile, p, &o)?;
-            plan::assign_ldlq(&mut plan, &hessians, a.ldlq_band);
-            Some(convert::Ldlq {
-                hessians,
-                band: a.ldlq_band,
-                damp: a.damp,
-            })
-        }
-        Some(p) => {
-            let (hessians, meta) = tq::quant::Hessians::load(p)?;
-            if let Some(d) = tq::calib::sequential::mismatch(&meta, &now) {
-                eprintln!(
-                    "tq: warning: {}: sequential Hessians were computed for another quantization ({d}); blocks after the first saw activations of a model this conversion does not write (rerun tq calib --sequential with matching flags)",
-                    p.display()
-                );
-            }
-            plan::assign_ldlq(&mut plan, &hessians, a.ldlq_band);
-            Some(convert::Ldlq {
-                hessians,
-                band: a.ldlq_band,
-                damp: a.damp,
-            })
-        }
-        None => None,
-    };
+    let ldlq = resolve_ldlq(a, &profile, &mut plan, &now)?;
     let prov = if a.no_provenance {
         None
     } else {
@@ -245,6 +194,69 @@ fn convert(a: &ConvertArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--calib`: a Hessian file is loaded (with a warning when sequential Hessians were made for
+/// another quantization); a text file is calibrated on now (not under --dry-run). Either way the
+/// plan's TQ tensors are marked for LDLQ.
+fn resolve_ldlq(
+    a: &ConvertArgs,
+    profile: &Profile,
+    plan: &mut Plan,
+    now: &SeqQuant,
+) -> Result<Option<convert::Ldlq>> {
+    let calib_text = match &a.calib {
+        Some(p) => !is_hessian_file(p)?,
+        None => false,
+    };
+    if a.calib_sequential && !calib_text {
+        return Err(Error::Usage(
+            "tq convert: --calib-sequential calibrates on a text file given to --calib; for a Hessian file, run tq calib --sequential".into(),
+        ));
+    }
+    Ok(match &a.calib {
+        Some(p) if calib_text && a.dry_run => {
+            if !a.quiet {
+                eprintln!(
+                    "tq: --dry-run: calibration on {} not run; TQ tensors would be quantized with LDLQ",
+                    p.display()
+                );
+            }
+            None
+        }
+        Some(p) if calib_text => {
+            let o = TextOptions {
+                tokens: a.calib_tokens,
+                ctx: a.calib_ctx,
+                batch: a.calib_batch,
+                sequential: a.calib_sequential.then_some(now),
+                quiet: a.quiet,
+            };
+            let hessians = calibrate_text(&a.input, profile, p, &o)?;
+            plan::assign_ldlq(plan, &hessians, a.ldlq_band);
+            Some(convert::Ldlq {
+                hessians,
+                band: a.ldlq_band,
+                damp: a.damp,
+            })
+        }
+        Some(p) => {
+            let (hessians, meta) = tq::quant::Hessians::load(p)?;
+            if let Some(d) = tq::calib::sequential::mismatch(&meta, now) {
+                eprintln!(
+                    "tq: warning: {}: sequential Hessians were computed for another quantization ({d}); blocks after the first saw activations of a model this conversion does not write (rerun tq calib --sequential with matching flags)",
+                    p.display()
+                );
+            }
+            plan::assign_ldlq(plan, &hessians, a.ldlq_band);
+            Some(convert::Ldlq {
+                hessians,
+                band: a.ldlq_band,
+                damp: a.damp,
+            })
+        }
+        None => None,
+    })
 }
 
 fn request(a: &ConvertArgs) -> Result<Request<'static>> {

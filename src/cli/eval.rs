@@ -3,11 +3,11 @@
 use std::path::PathBuf;
 use tq::error::{Error, Result};
 use tq::eval::kv::kv_json;
-use tq::eval::logits_file::{self, Format};
-use tq::eval::{evaluate, EvalResult, Reference, Windows};
+use tq::eval::logits_file::Format;
+use tq::eval::{evaluate, session, EvalResult};
 use tq::gguf::GgufFile;
 use tq::model::{KvSpec, Model, Numerics};
-use tq::tokenizer::input::{window_bos, Input};
+use tq::tokenizer::input::Input;
 
 #[derive(clap::Args)]
 pub struct EvalArgs {
@@ -111,17 +111,6 @@ fn input(a: &EvalArgs) -> Option<Input<'_>> {
     }
 }
 
-/// The token stream of the input and the BOS that replaces each window's first token (if any).
-fn input_tokens(a: &EvalArgs, f: &GgufFile) -> Result<(Vec<u32>, Option<u32>)> {
-    input(a)
-        .ok_or_else(|| {
-            Error::Usage(
-                "tq eval: give --text FILE (or --tokens FILE, or --ref-logits FILE)".into(),
-            )
-        })?
-        .tokens(f)
-}
-
 pub fn run(a: EvalArgs) -> Result<()> {
     let numerics = Numerics::parse(&a.numerics).ok_or_else(|| {
         Error::Usage(format!(
@@ -143,6 +132,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
     })
 }
 
+// Mostly printing: the banner, the progress bar, and the text and JSON reports.
 fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize) -> Result<()> {
     let file = GgufFile::open(&a.model)?;
     let mut model = Model::new(&file, numerics)?;
@@ -162,66 +152,27 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
         ref_file = GgufFile::open(r)?;
         ref_model = Some(Model::new(&ref_file, numerics)?);
     }
-    let (win, reference) = if let Some(rl) = &a.ref_logits {
-        let rd = logits_file::Reader::open(rl)?;
-        let h = &rd.header;
-        if a.ctx != 512 && a.ctx != h.n_ctx {
-            return Err(Error::Usage(format!(
-                "--ctx {} differs from the {} tokens per window of {}",
-                a.ctx,
-                h.n_ctx,
-                rl.display()
-            )));
-        }
-        let bos = window_bos(&file);
-        let win = Windows::new(&h.tokens, h.n_ctx, a.chunks.or(Some(h.n_chunk)), bos)?;
-        if let Some(input) = input(a) {
-            let (toks, _) = input.tokens(&file)?;
-            if toks.len() < win.tokens.len() || toks[..win.tokens.len()] != win.tokens[..] {
-                return Err(Error::Usage(format!(
-                    "the input's tokens differ from those saved in {}; evaluate on the same text",
-                    rl.display()
-                )));
-            }
-        }
-        (win, Reference::File(rd))
-    } else {
-        let (toks, bos) = input_tokens(a, &file)?;
-        let win = Windows::new(&toks, a.ctx, a.chunks, bos)?;
-        let r = match &ref_model {
-            Some(m) => Reference::Model(m),
-            None => Reference::None,
-        };
-        (win, r)
-    };
-
+    let (win, reference) = session::windows_and_reference(
+        &file,
+        input(a),
+        a.ctx,
+        a.chunks,
+        a.ref_logits.as_deref(),
+        ref_model.as_ref(),
+    )?;
     let nv = model.cfg.n_vocab;
-    let n_out = win.n_ctx - win.first();
-    let batch = a.batch.unwrap_or_else(|| {
-        let by_tokens = (2048 / win.n_ctx).max(1);
-        let logits_per_window = n_out * nv * 4 * if ref_model.is_some() { 2 } else { 1 };
-        let by_memory = ((1usize << 30) / logits_per_window.max(1)).max(1);
-        by_tokens.min(by_memory).min(win.n_chunk)
-    });
-
+    let batch = a
+        .batch
+        .unwrap_or_else(|| session::default_batch(&win, nv, ref_model.is_some()));
     let mut writer = match &a.save_logits {
-        Some(p) => {
-            let info = serde_json::json!({
-                "model": a.model.file_name().map(|s| s.to_string_lossy().into_owned()),
-                "numerics": numerics.name(), "tq": env!("CARGO_PKG_VERSION"),
-            })
-            .to_string();
-            let h = logits_file::Header {
-                format,
-                n_ctx: win.n_ctx,
-                n_vocab: nv,
-                n_chunk: win.n_chunk,
-                first: win.first(),
-                info,
-                tokens: win.tokens.clone(),
-            };
-            Some(logits_file::Writer::create(p, format, &h)?)
-        }
+        Some(p) => Some(session::logits_writer(
+            p,
+            format,
+            &a.model,
+            numerics.name(),
+            &win,
+            nv,
+        )?),
         None => None,
     };
 

@@ -49,6 +49,7 @@ pub fn run(a: KvCmdArgs) -> Result<()> {
     super::with_thread_pool(a.threads, |_| run_in_pool(&a))
 }
 
+// Mostly printing: the text and JSON reports of the recommendation or measurement.
 fn run_in_pool(a: &KvCmdArgs) -> Result<()> {
     let file = GgufFile::open(&a.model)?;
     let mut model = Model::new(&file, Numerics::Ggml)?;

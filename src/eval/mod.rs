@@ -6,5 +6,6 @@ pub mod kv;
 pub mod kv_presets;
 pub mod logits_file;
 pub mod perplexity;
+pub mod session;
 
 pub use perplexity::{evaluate, EvalResult, Reference, Windows};

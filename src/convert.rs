@@ -111,6 +111,7 @@ pub struct Stats {
 /// Two stages joined by a bounded queue (2 chunks): this thread reads and quantizes chunk k+1
 /// (rows in parallel) while a writer thread writes chunk k. Peak memory: ~3 chunks of output plus
 /// one f32 row per worker.
+#[allow(clippy::too_many_arguments)] // the plan's inputs, each a plain value resolved by the caller
 pub fn execute(
     src: &dyn TensorSource,
     plan: &Plan,

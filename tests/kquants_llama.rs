@@ -56,14 +56,15 @@ fn uniform(seed: u64, n: usize) -> Vec<f32> {
 /// 32 edge rows of 256 values each.
 fn edge_rows() -> Vec<f32> {
     let g = |seed: u64| gaussian(seed, 256, 1.0);
-    let mut rows: Vec<Vec<f32>> = Vec::new();
-    rows.push(vec![0.0; 256]); // zeros
-    rows.push(vec![0.5; 256]); // positive constant
-    rows.push(vec![-0.75; 256]); // negative constant
-    rows.push(g(301).iter().map(|v| v * 1e-30).collect()); // below GROUP_MAX_EPS
-    rows.push(g(302).iter().map(|v| v * 1e-38).collect()); // f32 subnormals
-    rows.push(g(303).iter().map(|v| v.abs() + 0.1).collect()); // all positive (min > 0)
-    rows.push(g(304).iter().map(|v| -v.abs() - 0.1).collect()); // all negative
+    let mut rows: Vec<Vec<f32>> = vec![
+        vec![0.0; 256],                                  // zeros
+        vec![0.5; 256],                                  // positive constant
+        vec![-0.75; 256],                                // negative constant
+        g(301).iter().map(|v| v * 1e-30).collect(),      // below GROUP_MAX_EPS
+        g(302).iter().map(|v| v * 1e-38).collect(),      // f32 subnormals
+        g(303).iter().map(|v| v.abs() + 0.1).collect(),  // all positive (min > 0)
+        g(304).iter().map(|v| -v.abs() - 0.1).collect(), // all negative
+    ];
     let mut spike = vec![0.0; 256];
     spike[37] = 3.0;
     rows.push(spike); // one spike in zeros

@@ -32,7 +32,7 @@ impl Observer for Hessians {
         }
         if let Some(i) = x.iter().position(|v| !v.is_finite()) {
             let row = i / cols;
-            let win = self.window0 + if self.seq > 0 { row / self.seq } else { 0 };
+            let win = self.window0 + row.checked_div(self.seq).unwrap_or(0);
             self.non_finite = Some(format!(
                 "non-finite activation entering {} (layer {}) in calibration window {win}; the model or text produces NaN/Inf",
                 tensors.join(", "),

@@ -251,7 +251,7 @@ impl Reader {
                 "not a logits file (expected TQLOGITS or llama.cpp _logits_ magic)".into(),
             ));
         };
-        if n_ctx < 4 || n_ctx > 1 << 22 || first >= n_ctx - 1 || n_vocab > 1 << 24 {
+        if !(4..=1 << 22).contains(&n_ctx) || first >= n_ctx - 1 || n_vocab > 1 << 24 {
             return Err(bad(format!(
                 "implausible header: n_ctx {n_ctx}, first {first}, n_vocab {n_vocab}"
             )));

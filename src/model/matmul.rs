@@ -15,6 +15,7 @@ use gemm::Parallelism;
 /// `out[r * out_stride + c] = sum_i x[r * k + i] * w[c * k + i]` for `r < rows`, `c < n`:
 /// activations (row-major `rows × k`) times the transpose of a weight stored the ggml way
 /// (row-major `n × k`, one output feature per row). `threads > 1` splits the product with rayon.
+#[allow(clippy::too_many_arguments)] // a GEMM signature: operands, shapes and strides
 pub fn matmul_t(
     x: &[f32],
     rows: usize,

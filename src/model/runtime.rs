@@ -418,7 +418,7 @@ impl<'a> Model<'a> {
         let no = keep.len();
         let mut hn = vec![0f32; no * e];
         rms_norm_rows(&xo, &self.output_norm, cfg.rms_eps, e, &mut hn);
-        if let Some(o) = observer.as_deref_mut().filter(|_| watch) {
+        if let Some(o) = observer.filter(|_| watch) {
             o.linear_input(None, &[self.output_name()], &hn, no, e);
         }
         self.project(&hn, no, threads)

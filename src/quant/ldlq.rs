@@ -34,9 +34,9 @@ pub fn rotate_hessian(h: &[f64], n: usize) -> Vec<f64> {
     assert_eq!(n % QK, 0);
     let mut a = h.to_vec();
     // Rotate every row (as a vector of 32-blocks), then every column.
-    a.par_chunks_mut(n).for_each(|row| rotate_vec(row));
+    a.par_chunks_mut(n).for_each(rotate_vec);
     let mut t = transpose(&a, n);
-    t.par_chunks_mut(n).for_each(|row| rotate_vec(row));
+    t.par_chunks_mut(n).for_each(rotate_vec);
     transpose(&t, n)
 }
 

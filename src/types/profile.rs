@@ -125,7 +125,7 @@ impl Profile {
             extra,
             file_types,
         };
-        p.check().map_err(|m| bad(m))?;
+        p.check().map_err(bad)?;
         Ok(p)
     }
 

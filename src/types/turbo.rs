@@ -527,7 +527,8 @@ impl Turbo4Table {
 
 /// Lloyd-Max centroids (ascending, f32) for a coordinate of a random unit vector in R^d.
 fn lloyd_max_f32(d: usize, bits: u32) -> &'static [f32] {
-    static CACHE: OnceLock<Mutex<HashMap<(usize, u32), &'static [f32]>>> = OnceLock::new();
+    type Tables = HashMap<(usize, u32), &'static [f32]>;
+    static CACHE: OnceLock<Mutex<Tables>> = OnceLock::new();
     let mut m = CACHE
         .get_or_init(Default::default)
         .lock()

@@ -519,7 +519,7 @@ impl Encoder {
             let mut best: Option<(usize, usize)> = None;
             for i in 0..syms.len().saturating_sub(1) {
                 if let Some(&r) = self.ranks.get(&(syms[i].clone(), syms[i + 1].clone())) {
-                    if best.map_or(true, |(br, _)| r < br) {
+                    if best.is_none_or(|(br, _)| r < br) {
                         best = Some((r, i));
                     }
                 }
@@ -555,7 +555,7 @@ impl Encoder {
             let mut best: Option<(usize, usize, u32)> = None;
             for (c, id) in &self.added {
                 if let Some(p) = rest.find(c.as_str()) {
-                    if best.map_or(true, |(bp, bl, _)| p < bp || (p == bp && c.len() > bl)) {
+                    if best.is_none_or(|(bp, bl, _)| p < bp || (p == bp && c.len() > bl)) {
                         best = Some((p, c.len(), *id));
                     }
                 }

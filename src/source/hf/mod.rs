@@ -430,7 +430,7 @@ impl TensorSource for HfSource {
         let row_len = st.row_len() as usize;
         let n_rows = st.n_rows();
         let n = (out.len() / row_len.max(1)) as u64;
-        if row0.checked_add(n).map_or(true, |e| e > n_rows) || out.len() % row_len.max(1) != 0 {
+        if row0.checked_add(n).is_none_or(|e| e > n_rows) || out.len() % row_len.max(1) != 0 {
             return Err(Error::Unsupported(format!(
                 "{}: rows {row0}..{} requested of {n_rows}",
                 st.name,

@@ -765,7 +765,7 @@ trait BelowBound {
 
 impl BelowBound for Option<u64> {
     fn is_none_or_lt(&self, v: u64) -> bool {
-        self.map_or(true, |n| v < n)
+        self.is_none_or(|n| v < n)
     }
 }
 

@@ -3,7 +3,7 @@
 //! engines ([`emit`]: text, JSON, C, CUDA, Metal, WGSL, Rust). `tq codebook` is a thin shell
 //! over this module; see `docs/codebook.md`.
 
-pub mod emit;
+pub(crate) mod emit;
 
 use emit::g;
 pub use emit::render;

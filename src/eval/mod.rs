@@ -1,11 +1,11 @@
 //! Perplexity and KL-divergence evaluation compatible with `llama-perplexity` (see `docs/eval.md`),
 //! and the KV-cache presets `tq kv` recommends or measures with it ([`kv`], [`kv_presets`]).
 
-pub mod kld;
+pub(crate) mod kld;
 pub mod kv;
 pub mod kv_presets;
 pub mod logits_file;
-pub mod perplexity;
+pub(crate) mod perplexity;
 pub mod session;
 
 pub use perplexity::{evaluate, EvalResult, Reference, Windows};

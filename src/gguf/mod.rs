@@ -7,7 +7,7 @@
 //! value's exact type and order so a read–write round trip is byte-identical. See docs/gguf.md.
 
 pub mod reader;
-pub mod value;
+pub(crate) mod value;
 pub mod writer;
 
 pub use reader::{GgufFile, TensorInfo};

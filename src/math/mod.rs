@@ -15,4 +15,4 @@ pub mod pcg64;
 pub mod rotation;
 pub mod signs;
 pub mod special;
-pub mod splitmix;
+pub(crate) mod splitmix;

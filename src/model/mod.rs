@@ -2,14 +2,14 @@
 //! q/k norms), layer-streaming: a batch of token windows flows through block 0, then block 1, …,
 //! with only one block's weights dequantized (to f32) at a time. See `docs/eval.md`.
 
-pub mod attention;
-pub mod config;
+pub(crate) mod attention;
+pub(crate) mod config;
 pub mod decode;
 pub mod kv;
 pub mod layer;
-pub mod matmul;
-pub mod rope;
-pub mod runtime;
+pub(crate) mod matmul;
+pub(crate) mod rope;
+pub(crate) mod runtime;
 
 pub use config::{Arch, Config};
 pub use kv::{KvCache, KvLayer, KvSpec, Turbo4Table};

@@ -42,10 +42,6 @@ impl Rope {
         }
     }
 
-    pub fn n_pos(&self) -> usize {
-        self.cos.len() / self.half.max(1)
-    }
-
     /// Rotate one head vector (`2 * half` values) in place for position `pos`.
     #[inline]
     pub fn apply(&self, x: &mut [f32], pos: usize) {

@@ -5,4 +5,4 @@
 
 pub mod cuda_matmul;
 pub mod cuda_native;
-pub mod sample;
+pub(crate) mod sample;

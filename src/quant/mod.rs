@@ -6,7 +6,7 @@
 //! - [`hessian`]: `H = Σ x xᵀ`, its accumulation and its file format.
 //! - [`ldlq`]: banded LDLQ for TQ4_1S/TQ3_1S in the rotated domain.
 
-pub mod hessian;
+pub(crate) mod hessian;
 pub mod ldlq;
 
 pub use hessian::{Hessian, Hessians};

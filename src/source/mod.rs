@@ -5,9 +5,9 @@
 //! One input room: [`gguf`] (a GGUF file as a source), [`st`] (one validated safetensors file),
 //! [`hf`] (a Hugging Face model directory: config, shards, tokenizer → GGUF names and metadata).
 
-pub mod gguf;
+pub(crate) mod gguf;
 pub mod hf;
-pub mod st;
+pub(crate) mod st;
 
 pub use gguf::GgufSource;
 

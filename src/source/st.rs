@@ -83,32 +83,6 @@ impl SafetensorsFile {
         let start = (self.data_offset + t.start) as u64;
         crate::io::drop_pages(&self.mmap, start, start + (t.end - t.start) as u64);
     }
-
-    /// A tensor as f32 (F32, F16, BF16; other dtypes are a clear error).
-    pub fn tensor_f32(&self, t: &StTensor) -> Result<Vec<f32>> {
-        let data = self.tensor_data(t);
-        let n = t.shape.iter().product::<usize>();
-        let mut out = vec![0f32; n];
-        let f = match t.dtype {
-            Dtype::F32 => crate::types::float::dequantize_f32,
-            Dtype::F16 => crate::types::float::dequantize_f16,
-            Dtype::BF16 => crate::types::float::dequantize_bf16,
-            d => {
-                return Err(Error::Unsupported(format!(
-                    "{}: tensor '{}' has dtype {d:?}; tq reads F32, F16 and BF16 weights",
-                    self.path.display(),
-                    t.name
-                )))
-            }
-        };
-        f(data, &mut out);
-        Ok(out)
-    }
-}
-
-/// Size in bits of one element (for reports).
-pub fn dtype_bits(d: Dtype) -> usize {
-    d.bitsize()
 }
 
 /// Does the file start like a safetensors file (8-byte LE header length, then `{`)?

@@ -10,12 +10,12 @@
 //! are tokenized as plain text. BOS/EOS are added per `tokenizer.ggml.add_bos_token` /
 //! `add_eos_token`, with llama.cpp's defaults when those keys are absent.
 
-pub mod bpe;
+pub(crate) mod bpe;
 pub mod input;
 mod load;
 mod pre;
-pub mod pretokenize;
-pub mod spm;
+pub(crate) mod pretokenize;
+pub(crate) mod spm;
 pub mod unicode;
 
 pub use input::read_token_file;

@@ -32,14 +32,6 @@ impl Step {
     }
 }
 
-/// Text as code points with their flags, split into words.
-pub struct Split {
-    /// Byte offset of each code point in the original text, plus the text length at the end.
-    pub offsets: Vec<usize>,
-    /// Word lengths in code points, in order, covering the whole text.
-    pub words: Vec<usize>,
-}
-
 /// Split `text` by `steps`; returns byte ranges of the words, in order.
 pub fn split(text: &str, steps: &[Step]) -> Vec<(usize, usize)> {
     let mut cpts = Vec::with_capacity(text.len());

@@ -6,9 +6,9 @@
 
 mod carried;
 pub mod float;
-pub mod iquants;
-pub mod kquants;
-pub mod legacy;
+pub(crate) mod iquants;
+pub(crate) mod kquants;
+pub(crate) mod legacy;
 mod parse;
 pub mod profile;
 pub mod tq;

@@ -5,12 +5,12 @@
 //! See docs/hf.md.
 
 pub mod bpe;
-pub mod card;
-pub mod config;
-pub mod names;
-pub mod pre;
-pub mod spm;
-pub mod vocab;
+pub(crate) mod card;
+pub(crate) mod config;
+pub(crate) mod names;
+pub(crate) mod pre;
+pub(crate) mod spm;
+pub(crate) mod vocab;
 
 use crate::error::{Error, Result};
 use crate::gguf::Value;

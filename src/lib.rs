@@ -1,7 +1,25 @@
 //! `tq`: an offline quantizer for large language models that writes GGUF files.
 //!
-//! Data flows one way: sources (GGUF, safetensors) → plan → quantize (via the type registry)
-//! → streaming GGUF writer. See `docs/design.md`.
+//! Data flows one way (see `docs/design.md`, whose layering table `tests/architecture.rs`
+//! enforces):
+//!
+//! ```text
+//! source → plan → [calib] → quant → convert (→ gguf writer) → eval
+//! ```
+//!
+//! The API is the rooms below; what a room does not need to show is `pub(crate)`. The `tq`
+//! binary is a thin shell over exactly this API.
+//!
+//! - Foundations: [`error`] (one-line errors, exit codes), [`math`] (Hadamard/RHT, sign
+//!   generators, Lloyd-Max), [`io`] (atomic outputs, page dropping, hashing).
+//! - Formats: [`types`] (the registry: every tensor type's geometry and reference kernels, and the
+//!   engine profiles that give them ids), [`gguf`] (reader and streaming writer), [`arch`].
+//! - Inputs: [`source`] (GGUF, safetensors, Hugging Face directories), [`tokenizer`].
+//! - Runtime: [`model`] (layer-streaming CPU runtime), [`numerics`] (CPU models of engine
+//!   arithmetic).
+//! - Pipeline: [`plan`], [`calib`], [`quant`], [`convert`], [`eval`].
+//! - Products: [`codebook`] (tables for engines), [`gpu`] (decode kernels and their parity
+//!   harness), [`inspect`].
 
 pub mod arch;
 pub mod calib;

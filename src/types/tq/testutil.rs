@@ -5,24 +5,26 @@
 use super::{
     pack_tq3, pack_tq4, quantize_tq3_1s, quantize_tq4_1s, BlockQ, QK, TQ3_BYTES, TQ4_BYTES,
 };
+use crate::math::splitmix::SplitMix64;
 
-/// SplitMix64 with Box–Muller Gaussians (test inputs only).
+/// The crate's SplitMix64 (`math::splitmix`) over a bare state, with Gaussian blocks.
 pub(crate) struct Rng(pub(crate) u64);
 impl Rng {
+    fn draw<T>(&mut self, f: impl FnOnce(&mut SplitMix64) -> T) -> T {
+        let mut g = SplitMix64(self.0);
+        let v = f(&mut g);
+        self.0 = g.0;
+        v
+    }
     pub(crate) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.draw(SplitMix64::next_u64)
     }
     /// Uniform on (0, 1].
     pub(crate) fn uniform(&mut self) -> f64 {
-        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
+        self.draw(SplitMix64::uniform)
     }
     pub(crate) fn gauss(&mut self) -> f64 {
-        let (u1, u2) = (self.uniform(), self.uniform());
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+        self.draw(SplitMix64::gauss)
     }
     pub(crate) fn block(&mut self, sigma: f64) -> [f32; QK] {
         std::array::from_fn(|_| (self.gauss() * sigma) as f32)

@@ -88,18 +88,131 @@ pub fn hash_file(path: &Path) -> Result<String> {
     Ok(h.finalize().to_hex().to_string())
 }
 
-/// An output being written: a temporary file `.NAME.tq-tmp-PID` beside the final path, renamed
-/// into place by [`commit`](TempOutput::commit) and removed if dropped before that.
+/// Prefix of the temporary names of `final_name`: `.NAME.tq-tmp-` (then `PID-N`). Hidden, beside
+/// the target (so the final rename stays on one filesystem), and recognizable by a later run.
+fn temp_prefix(final_name: &str) -> String {
+    format!(".{final_name}.tq-tmp-")
+}
+
+/// Is process `pid` gone? (Only a clear "no such process" counts; anything else keeps the file.)
+#[cfg(unix)]
+fn process_is_gone(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists; it delivers nothing.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
+/// Remove temporary files of `final_name` in `dir` left by runs that no longer exist (killed by
+/// SIGKILL, a power cut, …): their names carry the PID that made them.
+fn remove_stale_temps(dir: &Path, final_name: &str) {
+    #[cfg(unix)]
+    {
+        let prefix = temp_prefix(final_name);
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+                continue;
+            };
+            let pid = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());
+            if pid.is_some_and(|p| p > 0 && process_is_gone(p)) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (dir, final_name);
+}
+
+/// Temporary files of this process, removed by the signal handler on SIGINT/SIGTERM/SIGHUP. A
+/// handler may only do async-signal-safe work, so the paths are kept as leaked C strings behind
+/// atomic pointers (no lock, no allocation in the handler); a slot is cleared on commit or drop.
+#[cfg(unix)]
+mod on_signal {
+    use std::ffi::CString;
+    use std::sync::atomic::{AtomicPtr, Ordering};
+    use std::sync::Once;
+
+    const SLOTS: usize = 64;
+    static PATHS: [AtomicPtr<libc::c_char>; SLOTS] =
+        [const { AtomicPtr::new(std::ptr::null_mut()) }; SLOTS];
+    static INSTALL: Once = Once::new();
+
+    extern "C" fn cleanup(sig: libc::c_int) {
+        for slot in &PATHS {
+            let p = slot.load(Ordering::SeqCst);
+            if !p.is_null() {
+                // SAFETY: `p` is a leaked, NUL-terminated path that is never freed; unlink is
+                // async-signal-safe.
+                unsafe { libc::unlink(p) };
+            }
+        }
+        // SAFETY: restore the default action and re-raise, so the exit status says "killed by sig".
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
+    }
+
+    /// Remember `path` for the handler (installed on first use); returns its slot.
+    pub(super) fn register(path: &std::path::Path) -> Option<usize> {
+        INSTALL.call_once(|| {
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                // SAFETY: installs a handler that only calls async-signal-safe functions.
+                unsafe {
+                    libc::signal(
+                        sig,
+                        cleanup as extern "C" fn(libc::c_int) as libc::sighandler_t,
+                    )
+                };
+            }
+        });
+        use std::os::unix::ffi::OsStrExt;
+        let c = CString::new(path.as_os_str().as_bytes()).ok()?;
+        let raw = c.into_raw(); // leaked: the handler may read it at any moment
+        for (i, slot) in PATHS.iter().enumerate() {
+            if slot
+                .compare_exchange(
+                    std::ptr::null_mut(),
+                    raw,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                )
+                .is_ok()
+            {
+                return Some(i);
+            }
+        }
+        None // more than SLOTS outputs at once: this one is cleaned up on drop only
+    }
+
+    pub(super) fn unregister(slot: Option<usize>) {
+        if let Some(i) = slot {
+            PATHS[i].store(std::ptr::null_mut(), Ordering::SeqCst);
+        }
+    }
+}
+
+/// An output being written: a temporary file `.NAME.tq-tmp-PID-N` beside the final path, created
+/// exclusively (two runs, or two outputs of one run, never share one), renamed into place by
+/// [`commit`](TempOutput::commit), removed if dropped before that or if the process gets
+/// SIGINT/SIGTERM/SIGHUP. Stale temporaries of the same output from dead processes are removed.
 #[derive(Debug)]
 pub struct TempOutput {
     final_path: PathBuf,
     tmp_path: PathBuf,
     committed: bool,
+    #[cfg(unix)]
+    slot: Option<usize>,
 }
 
 impl TempOutput {
-    /// Create the temporary file for `final_path`.
+    /// Create the temporary file for `final_path` (refused if `final_path` exists and is not a
+    /// regular file: a directory, device, pipe or socket is never replaced).
     pub fn create(final_path: &Path) -> Result<(TempOutput, File)> {
+        refuse_non_regular("output", final_path)?;
         let dir = match final_path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
@@ -110,20 +223,35 @@ impl TempOutput {
                 final_path.display()
             ))
         })?;
-        let tmp_path = dir.join(format!(
-            ".{}.tq-tmp-{}",
-            base.to_string_lossy(),
-            std::process::id()
-        ));
-        let file = File::create(&tmp_path).map_err(|e| Error::io(&tmp_path, e))?;
-        Ok((
-            TempOutput {
-                final_path: final_path.to_path_buf(),
-                tmp_path,
-                committed: false,
-            },
-            file,
-        ))
+        let base = base.to_string_lossy();
+        remove_stale_temps(&dir, &base);
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        loop {
+            let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tmp_path = dir.join(format!("{}{}-{n}", temp_prefix(&base), std::process::id()));
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp_path)
+            {
+                Ok(file) => {
+                    #[cfg(unix)]
+                    let slot = on_signal::register(&tmp_path);
+                    return Ok((
+                        TempOutput {
+                            final_path: final_path.to_path_buf(),
+                            tmp_path,
+                            committed: false,
+                            #[cfg(unix)]
+                            slot,
+                        },
+                        file,
+                    ));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(Error::io(&tmp_path, e)),
+            }
+        }
     }
 
     /// Where the bytes go until [`commit`](TempOutput::commit) (for error messages).
@@ -141,9 +269,13 @@ impl TempOutput {
     pub fn commit(mut self, file: File) -> Result<()> {
         file.sync_all().map_err(|e| Error::io(&self.tmp_path, e))?;
         drop(file);
+        // The target may have become a directory/device/pipe while we worked: still never replace it.
+        refuse_non_regular("output", &self.final_path)?;
         std::fs::rename(&self.tmp_path, &self.final_path)
             .map_err(|e| Error::io(&self.final_path, e))?;
         self.committed = true;
+        #[cfg(unix)]
+        on_signal::unregister(self.slot.take());
         if let Some(dir) = self.final_path.parent() {
             let dir = if dir.as_os_str().is_empty() {
                 Path::new(".")
@@ -163,16 +295,63 @@ impl Drop for TempOutput {
     fn drop(&mut self) {
         if !self.committed {
             let _ = std::fs::remove_file(&self.tmp_path);
+            #[cfg(unix)]
+            on_signal::unregister(self.slot.take());
         }
     }
 }
 
-/// Refuse an output path that is one of the command's inputs (the same file after resolving
-/// links), and one whose directory does not exist. `flag` names the option in the message.
+/// An existing `path` that is not a regular file (directory, device, pipe, socket) is refused:
+/// outputs are written by renaming a finished temporary file over the target, which would replace
+/// such a node instead of writing to it.
+fn refuse_non_regular(flag: &str, path: &Path) -> Result<()> {
+    let Ok(m) = std::fs::metadata(path) else {
+        return Ok(()); // absent (or unreadable: the write will name the error)
+    };
+    if m.is_dir() {
+        return Err(Error::Usage(format!(
+            "{}: {flag} is a directory; give a file name",
+            path.display()
+        )));
+    }
+    if !m.is_file() {
+        return Err(Error::Usage(format!(
+            "{}: {flag} is not a regular file (a device, pipe or socket); tq writes a temporary file and renames it into place, so give a regular file path",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// (device, inode) of a file, following links; None when it cannot be read.
+#[cfg(unix)]
+fn identity(p: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+}
+
+#[cfg(not(unix))]
+fn identity(p: &Path) -> Option<std::path::PathBuf> {
+    std::fs::canonicalize(p).ok()
+}
+
+/// Check an output path before any work: it must not be a directory, device, pipe or socket, not
+/// be one of the command's `inputs` (the same file through symlinks and hard links: compared by
+/// device and inode; for a directory input, any regular file directly in it), and its directory
+/// must exist. `flag` names the option in the message.
 pub fn check_output(flag: &str, out: &Path, inputs: &[&Path]) -> Result<()> {
-    if let Ok(o) = std::fs::canonicalize(out) {
+    refuse_non_regular(flag, out)?;
+    if let Some(o) = identity(out) {
         for input in inputs {
-            if std::fs::canonicalize(input).ok().as_deref() == Some(o.as_path()) {
+            let mut same = identity(input).as_ref() == Some(&o);
+            if !same && input.is_dir() {
+                same = std::fs::read_dir(input)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .any(|e| e.path().is_file() && identity(&e.path()).as_ref() == Some(&o));
+            }
+            if same {
                 return Err(Error::Usage(format!(
                     "{}: {flag} output is the input file {}; choose another path",
                     out.display(),
@@ -193,6 +372,31 @@ pub fn check_output(flag: &str, out: &Path, inputs: &[&Path]) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// [`check_output`] for each `(flag, path)` of a command's outputs, which must also differ from
+/// each other.
+pub fn check_outputs(outputs: &[(&str, &Path)], inputs: &[&Path]) -> Result<()> {
+    for (i, (flag, out)) in outputs.iter().enumerate() {
+        check_output(flag, out, inputs)?;
+        for (flag2, out2) in &outputs[..i] {
+            if out == out2 || identity(out).is_some() && identity(out) == identity(out2) {
+                return Err(Error::Usage(format!(
+                    "{}: {flag} and {flag2} name the same file; give two paths",
+                    out.display()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Write `bytes` to `path` the way every output is written (temporary file, fsync, rename).
+pub fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let (t, mut f) = TempOutput::create(path)?;
+    f.write_all(bytes).map_err(|e| Error::io(t.tmp_path(), e))?;
+    t.commit(f)
 }
 
 /// A temporary file removed when dropped (scratch data a command makes for itself).
@@ -244,6 +448,22 @@ mod tests {
         f.write_all(b"y").unwrap();
         t.commit(f).unwrap();
         assert_eq!(std::fs::read(&out).unwrap(), b"y");
+    }
+
+    #[test]
+    fn temporaries_are_unique_and_exclusive() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("o.bin");
+        let (a, _fa) = TempOutput::create(&out).unwrap();
+        let (b, _fb) = TempOutput::create(&out).unwrap();
+        assert_ne!(a.tmp_path(), b.tmp_path());
+        let name = a
+            .tmp_path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert!(name.starts_with(".o.bin.tq-tmp-"), "{name}");
     }
 
     #[test]

@@ -203,7 +203,7 @@ pub fn self_generate(path: &Path, f: &GgufFile, o: &SelfGenerate) -> Result<Vec<
                     .join(" ")
             })
             .collect();
-        std::fs::write(p, text.join("\n") + "\n").map_err(|e| Error::io(p, e))?;
+        crate::io::write_file(p, (text.join("\n") + "\n").as_bytes())?;
     }
     Ok(toks)
 }

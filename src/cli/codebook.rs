@@ -47,6 +47,10 @@ pub struct CodebookArgs {
 // Long because it checks every flag combination (one block per rule, each with its own
 // message) before one library call; the work itself is `codebook::fit` / `evaluate_table`.
 pub fn run(a: CodebookArgs) -> Result<()> {
+    if let Some(out) = &a.out {
+        let samples: Vec<&std::path::Path> = a.samples.iter().map(PathBuf::as_path).collect();
+        tq::io::check_output("--out", out, &samples)?;
+    }
     if !FORMATS.contains(&a.format.as_str()) {
         return Err(Error::Usage(format!(
             "tq codebook: unknown --format {:?} (expected one of {})",
@@ -191,7 +195,7 @@ pub fn run(a: CodebookArgs) -> Result<()> {
     };
 
     match &a.out {
-        Some(p) => std::fs::write(p, text).map_err(|e| Error::io(p, e)),
+        Some(p) => tq::io::write_file(p, text.as_bytes()),
         None => {
             print!("{text}");
             Ok(())

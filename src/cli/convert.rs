@@ -1,5 +1,5 @@
 //! `tq convert INPUT -o OUT.gguf [--weights TYPE] [--recipe R] ...`
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use tq::calib::input::{calibrate_text, is_hessian_file, TextOptions};
 use tq::calib::sequential::SeqQuant;
 use tq::convert::{self, Provenance};
@@ -100,7 +100,17 @@ fn convert(a: &ConvertArgs) -> Result<()> {
         }
     };
     if let Some(o) = &out {
-        tq::io::check_output("-o", o, &[&a.input])?;
+        let inputs: Vec<&Path> = [
+            Some(&a.input),
+            a.calib.as_ref(),
+            a.tensor_type_file.as_ref(),
+            a.type_map.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(PathBuf::as_path)
+        .collect();
+        tq::io::check_output("-o", o, &inputs)?;
     }
     let src = tq::source::open(&a.input, &profile)?;
     let req = request(a)?;

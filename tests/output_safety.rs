@@ -1,0 +1,227 @@
+//! Never harm the user's files (issue 15, items 1, 2, 4, 5): every command that writes refuses an
+//! output that is a directory, device or pipe, or that is one of its inputs (through symlinks and
+//! hard links), before doing any work; temporary files are unique, removed on error and on
+//! SIGINT/SIGTERM/SIGHUP, and stale ones of dead runs are removed by the next run.
+
+#[path = "../fixtures/mod.rs"]
+mod fixtures;
+
+use fixtures::{s, tq};
+use std::path::{Path, PathBuf};
+
+fn model(dir: &Path) -> PathBuf {
+    let p = dir.join("m.gguf");
+    std::fs::write(&p, fixtures::gguf_gen::tiny_llama(2, 64, 128, 300).bytes).unwrap();
+    p
+}
+
+/// Names in `dir` that look like tq temporaries.
+fn temps(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tq-tmp"))
+        .collect()
+}
+
+/// Every writing command, with `out` as its output, reading model `m` (and text `t`).
+fn writers<'a>(m: &'a str, t: &'a str, out: &'a str) -> Vec<Vec<&'a str>> {
+    vec![
+        vec!["convert", m, "--weights", "q8_0", "-o", out],
+        vec!["calib", m, "--text", t, "-o", out],
+        vec!["eval", m, "--text", t, "--save-logits", out],
+        vec!["kv", m, "--write", out],
+        vec!["codebook", "--head-dim", "64", "--bits", "2", "--out", out],
+    ]
+}
+
+#[cfg(unix)]
+#[test]
+fn pipes_devices_and_directories_are_never_replaced() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let t = dir.path().join("t.txt");
+    std::fs::write(&t, "some text ".repeat(100)).unwrap();
+    let fifo = dir.path().join("fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    // A copy of /dev/null's node (root only; skipped otherwise).
+    let dev = dir.path().join("null");
+    let have_dev = std::process::Command::new("mknod")
+        .args([s(&dev), "c", "1", "3"])
+        .status()
+        .is_ok_and(|s| s.success());
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let mut targets = vec![
+        (fifo.clone(), "not a regular file"),
+        (sub.clone(), "is a directory"),
+    ];
+    if have_dev {
+        targets.push((dev.clone(), "not a regular file"));
+    }
+    for (target, want) in &targets {
+        for args in writers(s(&m), s(&t), s(target)) {
+            let (code, _, err) = tq(&args);
+            assert_eq!(code, 2, "{args:?}: {err}");
+            assert!(err.contains(want), "{args:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+    }
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    assert!(std::fs::metadata(&sub).unwrap().is_dir());
+    if have_dev {
+        assert!(std::fs::metadata(&dev)
+            .unwrap()
+            .file_type()
+            .is_char_device());
+    }
+    assert!(temps(dir.path()).is_empty(), "{:?}", temps(dir.path()));
+    assert!(
+        std::fs::read_dir(&sub).unwrap().next().is_none(),
+        "nothing written into the directory"
+    );
+}
+
+#[test]
+fn an_output_is_never_one_of_the_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let t = dir.path().join("t.txt");
+    std::fs::write(&t, "some text ".repeat(100)).unwrap();
+    let other = dir.path().join("other.bin");
+    std::fs::write(&other, b"not to be touched").unwrap();
+    let hard = dir.path().join("hard.gguf");
+    std::fs::hard_link(&m, &hard).unwrap();
+    let soft = dir.path().join("soft.gguf");
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(&m, &soft).unwrap();
+    let before = |p: &Path| std::fs::read(p).unwrap();
+    let (model_bytes, text_bytes, other_bytes) = (before(&m), before(&t), before(&other));
+    let (m_, t_, o_) = (s(&m), s(&t), s(&other));
+    let mut cases: Vec<Vec<&str>> = vec![
+        vec!["calib", m_, "--text", t_, "-o", m_],
+        vec!["calib", m_, "--text", t_, "-o", t_],
+        vec!["eval", m_, "--text", t_, "--save-logits", m_],
+        vec!["eval", m_, "--text", t_, "--save-logits", t_],
+        vec!["convert", m_, "--weights", "q8_0", "--calib", o_, "-o", o_],
+        vec![
+            "convert",
+            m_,
+            "--weights",
+            "q8_0",
+            "--tensor-type-file",
+            o_,
+            "-o",
+            o_,
+        ],
+        vec!["convert", m_, "--weights", "q8_0", "-o", s(&hard)],
+        vec!["kv", m_, "--write", s(&hard)],
+        vec![
+            "calib",
+            m_,
+            "--text",
+            t_,
+            "-o",
+            "x.safetensors",
+            "--save-tokens",
+            t_,
+        ],
+    ];
+    #[cfg(unix)]
+    cases.push(vec!["convert", m_, "--weights", "q8_0", "-o", s(&soft)]);
+    for args in &cases {
+        let (code, _, err) = tq(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains("is the input file"), "{args:?}: {err}");
+    }
+    assert_eq!(before(&m), model_bytes);
+    assert_eq!(before(&t), text_bytes);
+    assert_eq!(before(&other), other_bytes);
+    assert!(temps(dir.path()).is_empty());
+}
+
+/// A temporary left by a run that no longer exists (its PID is in the name) is removed by the
+/// next run writing the same output; one of a live process is left alone.
+#[cfg(unix)]
+#[test]
+fn stale_temporaries_of_dead_runs_are_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let out = dir.path().join("o.gguf");
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let stale = dir.path().join(format!(".o.gguf.tq-tmp-{dead}-0"));
+    let live = dir
+        .path()
+        .join(format!(".o.gguf.tq-tmp-{}-0", std::process::id()));
+    std::fs::write(&stale, b"partial").unwrap();
+    std::fs::write(&live, b"someone else's").unwrap();
+    let (code, _, err) = tq(&["convert", s(&m), "--weights", "q8_0", "-q", "-o", s(&out)]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!stale.exists(), "stale temporary of pid {dead} not removed");
+    assert!(live.exists(), "a live process's temporary was removed");
+    assert!(out.exists());
+}
+
+/// SIGTERM, SIGINT or SIGHUP in the middle of a conversion leaves neither the output nor the
+/// temporary file, and the process reports death by that signal.
+#[cfg(unix)]
+#[test]
+fn signals_remove_the_temporary_file() {
+    use std::os::unix::process::ExitStatusExt;
+    let Some(smol) = fixtures::smollm2() else {
+        return;
+    };
+    for sig in ["TERM", "INT", "HUP"] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("o.gguf");
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tq"))
+            .args([
+                "convert",
+                s(&smol),
+                "--weights",
+                "tq4_1s",
+                "-q",
+                "--threads",
+                "1",
+                "-o",
+                s(&out),
+            ])
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while temps(dir.path()).is_empty() {
+            assert!(t0.elapsed().as_secs() < 60, "no temporary file appeared");
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "finished before the signal"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let pid = child.id().to_string();
+        assert!(std::process::Command::new("kill")
+            .args([&format!("-{sig}"), &pid])
+            .status()
+            .unwrap()
+            .success());
+        let status = child.wait().unwrap();
+        assert!(
+            status.signal().is_some(),
+            "SIG{sig}: exit status {status:?}"
+        );
+        assert!(
+            temps(dir.path()).is_empty(),
+            "SIG{sig}: {:?}",
+            temps(dir.path())
+        );
+        assert!(!out.exists(), "SIG{sig}: output exists");
+    }
+}

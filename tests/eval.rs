@@ -828,7 +828,8 @@ fn cli_errors_are_one_line() {
     std::fs::write(&tf, "1 2 x").unwrap();
     let (code, _, err) = tq(&["eval", m, "--tokens", tf.to_str().unwrap()]);
     assert_eq!(code, 2);
-    assert!(err.contains("token 3 ('x')"), "{err}");
+    // One token-file reader (issue 12): the line and the offending text are named.
+    assert!(err.contains("line 1: \"x\" is not a token id"), "{err}");
     let (code, _, err) = tq(&[
         "eval",
         m,

@@ -154,7 +154,9 @@ impl Device for CpuEmulation {
             }
             _ => unreachable!("every typed kernel has a type"),
         };
-        a.out.borrow_mut()[..y.len() * 4].copy_from_slice(&super::device::f32_bytes(&y));
+        for (o, v) in a.out.borrow_mut().chunks_exact_mut(4).zip(&y) {
+            o.copy_from_slice(&v.to_le_bytes());
+        }
         Ok(())
     }
 }

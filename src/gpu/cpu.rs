@@ -101,6 +101,7 @@ impl Device for CpuEmulation {
             Some((cb, p)) => {
                 let bits = turbo_bits(k.ty.expect("turbo kernels have a type"))?;
                 let layout = turbo::TurboLayout::new(bits, p.group as usize, p.hdr as usize);
+                debug_assert_eq!(layout.block_bytes(), p.bytes as usize);
                 Some((layout, f32s(&cb.borrow())))
             }
             None => None,
@@ -152,7 +153,7 @@ impl Device for CpuEmulation {
                     })
                     .collect()
             }
-            _ => unreachable!("every typed kernel has a type"),
+            _ => unreachable!("{}: every typed kernel has a type", k.entry),
         };
         for (o, v) in a.out.borrow_mut().chunks_exact_mut(4).zip(&y) {
             o.copy_from_slice(&v.to_le_bytes());

@@ -61,6 +61,7 @@ pub(crate) struct Args<'a, B> {
 
 /// Workgroups (CUDA blocks, Metal threadgroups) of `threads` each, from the table.
 #[derive(Clone, Copy, Debug)]
+#[allow(dead_code)] // read by the feature-gated GPU backends only (the CPU emulation has no grid)
 pub(crate) struct Grid {
     pub groups: usize,
     pub threads: u32,

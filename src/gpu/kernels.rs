@@ -55,6 +55,7 @@ pub(crate) enum Unit {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Dialect {
     /// CUDA and Metal: warp / SIMD-group shuffles over 32 lanes.
+    #[allow(dead_code)] // constructed by the feature-gated CUDA and Metal backends only
     Simt,
     /// WGSL: reductions through workgroup memory (also the order the CPU emulation sums in).
     Wgsl,
@@ -74,6 +75,7 @@ pub(crate) struct Kernel {
     pub ty: Option<TensorType>,
     pub op: Op,
     pub entry: &'static str,
+    #[allow(dead_code)] // read by the feature-gated GPU backends only
     pub module: Module,
     pub unit: Unit,
     pub simt: Geometry,

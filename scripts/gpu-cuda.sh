@@ -81,7 +81,7 @@ cat "$LOG.bench" >> "$LOG"
 rm -f "$LOG.bench"
 
 # --- markdown rows for docs/benchmarks.md -----------------------------------------------------
-# Lines parsed (src/gpu/mod.rs format_report):
+# Lines parsed (src/gpu/harness/report.rs format_report):
 #   backend cuda on <device> (NVRTC a.b, sm_XY CUBIN)
 #   N passed, M failed
 #   throughput <type> <values> values <ms> ms <GB/s> GB/s  (<pct>% of <peak> GB/s peak)

@@ -1149,7 +1149,7 @@ fn cli_kv_cache_flags_presets_and_errors() {
 
 /// The eval path (a `LinearSet` with a TQ4_1S, an f32 and a TQ3_1S segment, ggml numerics for
 /// the rest) gives, for every token and every row of a TQ segment, exactly the bits of
-/// `cuda_native::matvec` — the oracle held to the fork's arithmetic in src/gpu/cuda_native.rs.
+/// `cuda_native::matvec` — the oracle held to the fork's arithmetic in src/numerics/cuda_native.rs.
 #[test]
 fn cuda_numerics_linear_set_equals_cuda_native_matvec() {
     use std::sync::Arc;

@@ -1,7 +1,7 @@
 // tq GPU decode kernels, CUDA: turbo2 / turbo3 / turbo4 KV-cache blocks (FORMATS.md §3) in every
 // layout tq writes or simulates. Prepend common.cuh.
 //
-// Layout parameters (kernel arguments, see src/gpu/mod.rs `TurboSpec`):
+// Layout parameters (kernel arguments, see src/gpu/turbo_spec.rs `TurboSpec`):
 //   cb      the ascending codebook, 2^bits f32 in device memory (May-2026 CB2/CB3/CB4, the June
 //           Lloyd-Max turbo4 table, or a per-head-dim table); never hard-coded here
 //   group   values per group: 128, or 64 for 64-wide heads

@@ -12,13 +12,16 @@
 //! `compute_XY` when NVRTC cannot emit SASS for that architecture. The PTX-only check
 //! ([`compile_kernels`], no GPU needed) targets `compute_80` by default.
 
-use super::{sources, Backend, BackendKind, OpenError, TurboSpec, TURBO_QK_THREADS};
+use super::device::{Args, Device, Grid};
+use super::kernels::{Dialect, Kernel, Module, KERNELS};
+use super::{sources, BackendKind, OpenError};
 use crate::error::{Error, Result};
 use crate::types::TensorType;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 fn cuda_err(what: &str, e: impl std::fmt::Debug) -> Error {
@@ -172,17 +175,6 @@ fn is_code(e: &DriverError, c: cudarc::driver::sys::cudaError_enum) -> bool {
     e.0 == c
 }
 
-/// The kernel functions, looked up once.
-struct Funcs {
-    tq4_dequant: CudaFunction,
-    tq3_dequant: CudaFunction,
-    tq_prerotate: CudaFunction,
-    tq4_matvec: CudaFunction,
-    tq3_matvec: CudaFunction,
-    turbo_dequant: [CudaFunction; 3],
-    turbo_qk: [CudaFunction; 3],
-}
-
 /// The CUDA backend: one context on device 0 and the kernel functions.
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
@@ -192,16 +184,8 @@ pub struct CudaBackend {
     build: String,
     peak_gbs: Option<f64>,
     free_mem: Option<usize>,
-    f: Funcs,
-}
-
-fn turbo_index(ty: TensorType) -> Result<usize> {
-    match ty {
-        TensorType::Turbo2 => Ok(0),
-        TensorType::Turbo3 => Ok(1),
-        TensorType::Turbo4 => Ok(2),
-        _ => Err(Error::Unsupported(format!("{ty}: not a turbo type"))),
-    }
+    /// Every entry of the kernel table, looked up once at open.
+    funcs: HashMap<&'static str, CudaFunction>,
 }
 
 impl CudaBackend {
@@ -274,27 +258,17 @@ impl CudaBackend {
         };
         let tq = load("tq.cu", tq_img)?;
         let turbo = load("turbo.cu", turbo_img)?;
-        let get = |m: &Arc<cudarc::driver::CudaModule>, n: &str| {
-            m.load_function(n)
-                .map_err(|e| cuda_err(&format!("kernel {n}"), e))
-        };
-        let f = Funcs {
-            tq4_dequant: get(&tq, "tq4_dequant")?,
-            tq3_dequant: get(&tq, "tq3_dequant")?,
-            tq_prerotate: get(&tq, "tq_prerotate")?,
-            tq4_matvec: get(&tq, "tq4_matvec")?,
-            tq3_matvec: get(&tq, "tq3_matvec")?,
-            turbo_dequant: [
-                get(&turbo, "turbo2_dequant")?,
-                get(&turbo, "turbo3_dequant")?,
-                get(&turbo, "turbo4_dequant")?,
-            ],
-            turbo_qk: [
-                get(&turbo, "turbo2_qk")?,
-                get(&turbo, "turbo3_qk")?,
-                get(&turbo, "turbo4_qk")?,
-            ],
-        };
+        let mut funcs = HashMap::new();
+        for k in &KERNELS {
+            let m = match k.module {
+                Module::Tq => &tq,
+                Module::Turbo => &turbo,
+            };
+            let f = m
+                .load_function(k.entry)
+                .map_err(|e| cuda_err(&format!("kernel {}", k.entry), e))?;
+            funcs.insert(k.entry, f);
+        }
         let stream = ctx.default_stream();
         Ok(CudaBackend {
             ctx,
@@ -303,89 +277,17 @@ impl CudaBackend {
             build,
             peak_gbs,
             free_mem,
-            f,
+            funcs,
         })
-    }
-
-    fn upload<T: cudarc::driver::DeviceRepr>(&self, v: &[T]) -> Result<CudaSlice<T>> {
-        self.stream.clone_htod(v).map_err(|e| cuda_err("upload", e))
-    }
-
-    fn zeros(&self, n: usize) -> Result<CudaSlice<f32>> {
-        self.stream
-            .alloc_zeros::<f32>(n)
-            .map_err(|e| cuda_err("alloc", e))
-    }
-
-    /// Launch the dequantize kernel of `ty` (TQ) or `spec` (turbo) on device buffers holding
-    /// `nblk` (> 0) blocks; `cb` is the turbo codebook on the device.
-    fn launch_dequant(
-        &self,
-        ty: TensorType,
-        spec: Option<(&TurboSpec, &CudaSlice<f32>)>,
-        src: &CudaSlice<u8>,
-        dst: &mut CudaSlice<f32>,
-        nblk: usize,
-    ) -> Result<()> {
-        let n = u32::try_from(nblk)
-            .map_err(|_| Error::Unsupported(format!("cuda: {nblk} blocks in one launch")))?;
-        match spec {
-            None => {
-                let f = match ty {
-                    TensorType::TQ4_1S => &self.f.tq4_dequant,
-                    TensorType::TQ3_1S => &self.f.tq3_dequant,
-                    _ => return Err(Error::Unsupported(format!("{ty}: no GPU kernel"))),
-                };
-                let cfg = LaunchConfig {
-                    grid_dim: (nblk.div_ceil(8) as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                let mut b = self.stream.launch_builder(f);
-                b.arg(src).arg(dst).arg(&n);
-                // SAFETY: the kernel reads nblk blocks from src and writes nblk·32 f32 to dst,
-                // both allocated with those sizes; the argument types match the signature.
-                unsafe { b.launch(cfg) }.map_err(|e| cuda_err("tq dequant", e))?;
-            }
-            Some((spec, cb)) => {
-                let l = &spec.layout;
-                let f = &self.f.turbo_dequant[turbo_index(spec.ty)?];
-                let values = nblk * l.group;
-                let cfg = LaunchConfig {
-                    grid_dim: (
-                        u32::try_from(values.div_ceil(128))
-                            .map_err(|_| cuda_err("grid", values))?,
-                        1,
-                        1,
-                    ),
-                    block_dim: (128, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                let (g, bb, h) = (l.group as u32, l.block_bytes() as u32, l.header as u32);
-                let mut b = self.stream.launch_builder(f);
-                b.arg(src).arg(dst).arg(&n).arg(cb).arg(&g).arg(&bb).arg(&h);
-                // SAFETY: src holds nblk blocks of bb bytes (validated), dst nblk·g f32, cb
-                // 2^bits f32; threads past nblk·g return.
-                unsafe { b.launch(cfg) }.map_err(|e| cuda_err("turbo dequant", e))?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Working set for the throughput run: ≥ 256 MiB of blocks (H100's L2 is 50 MB), at most
-    /// a quarter of the free memory for blocks + f32 output.
-    fn bench_values_for(&self, ty: TensorType) -> usize {
-        let bs = ty.block_size();
-        let per_value = ty.block_bytes() as f64 / bs as f64;
-        let mut v = (256u64 << 20) as f64 / per_value;
-        if let Some(free) = self.free_mem {
-            v = v.min(free as f64 / 4.0 / (per_value + 4.0));
-        }
-        ((v as usize) / bs * bs).max(bs)
     }
 }
 
-impl Backend for CudaBackend {
+impl Device for CudaBackend {
+    type Buf = CudaSlice<u8>;
+    const DIALECT: Dialect = Dialect::Simt;
+    /// Launches between two events: a launch is microseconds, an event pair's resolution ~0.5 µs.
+    const TIMING_REPS: usize = 10;
+
     fn kind(&self) -> BackendKind {
         BackendKind::Cuda
     }
@@ -401,176 +303,92 @@ impl Backend for CudaBackend {
         self.peak_gbs
     }
 
+    /// Working set for the throughput run: ≥ 256 MiB of blocks (H100's L2 is 50 MB), at most
+    /// a quarter of the free memory for blocks + f32 output.
     fn bench_values(&self, ty: TensorType) -> usize {
-        self.bench_values_for(ty)
+        let bs = ty.block_size();
+        let per_value = ty.block_bytes() as f64 / bs as f64;
+        let mut v = (256u64 << 20) as f64 / per_value;
+        if let Some(free) = self.free_mem {
+            v = v.min(free as f64 / 4.0 / (per_value + 4.0));
+        }
+        ((v as usize) / bs * bs).max(bs)
     }
 
-    fn dequantize(&mut self, ty: TensorType, blocks: &[u8]) -> Result<Vec<f32>> {
-        if let Ok(spec) = TurboSpec::stock(ty) {
-            return self.turbo_dequantize(&spec, blocks);
-        }
-        let nblk = blocks.len() / ty.block_bytes();
-        if nblk == 0 {
-            return Ok(vec![]);
-        }
-        let src = self.upload(&blocks[..nblk * ty.block_bytes()])?;
-        let mut dst = self.zeros(nblk * ty.block_size())?;
-        self.launch_dequant(ty, None, &src, &mut dst, nblk)?;
+    fn upload(&mut self, bytes: &[u8]) -> Result<CudaSlice<u8>> {
         self.stream
-            .clone_dtoh(&dst)
-            .map_err(|e| cuda_err("download", e))
+            .clone_htod(bytes)
+            .map_err(|e| cuda_err("upload", e))
     }
 
-    fn turbo_dequantize(&mut self, spec: &TurboSpec, blocks: &[u8]) -> Result<Vec<f32>> {
-        spec.validate(blocks.len(), None)?;
-        let nblk = blocks.len() / spec.layout.block_bytes();
-        if nblk == 0 {
-            return Ok(vec![]);
-        }
-        let src = self.upload(blocks)?;
-        let cb = self.upload(&spec.codebook)?;
-        let mut dst = self.zeros(nblk * spec.layout.group)?;
-        self.launch_dequant(spec.ty, Some((spec, &cb)), &src, &mut dst, nblk)?;
+    fn alloc_f32(&mut self, n: usize) -> Result<CudaSlice<u8>> {
         self.stream
-            .clone_dtoh(&dst)
-            .map_err(|e| cuda_err("download", e))
+            .alloc_zeros::<u8>(n * 4)
+            .map_err(|e| cuda_err("alloc", e))
     }
 
-    fn matvec(
-        &mut self,
-        ty: TensorType,
-        w: &[u8],
-        rows: usize,
-        cols: usize,
-        x: &[f32],
-    ) -> Result<Vec<f32>> {
-        let f = match ty {
-            TensorType::TQ4_1S => &self.f.tq4_matvec,
-            TensorType::TQ3_1S => &self.f.tq3_matvec,
-            _ => return Err(Error::Unsupported(format!("{ty}: no mat-vec kernel"))),
-        };
-        if cols % 32 != 0 || x.len() < cols || w.len() < rows * cols / 32 * ty.block_bytes() {
-            return Err(Error::Unsupported(format!(
-                "{ty}: mat-vec {rows}x{cols} does not match its buffers"
-            )));
-        }
-        if rows == 0 || cols == 0 {
-            return Ok(vec![0.0; rows]);
-        }
-        let s = &self.stream;
-        let wd = self.upload(w)?;
-        let xd = self.upload(x)?;
-        let mut xr = self.zeros(cols)?;
-        let mut y = self.zeros(rows)?;
-        let nb = (cols / 32) as u32;
-        let mut b = s.launch_builder(&self.f.tq_prerotate);
-        b.arg(&xd).arg(&mut xr).arg(&nb);
-        let cfg = LaunchConfig {
-            grid_dim: ((cols / 32).div_ceil(8) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: x and xr hold `cols` f32 = nb blocks of 32.
-        unsafe { b.launch(cfg) }.map_err(|e| cuda_err("tq_prerotate", e))?;
-        let (r, c) = (rows as u32, cols as u32);
-        let mut b = s.launch_builder(f);
-        b.arg(&wd).arg(&xr).arg(&mut y).arg(&r).arg(&c);
-        let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(4) as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: w holds rows·cols/32 blocks, xr cols f32, y rows f32.
-        unsafe { b.launch(cfg) }.map_err(|e| cuda_err("tq matvec", e))?;
-        s.clone_dtoh(&y).map_err(|e| cuda_err("download", e))
-    }
-
-    fn turbo_qk(
-        &mut self,
-        spec: &TurboSpec,
-        k: &[u8],
-        rows: usize,
-        cols: usize,
-        q_rot: &[f32],
-    ) -> Result<Vec<f32>> {
-        spec.validate(k.len(), Some((rows, cols)))?;
-        if q_rot.len() < cols {
-            return Err(Error::Unsupported(
-                "cuda: query shorter than a key row".into(),
-            ));
-        }
-        if rows == 0 || cols == 0 {
-            return Ok(vec![0.0; rows]);
-        }
-        let f = &self.f.turbo_qk[turbo_index(spec.ty)?];
-        let kd = self.upload(k)?;
-        let qd = self.upload(q_rot)?;
-        let cb = self.upload(&spec.codebook)?;
-        let mut out = self.zeros(rows)?;
-        let l = &spec.layout;
-        let (r, c) = (rows as u32, cols as u32);
-        let (g, bb, h) = (l.group as u32, l.block_bytes() as u32, l.header as u32);
+    /// Arguments in the kernels' order: blocks, vec_in, out, n, cols, then cb, group, bytes, hdr
+    /// (`kernels/cuda/*.cu`; buffers are untyped device pointers).
+    fn launch(&mut self, k: &'static Kernel, grid: Grid, a: &Args<CudaSlice<u8>>) -> Result<()> {
+        let f = &self.funcs[k.entry];
         let mut b = self.stream.launch_builder(f);
-        b.arg(&kd)
-            .arg(&qd)
-            .arg(&mut out)
-            .arg(&r)
-            .arg(&c)
-            .arg(&cb)
-            .arg(&g)
-            .arg(&bb)
-            .arg(&h);
-        // The kernel's part[4] holds one partial per warp: exactly 128 threads per row.
-        const _: () = assert!(TURBO_QK_THREADS == 128);
+        if let Some(blocks) = a.blocks {
+            b.arg(blocks);
+        }
+        if let Some(v) = a.vec_in {
+            b.arg(v);
+        }
+        b.arg(a.out).arg(&a.n);
+        if let Some(c) = &a.cols {
+            b.arg(c);
+        }
+        if let Some((cb, p)) = &a.turbo {
+            b.arg(*cb).arg(&p.group).arg(&p.bytes).arg(&p.hdr);
+        }
         let cfg = LaunchConfig {
-            grid_dim: (r, 1, 1),
-            block_dim: (TURBO_QK_THREADS as u32, 1, 1),
+            grid_dim: (
+                u32::try_from(grid.groups).map_err(|_| cuda_err("grid", grid.groups))?,
+                1,
+                1,
+            ),
+            block_dim: (grid.threads, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: k holds rows·cols/g blocks (validated), q cols f32, out rows f32, cb 2^bits.
-        unsafe { b.launch(cfg) }.map_err(|e| cuda_err("turbo qk", e))?;
-        self.stream
-            .clone_dtoh(&out)
-            .map_err(|e| cuda_err("download", e))
+        // SAFETY: the argument list matches the kernel's signature (the order above); the shared
+        // launch code (gpu/device.rs) sized every buffer for `n` (and `cols`, the layout) and
+        // checked the inputs, and the kernels bound-check their indices against `n`. The turbo
+        // Q·K gets exactly TURBO_QK_THREADS threads from the table, which its part[4] requires.
+        unsafe { b.launch(cfg) }.map_err(|e| cuda_err(k.entry, e))?;
+        Ok(())
     }
 
-    /// Seconds per dequantize: the function is looked up once (at open), then each event pair
-    /// brackets `REPS` back-to-back launches; best of `iters` pairs. The harness sizes the input
-    /// to ≥ 256 MiB ([`Backend::bench_values`]) so it does not sit in L2.
-    fn time_dequantize(&mut self, ty: TensorType, blocks: &[u8], iters: usize) -> Result<f64> {
+    fn download(&mut self, buf: &CudaSlice<u8>, n: usize) -> Result<Vec<f32>> {
+        let bytes = self
+            .stream
+            .clone_dtoh(buf)
+            .map_err(|e| cuda_err("download", e))?;
+        Ok(bytes[..n * 4]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
+    /// Kernel time between two events around the launches `work` makes (the functions were
+    /// looked up once, at open).
+    fn timed(&mut self, work: &mut dyn FnMut(&mut Self) -> Result<()>) -> Result<f64> {
         use cudarc::driver::sys::CUevent_flags;
-        const REPS: usize = 10;
-        let spec = TurboSpec::stock(ty).ok();
-        let nblk = blocks.len() / ty.block_bytes();
-        if nblk == 0 {
-            return Err(Error::Unsupported("cuda: nothing to time".into()));
-        }
-        let src = self.upload(&blocks[..nblk * ty.block_bytes()])?;
-        let cb = match &spec {
-            Some(s) => Some(self.upload(&s.codebook)?),
-            None => None,
-        };
-        let sc = spec.as_ref().zip(cb.as_ref());
-        let mut dst = self.zeros(nblk * ty.block_size())?;
-        self.launch_dequant(ty, sc, &src, &mut dst, nblk)?; // warm-up
-        let mut best = f64::INFINITY;
-        for _ in 0..iters.max(1) {
-            let a = self
-                .stream
-                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(|e| cuda_err("event", e))?;
-            for _ in 0..REPS {
-                self.launch_dequant(ty, sc, &src, &mut dst, nblk)?;
-            }
-            let b = self
-                .stream
-                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(|e| cuda_err("event", e))?;
-            b.synchronize().map_err(|e| cuda_err("sync", e))?;
-            let ms = a.elapsed_ms(&b).map_err(|e| cuda_err("timing", e))?;
-            best = best.min(ms as f64 / 1e3 / REPS as f64);
-        }
+        let a = self
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| cuda_err("event", e))?;
+        work(self)?;
+        let b = self
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| cuda_err("event", e))?;
+        b.synchronize().map_err(|e| cuda_err("sync", e))?;
+        let ms = a.elapsed_ms(&b).map_err(|e| cuda_err("timing", e))?;
         let _ = &self.ctx;
-        Ok(best)
+        Ok(ms as f64 / 1e3)
     }
 }

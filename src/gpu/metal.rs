@@ -9,9 +9,10 @@
 // status we could not check without a Mac are wrapped in `unsafe` blocks.
 #![allow(unused_unsafe)]
 
-use super::{sources, Backend, BackendKind, OpenError, TurboSpec, TURBO_QK_THREADS};
+use super::device::{Args, Device, Grid, TurboParams};
+use super::kernels::{Dialect, Kernel, Module};
+use super::{sources, BackendKind, OpenError};
 use crate::error::{Error, Result};
-use crate::types::TensorType;
 use objc2::rc::Retained;
 use objc2::runtime::ProtocolObject;
 use objc2_foundation::NSString;
@@ -24,7 +25,7 @@ use std::ffi::c_void;
 use std::ptr::NonNull;
 
 type Dev = ProtocolObject<dyn MTLDevice>;
-type Buf = Retained<ProtocolObject<dyn MTLBuffer>>;
+type MetalBuf = Retained<ProtocolObject<dyn MTLBuffer>>;
 
 fn metal_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Unsupported(format!("metal: {what}: {e}"))
@@ -35,6 +36,8 @@ pub struct MetalBackend {
     queue: Retained<ProtocolObject<dyn MTLCommandQueue>>,
     tq: Retained<ProtocolObject<dyn MTLLibrary>>,
     turbo: Retained<ProtocolObject<dyn MTLLibrary>>,
+    /// GPU seconds of the launches since the last [`Device::timed`] began.
+    gpu_seconds: f64,
 }
 
 impl MetalBackend {
@@ -68,17 +71,18 @@ impl MetalBackend {
             queue,
             tq,
             turbo,
+            gpu_seconds: 0.0,
         })
     }
 
     fn pipeline(
         &self,
-        entry: &str,
+        k: &Kernel,
     ) -> Result<Retained<ProtocolObject<dyn MTLComputePipelineState>>> {
-        let lib = if entry.starts_with("turbo") {
-            &self.turbo
-        } else {
-            &self.tq
+        let entry = k.entry;
+        let lib = match k.module {
+            Module::Tq => &self.tq,
+            Module::Turbo => &self.turbo,
         };
         let f = lib
             .newFunctionWithName(&NSString::from_str(entry))
@@ -88,7 +92,7 @@ impl MetalBackend {
             .map_err(|e| metal_err(entry, e.localizedDescription()))
     }
 
-    fn buffer(&self, bytes: &[u8]) -> Result<Buf> {
+    fn buffer(&self, bytes: &[u8]) -> Result<MetalBuf> {
         let mut v = bytes.to_vec();
         v.resize(v.len().max(4), 0);
         // SAFETY: `v` is a live allocation of v.len() bytes; Metal copies it.
@@ -102,16 +106,17 @@ impl MetalBackend {
         .ok_or_else(|| Error::Unsupported("metal: buffer allocation failed".into()))
     }
 
-    fn out(&self, n: usize) -> Result<Buf> {
+    fn out(&self, n: usize) -> Result<MetalBuf> {
         self.device
             .newBufferWithLength_options(n.max(1) * 4, MTLResourceOptions::StorageModeShared)
             .ok_or_else(|| Error::Unsupported("metal: buffer allocation failed".into()))
     }
 
-    /// Run `entry` with buffers at their indices, `threads` threads in groups of `tg`; returns
-    /// the GPU time in seconds.
-    fn run(&self, entry: &str, bufs: &[(usize, &Buf)], threads: usize, tg: usize) -> Result<f64> {
-        let pso = self.pipeline(entry)?;
+    /// Run kernel `k` with buffers at their indices on `grid` (threadgroups of `grid.threads`);
+    /// returns the GPU time in seconds.
+    fn run(&self, k: &Kernel, bufs: &[(usize, &MetalBuf)], grid: Grid) -> Result<f64> {
+        let entry = k.entry;
+        let pso = self.pipeline(k)?;
         let cb = self
             .queue
             .commandBuffer()
@@ -126,9 +131,9 @@ impl MetalBackend {
             // argument at index i is a device buffer of this kind.
             unsafe { enc.setBuffer_offset_atIndex(Some(b), 0, *i) };
         }
-        let groups = threads.div_ceil(tg);
-        // SAFETY: every buffer the kernel reads or writes is bound above with enough room for
-        // `threads` threads (the kernels bound-check their indices).
+        let (groups, tg) = (grid.groups, grid.threads as usize);
+        // SAFETY: every buffer the kernel reads or writes is bound above, sized by the shared
+        // launch code (gpu/device.rs) for `n` work items (the kernels bound-check their indices).
         unsafe {
             enc.dispatchThreadgroups_threadsPerThreadgroup(
                 MTLSize {
@@ -160,78 +165,30 @@ impl MetalBackend {
         Ok(cb.GPUEndTime() - cb.GPUStartTime())
     }
 
-    fn read(buf: &Buf, n: usize) -> Vec<f32> {
+    fn read(buf: &MetalBuf, n: usize) -> Vec<f32> {
         let p = buf.contents().as_ptr() as *const f32;
         // SAFETY: the buffer holds at least n f32 and the GPU work on it has completed.
         unsafe { std::slice::from_raw_parts(p, n) }.to_vec()
     }
 
-    fn u32_buf(&self, v: u32) -> Result<Buf> {
+    fn u32_buf(&self, v: u32) -> Result<MetalBuf> {
         self.buffer(&v.to_le_bytes())
     }
 
-    fn f32_buf(&self, v: &[f32]) -> Result<Buf> {
+    /// A turbo layout as the kernels' `lay` buffer: {group, bytes, hdr}.
+    fn layout_buf(&self, p: &TurboParams) -> Result<MetalBuf> {
+        let v = [p.group, p.bytes, p.hdr];
         let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         self.buffer(&b)
-    }
-
-    fn dequant(&self, ty: TensorType, blocks: &[u8]) -> Result<(Vec<f32>, f64)> {
-        let nblk = blocks.len() / ty.block_bytes();
-        let n = nblk * ty.block_size();
-        if let Ok(spec) = TurboSpec::stock(ty) {
-            return self.turbo_dequant(&spec, blocks);
-        }
-        let (entry, tg) = match ty {
-            TensorType::TQ4_1S => ("tq4_dequant", 256),
-            TensorType::TQ3_1S => ("tq3_dequant", 256),
-            _ => return Err(Error::Unsupported(format!("{ty}: no GPU kernel"))),
-        };
-        if n == 0 {
-            return Ok((vec![], 0.0));
-        }
-        let src = self.buffer(blocks)?;
-        let dst = self.out(n)?;
-        let nb = self.u32_buf(nblk as u32)?;
-        let t = self.run(entry, &[(0, &src), (1, &dst), (2, &nb)], n, tg)?;
-        Ok((Self::read(&dst, n), t))
-    }
-
-    /// The layout of `spec` as the kernels' `lay` buffer: {group, bytes, hdr}.
-    fn layout_buf(&self, spec: &TurboSpec) -> Result<Buf> {
-        let l = &spec.layout;
-        let v = [l.group as u32, l.block_bytes() as u32, l.header as u32];
-        let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        self.buffer(&b)
-    }
-
-    fn turbo_dequant(&self, spec: &TurboSpec, blocks: &[u8]) -> Result<(Vec<f32>, f64)> {
-        spec.validate(blocks.len(), None)?;
-        let entry = match spec.ty {
-            TensorType::Turbo2 => "turbo2_dequant",
-            TensorType::Turbo3 => "turbo3_dequant",
-            _ => "turbo4_dequant",
-        };
-        let nblk = blocks.len() / spec.layout.block_bytes();
-        let n = nblk * spec.layout.group;
-        if n == 0 {
-            return Ok((vec![], 0.0));
-        }
-        let src = self.buffer(blocks)?;
-        let dst = self.out(n)?;
-        let nb = self.u32_buf(nblk as u32)?;
-        let cb = self.f32_buf(&spec.codebook)?;
-        let lay = self.layout_buf(spec)?;
-        let t = self.run(
-            entry,
-            &[(0, &src), (1, &dst), (2, &nb), (5, &cb), (6, &lay)],
-            n,
-            128,
-        )?;
-        Ok((Self::read(&dst, n), t))
     }
 }
 
-impl Backend for MetalBackend {
+impl Device for MetalBackend {
+    type Buf = MetalBuf;
+    const DIALECT: Dialect = Dialect::Simt;
+    /// Each launch is one command buffer whose GPU start/end times the API reports.
+    const TIMING_REPS: usize = 1;
+
     fn kind(&self) -> BackendKind {
         BackendKind::Metal
     }
@@ -240,94 +197,56 @@ impl Backend for MetalBackend {
         self.device.name().to_string()
     }
 
-    fn dequantize(&mut self, ty: TensorType, blocks: &[u8]) -> Result<Vec<f32>> {
-        Ok(self.dequant(ty, blocks)?.0)
+    fn upload(&mut self, bytes: &[u8]) -> Result<MetalBuf> {
+        self.buffer(bytes)
     }
 
-    fn matvec(
-        &mut self,
-        ty: TensorType,
-        w: &[u8],
-        rows: usize,
-        cols: usize,
-        x: &[f32],
-    ) -> Result<Vec<f32>> {
-        let entry = match ty {
-            TensorType::TQ4_1S => "tq4_matvec",
-            TensorType::TQ3_1S => "tq3_matvec",
-            _ => return Err(Error::Unsupported(format!("{ty}: no mat-vec kernel"))),
+    fn alloc_f32(&mut self, n: usize) -> Result<MetalBuf> {
+        self.out(n)
+    }
+
+    /// Buffer indices as in `kernels/metal/*.metal`: 0 blocks, 1 output, 2 n, 3 cols, 4 vector
+    /// input, 5 codebook, 6 layout {group, bytes, hdr}. Commits and waits (one command buffer
+    /// per launch).
+    fn launch(&mut self, k: &'static Kernel, grid: Grid, a: &Args<MetalBuf>) -> Result<()> {
+        let n = self.u32_buf(a.n)?;
+        let cols = match a.cols {
+            Some(c) => Some(self.u32_buf(c)?),
+            None => None,
         };
-        if rows == 0 || cols == 0 {
-            return Ok(vec![0.0; rows]);
-        }
-        let xb = self.f32_buf(x)?;
-        let xr = self.out(cols)?;
-        let nb = self.u32_buf((cols / 32) as u32)?;
-        self.run("tq_prerotate", &[(1, &xr), (2, &nb), (4, &xb)], cols, 256)?;
-        let wb = self.buffer(w)?;
-        let y = self.out(rows)?;
-        let r = self.u32_buf(rows as u32)?;
-        let c = self.u32_buf(cols as u32)?;
-        self.run(
-            entry,
-            &[(0, &wb), (1, &y), (2, &r), (3, &c), (4, &xr)],
-            rows * 32,
-            128,
-        )?;
-        Ok(Self::read(&y, rows))
-    }
-
-    fn turbo_dequantize(&mut self, spec: &TurboSpec, blocks: &[u8]) -> Result<Vec<f32>> {
-        Ok(self.turbo_dequant(spec, blocks)?.0)
-    }
-
-    fn turbo_qk(
-        &mut self,
-        spec: &TurboSpec,
-        k: &[u8],
-        rows: usize,
-        cols: usize,
-        q_rot: &[f32],
-    ) -> Result<Vec<f32>> {
-        spec.validate(k.len(), Some((rows, cols)))?;
-        let entry = match spec.ty {
-            TensorType::Turbo2 => "turbo2_qk",
-            TensorType::Turbo3 => "turbo3_qk",
-            _ => "turbo4_qk",
+        let turbo = match a.turbo {
+            Some((cb, p)) => Some((cb, self.layout_buf(&p)?)),
+            None => None,
         };
-        if rows == 0 || cols == 0 {
-            return Ok(vec![0.0; rows]);
+        let mut bufs: Vec<(usize, &MetalBuf)> = vec![];
+        if let Some(b) = a.blocks {
+            bufs.push((0, b));
         }
-        let kb = self.buffer(k)?;
-        let qb = self.f32_buf(q_rot)?;
-        let out = self.out(rows)?;
-        let r = self.u32_buf(rows as u32)?;
-        let c = self.u32_buf(cols as u32)?;
-        let cb = self.f32_buf(&spec.codebook)?;
-        let lay = self.layout_buf(spec)?;
-        // part[4] in the kernel: exactly TURBO_QK_THREADS (128) threads per row.
-        self.run(
-            entry,
-            &[
-                (0, &kb),
-                (1, &out),
-                (2, &r),
-                (3, &c),
-                (4, &qb),
-                (5, &cb),
-                (6, &lay),
-            ],
-            rows * TURBO_QK_THREADS,
-            TURBO_QK_THREADS,
-        )?;
-        Ok(Self::read(&out, rows))
+        bufs.push((1, a.out));
+        bufs.push((2, &n));
+        if let Some(c) = &cols {
+            bufs.push((3, c));
+        }
+        if let Some(v) = a.vec_in {
+            bufs.push((4, v));
+        }
+        if let Some((cb, lay)) = &turbo {
+            bufs.push((5, *cb));
+            bufs.push((6, lay));
+        }
+        self.gpu_seconds += self.run(k, &bufs, grid)?;
+        Ok(())
     }
 
-    fn time_dequantize(&mut self, ty: TensorType, blocks: &[u8], iters: usize) -> Result<f64> {
-        let mut best = f64::INFINITY;
-        for _ in 0..iters.max(1) + 1 {
-            best = best.min(self.dequant(ty, blocks)?.1);
-        }
-        Ok(best)
+    fn download(&mut self, buf: &MetalBuf, n: usize) -> Result<Vec<f32>> {
+        // Every launch waited for its command buffer.
+        Ok(Self::read(buf, n))
+    }
+
+    /// The GPU time of the launches `work` makes (sum of their command buffers').
+    fn timed(&mut self, work: &mut dyn FnMut(&mut Self) -> Result<()>) -> Result<f64> {
+        self.gpu_seconds = 0.0;
+        work(self)?;
+        Ok(self.gpu_seconds)
     }
 }

@@ -4,7 +4,9 @@
 //! at run time by naga and the driver. Adapter choice: `TQ_WGPU_ADAPTER=<substring>` picks an
 //! adapter by name; otherwise the first hardware adapter, else the first one (lavapipe).
 
-use super::{sources, Backend, BackendKind, OpenError, TurboSpec};
+use super::device::{Args, Device, Grid};
+use super::kernels::{Dialect, Kernel, Module};
+use super::{sources, BackendKind, OpenError};
 use crate::error::{Error, Result};
 use crate::types::TensorType;
 use std::collections::HashMap;
@@ -25,6 +27,8 @@ pub struct WgpuBackend {
     pipelines: HashMap<&'static str, wgpu::ComputePipeline>,
     max_groups: u32,
     max_binding: u64,
+    /// Dispatches launched since the last submit (a download or a timing submits them).
+    pending: Option<wgpu::CommandEncoder>,
 }
 
 /// Adapters wgpu can see, as `name (backend, type)` lines (for `--backend auto` messages).
@@ -116,17 +120,18 @@ impl WgpuBackend {
             tq,
             turbo,
             pipelines: HashMap::new(),
+            pending: None,
         })
     }
 
-    fn pipeline(&mut self, entry: &'static str) -> Result<wgpu::ComputePipeline> {
+    fn pipeline(&mut self, k: &'static Kernel) -> Result<wgpu::ComputePipeline> {
+        let entry = k.entry;
         if let Some(p) = self.pipelines.get(entry) {
             return Ok(p.clone());
         }
-        let module = if entry.starts_with("turbo") {
-            &self.turbo
-        } else {
-            &self.tq
+        let module = match k.module {
+            Module::Tq => &self.tq,
+            Module::Turbo => &self.turbo,
         };
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let p = self
@@ -167,17 +172,13 @@ impl WgpuBackend {
         })
     }
 
-    fn params(&self, n: usize, cols: usize) -> wgpu::Buffer {
-        self.params_turbo(n, cols, None)
-    }
-
-    /// Params with a turbo layout (`group`, `bytes`, `hdr`; zero for the TQ kernels).
-    fn params_turbo(&self, n: usize, cols: usize, spec: Option<&TurboSpec>) -> wgpu::Buffer {
-        let (g, b, h) = spec.map_or((0, 0, 0), |s| {
-            let l = &s.layout;
-            (l.group as u32, l.block_bytes() as u32, l.header as u32)
-        });
-        let p: [u32; 8] = [n as u32, cols as u32, g, b, h, 0, 0, 0];
+    /// The kernels' `Params` uniform: `n, cols, group, bytes, hdr` (zero where a kernel has no
+    /// such argument) and padding to 32 bytes.
+    fn params(&self, a: &Args<wgpu::Buffer>) -> wgpu::Buffer {
+        let (g, b, h) = a
+            .turbo
+            .map_or((0, 0, 0), |(_, p)| (p.group, p.bytes, p.hdr));
+        let p: [u32; 8] = [a.n, a.cols.unwrap_or(0), g, b, h, 0, 0, 0];
         let bytes: Vec<u8> = p.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -204,10 +205,11 @@ impl WgpuBackend {
 
     fn bind(
         &mut self,
-        entry: &'static str,
+        k: &'static Kernel,
         bufs: &[(u32, &wgpu::Buffer)],
     ) -> Result<(wgpu::ComputePipeline, wgpu::BindGroup)> {
-        let p = self.pipeline(entry)?;
+        let entry = k.entry;
+        let p = self.pipeline(k)?;
         let entries: Vec<wgpu::BindGroupEntry> = bufs
             .iter()
             .map(|(b, buf)| wgpu::BindGroupEntry {
@@ -275,55 +277,14 @@ impl WgpuBackend {
         staging.unmap();
         Ok(v)
     }
-
-    fn dequant_entry(ty: TensorType) -> Result<(&'static str, usize)> {
-        // (entry point, elements per workgroup)
-        Ok(match ty {
-            TensorType::TQ4_1S => ("tq4_dequant", 256),
-            TensorType::TQ3_1S => ("tq3_dequant", 256),
-            TensorType::Turbo2 => ("turbo2_dequant", 128),
-            TensorType::Turbo3 => ("turbo3_dequant", 128),
-            TensorType::Turbo4 => ("turbo4_dequant", 128),
-            _ => return Err(Error::Unsupported(format!("{ty}: no GPU kernel"))),
-        })
-    }
-
-    /// Encode `reps` back-to-back dequantize dispatches of `nblk` blocks (`reps` > 1: timing).
-    fn encode_dequant(
-        &mut self,
-        ty: TensorType,
-        spec: Option<&TurboSpec>,
-        src: &wgpu::Buffer,
-        out: &wgpu::Buffer,
-        nblk: usize,
-        reps: usize,
-    ) -> Result<wgpu::CommandEncoder> {
-        let (entry, per_group) = Self::dequant_entry(ty)?;
-        let n = nblk * spec.map_or(ty.block_size(), |s| s.layout.group);
-        let params = self.params_turbo(nblk, 0, spec);
-        let cb = spec.map(|s| self.f32_storage("cb", &s.codebook));
-        let mut bufs = vec![(0, src), (1, out), (2, &params)];
-        if let Some(cb) = &cb {
-            bufs.push((4, cb));
-        }
-        let (p, bg) = self.bind(entry, &bufs)?;
-        let grid = self.grid(n.div_ceil(per_group))?;
-        let mut enc = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        for _ in 0..reps.max(1) {
-            self.encode(&mut enc, &p, &bg, grid);
-        }
-        Ok(enc)
-    }
-
-    fn f32_storage(&self, label: &str, v: &[f32]) -> wgpu::Buffer {
-        let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        self.storage(label, &b)
-    }
 }
 
-impl Backend for WgpuBackend {
+impl Device for WgpuBackend {
+    type Buf = wgpu::Buffer;
+    const DIALECT: Dialect = Dialect::Wgsl;
+    /// One submit and one wait per 8 dispatches, so the fixed submit/poll cost is amortized.
+    const TIMING_REPS: usize = 8;
+
     fn kind(&self) -> BackendKind {
         BackendKind::Wgpu
     }
@@ -339,133 +300,59 @@ impl Backend for WgpuBackend {
         )
     }
 
-    fn dequantize(&mut self, ty: TensorType, blocks: &[u8]) -> Result<Vec<f32>> {
-        if let Ok(spec) = TurboSpec::stock(ty) {
-            return self.turbo_dequantize(&spec, blocks);
-        }
-        let nblk = blocks.len() / ty.block_bytes();
-        let n = nblk * ty.block_size();
-        if n == 0 {
-            return Ok(vec![]);
-        }
-        let src = self.storage("blocks", blocks);
-        let out = self.output(n);
-        let enc = self.encode_dequant(ty, None, &src, &out, nblk, 1)?;
-        self.finish(enc, &out, n)
+    fn upload(&mut self, bytes: &[u8]) -> Result<wgpu::Buffer> {
+        Ok(self.storage("in", bytes))
     }
 
-    fn turbo_dequantize(&mut self, spec: &TurboSpec, blocks: &[u8]) -> Result<Vec<f32>> {
-        spec.validate(blocks.len(), None)?;
-        let nblk = blocks.len() / spec.layout.block_bytes();
-        let n = nblk * spec.layout.group;
-        if n == 0 {
-            return Ok(vec![]);
-        }
-        let src = self.storage("blocks", blocks);
-        let out = self.output(n);
-        let enc = self.encode_dequant(spec.ty, Some(spec), &src, &out, nblk, 1)?;
-        self.finish(enc, &out, n)
+    fn alloc_f32(&mut self, n: usize) -> Result<wgpu::Buffer> {
+        Ok(self.output(n))
     }
 
-    fn matvec(
-        &mut self,
-        ty: TensorType,
-        w: &[u8],
-        rows: usize,
-        cols: usize,
-        x: &[f32],
-    ) -> Result<Vec<f32>> {
-        let entry = match ty {
-            TensorType::TQ4_1S => "tq4_matvec",
-            TensorType::TQ3_1S => "tq3_matvec",
-            _ => return Err(Error::Unsupported(format!("{ty}: no mat-vec kernel"))),
-        };
-        if rows == 0 || cols == 0 {
-            return Ok(vec![0.0; rows]);
+    /// Encode one dispatch into the pending command encoder; bindings as in
+    /// `kernels/wgsl/common.wgsl` (0 src, 1 dst, 2 params, 3 vec_in) and `turbo.wgsl` (4 cb).
+    fn launch(&mut self, k: &'static Kernel, grid: Grid, a: &Args<wgpu::Buffer>) -> Result<()> {
+        let params = self.params(a);
+        let mut bufs = vec![];
+        if let Some(b) = a.blocks {
+            bufs.push((0, b));
         }
-        let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let xbuf = self.storage("x", &xb);
-        let xr = self.output(cols);
-        let wbuf = self.storage("w", w);
-        let y = self.output(rows);
-        let p_rot = self.params(cols / 32, 0);
-        let p_mv = self.params(rows, cols);
-        let (pr, bgr) = self.bind("tq_prerotate", &[(1, &xr), (2, &p_rot), (3, &xbuf)])?;
-        let (pm, bgm) = self.bind(entry, &[(0, &wbuf), (1, &y), (2, &p_mv), (3, &xr)])?;
-        let g_rot = self.grid((cols / 32).div_ceil(8))?;
-        let g_mv = self.grid(rows)?;
-        let mut enc = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        self.encode(&mut enc, &pr, &bgr, g_rot);
-        self.encode(&mut enc, &pm, &bgm, g_mv);
-        self.finish(enc, &y, rows)
-    }
-
-    fn turbo_qk(
-        &mut self,
-        spec: &TurboSpec,
-        k: &[u8],
-        rows: usize,
-        cols: usize,
-        q_rot: &[f32],
-    ) -> Result<Vec<f32>> {
-        let entry = match spec.ty {
-            TensorType::Turbo2 => "turbo2_qk",
-            TensorType::Turbo3 => "turbo3_qk",
-            TensorType::Turbo4 => "turbo4_qk",
-            ty => return Err(Error::Unsupported(format!("{ty}: no Q·K kernel"))),
-        };
-        spec.validate(k.len(), Some((rows, cols)))?;
-        if rows == 0 || cols == 0 {
-            return Ok(vec![0.0; rows]);
+        bufs.push((1, a.out));
+        bufs.push((2, &params));
+        if let Some(v) = a.vec_in {
+            bufs.push((3, v));
         }
-        let qbuf = self.f32_storage("q", q_rot);
-        let kbuf = self.storage("k", k);
-        let cb = self.f32_storage("cb", &spec.codebook);
-        let out = self.output(rows);
-        let params = self.params_turbo(rows, cols, Some(spec));
-        let (p, bg) = self.bind(
-            entry,
-            &[(0, &kbuf), (1, &out), (2, &params), (3, &qbuf), (4, &cb)],
-        )?;
-        let grid = self.grid(rows)?;
-        let mut enc = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        if let Some((cb, _)) = &a.turbo {
+            bufs.push((4, *cb));
+        }
+        let (p, bg) = self.bind(k, &bufs)?;
+        let grid = self.grid(grid.groups)?;
+        let mut enc = self.pending.take().unwrap_or_else(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+        });
         self.encode(&mut enc, &p, &bg, grid);
-        self.finish(enc, &out, rows)
+        self.pending = Some(enc);
+        Ok(())
     }
 
-    /// Best over `iters` submissions of `REPS` back-to-back dispatches each (one submit and one
-    /// wait per `REPS` kernels, so the fixed submit/poll cost is amortized), per dispatch.
-    fn time_dequantize(&mut self, ty: TensorType, blocks: &[u8], iters: usize) -> Result<f64> {
-        const REPS: usize = 8;
-        let spec = TurboSpec::stock(ty).ok();
-        let nblk = blocks.len() / ty.block_bytes();
-        let n = nblk * ty.block_size();
-        if n == 0 {
-            return Err(Error::Unsupported("wgpu: nothing to time".into()));
-        }
-        let src = self.storage("blocks", blocks);
-        let out = self.output(n);
-        // Warm-up (pipeline creation, first-touch of the buffers).
-        let enc = self.encode_dequant(ty, spec.as_ref(), &src, &out, nblk, 1)?;
-        self.queue.submit([enc.finish()]);
+    fn download(&mut self, buf: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> {
+        let enc = self.pending.take().unwrap_or_else(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+        });
+        self.finish(enc, buf, n)
+    }
+
+    /// Submit to completion of the dispatches `work` encodes (encoding is not timed).
+    fn timed(&mut self, work: &mut dyn FnMut(&mut Self) -> Result<()>) -> Result<f64> {
+        work(self)?;
+        let enc = self.pending.take();
+        let t = Instant::now();
+        self.queue.submit(enc.map(|e| e.finish()));
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| gpu_err("poll", e))?;
-        let mut best = f64::INFINITY;
-        for _ in 0..iters.max(1) {
-            let enc = self.encode_dequant(ty, spec.as_ref(), &src, &out, nblk, REPS)?;
-            let t = Instant::now();
-            self.queue.submit([enc.finish()]);
-            self.device
-                .poll(wgpu::PollType::wait_indefinitely())
-                .map_err(|e| gpu_err("poll", e))?;
-            best = best.min(t.elapsed().as_secs_f64() / REPS as f64);
-        }
-        Ok(best)
+        Ok(t.elapsed().as_secs_f64())
     }
 
     /// Discrete/integrated GPUs: up to 256 MiB of blocks (well above any L2), within the

@@ -1,0 +1,220 @@
+//! The kernel-entry table: for every (type, operation) the entry point, the source file that
+//! holds it and its launch geometry. It is the one place that knows these; every backend (CUDA,
+//! Metal, wgpu and the CPU emulation) reads it through [`kernel`], and the operations built on it
+//! (`gpu/device.rs`) compute each launch's grid from it. The entry names are the same in the three
+//! kernel languages (a test checks each is defined in every source).
+
+use crate::error::{Error, Result};
+use crate::types::TensorType;
+
+/// Threads per key row of the turbo Q·K kernels in every backend. The CUDA and Metal kernels
+/// reduce through `part[4]`, one partial per 32-wide warp/SIMD group, so they must be launched
+/// with exactly this many threads (CUDA also declares `__launch_bounds__(128)`); WGSL's
+/// `@workgroup_size(128)` fixes it in the source.
+pub const TURBO_QK_THREADS: usize = 128;
+const _: () = assert!(
+    TURBO_QK_THREADS == 128,
+    "part[4]: one partial per 32-lane warp"
+);
+
+/// What a kernel computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// Whole blocks to f32 (TQ: original domain; turbo: rotated domain).
+    Dequantize,
+    /// Forward rotation of each 32-block of an activation: the mat-vec's first launch.
+    Prerotate,
+    /// `y[r] = W[r]·x̂` over the pre-rotated activation (TQ weights).
+    MatVec,
+    /// `score[r] = q̂ · K[r]` over a pre-rotated query (turbo keys).
+    TurboQk,
+}
+
+/// The kernel file an entry point is in; each backend compiles both when it opens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Module {
+    /// `kernels/<lang>/tq.*`
+    Tq,
+    /// `kernels/<lang>/turbo.*`
+    Turbo,
+}
+
+/// What a kernel's work items are: what [`Geometry::per_group`] counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unit {
+    /// Packed blocks (TQ dequantize) or 32-value blocks of the activation (prerotate).
+    Block,
+    /// Output values (turbo dequantize: one thread each, any number of groups per workgroup).
+    Value,
+    /// Matrix or key rows (mat-vec, Q·K).
+    Row,
+}
+
+/// Which geometry column of the table a backend launches with: the two kernel styles differ for
+/// the mat-vec only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    /// CUDA and Metal: warp / SIMD-group shuffles over 32 lanes.
+    #[allow(dead_code)] // constructed by the feature-gated CUDA and Metal backends only
+    Simt,
+    /// WGSL: reductions through workgroup memory (also the order the CPU emulation sums in).
+    Wgsl,
+}
+
+/// Threads per workgroup (CUDA block, Metal threadgroup) and the work items each covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    pub threads: u32,
+    pub per_group: usize,
+}
+
+/// One kernel entry point.
+#[derive(Debug)]
+pub(crate) struct Kernel {
+    /// The type it decodes; `None` for the type-independent prerotate.
+    pub ty: Option<TensorType>,
+    pub op: Op,
+    pub entry: &'static str,
+    #[allow(dead_code)] // read by the feature-gated GPU backends only
+    pub module: Module,
+    pub unit: Unit,
+    pub simt: Geometry,
+    pub wgsl: Geometry,
+}
+
+impl Kernel {
+    pub fn geometry(&self, d: Dialect) -> Geometry {
+        match d {
+            Dialect::Simt => self.simt,
+            Dialect::Wgsl => self.wgsl,
+        }
+    }
+}
+
+const fn geo(threads: u32, per_group: usize) -> Geometry {
+    Geometry { threads, per_group }
+}
+
+const fn k(
+    ty: Option<TensorType>,
+    op: Op,
+    entry: &'static str,
+    module: Module,
+    unit: Unit,
+    simt: Geometry,
+    wgsl: Geometry,
+) -> Kernel {
+    Kernel {
+        ty,
+        op,
+        entry,
+        module,
+        unit,
+        simt,
+        wgsl,
+    }
+}
+
+const TQ4: Option<TensorType> = Some(TensorType::TQ4_1S);
+const TQ3: Option<TensorType> = Some(TensorType::TQ3_1S);
+const T2: Option<TensorType> = Some(TensorType::Turbo2);
+const T3: Option<TensorType> = Some(TensorType::Turbo3);
+const T4: Option<TensorType> = Some(TensorType::Turbo4);
+const QK_GEO: Geometry = geo(TURBO_QK_THREADS as u32, 1);
+
+/// Every kernel. Dequantize and prerotate: 256 threads = 8 blocks of 32 (TQ), or one thread per
+/// value, 128 per group (turbo). Mat-vec: one 32-lane warp/SIMD group per row, 4 rows per
+/// 128 threads (CUDA, Metal), or one 64-thread workgroup per row (WGSL). Q·K: one 128-thread
+/// workgroup per key row ([`TURBO_QK_THREADS`]).
+#[rustfmt::skip]
+pub(crate) static KERNELS: [Kernel; 11] = [
+    //  type  op              entry             module          unit         simt            wgsl
+    k(TQ4,  Op::Dequantize, "tq4_dequant",    Module::Tq,    Unit::Block, geo(256, 8),    geo(256, 8)),
+    k(TQ3,  Op::Dequantize, "tq3_dequant",    Module::Tq,    Unit::Block, geo(256, 8),    geo(256, 8)),
+    k(None, Op::Prerotate,  "tq_prerotate",   Module::Tq,    Unit::Block, geo(256, 8),    geo(256, 8)),
+    k(TQ4,  Op::MatVec,     "tq4_matvec",     Module::Tq,    Unit::Row,   geo(128, 4),    geo(64, 1)),
+    k(TQ3,  Op::MatVec,     "tq3_matvec",     Module::Tq,    Unit::Row,   geo(128, 4),    geo(64, 1)),
+    k(T2,   Op::Dequantize, "turbo2_dequant", Module::Turbo, Unit::Value, geo(128, 128),  geo(128, 128)),
+    k(T3,   Op::Dequantize, "turbo3_dequant", Module::Turbo, Unit::Value, geo(128, 128),  geo(128, 128)),
+    k(T4,   Op::Dequantize, "turbo4_dequant", Module::Turbo, Unit::Value, geo(128, 128),  geo(128, 128)),
+    k(T2,   Op::TurboQk,    "turbo2_qk",      Module::Turbo, Unit::Row,   QK_GEO,         QK_GEO),
+    k(T3,   Op::TurboQk,    "turbo3_qk",      Module::Turbo, Unit::Row,   QK_GEO,         QK_GEO),
+    k(T4,   Op::TurboQk,    "turbo4_qk",      Module::Turbo, Unit::Row,   QK_GEO,         QK_GEO),
+];
+
+/// The kernel for `op` on `ty` (`ty` is ignored for the prerotate), or why there is none.
+pub(crate) fn kernel(ty: TensorType, op: Op) -> Result<&'static Kernel> {
+    KERNELS
+        .iter()
+        .find(|k| k.op == op && (op == Op::Prerotate || k.ty == Some(ty)))
+        .ok_or_else(|| {
+            Error::Unsupported(match op {
+                Op::Dequantize => format!("{ty}: no GPU kernel"),
+                Op::MatVec => format!("{ty}: no mat-vec kernel"),
+                Op::TurboQk => format!("{ty}: no Q·K kernel"),
+                Op::Prerotate => unreachable!("the table has a prerotate"),
+            })
+        })
+}
+
+/// The prerotate kernel of the TQ mat-vec.
+pub(crate) fn prerotate() -> &'static Kernel {
+    kernel(TensorType::TQ4_1S, Op::Prerotate).expect("the table has a prerotate")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::{sources, KERNEL_TYPES};
+
+    /// Every kernel type has a dequantize and its dot kernel, and nothing else is in the table.
+    #[test]
+    fn table_covers_the_kernel_types() {
+        for ty in KERNEL_TYPES {
+            assert!(kernel(ty, Op::Dequantize).is_ok(), "{ty}");
+            let tq = ty.is_tq_weight();
+            assert_eq!(kernel(ty, Op::MatVec).is_ok(), tq, "{ty}");
+            assert_eq!(kernel(ty, Op::TurboQk).is_ok(), !tq, "{ty}");
+        }
+        for k in &KERNELS {
+            assert!(
+                k.ty.is_none_or(|t| KERNEL_TYPES.contains(&t)),
+                "{}",
+                k.entry
+            );
+            assert!(k.simt.threads as usize % 32 == 0 && k.wgsl.threads > 0);
+        }
+        assert!(kernel(TensorType::Q4_0, Op::Dequantize).is_err());
+        assert_eq!(prerotate().entry, "tq_prerotate");
+    }
+
+    /// Each entry point is defined in its module in every language (WGSL with the table's size).
+    #[test]
+    fn entries_exist_in_every_language() {
+        for k in &KERNELS {
+            let (cuda, metal, wgsl) = match k.module {
+                Module::Tq => (sources::CUDA_TQ, sources::METAL_TQ, sources::WGSL_TQ),
+                Module::Turbo => (
+                    sources::CUDA_TURBO,
+                    sources::METAL_TURBO,
+                    sources::WGSL_TURBO,
+                ),
+            };
+            // The turbo kernels are defined through macros: `TURBO_QK(turbo2_qk, ...)`.
+            let defined = |src: &str, forms: &[String]| forms.iter().any(|f| src.contains(f));
+            let e = k.entry;
+            let macro_use = format!("({e},");
+            assert!(
+                defined(cuda, &[format!("void {e}("), macro_use.clone()]),
+                "cuda {e}"
+            );
+            assert!(
+                defined(metal, &[format!("void {e}("), macro_use.clone()]),
+                "metal {e}"
+            );
+            // WGSL fixes the workgroup size in the source: it must be the table's.
+            let wgsl_def = format!("@workgroup_size({})\nfn {e}(", k.wgsl.threads);
+            assert!(wgsl.contains(&wgsl_def), "wgsl {e}: {wgsl_def}");
+        }
+    }
+}

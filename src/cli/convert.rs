@@ -70,6 +70,10 @@ pub struct ConvertArgs {
     /// (as `tq calib --sequential`).
     #[arg(long, requires = "calib")]
     pub calib_sequential: bool,
+    /// With --calib H.safetensors: use an interrupted `tq calib` checkpoint (fewer windows or
+    /// blocks than it was started with) as it is, instead of refusing it.
+    #[arg(long, requires = "calib")]
+    pub allow_partial_calib: bool,
     /// LDLQ error-feedback band in columns (0 = full).
     #[arg(long, default_value_t = 0)]
     pub ldlq_band: usize,
@@ -242,6 +246,9 @@ fn resolve_ldlq(
         }
         Some(p) => {
             let (hessians, meta) = tq::quant::Hessians::load(p)?;
+            if !a.allow_partial_calib {
+                refuse_partial(p, &meta)?;
+            }
             if let Some(d) = tq::calib::sequential::mismatch(&meta, now) {
                 eprintln!(
                     "tq: warning: {}: sequential Hessians were computed for another quantization ({d}); blocks after the first saw activations of a model this conversion does not write (rerun tq calib --sequential with matching flags)",
@@ -257,6 +264,34 @@ fn resolve_ldlq(
         }
         None => None,
     })
+}
+
+/// A Hessian file `tq calib` was interrupted while writing (`tq.complete = "false"`) is refused,
+/// naming how far it got and how to finish it.
+fn refuse_partial(
+    p: &std::path::Path,
+    meta: &std::collections::BTreeMap<String, String>,
+) -> Result<()> {
+    if meta.get("tq.complete").map(String::as_str) != Some("false") {
+        return Ok(());
+    }
+    let get = |k: &str| meta.get(k).map_or("?", String::as_str);
+    let held = if get("tq.sequential") == "true" {
+        format!("sequential, blocks done: {}", get("tq.layers_done"))
+    } else {
+        format!(
+            "{} of {} windows",
+            get("tq.windows_done"),
+            get("tq.windows_total")
+        )
+    };
+    Err(Error::bad_input(
+        p,
+        format!(
+            "an interrupted calibration checkpoint ({held}); finish it with `tq calib` and the same flags plus --resume -o {}, or pass --allow-partial-calib to use it as it is",
+            p.display()
+        ),
+    ))
 }
 
 fn request(a: &ConvertArgs) -> Result<Request<'static>> {
@@ -336,6 +371,9 @@ fn canonical_flags(a: &ConvertArgs, req: &Request) -> String {
             if a.calib_sequential {
                 f.push("--calib-sequential".into());
             }
+        }
+        if a.allow_partial_calib {
+            f.push("--allow-partial-calib".into());
         }
         f.push(format!("--ldlq-band {} --damp {}", a.ldlq_band, a.damp));
     }

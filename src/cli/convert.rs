@@ -16,13 +16,15 @@ pub struct ConvertArgs {
     #[arg(short, long)]
     pub output: Option<PathBuf>,
     /// Default type of 2-D weights (tq4_1s, tq3_1s, q8_0, q4_0, q4_1, f16, bf16, f32, ...).
-    /// Without --weights, --recipe or overrides every tensor keeps its type (a pure copy).
+    /// Without --weights, --recipe or overrides every tensor keeps its type (a pure copy); with
+    /// any of them but no --weights, the default is tq4_1s.
     #[arg(long)]
     pub weights: Option<String>,
     /// pure | config-i | hybrid | premium (see `docs/user-guide.md`).
     #[arg(long)]
     pub recipe: Option<String>,
-    /// REGEX=TYPE for tensors whose name matches (repeatable; first match wins).
+    /// REGEX=TYPE for tensors whose name matches (repeatable; first match wins). Without
+    /// --weights, every other 2-D weight is quantized to tq4_1s (give --weights to choose).
     #[arg(long = "tensor-type", value_name = "REGEX=TYPE")]
     pub tensor_type: Vec<String>,
     /// File with one REGEX=TYPE per line (after the --tensor-type flags).
@@ -83,7 +85,8 @@ pub struct ConvertArgs {
     /// No progress bar and no notices (errors are still printed).
     #[arg(short, long)]
     pub quiet: bool,
-    /// Do not add tq.* provenance keys nor touch general.file_type (for byte-exact copies).
+    /// Do not add tq.* provenance keys (for byte-exact copies). general.file_type is still set
+    /// from the plan when types change (it describes the tensors written).
     #[arg(long)]
     pub no_provenance: bool,
 }
@@ -93,6 +96,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
 }
 
 fn convert(a: &ConvertArgs) -> Result<()> {
+    super::check_damp(a.damp)?;
     let profile = Profile::select(a.target.as_deref(), a.type_map.as_deref())?;
     let out = match (&a.output, a.dry_run) {
         (Some(o), _) => Some(o.clone()),

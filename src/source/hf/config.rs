@@ -144,7 +144,7 @@ impl Config {
             }),
             None => Err(Error::bad_input(
                 &self.path,
-                format!("missing '{}'", keys[keys.len().min(2) - 1]),
+                format!("missing '{}'", keys_wanted(keys)),
             )),
         }
     }
@@ -525,6 +525,14 @@ impl Config {
     }
 }
 
+/// The key convert_hf_to_gguf's models name (for a missing value): the first `num_*` /
+/// `hidden_size` spelling, else the first.
+fn keys_wanted<'a>(keys: &[&'a str]) -> &'a str {
+    keys.iter()
+        .find(|k| k.starts_with("num_") || **k == "hidden_size")
+        .unwrap_or(&keys[0])
+}
+
 fn keys_present(c: &Config, keys: &[&str]) -> String {
     keys.iter()
         .find(|k| c.hp.contains_key(**k))
@@ -631,6 +639,20 @@ mod tests {
             let e = cfg(s).err().expect(s).to_string();
             assert!(!e.contains('\n'), "{e}");
         }
+    }
+
+    #[test]
+    fn a_missing_key_is_named_as_config_json_spells_it() {
+        let e = cfg(r#"{"architectures":["LlamaForCausalLM"],"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2}"#)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("missing 'hidden_size'"), "{e}");
+        let e = cfg(r#"{"architectures":["LlamaForCausalLM"],"hidden_size":64}"#)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("missing 'num_hidden_layers'"), "{e}");
     }
 
     #[test]

@@ -668,8 +668,7 @@ mod tests {
             .unwrap();
             let e = c
                 .arch_metadata(1, &mut vec![])
-                .err()
-                .expect(theta)
+                .expect_err(theta)
                 .to_string();
             assert!(e.contains(want) && !e.contains('\n'), "{e}");
         }

@@ -727,7 +727,7 @@ fn convert_calibrates_inline_on_text() {
                 "--calib-ctx",
                 "32",
             ],
-            "fewer than one window",
+            "is less than one window: it must be at least --calib-ctx 32",
         ),
         (vec!["--calib", s(&p("missing.txt"))], "missing.txt"),
         (

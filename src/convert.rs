@@ -168,6 +168,39 @@ pub fn execute(
     Ok(stats)
 }
 
+/// The one rule for every tensor written: a non-finite value is an error naming the tensor, row and
+/// column ([`crate::quant::check_finite`]), for copied bytes as for converted ones. Copies of a
+/// type tq decodes are decoded chunk by chunk to check (integer and f64 tensors have nothing to
+/// check, and types tq cannot decode are copied as they are).
+fn check_copy_finite(
+    src: &dyn TensorSource,
+    i: usize,
+    name: &str,
+    dims: &[u64],
+    ty: crate::types::TensorType,
+) -> Result<()> {
+    if ty.info().dequantize.is_none() || !(ty.is_float() || ty.is_quantized()) {
+        return Ok(());
+    }
+    let row_len = dims.first().copied().unwrap_or(1).max(1) as usize;
+    let n_rows: u64 = dims.iter().skip(1).product();
+    let rows_per_chunk = (CHUNK_VALUES / row_len).max(1) as u64;
+    let mut row0 = 0u64;
+    while row0 < n_rows {
+        let rows = rows_per_chunk.min(n_rows - row0) as usize;
+        let mut x = vec![0f32; rows * row_len];
+        x.par_chunks_mut(row_len)
+            .enumerate()
+            .try_for_each(|(r, row)| -> Result<()> {
+                let abs = row0 + r as u64;
+                src.read_rows_f32(i, abs, row)?;
+                crate::quant::check_finite(name, abs, row)
+            })?;
+        row0 += rows as u64;
+    }
+    Ok(())
+}
+
 fn produce(
     src: &dyn TensorSource,
     plan: &Plan,
@@ -182,6 +215,7 @@ fn produce(
     for (i, e) in plan.entries.iter().enumerate() {
         if e.action == Action::Copy {
             if let Some(raw) = src.raw(i) {
+                check_copy_finite(src, i, &e.name, &e.dims, e.src)?;
                 for c in raw.chunks(CHUNK_VALUES * 4) {
                     tx.send(c.to_vec()).map_err(|_| closed())?;
                 }

@@ -291,11 +291,13 @@ fn human(b: u64) -> String {
 /// Human-readable rendering.
 pub fn render_text(r: &Report, show_tensors: bool) -> String {
     use std::fmt::Write;
+    // Names and keys come from the file: control characters are escaped, never printed raw.
+    use crate::error::one_line as esc;
     let mut s = String::new();
     let _ = writeln!(
         s,
         "{}: {}{} · {} ({} bytes)",
-        r.file,
+        esc(&r.file),
         r.format,
         r.version.map(|v| format!(" v{v}")).unwrap_or_default(),
         human(r.file_bytes),
@@ -315,16 +317,21 @@ pub fn render_text(r: &Report, show_tensors: bool) -> String {
         );
     }
     let _ = writeln!(s, "\nmetadata ({} keys):", r.metadata.len());
-    let kw = r.metadata.iter().map(|m| m.key.len()).max().unwrap_or(0);
+    let kw = r
+        .metadata
+        .iter()
+        .map(|m| esc(&m.key).len())
+        .max()
+        .unwrap_or(0);
     for m in &r.metadata {
-        let _ = writeln!(s, "  {:kw$}  {:<14} {}", m.key, m.ty, m.text);
+        let _ = writeln!(s, "  {:kw$}  {:<14} {}", esc(&m.key), m.ty, esc(&m.text));
     }
     if show_tensors {
         let _ = writeln!(s, "\ntensors ({}):", r.tensors.len());
         let nw = r
             .tensors
             .iter()
-            .map(|t| t.name.len())
+            .map(|t| esc(&t.name).len())
             .max()
             .unwrap_or(4)
             .max(4);
@@ -343,7 +350,10 @@ pub fn render_text(r: &Report, show_tensors: bool) -> String {
             let _ = writeln!(
                 s,
                 "  {:nw$}  {:<22} {:<8} {:>12}",
-                t.name, shape, t.ty, t.bytes
+                esc(&t.name),
+                shape,
+                t.ty,
+                t.bytes
             );
         }
     }

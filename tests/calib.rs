@@ -66,6 +66,50 @@ fn calib_resume_equals_uninterrupted() {
     assert!(err.contains("checkpoint is for another"), "{err}");
 }
 
+/// An interrupted checkpoint (`tq.complete = "false"`) is refused by `convert --calib`, naming
+/// how many windows it holds and how to finish it, unless --allow-partial-calib is given.
+#[test]
+fn convert_refuses_an_interrupted_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, toks) = setup(dir.path());
+    let part = dir.path().join("part.safetensors");
+    let (code, err) = run_tq(
+        &calib_args(&model, &toks, &part, &[]),
+        Some(("TQ_CALIB_ABORT_AFTER", "1")),
+    );
+    assert_eq!(code, 2, "{err}");
+    let out = dir.path().join("out.gguf");
+    let conv = |extra: &[&str]| {
+        let mut a = vec![
+            "convert",
+            s(&model),
+            "--weights",
+            "tq4_1s",
+            "--calib",
+            s(&part),
+            "-q",
+            "-o",
+            s(&out),
+        ];
+        a.extend(extra);
+        tq(&a)
+    };
+    let (code, _, err) = conv(&[]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("part.safetensors")
+            && err.contains("2 of 8 windows")
+            && err.contains("--resume")
+            && err.contains("--allow-partial-calib"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    let (code, _, err) = conv(&["--allow-partial-calib"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.exists());
+}
+
 #[test]
 fn convert_with_ldlq_beats_rtn_at_identical_size() {
     let dir = tempfile::tempdir().unwrap();
@@ -683,7 +727,7 @@ fn convert_calibrates_inline_on_text() {
                 "--calib-ctx",
                 "32",
             ],
-            "fewer than one window",
+            "is less than one window: it must be at least --calib-ctx 32",
         ),
         (vec!["--calib", s(&p("missing.txt"))], "missing.txt"),
         (

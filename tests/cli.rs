@@ -219,3 +219,136 @@ fn inspect_large_sparse_file() {
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(j["parameters"], 65536u64 * 65536);
 }
+
+/// Issue 15's smaller findings: names from a file are escaped by `inspect`; `--threads` is
+/// capped; the messages for a lone safetensors file, a directory, a device, `--calib-tokens 0`,
+/// `--tokens 0` and `--damp nan` say what is wrong; `--help` states the tq4_1s default of
+/// overrides and what `--no-provenance` leaves.
+#[test]
+fn small_findings_have_clear_messages() {
+    use tq::gguf::{GString, Value};
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+
+    // inspect: control characters in a key and a tensor name are escaped.
+    let fx = fixtures::gguf_gen::build_with_data(
+        3,
+        None,
+        vec![(
+            "general.name\u{7}".into(),
+            Value::String(GString::from("x")),
+        )],
+        vec![("evil\u{1b}[31m.weight".into(), vec![4], 0, vec![0u8; 16])],
+    );
+    std::fs::write(d("ctl.gguf"), &fx.bytes).unwrap();
+    let (code, out, err) = tq(&["inspect", &d("ctl.gguf")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out:?}");
+    assert!(
+        out.contains("evil\\u{1b}[31m.weight") && out.contains("general.name\\u{7}"),
+        "{out}"
+    );
+
+    let model = d("tiny.gguf");
+    std::fs::write(&model, fixtures::gguf_gen::tiny_llama(1, 64, 64, 32).bytes).unwrap();
+    std::fs::write(d("text.txt"), "some calibration text ".repeat(50)).unwrap();
+    std::fs::write(d("toks.txt"), "1 2 3 4 5 6 7 8").unwrap();
+    let st = {
+        let v = vec![(
+            "w".to_string(),
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &[0u8; 8])
+                .unwrap(),
+        )];
+        safetensors::serialize(v, None).unwrap()
+    };
+    std::fs::write(d("x.safetensors"), st).unwrap();
+    let out_gguf = d("out.gguf");
+    let (toks, text, stf, hfile) = (
+        d("toks.txt"),
+        d("text.txt"),
+        d("x.safetensors"),
+        d("h.safetensors"),
+    );
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["convert", &model, "--threads", "100000", "--dry-run"],
+            "--threads 100000 is more than 4 x the",
+        ),
+        (
+            vec!["eval", &model, "--tokens", &toks, "--threads", "100000"],
+            "--threads 100000 is more than 4 x the",
+        ),
+        (
+            vec!["convert", &stf, "--dry-run"],
+            "a single safetensors file is not a model: give the Hugging Face model directory",
+        ),
+        (
+            vec!["eval", dir.path().to_str().unwrap(), "--tokens", &toks],
+            "is a directory; give a GGUF file",
+        ),
+        (
+            vec!["convert", "/dev/null", "-o", &out_gguf],
+            "/dev/null: is not a regular file",
+        ),
+        (
+            vec![
+                "convert",
+                &model,
+                "--weights",
+                "tq4_1s",
+                "--calib",
+                &text,
+                "--calib-tokens",
+                "0",
+                "-o",
+                &out_gguf,
+            ],
+            "--calib-tokens 0 is less than one window: it must be at least --calib-ctx 512",
+        ),
+        (
+            vec![
+                "calib",
+                &model,
+                "--token-file",
+                &toks,
+                "--tokens",
+                "0",
+                "-o",
+                &hfile,
+            ],
+            "--tokens 0 is less than one window: it must be at least --ctx 512",
+        ),
+        (
+            vec![
+                "convert",
+                &model,
+                "--weights",
+                "tq4_1s",
+                "--damp",
+                "nan",
+                "-o",
+                &out_gguf,
+            ],
+            "--damp NaN must be a finite number >= 0",
+        ),
+    ];
+    for (args, want) in cases {
+        let (code, _, err) = tq(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains(want), "{args:?}: want '{want}' in {err}");
+    }
+    assert!(!std::path::Path::new(&out_gguf).exists());
+
+    let (code, help, _) = tq(&["convert", "--help"]);
+    assert_eq!(code, 0);
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        help.contains("Without --weights, every other 2-D weight is quantized to tq4_1s"),
+        "{help}"
+    );
+    assert!(
+        help.contains("general.file_type is still set from the plan"),
+        "{help}"
+    );
+}

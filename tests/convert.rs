@@ -254,6 +254,75 @@ fn recipes_assign_roles_and_boundaries() {
     assert_eq!(ty2(&j, "blk.3.ffn_up.weight"), "tq3_1s");
 }
 
+/// One rule for non-finite values: every tensor convert writes is checked, copies included — a
+/// NaN in an F16 weight copied as f16, an Inf in an F32 norm copied as f32, a NaN in a pure copy.
+#[test]
+fn non_finite_values_are_refused_in_copies_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let fx = fixtures::gguf_gen::tiny_llama(1, 64, 64, 32);
+    // name, bad value, element, F16 (type 1) for 2-D tensors or F32, flags, expected message
+    for (name, bad, at, f16, flags, want) in [
+        (
+            "blk.0.ffn_up.weight",
+            f32::NAN,
+            64 * 3 + 5,
+            true,
+            vec!["--weights", "f16"],
+            "row 3, column 5",
+        ),
+        (
+            "blk.0.ffn_norm.weight",
+            f32::INFINITY,
+            9,
+            false,
+            vec!["--weights", "q8_0"],
+            "inf at row 0, column 9",
+        ),
+        (
+            "blk.0.attn_v.weight",
+            f32::NAN,
+            64 + 1,
+            false,
+            vec![],
+            "NaN at row 1, column 1",
+        ),
+    ] {
+        let tensors = fx
+            .tensors
+            .iter()
+            .map(|(n, d, _, data)| {
+                let mut v: Vec<f32> = data
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect();
+                if n == name {
+                    v[at] = bad;
+                }
+                if f16 && d.len() == 2 {
+                    let b = v
+                        .iter()
+                        .flat_map(|x| half::f16::from_f32(*x).to_bits().to_le_bytes())
+                        .collect();
+                    (n.clone(), d.clone(), 1u32, b)
+                } else {
+                    let b = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    (n.clone(), d.clone(), 0u32, b)
+                }
+            })
+            .collect();
+        let bad_fx = fixtures::gguf_gen::build_with_data(3, None, fx.metadata.clone(), tensors);
+        let inp = write(dir.path(), "nan.gguf", &bad_fx);
+        let out = dir.path().join("out.gguf");
+        let mut a = vec!["convert", s(&inp), "-o", s(&out)];
+        a.extend(flags);
+        let (code, _, err) = tq(&a);
+        assert_eq!(code, 2, "{name}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains(name) && err.contains(want), "{err}");
+        assert!(!out.exists());
+    }
+}
+
 #[test]
 fn bad_inputs_fail_cleanly_with_no_output() {
     let dir = tempfile::tempdir().unwrap();

@@ -1358,3 +1358,64 @@ fn cli_numerics_errors_and_text_report() {
     assert!(out.contains("Numerics: cuda-native"), "{out}");
     assert!(out.contains("changed nothing"), "{out}");
 }
+
+/// NaN/Inf weights: `tq eval` names the tensor, row and column and fails (exit 2) instead of
+/// printing "PPL = NaN" with exit 0 — for a block weight, a norm and the output projection.
+#[test]
+fn eval_refuses_non_finite_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let toks: Vec<String> = tokens(16 * 2, 100, 3)
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    let tf = dir.path().join("tokens.txt");
+    std::fs::write(&tf, toks.join(" ")).unwrap();
+    for (name, index, bad, want) in [
+        (
+            "blk.1.ffn_down.weight",
+            3 * 128 + 5,
+            f32::NAN,
+            "blk.1.ffn_down.weight: non-finite weight NaN at row 3, column 5",
+        ),
+        (
+            "blk.0.attn_norm.weight",
+            7,
+            f32::INFINITY,
+            "blk.0.attn_norm.weight: non-finite weight inf at row 0, column 7",
+        ),
+        (
+            "output.weight",
+            64 * 99 + 63,
+            f32::NEG_INFINITY,
+            "output.weight: non-finite weight -inf at row 99, column 63",
+        ),
+    ] {
+        let fx = fixtures::gguf_gen::tiny_llama(2, 64, 128, 100);
+        let tensors = fx
+            .tensors
+            .into_iter()
+            .map(|(n, d, id, mut data)| {
+                if n == name {
+                    data[index * 4..index * 4 + 4].copy_from_slice(&bad.to_le_bytes());
+                }
+                (n, d, id, data)
+            })
+            .collect();
+        let fx = build_with_data(3, None, fx.metadata, tensors);
+        let p = dir.path().join("nan.gguf");
+        std::fs::write(&p, &fx.bytes).unwrap();
+        let (code, out, err) = tq(&[
+            "eval",
+            p.to_str().unwrap(),
+            "--tokens",
+            tf.to_str().unwrap(),
+            "--ctx",
+            "16",
+            "-q",
+        ]);
+        assert_eq!(code, 2, "{name}: {out} {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains("nan.gguf") && err.contains(want), "{err}");
+        assert!(!out.contains("PPL"), "{out}");
+    }
+}

@@ -936,6 +936,45 @@ fn hostile_directories() {
     write_st(&m.dir.path().join("model.safetensors"), &t, Dtype::F32);
     expect_error(m.dir.path(), "layer 7");
 
+    // config.json says more layers than the shards hold: refused before anything is written,
+    // naming the first missing tensor and the shards searched.
+    let (_, m) = small();
+    let cfg = std::fs::read_to_string(m.dir.path().join("config.json")).unwrap();
+    std::fs::write(
+        m.dir.path().join("config.json"),
+        cfg.replace(r#""num_hidden_layers":1"#, r#""num_hidden_layers":3"#),
+    )
+    .unwrap();
+    expect_error(
+        m.dir.path(),
+        "tensor 'model.layers.1.input_layernorm.weight' (blk.1.attn_norm.weight) is not in model.safetensors; 18 of the 30 tensors",
+    );
+    // One tensor of a block missing (qwen3: a q/k norm; qwen2: a bias), and an untied lm_head.
+    for (arch, class, drop, needle) in [
+        (
+            "qwen3",
+            "Qwen3ForCausalLM",
+            "model.layers.0.self_attn.k_norm.weight",
+            "(blk.0.attn_k_norm.weight)",
+        ),
+        (
+            "qwen2",
+            "Qwen2ForCausalLM",
+            "model.layers.1.self_attn.v_proj.bias",
+            "(blk.1.attn_v.bias)",
+        ),
+        (
+            "llama",
+            "LlamaForCausalLM",
+            "lm_head.weight",
+            "tie_word_embeddings false",
+        ),
+    ] {
+        let mut t = tiny_tensors(arch, 2, 16, 2, 2, 8);
+        t.retain(|x| x.0 != drop);
+        let m = tiny_dir(arch, class, &t, 2, 2, "");
+        expect_error(m.dir.path(), needle);
+    }
     // Hostile config values and broken JSON.
     for (cfg, needle) in [
         (

@@ -79,6 +79,12 @@ pub fn calibrate_text(
             "tq convert: --calib-ctx must be >= 2 and --calib-batch >= 1".into(),
         ));
     }
+    if o.tokens < o.ctx {
+        return Err(Error::Usage(format!(
+            "tq convert: --calib-tokens {} is less than one window: it must be at least --calib-ctx {}",
+            o.tokens, o.ctx
+        )));
+    }
     let f = GgufFile::open_with(model, profile)?;
     let (tokens, bos) = Input::Text(text).tokens(&f)?;
     let windows = first_windows(&tokens, bos, o.tokens, o.ctx).ok_or_else(|| {

@@ -98,6 +98,13 @@ pub fn run(a: CalibArgs) -> Result<()> {
 }
 
 fn calibrate(a: &CalibArgs) -> Result<()> {
+    super::check_damp(a.damp)?;
+    if a.self_generate.is_none() && a.tokens < a.ctx {
+        return Err(Error::Usage(format!(
+            "tq calib: --tokens {} is less than one window: it must be at least --ctx {}",
+            a.tokens, a.ctx
+        )));
+    }
     let f = GgufFile::open(&a.model)?;
     let mut extra_meta = BTreeMap::new();
     let windows = if let Some(n) = a.self_generate {

@@ -16,13 +16,15 @@ pub struct ConvertArgs {
     #[arg(short, long)]
     pub output: Option<PathBuf>,
     /// Default type of 2-D weights (tq4_1s, tq3_1s, q8_0, q4_0, q4_1, f16, bf16, f32, ...).
-    /// Without --weights, --recipe or overrides every tensor keeps its type (a pure copy).
+    /// Without --weights, --recipe or overrides every tensor keeps its type (a pure copy); with
+    /// any of them but no --weights, the default is tq4_1s.
     #[arg(long)]
     pub weights: Option<String>,
     /// pure | config-i | hybrid | premium (see `docs/user-guide.md`).
     #[arg(long)]
     pub recipe: Option<String>,
-    /// REGEX=TYPE for tensors whose name matches (repeatable; first match wins).
+    /// REGEX=TYPE for tensors whose name matches (repeatable; first match wins). Without
+    /// --weights, every other 2-D weight is quantized to tq4_1s (give --weights to choose).
     #[arg(long = "tensor-type", value_name = "REGEX=TYPE")]
     pub tensor_type: Vec<String>,
     /// File with one REGEX=TYPE per line (after the --tensor-type flags).
@@ -70,6 +72,10 @@ pub struct ConvertArgs {
     /// (as `tq calib --sequential`).
     #[arg(long, requires = "calib")]
     pub calib_sequential: bool,
+    /// With --calib H.safetensors: use an interrupted `tq calib` checkpoint (fewer windows or
+    /// blocks than it was started with) as it is, instead of refusing it.
+    #[arg(long, requires = "calib")]
+    pub allow_partial_calib: bool,
     /// LDLQ error-feedback band in columns (0 = full).
     #[arg(long, default_value_t = 0)]
     pub ldlq_band: usize,
@@ -79,7 +85,8 @@ pub struct ConvertArgs {
     /// No progress bar and no notices (errors are still printed).
     #[arg(short, long)]
     pub quiet: bool,
-    /// Do not add tq.* provenance keys nor touch general.file_type (for byte-exact copies).
+    /// Do not add tq.* provenance keys (for byte-exact copies). general.file_type is still set
+    /// from the plan when types change (it describes the tensors written).
     #[arg(long)]
     pub no_provenance: bool,
 }
@@ -89,6 +96,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
 }
 
 fn convert(a: &ConvertArgs) -> Result<()> {
+    super::check_damp(a.damp)?;
     let profile = Profile::select(a.target.as_deref(), a.type_map.as_deref())?;
     let out = match (&a.output, a.dry_run) {
         (Some(o), _) => Some(o.clone()),
@@ -252,6 +260,9 @@ fn resolve_ldlq(
         }
         Some(p) => {
             let (hessians, meta) = tq::quant::Hessians::load(p)?;
+            if !a.allow_partial_calib {
+                refuse_partial(p, &meta)?;
+            }
             if let Some(d) = tq::calib::sequential::mismatch(&meta, now) {
                 eprintln!(
                     "tq: warning: {}: sequential Hessians were computed for another quantization ({d}); blocks after the first saw activations of a model this conversion does not write (rerun tq calib --sequential with matching flags)",
@@ -267,6 +278,34 @@ fn resolve_ldlq(
         }
         None => None,
     })
+}
+
+/// A Hessian file `tq calib` was interrupted while writing (`tq.complete = "false"`) is refused,
+/// naming how far it got and how to finish it.
+fn refuse_partial(
+    p: &std::path::Path,
+    meta: &std::collections::BTreeMap<String, String>,
+) -> Result<()> {
+    if meta.get("tq.complete").map(String::as_str) != Some("false") {
+        return Ok(());
+    }
+    let get = |k: &str| meta.get(k).map_or("?", String::as_str);
+    let held = if get("tq.sequential") == "true" {
+        format!("sequential, blocks done: {}", get("tq.layers_done"))
+    } else {
+        format!(
+            "{} of {} windows",
+            get("tq.windows_done"),
+            get("tq.windows_total")
+        )
+    };
+    Err(Error::bad_input(
+        p,
+        format!(
+            "an interrupted calibration checkpoint ({held}); finish it with `tq calib` and the same flags plus --resume -o {}, or pass --allow-partial-calib to use it as it is",
+            p.display()
+        ),
+    ))
 }
 
 fn request(a: &ConvertArgs) -> Result<Request<'static>> {
@@ -346,6 +385,9 @@ fn canonical_flags(a: &ConvertArgs, req: &Request) -> String {
             if a.calib_sequential {
                 f.push("--calib-sequential".into());
             }
+        }
+        if a.allow_partial_calib {
+            f.push("--allow-partial-calib".into());
         }
         f.push(format!("--ldlq-band {} --damp {}", a.ldlq_band, a.damp));
     }

@@ -39,19 +39,41 @@ enum Command {
     Kernels(kernels::KernelsArgs),
 }
 
-/// The one thread policy, for every command: `--threads N` workers (0 is a usage error), by
-/// default all cores. Resolved once, here; the library runs in the pool it is called from.
+/// `--threads` above this many per available core is refused (thousands of threads stall the
+/// machine and gain nothing).
+const MAX_THREADS_PER_CORE: usize = 4;
+
+/// The one thread policy, for every command: `--threads N` workers (0, or more than
+/// [`MAX_THREADS_PER_CORE`] x the available cores, is a usage error), by default all cores. Resolved once, here; the library runs in the pool it is called from.
 fn thread_pool(threads: Option<usize>) -> tq::error::Result<(rayon::ThreadPool, usize)> {
     use tq::error::Error;
     if threads == Some(0) {
         return Err(Error::Usage("--threads must be at least 1".into()));
     }
-    let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if let Some(t) = threads.filter(|&t| t > MAX_THREADS_PER_CORE * cores) {
+        return Err(Error::Usage(format!(
+            "--threads {t} is more than {MAX_THREADS_PER_CORE} x the {cores} available cores; give at most {}",
+            MAX_THREADS_PER_CORE * cores
+        )));
+    }
+    let n = threads.unwrap_or(cores);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(n)
         .build()
         .map_err(|e| Error::Usage(format!("cannot start {n} threads: {e}")))?;
     Ok((pool, n))
+}
+
+/// `--damp`: a finite, non-negative multiple of mean(diag(H)).
+pub fn check_damp(damp: f64) -> tq::error::Result<()> {
+    if damp.is_finite() && damp >= 0.0 {
+        Ok(())
+    } else {
+        Err(tq::error::Error::Usage(format!(
+            "--damp {damp} must be a finite number >= 0 (a fraction of mean(diag(H)), e.g. 0.01)"
+        )))
+    }
 }
 
 /// Run `f` in the [`thread_pool`] for `--threads`, giving it the worker count.

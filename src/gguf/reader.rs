@@ -81,6 +81,20 @@ impl GgufFile {
     pub fn open_with(path: impl AsRef<Path>, profile: &Profile) -> Result<GgufFile> {
         let path = path.as_ref().to_path_buf();
         let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+        // mmap of a directory or a device fails with "No such device": say what the path is.
+        let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
+        if meta.is_dir() {
+            return Err(Error::bad_input(
+                &path,
+                "is a directory; give a GGUF file (only tq convert and tq inspect read a Hugging Face model directory)",
+            ));
+        }
+        if !meta.is_file() {
+            return Err(Error::bad_input(
+                &path,
+                "is not a regular file; give a GGUF file",
+            ));
+        }
         // SAFETY: the map is read-only; a file truncated underneath us by another process is the
         // usual mmap caveat (documented in docs/gguf.md), not something a header can cause.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;

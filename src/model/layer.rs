@@ -48,7 +48,22 @@ pub fn dequantize_rows(
         .try_for_each(|(ci, o)| {
             let a = r0 + ci * rows_per_chunk;
             let b = a + o.len() / k;
-            crate::types::dequantize(ty, &data[a * row_bytes..b * row_bytes], o, &t.name)
+            crate::types::dequantize(ty, &data[a * row_bytes..b * row_bytes], o, &t.name)?;
+            // NaN/Inf weights would turn every result into NaN: name the first one instead.
+            // One pass over values the dequantizer just wrote (still in cache).
+            match o.iter().position(|v| !v.is_finite()) {
+                None => Ok(()),
+                Some(i) => Err(Error::bad_input(
+                    &f.path,
+                    format!(
+                        "{}: non-finite weight {} at row {}, column {}; the model file is corrupt (fix or reconvert the source model)",
+                        crate::error::one_line(&t.name),
+                        o[i],
+                        a + i / k,
+                        i % k
+                    ),
+                )),
+            }
         })
 }
 

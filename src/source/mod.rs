@@ -72,7 +72,23 @@ pub fn open(
     if crate::source::hf::is_model_dir(path) {
         return Ok(Box::new(crate::source::hf::HfSource::open(path)?));
     }
-    Ok(Box::new(GgufSource::new(crate::gguf::GgufFile::open_with(
-        path, profile,
-    )?)))
+    match crate::gguf::GgufFile::open_with(path, profile) {
+        Ok(f) => Ok(Box::new(GgufSource::new(f))),
+        Err(e @ crate::error::Error::BadInput { .. }) => {
+            // A lone safetensors file holds weights but no config or tokenizer: say what to give.
+            let mut head = [0u8; 16];
+            let n = std::fs::File::open(path)
+                .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+                .unwrap_or(0);
+            if st::looks_like_safetensors(&head[..n]) {
+                Err(crate::error::Error::bad_input(
+                    path,
+                    "a single safetensors file is not a model: give the Hugging Face model directory (config.json + *.safetensors + tokenizer files), or a GGUF file",
+                ))
+            } else {
+                Err(e)
+            }
+        }
+        Err(e) => Err(e),
+    }
 }

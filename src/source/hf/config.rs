@@ -144,7 +144,7 @@ impl Config {
             }),
             None => Err(Error::bad_input(
                 &self.path,
-                format!("missing '{}'", keys[keys.len().min(2) - 1]),
+                format!("missing '{}'", keys_wanted(keys)),
             )),
         }
     }
@@ -173,6 +173,25 @@ impl Config {
                     format!("'{}' must be a number", keys_present(self, keys)),
                 )
             }),
+        }
+    }
+
+    /// A config.json number written as a GGUF f32: a number that is finite as an f32 (a string,
+    /// `1e300` or NaN is an error naming the key, not a silent default or `inf`).
+    fn f32_of(&self, key: &str, v: &Json) -> Result<f32> {
+        match v.as_f64() {
+            Some(x) if (x as f32).is_finite() => Ok(x as f32),
+            Some(x) => Err(Error::bad_input(
+                &self.path,
+                format!("'{key}' is {x:e}, out of the f32 range a GGUF holds"),
+            )),
+            None => Err(Error::bad_input(
+                &self.path,
+                format!(
+                    "'{key}' must be a number, not {}",
+                    crate::error::one_line(&v.to_string())
+                ),
+            )),
         }
     }
 
@@ -337,22 +356,26 @@ impl Config {
                 _ => {}
             }
         }
-        if let Some(t) = rope.get("rope_theta").and_then(|v| v.as_f64()) {
-            put("rope.freq_base", Value::F32(t as f32));
+        if let Some(t) = rope.get("rope_theta") {
+            put("rope.freq_base", Value::F32(self.f32_of("rope_theta", t)?));
         }
         if let Some(t) = self
             .rope_parameters()
             .get("sliding_attention")
             .and_then(|v| v.get("rope_theta"))
-            .and_then(|v| v.as_f64())
         {
-            put("rope.freq_base_swa", Value::F32(t as f32));
+            put(
+                "rope.freq_base_swa",
+                Value::F32(self.f32_of("sliding-window rope_theta", t)?),
+            );
         }
         if let Some(e) = self.opt_f64(&["rms_norm_eps", "norm_eps"])? {
-            put("attention.layer_norm_rms_epsilon", Value::F32(e as f32));
+            let e = self.f32_of("rms_norm_eps", &Json::from(e))?;
+            put("attention.layer_norm_rms_epsilon", Value::F32(e));
         }
         if let Some(e) = self.opt_f64(&["layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"])? {
-            put("attention.layer_norm_epsilon", Value::F32(e as f32));
+            let e = self.f32_of("layer_norm_eps", &Json::from(e))?;
+            put("attention.layer_norm_epsilon", Value::F32(e));
         }
         if let Some(hd) = self.head_dim_explicit()? {
             put("attention.key_length", Value::U32(hd as u32));
@@ -461,7 +484,10 @@ impl Config {
             return Ok(None);
         }
         let num = |k: &str, d: f64| rope.get(k).and_then(|v| v.as_f64()).unwrap_or(d);
-        let base = num("rope_theta", 10000.0);
+        let base = match rope.get("rope_theta") {
+            Some(v) => f64::from(self.f32_of("rope_theta", v)?),
+            None => 10000.0,
+        };
         let dim = self
             .head_dim_explicit()?
             .unwrap_or(self.n_embd / self.n_head);
@@ -497,6 +523,14 @@ impl Config {
         }
         Ok(Some(out))
     }
+}
+
+/// The key convert_hf_to_gguf's models name (for a missing value): the first `num_*` /
+/// `hidden_size` spelling, else the first.
+fn keys_wanted<'a>(keys: &[&'a str]) -> &'a str {
+    keys.iter()
+        .find(|k| k.starts_with("num_") || **k == "hidden_size")
+        .unwrap_or(&keys[0])
 }
 
 fn keys_present(c: &Config, keys: &[&str]) -> String {
@@ -604,6 +638,39 @@ mod tests {
         ] {
             let e = cfg(s).err().expect(s).to_string();
             assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_missing_key_is_named_as_config_json_spells_it() {
+        let e = cfg(r#"{"architectures":["LlamaForCausalLM"],"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2}"#)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("missing 'hidden_size'"), "{e}");
+        let e = cfg(r#"{"architectures":["LlamaForCausalLM"],"hidden_size":64}"#)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("missing 'num_hidden_layers'"), "{e}");
+    }
+
+    #[test]
+    fn rope_theta_must_be_an_f32_number() {
+        for (theta, want) in [
+            (r#""abc""#, "'rope_theta' must be a number, not \"abc\""),
+            ("1e300", "'rope_theta' is 1e300, out of the f32 range"),
+        ] {
+            let c = cfg(&format!(
+                r#"{{"architectures":["Qwen2ForCausalLM"],"num_hidden_layers":2,"hidden_size":64,
+                "num_attention_heads":4,"num_key_value_heads":2,"rope_theta":{theta}}}"#
+            ))
+            .unwrap();
+            let e = c
+                .arch_metadata(1, &mut vec![])
+                .expect_err(theta)
+                .to_string();
+            assert!(e.contains(want) && !e.contains('\n'), "{e}");
         }
     }
 

@@ -357,6 +357,7 @@ impl HfSource {
         if tensors.is_empty() {
             return Err(Error::bad_input(dir, "no tensors to convert"));
         }
+        check_complete(dir, &config, &parts, &out_names)?;
 
         // Metadata in convert_hf_to_gguf's order.
         let total: u64 = tensors.iter().map(|t| t.n_elements()).sum();
@@ -390,6 +391,67 @@ impl HfSource {
             metadata: md,
         })
     }
+}
+
+/// Every tensor the architecture needs for config.json's block count is in the shards: a
+/// missing one is an error naming it and the shards searched (a config.json that says more
+/// layers than the checkpoint holds would otherwise convert into a file no engine loads).
+fn check_complete(
+    dir: &Path,
+    config: &Config,
+    parts: &[String],
+    out_names: &std::collections::HashSet<String>,
+) -> Result<()> {
+    // `lm_head` is required only where the config says the embeddings are not tied and the class
+    // has an LM head (base-model classes have none; llama.cpp then reuses token_embd).
+    let lm_head = config
+        .hp
+        .get("tie_word_embeddings")
+        .and_then(|v| v.as_bool())
+        == Some(false)
+        && config.hf_arch.ends_with("ForCausalLM");
+    let need: Vec<(String, String)> = names::required(config.arch, config.n_layer, lm_head)
+        .into_iter()
+        .filter_map(|hf| {
+            let (g, _) = names::map(
+                config.arch,
+                &config.hf_arch,
+                &hf,
+                config.n_head,
+                config.n_head_kv,
+            )?;
+            Some((hf, g))
+        })
+        .collect();
+    let missing: Vec<&(String, String)> = need
+        .iter()
+        .filter(|(_, g)| !out_names.contains(g))
+        .collect();
+    let Some((hf, g)) = missing.first() else {
+        return Ok(());
+    };
+    let shards = if parts.len() <= 3 {
+        parts.join(", ")
+    } else {
+        format!(
+            "{} … {} ({} shards)",
+            parts[0],
+            parts[parts.len() - 1],
+            parts.len()
+        )
+    };
+    Err(Error::bad_input(
+        dir,
+        format!(
+            "tensor '{hf}' ({g}) is not in {shards}; {} of the {} tensors a {}-block {} model needs are missing (config.json gives {} layers{}): add the missing shards or fix config.json",
+            missing.len(),
+            need.len(),
+            config.n_layer,
+            config.arch.name(),
+            config.n_layer,
+            if lm_head { ", tie_word_embeddings false" } else { "" }
+        ),
+    ))
 }
 
 impl HfSource {

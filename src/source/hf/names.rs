@@ -109,6 +109,45 @@ pub fn map(
 
 pub use crate::arch::layer_of;
 
+/// The Hugging Face tensors a model of `arch` with `n_layer` blocks must hold (the ones llama.cpp
+/// loads without `TENSOR_NOT_REQUIRED`), in file order: embeddings, final norm, the output
+/// projection when `lm_head` is expected, then per block its norms, q/k/v/o (+ q/k/v biases for
+/// qwen2, q/k norms for qwen3) and gate/up/down.
+pub fn required(arch: Arch, n_layer: u64, lm_head: bool) -> Vec<String> {
+    let mut v: Vec<String> = vec![
+        "model.embed_tokens.weight".into(),
+        "model.norm.weight".into(),
+    ];
+    if lm_head {
+        v.push("lm_head.weight".into());
+    }
+    for l in 0..n_layer {
+        let mut parts = vec![
+            "input_layernorm.weight",
+            "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight",
+            "post_attention_layernorm.weight",
+            "mlp.gate_proj.weight",
+            "mlp.up_proj.weight",
+            "mlp.down_proj.weight",
+        ];
+        if arch == Arch::Qwen2 {
+            parts.extend([
+                "self_attn.q_proj.bias",
+                "self_attn.k_proj.bias",
+                "self_attn.v_proj.bias",
+            ]);
+        }
+        if arch.qk_norm() {
+            parts.extend(["self_attn.q_norm.weight", "self_attn.k_norm.weight"]);
+        }
+        v.extend(parts.iter().map(|p| format!("model.layers.{l}.{p}")));
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

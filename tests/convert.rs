@@ -356,3 +356,65 @@ fn ty2(j: &serde_json::Value, n: &str) -> String {
         .unwrap()
         .to_string()
 }
+
+/// Zero-element tensors (ne0 = 0, e.g. dims [0, 576]) are valid GGUF: llama.cpp's gguf reader
+/// skips its overflow check for them and gguf-py reads them. They convert as empty tensors (of
+/// the planned type), whatever the request; a 0-dim tensor is one value. Used to panic
+/// ("chunk_size must not be zero").
+#[test]
+fn zero_element_tensors_convert_as_empty_tensors() {
+    use tq::gguf::{GString, Value};
+    let dir = tempfile::tempdir().unwrap();
+    let md = vec![(
+        "general.architecture".to_string(),
+        Value::String(GString::from("llama")),
+    )];
+    let q: Vec<u8> = fixtures::gguf_gen::gaussian(1, 64 * 64, 0.02)
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let t = |n: &str, dims: Vec<u64>, id: u32, data: Vec<u8>| (n.to_string(), dims, id, data);
+    let fx = fixtures::gguf_gen::build_with_data(
+        3,
+        None,
+        md,
+        vec![
+            t("blk.0.attn_q.weight", vec![64, 64], 0, q),
+            t("blk.0.attn_k.weight", vec![0, 576], 1, vec![]),
+            t("blk.0.attn_v.weight", vec![64, 0], 1, vec![]),
+            t("blk.0.ffn_up.weight", vec![0, 576], 8, vec![]),
+            t("scalar", vec![], 1, vec![0, 0x3c]),
+        ],
+    );
+    let inp = write(dir.path(), "in.gguf", &fx);
+    for args in [
+        vec!["--weights", "q8_0"],
+        vec!["--weights", "tq4_1s", "--recipe", "hybrid"],
+        vec![],
+    ] {
+        let out = dir.path().join("out.gguf");
+        let mut a = vec!["convert", s(&inp), "-o", s(&out), "-q"];
+        a.extend(&args);
+        let (code, _, err) = tq(&a);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        let f = GgufFile::open(&out).unwrap();
+        for (name, dims) in [
+            ("blk.0.attn_k.weight", vec![0u64, 576]),
+            ("blk.0.attn_v.weight", vec![64, 0]),
+            ("blk.0.ffn_up.weight", vec![0, 576]),
+        ] {
+            let t = f.tensor(name).unwrap();
+            assert_eq!((t.dims.clone(), t.size), (dims, 0), "{args:?} {name}");
+        }
+        let t = f.tensor("scalar").unwrap();
+        assert!(t.dims.is_empty(), "{args:?}");
+        let want = if args.is_empty() {
+            TensorType::F16
+        } else {
+            TensorType::F32
+        };
+        assert_eq!(t.ty, want, "{args:?}");
+        std::fs::remove_file(&out).unwrap();
+    }
+}

@@ -433,12 +433,17 @@ fn print_plan(plan: &Plan, a: &ConvertArgs, size: u64, profile: &Profile) -> Res
         );
         return Ok(());
     }
-    let nw = plan.entries.iter().map(|e| e.name.len()).max().unwrap_or(4);
+    let names: Vec<String> = plan
+        .entries
+        .iter()
+        .map(|e| tq::inspect::cell(&e.name))
+        .collect();
+    let nw = tq::inspect::column_width(&names, 4);
     println!(
         "{:nw$}  {:<16} {:<18} {:<11} {:>11}  reason",
         "tensor", "shape", "type", "action", "bytes"
     );
-    for e in &plan.entries {
+    for (e, name) in plan.entries.iter().zip(&names) {
         let shape = e
             .dims
             .iter()
@@ -448,8 +453,7 @@ fn print_plan(plan: &Plan, a: &ConvertArgs, size: u64, profile: &Profile) -> Res
         let ty = format!("{} -> {}", e.src, e.dst);
         let action = format!("{:?}", e.action).to_lowercase();
         println!(
-            "{:nw$}  {:<16} {:<18} {:<11} {:>11}  {}",
-            e.name,
+            "{name:nw$}  {:<16} {:<18} {:<11} {:>11}  {}",
             shape,
             ty,
             action,

@@ -418,3 +418,129 @@ fn zero_element_tensors_convert_as_empty_tensors() {
         std::fs::remove_file(&out).unwrap();
     }
 }
+
+/// Files no engine can load (llama.cpp's loader and `tq eval` refuse them) used to convert with
+/// exit 0 and no word: now one warning line each, naming the tensor or key, and `--strict`
+/// refuses them before writing (exit 2, no output).
+#[test]
+fn files_engines_refuse_warn_and_fail_under_strict() {
+    use tq::gguf::Value;
+    let dir = tempfile::tempdir().unwrap();
+    let base = fixtures::gguf_gen::tiny_llama(2, 64, 128, 96);
+    let rebuild = |md: Vec<(String, Value)>, t: Vec<(String, Vec<u64>, u32, Vec<u8>)>| {
+        fixtures::gguf_gen::build_with_data(3, None, md, t)
+    };
+    let long = format!("{}.weight", "x".repeat(60));
+    let cases: Vec<(&str, fixtures::gguf_gen::Fixture, Vec<&str>)> = vec![
+        (
+            "name over 63 bytes",
+            {
+                let mut t = base.tensors.clone();
+                t.push((long.clone(), vec![64], 0, vec![0; 256]));
+                rebuild(base.metadata.clone(), t)
+            },
+            vec![long.as_str(), "67 bytes", "63"],
+        ),
+        (
+            "head_count 0",
+            {
+                let mut md = base.metadata.clone();
+                for (k, v) in &mut md {
+                    if k == "llama.attention.head_count" {
+                        *v = Value::U32(0);
+                    }
+                }
+                rebuild(md, base.tensors.clone())
+            },
+            vec!["llama.attention.head_count = 0"],
+        ),
+        (
+            "missing tensor",
+            {
+                let t = base
+                    .tensors
+                    .iter()
+                    .filter(|t| t.0 != "blk.1.ffn_down.weight")
+                    .cloned()
+                    .collect();
+                rebuild(base.metadata.clone(), t)
+            },
+            vec!["blk.1.ffn_down.weight is missing"],
+        ),
+        (
+            "swapped shape",
+            {
+                let mut t = base.tensors.clone();
+                for x in &mut t {
+                    if x.0 == "blk.0.ffn_down.weight" {
+                        x.1.reverse();
+                    }
+                }
+                rebuild(base.metadata.clone(), t)
+            },
+            vec![
+                "blk.0.ffn_down.weight has shape [64, 128]",
+                "[128, 64]",
+                "swapped",
+            ],
+        ),
+        (
+            "fewer blocks than block_count",
+            {
+                let t = base
+                    .tensors
+                    .iter()
+                    .filter(|t| !t.0.starts_with("blk.1."))
+                    .cloned()
+                    .collect();
+                rebuild(base.metadata.clone(), t)
+            },
+            vec!["llama.block_count = 2", "1 blocks"],
+        ),
+    ];
+    for (what, fx, want) in cases {
+        let inp = write(dir.path(), "in.gguf", &fx);
+        let out = dir.path().join("out.gguf");
+        let (code, _, err) = tq(&["convert", s(&inp), "--weights", "q8_0", "-q", "-o", s(&out)]);
+        assert_eq!(code, 0, "{what}: {err}");
+        let warns: Vec<&str> = err.lines().filter(|l| l.contains("warning")).collect();
+        let line = warns
+            .iter()
+            .find(|l| want.iter().all(|w| l.contains(w)))
+            .unwrap_or_else(|| panic!("{what}: no warning line with {want:?} in: {err}"));
+        assert!(line.contains("in.gguf"), "{what}: names the input: {line}");
+        assert!(out.exists(), "{what}");
+        std::fs::remove_file(&out).unwrap();
+
+        let (code, _, err) = tq(&[
+            "convert",
+            s(&inp),
+            "--weights",
+            "q8_0",
+            "--strict",
+            "-o",
+            s(&out),
+        ]);
+        assert_eq!(code, 2, "{what}: {err}");
+        let first = err.lines().find(|l| l.contains("error")).unwrap_or("");
+        assert!(
+            first.contains("--strict") && want.iter().all(|w| first.contains(w)),
+            "{what}: {err}"
+        );
+        assert!(!out.exists(), "{what}: --strict wrote {}", out.display());
+    }
+    // The well-formed model: no warning.
+    let inp = write(dir.path(), "in.gguf", &base);
+    let out = dir.path().join("out.gguf");
+    let (code, _, err) = tq(&[
+        "convert",
+        s(&inp),
+        "--weights",
+        "q8_0",
+        "--strict",
+        "-o",
+        s(&out),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("warning"), "{err}");
+}

@@ -34,7 +34,9 @@ pub struct ConvertArgs {
     /// Type of token_embd.weight.
     #[arg(long)]
     pub token_embedding_type: Option<String>,
-    /// Any fallback (row length, engine constraint) is an error, before anything is written.
+    /// Any fallback (row length, engine constraint), and any problem that makes engines refuse
+    /// the file (tensor name over 63 bytes, missing or zero hyper-parameter, missing tensor,
+    /// wrong shape; warnings otherwise), is an error, before anything is written.
     #[arg(long)]
     pub strict: bool,
     /// Print the plan and totals; write nothing.
@@ -105,6 +107,10 @@ fn convert(a: &ConvertArgs) -> Result<()> {
     let src = tq::source::open(&a.input, &profile)?;
     let req = request(a)?;
     let mut plan = plan::plan(src.tensors(), &req, &profile)?;
+    // What would make engines refuse the output: warnings, or (--strict) an error now.
+    // Printed under --quiet too: a warning, not a notice.
+    let issues = plan::check_engine(src.as_ref(), a.strict)?;
+    report_engine_issues(&src.name(), &issues);
     let now = SeqQuant::from_plan(
         &plan,
         req.weights.name(),
@@ -394,6 +400,21 @@ fn report_fallbacks(plan: &Plan) {
         eprintln!(
             "tq: requantizing {n} tensors {k} (already-quantized input: quality loss compounds)"
         );
+    }
+}
+
+fn report_engine_issues(input: &str, issues: &[String]) {
+    for i in issues.iter().take(20) {
+        eprintln!("tq: warning: {input}: {i}");
+    }
+    if issues.len() > 20 {
+        eprintln!(
+            "tq: warning: {input}: ... and {} more problems engines refuse",
+            issues.len() - 20
+        );
+    }
+    if !issues.is_empty() {
+        eprintln!("tq: warning: {input}: converting anyway (--strict refuses such input)");
     }
 }
 

@@ -2,7 +2,10 @@
 //! each with the reasons behind it. Nothing is read or written here, so `--dry-run` and `convert`
 //! share exactly the same plan.
 
+mod engine;
 pub mod recipe;
+
+pub use engine::{check_engine, engine_checks, GGML_MAX_NAME};
 
 use crate::error::{Error, Result};
 use crate::source::SourceTensor;

@@ -65,6 +65,76 @@ impl Arch {
     }
 }
 
+/// The sizes that fix a decoder's tensor shapes (ggml order: `[ne0, ne1]`).
+#[derive(Clone, Copy, Debug)]
+pub struct Shapes {
+    pub n_layer: u64,
+    pub n_embd: u64,
+    pub n_ff: u64,
+    /// n_head × head_dim.
+    pub q_dim: u64,
+    /// n_head_kv × head_dim.
+    pub kv_dim: u64,
+    pub head_dim: u64,
+    pub n_vocab: u64,
+}
+
+/// A tensor the forward pass reads (tq's runtime and llama.cpp's loader alike).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Expected {
+    pub name: String,
+    /// ggml order.
+    pub dims: Vec<u64>,
+    /// Absent is an error (else: checked only when present).
+    pub required: bool,
+}
+
+/// Every tensor of a decoder of `arch` with these shapes, in load order: `output_norm`,
+/// `output` (optional: tied to `token_embd`), then each block's. `token_embd.weight` is not
+/// listed: `n_vocab` is read off it. `fused_qkv(l)`: block `l` stores `attn_qkv` instead of
+/// q/k/v.
+pub fn expected_tensors(arch: Arch, s: &Shapes, fused_qkv: &dyn Fn(u64) -> bool) -> Vec<Expected> {
+    let (e, q, kv, ff, hd) = (s.n_embd, s.q_dim, s.kv_dim, s.n_ff, s.head_dim);
+    let mut v = vec![];
+    let mut push = |name: String, dims: &[u64], required: bool| {
+        v.push(Expected {
+            name,
+            dims: dims.to_vec(),
+            required,
+        })
+    };
+    push("output_norm.weight".into(), &[e], true);
+    push("output.weight".into(), &[e, s.n_vocab], false);
+    for l in 0..s.n_layer {
+        let w = |n: &str| format!("blk.{l}.{n}.weight");
+        let b = |n: &str| format!("blk.{l}.{n}.bias");
+        push(w("attn_norm"), &[e], true);
+        if fused_qkv(l) {
+            push(w("attn_qkv"), &[e, q + 2 * kv], true);
+            push(b("attn_qkv"), &[q + 2 * kv], false);
+        } else {
+            push(w("attn_q"), &[e, q], true);
+            push(w("attn_k"), &[e, kv], true);
+            push(w("attn_v"), &[e, kv], true);
+        }
+        push(b("attn_q"), &[q], false);
+        push(b("attn_k"), &[kv], false);
+        push(b("attn_v"), &[kv], false);
+        push(w("attn_q_norm"), &[hd], arch.qk_norm());
+        push(w("attn_k_norm"), &[hd], arch.qk_norm());
+        push(w("attn_output"), &[q, e], true);
+        push(b("attn_output"), &[e], false);
+        push(w("ffn_norm"), &[e], true);
+        push(w("ffn_gate"), &[e, ff], true);
+        push(w("ffn_up"), &[e, ff], true);
+        push(w("ffn_down"), &[ff, e], true);
+        push(b("ffn_gate"), &[ff], false);
+        push(b("ffn_up"), &[ff], false);
+        push(b("ffn_down"), &[e], false);
+    }
+    v
+}
+
 /// Tensor roles the recipes distinguish (llama.cpp tensor names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {

@@ -226,8 +226,15 @@ fn produce(
             // No stored bytes in this encoding (e.g. HF attn_q/attn_k rows permuted on the fly):
             // re-encode the rows below; float → f32 → same float type is exact.
         }
-        let row_len = e.dims[0] as usize;
+        let row_len = e.dims.first().copied().unwrap_or(1) as usize;
         let n_rows: u64 = e.dims.iter().skip(1).product();
+        if row_len == 0 || n_rows == 0 {
+            // A zero-element tensor (e.g. dims [0, 576]): valid GGUF (llama.cpp's gguf reader
+            // and gguf-py accept it), written as an empty tensor of the planned type.
+            src.release(i);
+            stats.tensors_converted += 1;
+            continue;
+        }
         let row_bytes = e.dst.bytes_for(row_len as u64).expect("planned") as usize;
         let rows_per_chunk = (CHUNK_VALUES / row_len.max(1)).max(1) as u64;
         let factor = match ldlq.filter(|_| e.ldlq) {

@@ -288,6 +288,32 @@ fn human(b: u64) -> String {
     }
 }
 
+/// Names and keys longer than this many characters are cut (with `…`) in the text report; the
+/// JSON report keeps them whole. Engines refuse tensor names over 63 bytes (GGML_MAX_NAME), so
+/// only odd files reach it.
+pub const NAME_CELL: usize = 64;
+
+/// A name or key as a text-report cell: control characters escaped, cut to [`NAME_CELL`].
+pub fn cell(name: &str) -> String {
+    let s = crate::error::one_line(name);
+    if s.chars().count() <= NAME_CELL {
+        return s;
+    }
+    let mut cut: String = s.chars().take(NAME_CELL - 1).collect();
+    cut.push('…');
+    cut
+}
+
+/// Width of a column of cells (in characters, as `{:w$}` pads), at least `min`.
+pub fn column_width(cells: &[String], min: usize) -> usize {
+    cells
+        .iter()
+        .map(|c| c.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(min)
+}
+
 /// Human-readable rendering.
 pub fn render_text(r: &Report, show_tensors: bool) -> String {
     use std::fmt::Write;
@@ -317,44 +343,28 @@ pub fn render_text(r: &Report, show_tensors: bool) -> String {
         );
     }
     let _ = writeln!(s, "\nmetadata ({} keys):", r.metadata.len());
-    let kw = r
-        .metadata
-        .iter()
-        .map(|m| esc(&m.key).len())
-        .max()
-        .unwrap_or(0);
-    for m in &r.metadata {
-        let _ = writeln!(s, "  {:kw$}  {:<14} {}", esc(&m.key), m.ty, esc(&m.text));
+    let keys: Vec<String> = r.metadata.iter().map(|m| cell(&m.key)).collect();
+    let kw = column_width(&keys, 0);
+    for (m, k) in r.metadata.iter().zip(&keys) {
+        let _ = writeln!(s, "  {k:kw$}  {:<14} {}", m.ty, esc(&m.text));
     }
     if show_tensors {
         let _ = writeln!(s, "\ntensors ({}):", r.tensors.len());
-        let nw = r
-            .tensors
-            .iter()
-            .map(|t| esc(&t.name).len())
-            .max()
-            .unwrap_or(4)
-            .max(4);
+        let names: Vec<String> = r.tensors.iter().map(|t| cell(&t.name)).collect();
+        let nw = column_width(&names, 4);
         let _ = writeln!(
             s,
             "  {:nw$}  {:<22} {:<8} {:>12}",
             "name", "shape", "type", "bytes"
         );
-        for t in &r.tensors {
+        for (t, name) in r.tensors.iter().zip(&names) {
             let shape = t
                 .shape
                 .iter()
                 .map(|d| d.to_string())
                 .collect::<Vec<_>>()
                 .join(" x ");
-            let _ = writeln!(
-                s,
-                "  {:nw$}  {:<22} {:<8} {:>12}",
-                esc(&t.name),
-                shape,
-                t.ty,
-                t.bytes
-            );
+            let _ = writeln!(s, "  {name:nw$}  {:<22} {:<8} {:>12}", shape, t.ty, t.bytes);
         }
     }
     let _ = writeln!(s, "\ntotals per type:");

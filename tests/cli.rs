@@ -352,3 +352,44 @@ fn small_findings_have_clear_messages() {
         "{help}"
     );
 }
+
+/// A tensor name or metadata key longer than 65535 bytes (a valid GGUF string) used to panic the
+/// text report ("Formatting argument out of range": the column width came from the data). Text
+/// cuts it to `inspect::NAME_CELL` characters with `…`; JSON keeps it whole; `convert
+/// --dry-run` prints its plan table the same way.
+#[test]
+fn inspect_and_dry_run_render_very_long_names() {
+    use tq::gguf::{GString, Value};
+    let long = "n".repeat(70_000);
+    let key = format!("general.{}", "k".repeat(70_000));
+    let md = vec![
+        (
+            "general.architecture".to_string(),
+            Value::String(GString::from("llama")),
+        ),
+        (key.clone(), Value::U32(1)),
+    ];
+    let fx = fixtures::gguf_gen::build(3, None, md, &[(long.as_str(), vec![32, 2], 0, 1, 4)]);
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("long.gguf");
+    std::fs::write(&p, &fx.bytes).unwrap();
+    let p = p.to_str().unwrap();
+    let (code, out, err) = tq(&["inspect", p]);
+    assert_eq!(code, 0, "{err}");
+    let cut = format!("{}…", &long[..tq::inspect::NAME_CELL - 1]);
+    assert!(
+        out.contains(&cut) && !out.contains(&long),
+        "{}",
+        &out[..200]
+    );
+    assert!(
+        out.lines().all(|l| l.chars().count() < 400),
+        "no line padded to the long name"
+    );
+    let (code, out, err) = tq(&["inspect", p, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&long) && out.contains(&key));
+    let (code, out, err) = tq(&["convert", p, "--weights", "q8_0", "--dry-run"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&cut), "{}", &out[..200]);
+}

@@ -425,3 +425,191 @@ fn ty2(j: &serde_json::Value, n: &str) -> String {
         .unwrap()
         .to_string()
 }
+
+/// Zero-element tensors (ne0 = 0, e.g. dims [0, 576]) are valid GGUF: llama.cpp's gguf reader
+/// skips its overflow check for them and gguf-py reads them. They convert as empty tensors (of
+/// the planned type), whatever the request; a 0-dim tensor is one value. Used to panic
+/// ("chunk_size must not be zero").
+#[test]
+fn zero_element_tensors_convert_as_empty_tensors() {
+    use tq::gguf::{GString, Value};
+    let dir = tempfile::tempdir().unwrap();
+    let md = vec![(
+        "general.architecture".to_string(),
+        Value::String(GString::from("llama")),
+    )];
+    let q: Vec<u8> = fixtures::gguf_gen::gaussian(1, 64 * 64, 0.02)
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let t = |n: &str, dims: Vec<u64>, id: u32, data: Vec<u8>| (n.to_string(), dims, id, data);
+    let fx = fixtures::gguf_gen::build_with_data(
+        3,
+        None,
+        md,
+        vec![
+            t("blk.0.attn_q.weight", vec![64, 64], 0, q),
+            t("blk.0.attn_k.weight", vec![0, 576], 1, vec![]),
+            t("blk.0.attn_v.weight", vec![64, 0], 1, vec![]),
+            t("blk.0.ffn_up.weight", vec![0, 576], 8, vec![]),
+            t("scalar", vec![], 1, vec![0, 0x3c]),
+        ],
+    );
+    let inp = write(dir.path(), "in.gguf", &fx);
+    for args in [
+        vec!["--weights", "q8_0"],
+        vec!["--weights", "tq4_1s", "--recipe", "hybrid"],
+        vec![],
+    ] {
+        let out = dir.path().join("out.gguf");
+        let mut a = vec!["convert", s(&inp), "-o", s(&out), "-q"];
+        a.extend(&args);
+        let (code, _, err) = tq(&a);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        let f = GgufFile::open(&out).unwrap();
+        for (name, dims) in [
+            ("blk.0.attn_k.weight", vec![0u64, 576]),
+            ("blk.0.attn_v.weight", vec![64, 0]),
+            ("blk.0.ffn_up.weight", vec![0, 576]),
+        ] {
+            let t = f.tensor(name).unwrap();
+            assert_eq!((t.dims.clone(), t.size), (dims, 0), "{args:?} {name}");
+        }
+        let t = f.tensor("scalar").unwrap();
+        assert!(t.dims.is_empty(), "{args:?}");
+        let want = if args.is_empty() {
+            TensorType::F16
+        } else {
+            TensorType::F32
+        };
+        assert_eq!(t.ty, want, "{args:?}");
+        std::fs::remove_file(&out).unwrap();
+    }
+}
+
+/// Files no engine can load (llama.cpp's loader and `tq eval` refuse them) used to convert with
+/// exit 0 and no word: now one warning line each, naming the tensor or key, and `--strict`
+/// refuses them before writing (exit 2, no output).
+#[test]
+fn files_engines_refuse_warn_and_fail_under_strict() {
+    use tq::gguf::Value;
+    let dir = tempfile::tempdir().unwrap();
+    let base = fixtures::gguf_gen::tiny_llama(2, 64, 128, 96);
+    let rebuild = |md: Vec<(String, Value)>, t: Vec<(String, Vec<u64>, u32, Vec<u8>)>| {
+        fixtures::gguf_gen::build_with_data(3, None, md, t)
+    };
+    let long = format!("{}.weight", "x".repeat(60));
+    let cases: Vec<(&str, fixtures::gguf_gen::Fixture, Vec<&str>)> = vec![
+        (
+            "name over 63 bytes",
+            {
+                let mut t = base.tensors.clone();
+                t.push((long.clone(), vec![64], 0, vec![0; 256]));
+                rebuild(base.metadata.clone(), t)
+            },
+            vec![long.as_str(), "67 bytes", "63"],
+        ),
+        (
+            "head_count 0",
+            {
+                let mut md = base.metadata.clone();
+                for (k, v) in &mut md {
+                    if k == "llama.attention.head_count" {
+                        *v = Value::U32(0);
+                    }
+                }
+                rebuild(md, base.tensors.clone())
+            },
+            vec!["llama.attention.head_count = 0"],
+        ),
+        (
+            "missing tensor",
+            {
+                let t = base
+                    .tensors
+                    .iter()
+                    .filter(|t| t.0 != "blk.1.ffn_down.weight")
+                    .cloned()
+                    .collect();
+                rebuild(base.metadata.clone(), t)
+            },
+            vec!["blk.1.ffn_down.weight is missing"],
+        ),
+        (
+            "swapped shape",
+            {
+                let mut t = base.tensors.clone();
+                for x in &mut t {
+                    if x.0 == "blk.0.ffn_down.weight" {
+                        x.1.reverse();
+                    }
+                }
+                rebuild(base.metadata.clone(), t)
+            },
+            vec![
+                "blk.0.ffn_down.weight has shape [64, 128]",
+                "[128, 64]",
+                "swapped",
+            ],
+        ),
+        (
+            "fewer blocks than block_count",
+            {
+                let t = base
+                    .tensors
+                    .iter()
+                    .filter(|t| !t.0.starts_with("blk.1."))
+                    .cloned()
+                    .collect();
+                rebuild(base.metadata.clone(), t)
+            },
+            vec!["llama.block_count = 2", "1 blocks"],
+        ),
+    ];
+    for (what, fx, want) in cases {
+        let inp = write(dir.path(), "in.gguf", &fx);
+        let out = dir.path().join("out.gguf");
+        let (code, _, err) = tq(&["convert", s(&inp), "--weights", "q8_0", "-q", "-o", s(&out)]);
+        assert_eq!(code, 0, "{what}: {err}");
+        let warns: Vec<&str> = err.lines().filter(|l| l.contains("warning")).collect();
+        let line = warns
+            .iter()
+            .find(|l| want.iter().all(|w| l.contains(w)))
+            .unwrap_or_else(|| panic!("{what}: no warning line with {want:?} in: {err}"));
+        assert!(line.contains("in.gguf"), "{what}: names the input: {line}");
+        assert!(out.exists(), "{what}");
+        std::fs::remove_file(&out).unwrap();
+
+        let (code, _, err) = tq(&[
+            "convert",
+            s(&inp),
+            "--weights",
+            "q8_0",
+            "--strict",
+            "-o",
+            s(&out),
+        ]);
+        assert_eq!(code, 2, "{what}: {err}");
+        let first = err.lines().find(|l| l.contains("error")).unwrap_or("");
+        assert!(
+            first.contains("--strict") && want.iter().all(|w| first.contains(w)),
+            "{what}: {err}"
+        );
+        assert!(!out.exists(), "{what}: --strict wrote {}", out.display());
+    }
+    // The well-formed model: no warning.
+    let inp = write(dir.path(), "in.gguf", &base);
+    let out = dir.path().join("out.gguf");
+    let (code, _, err) = tq(&[
+        "convert",
+        s(&inp),
+        "--weights",
+        "q8_0",
+        "--strict",
+        "-o",
+        s(&out),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("warning"), "{err}");
+}

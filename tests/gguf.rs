@@ -401,6 +401,16 @@ fn targeted_corruptions_give_specific_errors() {
             "overflows",
         ),
         (
+            // A zero dimension makes the element count 0 but not the row count (dims[1..]).
+            "zero before an overflow",
+            {
+                let mut b = header(1, 0);
+                tensor_info(&mut b, "t", &[0, 1 << 32, 1 << 32], 0, 0);
+                with_data(b, 4)
+            },
+            "overflows",
+        ),
+        (
             "byte size overflow",
             {
                 let mut b = header(1, 0);

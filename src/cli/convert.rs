@@ -36,7 +36,9 @@ pub struct ConvertArgs {
     /// Type of token_embd.weight.
     #[arg(long)]
     pub token_embedding_type: Option<String>,
-    /// Any fallback (row length, engine constraint) is an error, before anything is written.
+    /// Any fallback (row length, engine constraint), and any problem that makes engines refuse
+    /// the file (tensor name over 63 bytes, missing or zero hyper-parameter, missing tensor,
+    /// wrong shape; warnings otherwise), is an error, before anything is written.
     #[arg(long)]
     pub strict: bool,
     /// Print the plan and totals; write nothing.
@@ -123,6 +125,10 @@ fn convert(a: &ConvertArgs) -> Result<()> {
     let src = tq::source::open(&a.input, &profile)?;
     let req = request(a)?;
     let mut plan = plan::plan(src.tensors(), &req, &profile)?;
+    // What would make engines refuse the output: warnings, or (--strict) an error now.
+    // Printed under --quiet too: a warning, not a notice.
+    let issues = plan::check_engine(src.as_ref(), a.strict)?;
+    report_engine_issues(&src.name(), &issues);
     let now = SeqQuant::from_plan(
         &plan,
         req.weights.name(),
@@ -449,6 +455,21 @@ fn report_fallbacks(plan: &Plan) {
     }
 }
 
+fn report_engine_issues(input: &str, issues: &[String]) {
+    for i in issues.iter().take(20) {
+        eprintln!("tq: warning: {input}: {i}");
+    }
+    if issues.len() > 20 {
+        eprintln!(
+            "tq: warning: {input}: ... and {} more problems engines refuse",
+            issues.len() - 20
+        );
+    }
+    if !issues.is_empty() {
+        eprintln!("tq: warning: {input}: converting anyway (--strict refuses such input)");
+    }
+}
+
 fn progress_bar(total: u64) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::new(total);
     pb.set_style(
@@ -485,12 +506,17 @@ fn print_plan(plan: &Plan, a: &ConvertArgs, size: u64, profile: &Profile) -> Res
         );
         return Ok(());
     }
-    let nw = plan.entries.iter().map(|e| e.name.len()).max().unwrap_or(4);
+    let names: Vec<String> = plan
+        .entries
+        .iter()
+        .map(|e| tq::inspect::cell(&e.name))
+        .collect();
+    let nw = tq::inspect::column_width(&names, 4);
     println!(
         "{:nw$}  {:<16} {:<18} {:<11} {:>11}  reason",
         "tensor", "shape", "type", "action", "bytes"
     );
-    for e in &plan.entries {
+    for (e, name) in plan.entries.iter().zip(&names) {
         let shape = e
             .dims
             .iter()
@@ -500,8 +526,7 @@ fn print_plan(plan: &Plan, a: &ConvertArgs, size: u64, profile: &Profile) -> Res
         let ty = format!("{} -> {}", e.src, e.dst);
         let action = format!("{:?}", e.action).to_lowercase();
         println!(
-            "{:nw$}  {:<16} {:<18} {:<11} {:>11}  {}",
-            e.name,
+            "{name:nw$}  {:<16} {:<18} {:<11} {:>11}  {}",
             shape,
             ty,
             action,

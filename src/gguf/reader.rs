@@ -403,11 +403,14 @@ fn parse(buf: &[u8], profile: &Profile) -> std::result::Result<Parsed, String> {
                 profile.name
             )
         })?;
-        let n_el = dims
-            .iter()
-            .try_fold(1u64, |a, &d| a.checked_mul(d))
+        // Zero-element tensors are valid (llama.cpp and gguf-py read them), but the product of
+        // the other dimensions must still fit: readers and writers take products of sub-shapes
+        // (rows = dims[1..]), and a zero first would otherwise hide an overflow after it.
+        dims.iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d.max(1)))
             .filter(|&n| n < (1u64 << 62))
             .ok_or_else(|| format!("tensor '{name}': element count of dims {dims:?} overflows"))?;
+        let n_el: u64 = dims.iter().product();
         let row = dims.first().copied().unwrap_or(1);
         if row % ty.block_size() as u64 != 0 {
             return Err(format!(

@@ -209,54 +209,36 @@ impl Config {
     /// Every tensor the forward pass reads exists with the shape it expects (optional ones are
     /// checked when present).
     fn check_tensors(&self, f: &GgufFile) -> Result<()> {
-        let e = self.n_embd as u64;
-        let (q, kv, ff, hd) = (
-            self.q_dim() as u64,
-            self.kv_dim() as u64,
-            self.n_ff as u64,
-            self.head_dim as u64,
-        );
-        let check = |name: &str, want: &[u64], required: bool| -> Result<()> {
-            match f.tensor(name) {
-                Some(t) if t.dims == want => Ok(()),
-                Some(t) => Err(Error::bad_input(
-                    &f.path,
-                    format!("tensor {name} has shape {:?}, expected {:?}", t.dims, want),
-                )),
-                None if required => {
-                    Err(Error::bad_input(&f.path, format!("missing tensor {name}")))
-                }
-                None => Ok(()),
-            }
+        let shapes = crate::arch::Shapes {
+            n_layer: self.n_layer as u64,
+            n_embd: self.n_embd as u64,
+            n_ff: self.n_ff as u64,
+            q_dim: self.q_dim() as u64,
+            kv_dim: self.kv_dim() as u64,
+            head_dim: self.head_dim as u64,
+            n_vocab: self.n_vocab as u64,
         };
-        check("output_norm.weight", &[e], true)?;
-        check("output.weight", &[e, self.n_vocab as u64], false)?;
-        for l in 0..self.n_layer {
-            let n = LayerNames::new(l);
-            check(&n.attn_norm, &[e], true)?;
-            if f.tensor(&n.attn_qkv).is_some() {
-                check(&n.attn_qkv, &[e, q + 2 * kv], true)?;
-                check(&n.attn_qkv_b, &[q + 2 * kv], false)?;
-            } else {
-                check(&n.attn_q, &[e, q], true)?;
-                check(&n.attn_k, &[e, kv], true)?;
-                check(&n.attn_v, &[e, kv], true)?;
+        let fused = |l: u64| f.tensor(&format!("blk.{l}.attn_qkv.weight")).is_some();
+        for x in crate::arch::expected_tensors(self.arch, &shapes, &fused) {
+            match f.tensor(&x.name) {
+                Some(t) if t.dims == x.dims => {}
+                Some(t) => {
+                    return Err(Error::bad_input(
+                        &f.path,
+                        format!(
+                            "tensor {} has shape {:?}, expected {:?}",
+                            x.name, t.dims, x.dims
+                        ),
+                    ))
+                }
+                None if x.required => {
+                    return Err(Error::bad_input(
+                        &f.path,
+                        format!("missing tensor {}", x.name),
+                    ))
+                }
+                None => {}
             }
-            check(&n.attn_q_b, &[q], false)?;
-            check(&n.attn_k_b, &[kv], false)?;
-            check(&n.attn_v_b, &[kv], false)?;
-            let qk_norm = self.arch.qk_norm();
-            check(&n.attn_q_norm, &[hd], qk_norm)?;
-            check(&n.attn_k_norm, &[hd], qk_norm)?;
-            check(&n.attn_output, &[q, e], true)?;
-            check(&n.attn_output_b, &[e], false)?;
-            check(&n.ffn_norm, &[e], true)?;
-            check(&n.ffn_gate, &[e, ff], true)?;
-            check(&n.ffn_up, &[e, ff], true)?;
-            check(&n.ffn_down, &[ff, e], true)?;
-            check(&n.ffn_gate_b, &[ff], false)?;
-            check(&n.ffn_up_b, &[ff], false)?;
-            check(&n.ffn_down_b, &[e], false)?;
         }
         Ok(())
     }

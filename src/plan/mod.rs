@@ -2,7 +2,10 @@
 //! each with the reasons behind it. Nothing is read or written here, so `--dry-run` and `convert`
 //! share exactly the same plan.
 
+mod engine;
 pub mod recipe;
+
+pub use engine::{check_engine, engine_checks, GGML_MAX_NAME};
 
 use crate::error::{Error, Result};
 use crate::source::SourceTensor;
@@ -94,6 +97,11 @@ fn row_fallback(t: TensorType) -> TensorType {
     }
 }
 
+/// ggml's ne0 (a 0-dim tensor is one value).
+fn row_len(dims: &[u64]) -> u64 {
+    dims.first().copied().unwrap_or(1)
+}
+
 fn fits(t: TensorType, row_len: u64) -> bool {
     row_len % t.block_size() as u64 == 0
 }
@@ -146,7 +154,12 @@ pub fn plan(tensors: &[SourceTensor], req: &Request, profile: &Profile) -> Resul
             Action::Requantize
         };
         let n: u64 = e.dims.iter().product();
-        e.bytes = e.dst.bytes_for(n).expect("row length fits the block size");
+        e.bytes = e.dst.bytes_for(n).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "{}: {n} elements of type {} overflow the byte count",
+                e.name, e.dst
+            ))
+        })?;
     }
 
     if req.strict {
@@ -250,7 +263,7 @@ fn apply_constraints(e: &mut PlanEntry) {
         e.dst = TensorType::Q8_0;
         e.fallback = true;
     }
-    let row = e.dims[0];
+    let row = row_len(&e.dims);
     while !fits(e.dst, row) {
         let f = row_fallback(e.dst);
         let f = if fits(f, row) { f } else { TensorType::F16 };
@@ -295,7 +308,7 @@ fn unify_attention(entries: &mut [PlanEntry]) {
             // If the chosen type does not fit one of the rows, the whole group takes that row's fallback.
             let target = idx
                 .iter()
-                .map(|&i| entries[i].dims[0])
+                .map(|&i| row_len(&entries[i].dims))
                 .find(|&r| !fits(best, r))
                 .map(|r| {
                     if fits(row_fallback(best), r) {
@@ -327,7 +340,7 @@ pub fn assign_ldlq(plan: &mut Plan, hessians: &crate::quant::Hessians, band: usi
             continue;
         }
         match hessians.for_tensor(&e.name) {
-            Some(h) if h.n as u64 == e.dims[0] => {
+            Some(h) if h.n as u64 == row_len(&e.dims) => {
                 e.ldlq = true;
                 let b = if band == 0 {
                     "full".to_string()
@@ -341,7 +354,8 @@ pub fn assign_ldlq(plan: &mut Plan, hessians: &crate::quant::Hessians, band: usi
             }
             Some(h) => e.reasons.push(format!(
                 "Hessian is {}-dim but rows are {}: round-to-nearest",
-                h.n, e.dims[0]
+                h.n,
+                row_len(&e.dims)
             )),
             None => e
                 .reasons

@@ -33,7 +33,10 @@ pub fn encode_rows(
             "{name}: row length {row_len} does not fit type {dst}"
         ))
     })? as usize;
-    let mut buf = vec![0u8; x.len() / row_len.max(1) * row_bytes];
+    if row_len == 0 || x.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut buf = vec![0u8; x.len() / row_len * row_bytes];
     buf.par_chunks_mut(row_bytes)
         .zip(x.par_chunks(row_len))
         .try_for_each(|(ob, row)| crate::types::quantize(dst, row, ob, name))?;

@@ -39,6 +39,9 @@ impl TensorSource for GgufSource {
     fn read_rows_f32(&self, index: usize, row0: u64, out: &mut [f32]) -> Result<()> {
         let t = &self.file.tensors[index];
         let row_len = t.row_len();
+        if row_len == 0 {
+            return Ok(()); // a zero-element tensor has no rows to read
+        }
         let row_bytes = t.ty.bytes_for(row_len).expect("validated at open") as usize;
         let n_rows = out.len() / row_len as usize;
         let data = self.file.tensor_data(t);

@@ -55,6 +55,20 @@ pub trait TensorSource: Sync {
         3
     }
     fn metadata(&self) -> &[(String, Value)];
+    /// A metadata value as an unsigned integer (any integer type), if present.
+    fn meta_u64(&self, key: &str) -> Option<u64> {
+        self.metadata()
+            .iter()
+            .find(|(k, _)| k == key)
+            .and_then(|(_, v)| v.as_u64())
+    }
+    /// A metadata string, if present.
+    fn meta_str(&self, key: &str) -> Option<&str> {
+        self.metadata()
+            .iter()
+            .find(|(k, _)| k == key)
+            .and_then(|(_, v)| v.as_str())
+    }
     fn tensors(&self) -> &[SourceTensor];
     /// The tensor's stored bytes when they can be copied unchanged into a GGUF of type `ty`.
     fn raw(&self, index: usize) -> Option<&[u8]>;

@@ -490,9 +490,12 @@ impl TensorSource for HfSource {
     fn read_rows_f32(&self, index: usize, row0: u64, out: &mut [f32]) -> Result<()> {
         let st = &self.tensors[index];
         let row_len = st.row_len() as usize;
+        if row_len == 0 {
+            return Ok(()); // a zero-element tensor has no rows to read
+        }
         let n_rows = st.n_rows();
-        let n = (out.len() / row_len.max(1)) as u64;
-        if row0.checked_add(n).is_none_or(|e| e > n_rows) || out.len() % row_len.max(1) != 0 {
+        let n = (out.len() / row_len) as u64;
+        if row0.checked_add(n).is_none_or(|e| e > n_rows) || out.len() % row_len != 0 {
             return Err(Error::Unsupported(format!(
                 "{}: rows {row0}..{} requested of {n_rows}",
                 st.name,

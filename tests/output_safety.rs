@@ -225,3 +225,83 @@ fn signals_remove_the_temporary_file() {
         assert!(!out.exists(), "SIG{sig}: output exists");
     }
 }
+
+/// A write that fails part-way (here the file-size limit, as a full disk would) is an I/O error,
+/// exit 1, and leaves neither the output nor a temporary: `calib` and `eval --save-logits` used to
+/// leave `NAME.tq-tmp` / `NAME.tq-partial` behind.
+#[cfg(unix)]
+#[test]
+fn a_failed_write_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let toks = dir.path().join("toks.txt");
+    let ids: Vec<String> = (0..512).map(|i| ((i * 7) % 290 + 5).to_string()).collect();
+    std::fs::write(&toks, ids.join(" ")).unwrap();
+    let h = dir.path().join("h.safetensors");
+    let l = dir.path().join("ref.logits");
+    let cases: Vec<(Vec<&str>, &Path)> = vec![
+        (
+            vec![
+                "calib",
+                s(&m),
+                "--token-file",
+                s(&toks),
+                "--ctx",
+                "64",
+                "-o",
+                s(&h),
+            ],
+            &h,
+        ),
+        (
+            vec![
+                "eval",
+                s(&m),
+                "--tokens",
+                s(&toks),
+                "--ctx",
+                "64",
+                "--save-logits",
+                s(&l),
+            ],
+            &l,
+        ),
+    ];
+    for (args, out) in &cases {
+        // Ignore SIGXFSZ so the oversized write fails with EFBIG instead of killing tq; 8 KiB limit.
+        let o = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("trap '' XFSZ; ulimit -f 16; exec \"$@\"")
+            .arg("sh")
+            .arg(env!("CARGO_BIN_EXE_tq"))
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("tq-tmp"),
+            "the error names the file being written: {err}"
+        );
+        assert!(!out.exists(), "{args:?}: output exists");
+        assert!(
+            temps(dir.path()).is_empty(),
+            "{args:?}: {:?}",
+            temps(dir.path())
+        );
+    }
+    // An output named like an old-style temporary is just a name (it collided with calib's own).
+    let odd = dir.path().join("h.tq-tmp");
+    let (code, _, err) = fixtures::tq(&[
+        "calib",
+        s(&m),
+        "--token-file",
+        s(&toks),
+        "--ctx",
+        "64",
+        "-o",
+        s(&odd),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(odd.exists() && temps(dir.path()) == vec!["h.tq-tmp".to_string()]);
+}

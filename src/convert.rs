@@ -188,14 +188,7 @@ fn check_copy_finite(
     let mut row0 = 0u64;
     while row0 < n_rows {
         let rows = rows_per_chunk.min(n_rows - row0) as usize;
-        let mut x = vec![0f32; rows * row_len];
-        x.par_chunks_mut(row_len)
-            .enumerate()
-            .try_for_each(|(r, row)| -> Result<()> {
-                let abs = row0 + r as u64;
-                src.read_rows_f32(i, abs, row)?;
-                crate::quant::check_finite(name, abs, row)
-            })?;
+        read_finite_rows(src, i, name, row0, rows, row_len)?;
         row0 += rows as u64;
     }
     Ok(())
@@ -256,14 +249,7 @@ fn produce(
         while row0 < n_rows {
             let rows = rows_per_chunk.min(n_rows - row0) as usize;
             if let Some((f, band)) = &factor {
-                let mut x = vec![0f32; rows * row_len];
-                x.par_chunks_mut(row_len)
-                    .enumerate()
-                    .try_for_each(|(r, row)| -> Result<()> {
-                        let abs = row0 + r as u64;
-                        src.read_rows_f32(i, abs, row)?;
-                        crate::quant::check_finite(&e.name, abs, row)
-                    })?;
+                let x = read_finite_rows(src, i, &e.name, row0, rows, row_len)?;
                 tx.send(crate::quant::encode_rows(
                     e.dst,
                     &e.name,
@@ -294,4 +280,25 @@ fn produce(
         stats.tensors_converted += 1;
     }
     Ok(())
+}
+
+/// Rows `[row0, row0 + rows)` of tensor `i` as f32, read in parallel; a NaN/Inf is an error
+/// naming the tensor, row and column.
+fn read_finite_rows(
+    src: &dyn TensorSource,
+    i: usize,
+    name: &str,
+    row0: u64,
+    rows: usize,
+    row_len: usize,
+) -> Result<Vec<f32>> {
+    let mut x = vec![0f32; rows * row_len];
+    x.par_chunks_mut(row_len)
+        .enumerate()
+        .try_for_each(|(r, row)| -> Result<()> {
+            let abs = row0 + r as u64;
+            src.read_rows_f32(i, abs, row)?;
+            crate::quant::check_finite(name, abs, row)
+        })?;
+    Ok(x)
 }

@@ -338,11 +338,11 @@ fn identity(p: &Path) -> Option<std::path::PathBuf> {
 /// Check an output path before any work: it must not be a directory, device, pipe or socket, not
 /// be one of the command's `inputs` (the same file through symlinks and hard links: compared by
 /// device and inode; for a directory input, any regular file directly in it), and its directory
-/// must exist. `flag` names the option in the message.
-pub fn check_output(flag: &str, out: &Path, inputs: &[&Path]) -> Result<()> {
+/// must exist. `flag` names the option in the message; inputs not given are `None`.
+pub fn check_output(flag: &str, out: &Path, inputs: &[Option<&Path>]) -> Result<()> {
     refuse_non_regular(flag, out)?;
     if let Some(o) = identity(out) {
-        for input in inputs {
+        for input in inputs.iter().flatten() {
             let mut same = identity(input).as_ref() == Some(&o);
             if !same && input.is_dir() {
                 same = std::fs::read_dir(input)
@@ -374,13 +374,18 @@ pub fn check_output(flag: &str, out: &Path, inputs: &[&Path]) -> Result<()> {
     Ok(())
 }
 
-/// [`check_output`] for each `(flag, path)` of a command's outputs, which must also differ from
-/// each other.
-pub fn check_outputs(outputs: &[(&str, &Path)], inputs: &[&Path]) -> Result<()> {
-    for (i, (flag, out)) in outputs.iter().enumerate() {
+/// [`check_output`] for each given `(flag, path)` of a command's outputs, which must also differ
+/// from each other.
+pub fn check_outputs(outputs: &[(&str, Option<&Path>)], inputs: &[Option<&Path>]) -> Result<()> {
+    let given: Vec<(&str, &Path)> = outputs
+        .iter()
+        .filter_map(|&(flag, out)| out.map(|o| (flag, o)))
+        .collect();
+    for (i, &(flag, out)) in given.iter().enumerate() {
         check_output(flag, out, inputs)?;
-        for (flag2, out2) in &outputs[..i] {
-            if out == out2 || identity(out).is_some() && identity(out) == identity(out2) {
+        let id = identity(out);
+        for &(flag2, out2) in &given[..i] {
+            if out == out2 || id.is_some() && id == identity(out2) {
                 return Err(Error::Usage(format!(
                     "{}: {flag} and {flag2} name the same file; give two paths",
                     out.display()
@@ -471,9 +476,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = dir.path().join("a");
         std::fs::write(&a, b"1").unwrap();
-        let err = check_output("-o", &a, &[Path::new("/nonexistent"), &a]).unwrap_err();
+        let err =
+            check_output("-o", &a, &[Some(Path::new("/nonexistent")), None, Some(&a)]).unwrap_err();
         assert!(err.to_string().contains("input"), "{err}");
-        assert!(check_output("-o", &dir.path().join("b"), &[&a]).is_ok());
-        assert!(check_output("-o", &dir.path().join("no/b"), &[&a]).is_err());
+        assert!(check_output("-o", &dir.path().join("b"), &[Some(&a)]).is_ok());
+        assert!(check_output("-o", &dir.path().join("no/b"), &[Some(&a)]).is_err());
     }
 }

@@ -1,7 +1,7 @@
 //! `tq calib MODEL --text FILE [--tokens N --ctx C] -o H.safetensors [--resume]
 //! [--sequential --weights T --recipe R --ldlq-band K --damp D]`
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use tq::calib::input::first_windows;
 use tq::calib::run::{self, Options};
 use tq::calib::selfgen::{self_generate, SelfGenerate};
@@ -84,16 +84,13 @@ pub fn run(a: CalibArgs) -> Result<()> {
             "tq calib: --ctx must be >= 2 and --batch >= 1".into(),
         ));
     }
-    let mut outputs = vec![("-o", a.output.as_path())];
-    if let Some(p) = &a.save_tokens {
-        outputs.push(("--save-tokens", p));
-    }
-    let inputs: Vec<&Path> = [Some(&a.model), a.text.as_ref(), a.token_file.as_ref()]
-        .into_iter()
-        .flatten()
-        .map(PathBuf::as_path)
-        .collect();
-    tq::io::check_outputs(&outputs, &inputs)?;
+    tq::io::check_outputs(
+        &[
+            ("-o", Some(&a.output)),
+            ("--save-tokens", a.save_tokens.as_deref()),
+        ],
+        &[Some(&a.model), a.text.as_deref(), a.token_file.as_deref()],
+    )?;
     super::with_thread_pool(a.threads, |_| calibrate(&a))
 }
 

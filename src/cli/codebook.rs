@@ -47,10 +47,7 @@ pub struct CodebookArgs {
 // Long because it checks every flag combination (one block per rule, each with its own
 // message) before one library call; the work itself is `codebook::fit` / `evaluate_table`.
 pub fn run(a: CodebookArgs) -> Result<()> {
-    if let Some(out) = &a.out {
-        let samples: Vec<&std::path::Path> = a.samples.iter().map(PathBuf::as_path).collect();
-        tq::io::check_output("--out", out, &samples)?;
-    }
+    tq::io::check_outputs(&[("--out", a.out.as_deref())], &[a.samples.as_deref()])?;
     if !FORMATS.contains(&a.format.as_str()) {
         return Err(Error::Usage(format!(
             "tq codebook: unknown --format {:?} (expected one of {})",

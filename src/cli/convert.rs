@@ -1,5 +1,5 @@
 //! `tq convert INPUT -o OUT.gguf [--weights TYPE] [--recipe R] ...`
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use tq::calib::input::{calibrate_text, is_hessian_file, TextOptions};
 use tq::calib::sequential::SeqQuant;
 use tq::convert::{self, Provenance};
@@ -109,19 +109,15 @@ fn convert(a: &ConvertArgs) -> Result<()> {
             ))
         }
     };
-    if let Some(o) = &out {
-        let inputs: Vec<&Path> = [
+    tq::io::check_outputs(
+        &[("-o", out.as_deref())],
+        &[
             Some(&a.input),
-            a.calib.as_ref(),
-            a.tensor_type_file.as_ref(),
-            a.type_map.as_ref(),
-        ]
-        .into_iter()
-        .flatten()
-        .map(PathBuf::as_path)
-        .collect();
-        tq::io::check_output("-o", o, &inputs)?;
-    }
+            a.calib.as_deref(),
+            a.tensor_type_file.as_deref(),
+            a.type_map.as_deref(),
+        ],
+    )?;
     let src = tq::source::open(&a.input, &profile)?;
     let req = request(a)?;
     let mut plan = plan::plan(src.tensors(), &req, &profile)?;

@@ -1,6 +1,6 @@
 //! `tq eval MODEL --text FILE`: perplexity the way `llama-perplexity` computes it, and with
 //! `--ref REF.gguf` or `--ref-logits FILE` the KL divergence from a reference model.
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use tq::error::{Error, Result};
 use tq::eval::kv::kv_json;
 use tq::eval::logits_file::Format;
@@ -127,20 +127,16 @@ pub fn run(a: EvalArgs) -> Result<()> {
             )))
         }
     };
-    if let Some(p) = &a.save_logits {
-        let inputs: Vec<&Path> = [
+    tq::io::check_outputs(
+        &[("--save-logits", a.save_logits.as_deref())],
+        &[
             Some(&a.model),
-            a.reference.as_ref(),
-            a.ref_logits.as_ref(),
-            a.text.as_ref(),
-            a.tokens.as_ref(),
-        ]
-        .into_iter()
-        .flatten()
-        .map(PathBuf::as_path)
-        .collect();
-        tq::io::check_output("--save-logits", p, &inputs)?;
-    }
+            a.reference.as_deref(),
+            a.ref_logits.as_deref(),
+            a.text.as_deref(),
+            a.tokens.as_deref(),
+        ],
+    )?;
     super::with_thread_pool(a.threads, |threads| {
         run_in_pool(&a, numerics, format, threads)
     })

@@ -46,14 +46,10 @@ pub struct KvCmdArgs {
 }
 
 pub fn run(a: KvCmdArgs) -> Result<()> {
-    if let Some(out) = &a.write {
-        let inputs: Vec<&std::path::Path> = [Some(&a.model), a.text.as_ref(), a.tokens.as_ref()]
-            .into_iter()
-            .flatten()
-            .map(PathBuf::as_path)
-            .collect();
-        tq::io::check_output("--write", out, &inputs)?;
-    }
+    tq::io::check_outputs(
+        &[("--write", a.write.as_deref())],
+        &[Some(&a.model), a.text.as_deref(), a.tokens.as_deref()],
+    )?;
     super::with_thread_pool(a.threads, |_| run_in_pool(&a))
 }
 

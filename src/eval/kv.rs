@@ -217,7 +217,7 @@ pub fn measure(
 /// fork reads no TurboQuant metadata, so these are for people and tools). Tensors are copied
 /// byte for byte; `out` may not be the input.
 pub fn write_with_preset(file: &GgufFile, out: &Path, p: &Preset, cfg: &Config) -> Result<()> {
-    crate::io::check_output("--write", out, &[&file.path])?;
+    crate::io::check_output("--write", out, &[Some(&file.path)])?;
     let mut md: Vec<(String, Value)> = file
         .metadata
         .iter()

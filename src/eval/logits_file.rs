@@ -49,7 +49,6 @@ impl Header {
 
 pub struct Writer {
     out: BufWriter<std::fs::File>,
-    tmp: PathBuf,
     /// Removes the temporary file unless `finish` renames it into place.
     target: crate::io::TempOutput,
     format: Format,
@@ -65,7 +64,6 @@ impl Writer {
     /// Start a file at `path` (written to a temporary name, renamed by [`Writer::finish`]).
     pub fn create(path: &Path, format: Format, h: &Header) -> Result<Writer> {
         let (target, f) = crate::io::TempOutput::create(path)?;
-        let tmp = target.tmp_path().to_path_buf();
         let mut out = BufWriter::with_capacity(1 << 20, f);
         let mut b = Vec::new();
         match format {
@@ -98,10 +96,9 @@ impl Writer {
         for &t in &h.tokens {
             b.extend_from_slice(&t.to_le_bytes());
         }
-        out.write_all(&b).map_err(io(&tmp))?;
+        out.write_all(&b).map_err(io(target.tmp_path()))?;
         Ok(Writer {
             out,
-            tmp,
             target,
             format,
             n_vocab: h.n_vocab,
@@ -164,14 +161,14 @@ impl Writer {
                 }
             }
         }
-        self.out.write_all(b).map_err(io(&self.tmp))
+        self.out.write_all(b).map_err(io(self.target.tmp_path()))
     }
 
     pub fn finish(self) -> Result<()> {
         let f = self
             .out
             .into_inner()
-            .map_err(|e| Error::io(&self.tmp, e.into_error()))?;
+            .map_err(|e| Error::io(self.target.tmp_path(), e.into_error()))?;
         self.target.commit(f)
     }
 }

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::io::TempOutput;
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// What the writer needs to know about a tensor before any data is written.
 #[derive(Clone, Debug)]
@@ -27,8 +27,6 @@ pub struct TensorSpec {
 pub struct GgufWriter {
     /// The temporary file's names; removed on drop unless committed by `finish`.
     target: TempOutput,
-    final_path: PathBuf,
-    tmp_path: PathBuf,
     out: Option<BufWriter<File>>,
     sizes: Vec<(String, u64)>,
     alignment: u64,
@@ -150,7 +148,6 @@ impl GgufWriter {
         metadata: &[(String, Value)],
         tensors: &[TensorSpec],
     ) -> Result<GgufWriter> {
-        let final_path = path.as_ref().to_path_buf();
         let mut seen = std::collections::HashSet::new();
         for t in tensors {
             if !seen.insert(&t.name) {
@@ -161,12 +158,9 @@ impl GgufWriter {
             }
         }
         let (header, _, alignment) = encode_header(version, metadata, tensors)?;
-        let (target, file) = TempOutput::create(&final_path)?;
-        let tmp_path = target.tmp_path().to_path_buf();
+        let (target, file) = TempOutput::create(path.as_ref())?;
         let mut w = GgufWriter {
             target,
-            final_path,
-            tmp_path,
             out: Some(BufWriter::with_capacity(1 << 22, file)),
             sizes: tensors.iter().map(|t| (t.name.clone(), t.size)).collect(),
             alignment,
@@ -184,7 +178,8 @@ impl GgufWriter {
 
     fn raw(&mut self, b: &[u8]) -> Result<()> {
         let out = self.out.as_mut().expect("writer open");
-        out.write_all(b).map_err(|e| Error::io(&self.tmp_path, e))?;
+        out.write_all(b)
+            .map_err(|e| Error::io(self.target.tmp_path(), e))?;
         self.pos += b.len() as u64;
         Ok(())
     }
@@ -220,7 +215,7 @@ impl GgufWriter {
             let Some(&(_, size)) = self.sizes.get(self.current) else {
                 return Err(Error::Usage(format!(
                     "{}: more tensor data written than the layout holds",
-                    self.final_path.display()
+                    self.target.final_path().display()
                 )));
             };
             let k = ((size - self.written) as usize).min(data.len());
@@ -255,18 +250,19 @@ impl GgufWriter {
             .ok_or_else(|| {
                 Error::Usage(format!(
                     "{}: no string '{key}' of {} bytes in the header to fill",
-                    self.final_path.display(),
+                    self.target.final_path().display(),
                     value.len()
                 ))
             })?
             + pat.len();
         let out = self.out.as_mut().expect("writer open");
-        out.flush().map_err(|e| Error::io(&self.tmp_path, e))?;
+        out.flush()
+            .map_err(|e| Error::io(self.target.tmp_path(), e))?;
         let f = out.get_mut();
         f.seek(SeekFrom::Start(at as u64))
             .and_then(|_| f.write_all(value.as_bytes()))
             .and_then(|_| f.seek(SeekFrom::Start(self.pos)))
-            .map_err(|e| Error::io(&self.tmp_path, e))?;
+            .map_err(|e| Error::io(self.target.tmp_path(), e))?;
         self.header[at..at + value.len()].copy_from_slice(value.as_bytes());
         Ok(())
     }
@@ -276,14 +272,14 @@ impl GgufWriter {
         if let Some((name, size)) = self.sizes.get(self.current) {
             return Err(Error::Usage(format!(
                 "{}: tensor '{name}' received {} of {size} bytes; output not written",
-                self.final_path.display(),
+                self.target.final_path().display(),
                 self.written
             )));
         }
         let out = self.out.take().expect("writer open");
         let file = out
             .into_inner()
-            .map_err(|e| Error::io(&self.tmp_path, e.into_error()))?;
+            .map_err(|e| Error::io(self.target.tmp_path(), e.into_error()))?;
         self.target.commit(file)
     }
 }

@@ -528,6 +528,8 @@ fn kv_cache_simulation_matches_naive_cache() {
             LayerRule::parse("2=-/turbo4").unwrap(),
         ],
         turbo4: Turbo4Table::May,
+        // Upstream's rotation of the stock types, which the naive cache below applies too.
+        rotate: true,
         ..KvSpec::default()
     };
     let kv = spec
@@ -547,7 +549,7 @@ fn kv_cache_simulation_matches_naive_cache() {
         if let Some(n) = rot {
             hadamard_blocks(&mut x, n);
         }
-        round_trip(t, Turbo4Table::May, &mut x);
+        round_trip(t, Turbo4Table::May, kv.groups, &mut x);
         if let Some(n) = rot {
             hadamard_blocks(&mut x, n);
         }
@@ -971,8 +973,9 @@ fn compare_with_llama(text_name: &str, text: &Path, ctx: u64, chunks: u64, q_tol
             "{name} KLD {kld} vs llama.cpp {wk}"
         );
     }
-    // Quantized KV caches: tq's simulation against llama.cpp's real cache (-ctk/-ctv -fa on,
-    // rotated by default, LLAMA_ATTN_ROT_DISABLE=1 for -norot), where numbers were recorded.
+    // Quantized KV caches: tq's simulation against upstream llama.cpp's real cache (-ctk/-ctv
+    // -fa on, rotated by default, LLAMA_ATTN_ROT_DISABLE=1 for -norot), where numbers were
+    // recorded: the `upstream` target profile, whose default is the rotation.
     for (model, t, rot) in [
         ("f16+kv:q8_0/q8_0", "q8_0", true),
         ("f16+kv:q4_0/q4_0", "q4_0", true),
@@ -982,8 +985,11 @@ fn compare_with_llama(text_name: &str, text: &Path, ctx: u64, chunks: u64, q_tol
             continue;
         };
         let rot_off: &[&str] = if rot { &[] } else { &["--no-kv-rotation"] };
-        let (ppl, kld) =
-            ppl_kld_against(&f16, &base, &[&["--ctk", t, "--ctv", t], rot_off].concat());
+        let (ppl, kld) = ppl_kld_against(
+            &f16,
+            &base,
+            &[&["--target", "upstream", "--ctk", t, "--ctv", t], rot_off].concat(),
+        );
         let (wp, wk) = (w["ppl"].as_f64().unwrap(), w["kld"].as_f64().unwrap());
         eprintln!("{model}: tq PPL {ppl:.4} KLD {kld:.6}, llama.cpp PPL {wp:.4} KLD {wk:.6}");
         // PPL of a lossy cache on 8 short windows swings more than the KLD (q4_0 unrotated:
@@ -1061,8 +1067,33 @@ fn cli_kv_cache_flags_presets_and_errors() {
     assert_eq!(code, 0, "{err}");
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(j["kv"]["types"], "0=turbo3/turbo3,1=q8_0/q8_0");
+    // The fork pads 64-wide heads to one 128-value group: 50 bytes per 64 values.
+    assert_eq!(j["kv"]["bits_per_value"], (6.25 + 8.5) / 2.0);
+    assert_eq!(j["kv"]["target"], "fork");
+    assert_eq!(j["kv"]["turbo_groups"], "pad128");
+    assert_eq!(j["kv"]["rotation"], false);
+    let ppl_turbo = j["result"]["ppl"]["value"].as_f64().unwrap();
+    assert_ne!(ppl_turbo, ppl0);
+    // The 64-value layout is an explicit, different (cheaper) cache.
+    args.extend(["--turbo-groups", "64"]);
+    let (code, out, err) = tq(&args);
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(j["kv"]["bits_per_value"], (3.25 + 8.5) / 2.0);
-    assert_ne!(j["result"]["ppl"]["value"].as_f64().unwrap(), ppl0);
+    assert_ne!(j["result"]["ppl"]["value"].as_f64().unwrap(), ppl_turbo);
+    // Upstream rotates stock types and has no turbo types.
+    let mut args = base.to_vec();
+    args.extend(["--target", "upstream", "--ctk", "q4_0", "--ctv", "q4_0"]);
+    let (code, out, err) = tq(&args);
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["kv"]["rotation"], true);
+    let ppl_rot = j["result"]["ppl"]["value"].as_f64().unwrap();
+    args.extend(["--kv-rotation", "off"]);
+    let (_, out, _) = tq(&args);
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["kv"]["rotation"], false);
+    assert_ne!(j["result"]["ppl"]["value"].as_f64().unwrap(), ppl_rot);
 
     // Bad input: one line, exit 2.
     for (extra, want) in [
@@ -1071,7 +1102,18 @@ fn cli_kv_cache_flags_presets_and_errors() {
         (vec!["--kv-layers", "0-x=q8_0"], "bad layer number"),
         (
             vec!["--turbo-codebook", "june2"],
-            "expected fork, may or head-dim",
+            "expected june, may or head-dim",
+        ),
+        (vec!["--target", "nope"], "unknown target profile 'nope'"),
+        (
+            vec!["--target", "upstream", "--ctv", "turbo3"],
+            "does not exist in target 'upstream'",
+        ),
+        (vec!["--turbo-groups", "32"], "expected pad128"),
+        (vec!["--kv-rotation", "maybe"], "expected on or off"),
+        (
+            vec!["--turbo-layer-adaptive", "3"],
+            "modes 0, 1, 2, 5, 6 and 7",
         ),
     ] {
         let mut args = base.to_vec();
@@ -1084,13 +1126,29 @@ fn cli_kv_cache_flags_presets_and_errors() {
         );
     }
 
-    // tq kv: recommendation, measured table, --write.
+    // tq kv: recommendation, measured table, --write. On 64-wide heads the fork's padding
+    // makes turbo4 (8.25 bits per real value) dearer than q4_0: stock types, unrotated.
     let (code, out, err) = tq(&["kv", m]);
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("recommended: turbo4") && out.contains("-ctk turbo4 -ctv turbo4 -fa on"),
+        out.contains("recommended: q8_0/q4_0") && out.contains("-ctk q8_0 -ctv q4_0 -fa on"),
         "{out}"
     );
+    assert!(out.contains("turbo4 costs 8.250 bits"), "{out}");
+    assert!(
+        out.contains("q4_0-rot") && out.contains("target: fork"),
+        "{out}"
+    );
+    let (code, out, err) = tq(&["kv", m, "--target", "upstream", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let names: Vec<&str> = j["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"q4_0-norot") && !names.iter().any(|n| n.contains("turbo")));
     let w = dir.path().join("with-kv.gguf");
     let (code, out, err) = tq(&[
         "kv",

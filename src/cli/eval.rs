@@ -61,7 +61,9 @@ pub struct EvalArgs {
     pub quiet: bool,
 }
 
-/// The simulated KV cache's flags (`tq eval`); the library's form is [`tq::model::KvSpec`].
+/// The simulated KV cache's flags (`tq eval`, `tq validate`); the library's form is
+/// [`tq::model::KvSpec`]. The engine's behaviour comes from `--target` and each part can be
+/// overridden.
 #[derive(clap::Args, Clone, Debug)]
 pub struct KvCacheArgs {
     /// KV-cache type for K, simulated like llama.cpp's -ctk (f16 default; f32, bf16, q8_0, q4_0,
@@ -75,30 +77,91 @@ pub struct KvCacheArgs {
     /// RANGES=KTYPE/VTYPE each ('-' keeps one), e.g. 0-1,28-29=q8_0 or 0,29=-/q8_0.
     #[arg(long, value_name = "RULE")]
     pub kv_layers: Vec<String>,
-    /// Apply the fork's auto-asymmetric rule: turbo K == V with n_head/n_head_kv >= 6 -> K q8_0.
-    #[arg(long)]
-    pub kv_auto_asym: bool,
-    /// Do not rotate quantized stock KV types (upstream llama.cpp rotates them by default since
-    /// April 2026; LLAMA_ATTN_ROT_DISABLE=1 is this flag).
-    #[arg(long)]
+    /// The engine whose cache is simulated: fork (default: the TurboQuant fork since June 2026),
+    /// fork-69d8e4be4 (May 2026), upstream (llama.cpp: rotated stock caches, no turbo types).
+    /// It decides turbo padding and tables, rotation and the fork's turbo rules.
+    #[arg(long = "target", value_name = "PROFILE")]
+    pub kv_target: Option<String>,
+    /// JSON type map of another engine (its "kv" entry names the built-in profile whose KV
+    /// behaviour it has).
+    #[arg(long = "type-map", conflicts_with = "kv_target")]
+    pub kv_type_map: Option<PathBuf>,
+    /// The fork's auto-asymmetric rule (turbo K == V with n_head/n_head_kv >= 6 -> K q8_0): on
+    /// or off; default: the target's (on for the fork, TURBO_AUTO_ASYMMETRIC=0 is off).
+    #[arg(long, value_name = "on|off", num_args = 0..=1, default_missing_value = "on")]
+    pub kv_auto_asym: Option<String>,
+    /// Hadamard rotation of quantized stock KV types: on or off; default: the target's (upstream
+    /// rotates since April 2026, the fork does not).
+    #[arg(long, value_name = "on|off")]
+    pub kv_rotation: Option<String>,
+    /// Same as --kv-rotation off (upstream's LLAMA_ATTN_ROT_DISABLE=1).
+    #[arg(long, conflicts_with = "kv_rotation")]
     pub no_kv_rotation: bool,
-    /// turbo codebooks: fork (the fork's tables, 4-bit Lloyd-Max as shipped since June 2026,
-    /// 66-byte turbo4 blocks), may (the May-2026 tables, 68-byte turbo4 blocks, byte-exact with
-    /// the conformance vectors) or head-dim (Lloyd-Max for the group's own dimension).
-    #[arg(long, visible_alias = "turbo4-table", default_value = "fork")]
-    pub turbo_codebook: String,
+    /// The fork's TURBO_LAYER_ADAPTIVE mode: 0 (uniform), 1, 2, 5, 6 or 7; default: the
+    /// fork's own rule (mode 7 for -ctv turbo2 on >= 8 layers).
+    #[arg(long, value_name = "MODE")]
+    pub turbo_layer_adaptive: Option<u8>,
+    /// turbo group layout: pad128 (every head zero-padded to a multiple of 128, as the fork
+    /// builds it; default) or 64 (64-wide heads as 64-value groups, what `tq codebook
+    /// --head-dim 64` tables are for; no engine's default).
+    #[arg(long, value_name = "LAYOUT")]
+    pub turbo_groups: Option<String>,
+    /// turbo codebooks: june (the fork's tables since June 2026, 66-byte turbo4), may (the
+    /// May-2026 tables, 68-byte turbo4, byte-exact with the conformance vectors) or head-dim
+    /// (Lloyd-Max for the group's own dimension); default: the target's.
+    #[arg(long, visible_alias = "turbo4-table")]
+    pub turbo_codebook: Option<String>,
+}
+
+fn on_off(flag: &str, v: &str) -> Result<bool> {
+    match v {
+        "on" | "true" | "1" => Ok(true),
+        "off" | "false" | "0" => Ok(false),
+        o => Err(Error::Usage(format!(
+            "--{flag} {}: expected on or off",
+            tq::error::one_line(o)
+        ))),
+    }
 }
 
 impl KvCacheArgs {
+    /// The target profile named by --target / --type-map (default fork).
+    pub fn profile(&self) -> Result<tq::types::profile::Profile> {
+        tq::types::profile::Profile::select(self.kv_target.as_deref(), self.kv_type_map.as_deref())
+    }
+
+    /// The spec: the target's KV behaviour, then each flag that overrides a part of it.
     pub fn spec(&self) -> Result<KvSpec> {
-        KvSpec::from_names(
+        let mut s = KvSpec::from_names(
             &self.cache_type_k,
             &self.cache_type_v,
             &self.kv_layers,
-            self.kv_auto_asym,
-            !self.no_kv_rotation,
-            &self.turbo_codebook,
-        )
+            &self.profile()?,
+        )?;
+        if let Some(v) = &self.kv_auto_asym {
+            s.auto_asym = on_off("kv-auto-asym", v)?;
+        }
+        if let Some(v) = &self.kv_rotation {
+            s.rotate = on_off("kv-rotation", v)?;
+        }
+        if self.no_kv_rotation {
+            s.rotate = false;
+        }
+        if let Some(m) = self.turbo_layer_adaptive {
+            if !tq::model::kv::LAYER_ADAPTIVE_MODES.contains(&m) {
+                return Err(Error::Usage(format!(
+                    "--turbo-layer-adaptive {m}: the fork has modes 0, 1, 2, 5, 6 and 7"
+                )));
+            }
+            s.layer_adaptive = Some(m);
+        }
+        if let Some(g) = &self.turbo_groups {
+            s.groups = tq::model::kv::TurboGroups::parse(g)?;
+        }
+        if let Some(t) = &self.turbo_codebook {
+            s.turbo4 = tq::model::Turbo4Table::parse(t)?;
+        }
+        Ok(s)
     }
 }
 
@@ -146,7 +209,8 @@ pub fn run(a: EvalArgs) -> Result<()> {
 fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize) -> Result<()> {
     let file = GgufFile::open(&a.model)?;
     let mut model = Model::new(&file, numerics)?;
-    model.kv = a.kv.spec()?.resolve(
+    let kv_spec = a.kv.spec()?;
+    model.kv = kv_spec.resolve(
         model.cfg.n_layer,
         model.cfg.n_head,
         model.cfg.n_head_kv,
@@ -188,7 +252,7 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
 
     if !a.quiet && !a.json {
         eprintln!(
-            "tq eval: {} ({}, {} blocks), {} windows x {} tokens, scoring {} per window, batch {} windows, {} threads, {} numerics, KV {} ({:.3}/{:.3} bits per value)",
+            "tq eval: {} ({}, {} blocks), {} windows x {} tokens, scoring {} per window, batch {} windows, {} threads, {} numerics, KV {} ({:.3}/{:.3} bits per real value, target {})",
             a.model.display(),
             model.cfg.arch.name(),
             model.cfg.n_layer,
@@ -200,7 +264,8 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
             numerics.name(),
             model.kv.describe(model.cfg.n_layer),
             kv_bits_k,
-            kv_bits_v
+            kv_bits_v,
+            kv_spec.profile
         );
     }
     let pb = if a.quiet {
@@ -236,7 +301,7 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
                 "cuda_tensors": cuda_tensors.len(),
                 "note": numerics_note,
             },
-            "kv": kv_json(&model.kv, &model.cfg),
+            "kv": kv_json(&model.kv, &model.cfg, &kv_spec.profile),
             "threads": threads,
             "batch": batch,
             "result": res,
@@ -253,14 +318,20 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
             println!("  {n}");
         }
         println!(
-            "KV cache: {} ({:.3} bits per value K, {:.3} V{})",
+            "KV cache: {} ({:.3} bits per real value K, {:.3} V{})",
             model.kv.describe(model.cfg.n_layer),
             kv_bits_k,
             kv_bits_v,
             if model.kv.is_default() {
-                ""
+                String::new()
             } else {
-                ", simulated"
+                format!(
+                    ", simulated as target '{}' builds it: turbo groups {}, {} turbo tables, stock types {}",
+                    kv_spec.profile,
+                    model.kv.groups.name(),
+                    model.kv.turbo4.name(),
+                    if model.kv.rotate { "rotated" } else { "not rotated" }
+                )
             }
         );
     }

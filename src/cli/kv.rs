@@ -43,6 +43,14 @@ pub struct KvCmdArgs {
     /// Worker threads (default: all cores).
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
+    /// The engine the presets are for: fork (default), fork-69d8e4be4 or upstream. It decides
+    /// which types exist, turbo padding and tables, rotation and the fork's turbo rules.
+    #[arg(long)]
+    pub target: Option<String>,
+    /// JSON type map of another engine (its "kv" entry names the built-in profile whose KV
+    /// behaviour it has).
+    #[arg(long, conflicts_with = "target")]
+    pub type_map: Option<PathBuf>,
 }
 
 pub fn run(a: KvCmdArgs) -> Result<()> {
@@ -55,11 +63,12 @@ pub fn run(a: KvCmdArgs) -> Result<()> {
 
 // Mostly printing: the text and JSON reports of the recommendation or measurement.
 fn run_in_pool(a: &KvCmdArgs) -> Result<()> {
+    let profile = tq::types::profile::Profile::select(a.target.as_deref(), a.type_map.as_deref())?;
     let file = GgufFile::open(&a.model)?;
     let mut model = Model::new(&file, Numerics::Ggml)?;
     let cfg = model.cfg.clone();
-    let cands = select_candidates(&cfg, &a.only)?;
-    let rec = recommend(&cfg);
+    let cands = select_candidates(&cfg, &profile, &a.only)?;
+    let rec = recommend(&cfg, &profile);
     let gqa = cfg.n_head / cfg.n_head_kv.max(1);
 
     let (mut chosen, mut why, mut measured) = (rec.preset.clone(), rec.reasons.clone(), vec![]);
@@ -91,6 +100,8 @@ fn run_in_pool(a: &KvCmdArgs) -> Result<()> {
     if a.json {
         let j = serde_json::json!({
             "model": a.model.display().to_string(),
+            "target": profile.name,
+            "target_kv_facts": profile.kv.provenance,
             "head_dim": cfg.head_dim,
             "n_head": cfg.n_head,
             "n_head_kv": cfg.n_head_kv,
@@ -118,9 +129,10 @@ fn run_in_pool(a: &KvCmdArgs) -> Result<()> {
         gqa,
         cfg.n_layer
     );
+    println!("target: {} ({})", profile.name, profile.kv.provenance);
     println!();
     println!(
-        "recommended: {} ({:.3} bits per value)",
+        "recommended: {} ({:.3} bits per real value)",
         chosen.name,
         chosen.bits(&cfg)
     );
@@ -162,11 +174,17 @@ fn run_in_pool(a: &KvCmdArgs) -> Result<()> {
     } else {
         println!("candidates (measure them with --measure --text FILE):");
         for p in &cands {
+            let env = p.env();
+            let flags = if env.is_empty() {
+                p.llama_flags()
+            } else {
+                format!("{} {}", env.join(" "), p.llama_flags())
+            };
             println!(
                 "  {:<16} {:>6.3} bits  {:<32} {}",
                 p.name,
                 p.bits(&cfg),
-                p.llama_flags(),
+                flags,
                 p.note
             );
         }

@@ -11,16 +11,20 @@ use super::logits_file::{self, Format};
 use super::{evaluate, Reference, Windows};
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, GgufWriter, TensorSpec, Value};
+use crate::model::kv::Profile;
 use crate::model::{Config, KvCache, Model};
 use crate::tokenizer::input::Input;
 
-/// The KV part of a JSON report.
-pub fn kv_json(kv: &KvCache, cfg: &Config) -> serde_json::Value {
+/// The KV part of a JSON report: the types per layer, the engine behaviour simulated (target
+/// profile, rotation, turbo tables and group layout) and bits per real value (padding counted).
+pub fn kv_json(kv: &KvCache, cfg: &Config, profile: &str) -> serde_json::Value {
     let (bk, bv) = kv.bits(cfg.n_layer, cfg.head_dim);
     serde_json::json!({
+        "target": profile,
         "types": kv.describe(cfg.n_layer),
         "rotation": kv.rotate,
         "turbo_codebook": kv.turbo4.name(),
+        "turbo_groups": kv.groups.name(),
         "bits_per_value_k": bk,
         "bits_per_value_v": bv,
         "bits_per_value": (bk + bv) / 2.0,
@@ -31,6 +35,7 @@ pub fn kv_json(kv: &KvCache, cfg: &Config) -> serde_json::Value {
 pub fn preset_json(p: &Preset, cfg: &Config) -> serde_json::Value {
     serde_json::json!({
         "name": p.name,
+        "target": p.spec.profile,
         "ctk": p.spec.k.name(),
         "ctv": p.spec.v.name(),
         "kv_layers": p.spec.rules.iter().map(rule_text).collect::<Vec<_>>(),
@@ -45,8 +50,8 @@ pub fn preset_json(p: &Preset, cfg: &Config) -> serde_json::Value {
 
 /// The candidates for `cfg`, restricted to `only` (plus the f16 reference) when it is not empty;
 /// a name that is not a candidate is a usage error listing those that are.
-pub fn select_candidates(cfg: &Config, only: &[String]) -> Result<Vec<Preset>> {
-    let mut cands = candidates(cfg);
+pub fn select_candidates(cfg: &Config, profile: &Profile, only: &[String]) -> Result<Vec<Preset>> {
+    let mut cands = candidates(cfg, profile);
     if only.is_empty() {
         return Ok(cands);
     }
@@ -238,7 +243,9 @@ pub fn write_with_preset(file: &GgufFile, out: &Path, p: &Preset, cfg: &Config) 
                 .join(" "),
         ),
     ));
+    md.push(("tq.kv.target".into(), Value::string(&p.spec.profile)));
     md.push(("tq.kv.llama_flags".into(), Value::string(&p.llama_flags())));
+    md.push(("tq.kv.env".into(), Value::string(&p.env().join(" "))));
     md.push((
         "tq.kv.bits_per_value".into(),
         Value::F32(p.bits(cfg) as f32),

@@ -9,15 +9,18 @@
 //!   of two ≥ 64 dividing the head (queries get the same rotation, so q·k is unchanged but for the
 //!   rounding), and a quantized V by 64-wide blocks, the attention output being rotated back.
 //! - turbo2/3/4 (the fork's KV types, FORMATS.md §3) use their own two-sided randomized Hadamard
-//!   rotation per group: 128-value groups when the head is a multiple of 128, 64-value groups
-//!   (first 64 signs, 1/8) for 64-wide heads, zero padding to a multiple of 128 otherwise. The
-//!   engine keeps the cache in the rotated domain and rotates queries/outputs instead; the round
-//!   trip here is done in the original domain, which is the same arithmetic up to float rounding.
-//!   The 4-bit table is selectable: the fork's May-2026 table (mis-scaled, byte-exact with the
-//!   conformance vectors) or the true Lloyd-Max table for d = 128 (what the fork ships since June).
+//!   rotation per 128-value group; a head that is not a multiple of 128 is zero-padded to the
+//!   next multiple, as the fork builds its cache (a 64-wide head is one group with 64 zeros).
+//!   The 64-value group layout (first 64 signs, 1/8) is an explicit option
+//!   ([`TurboGroups::Native64`]), never the default. The engine keeps the cache in the rotated
+//!   domain and rotates queries/outputs instead; the round trip here is done in the original
+//!   domain (padded, then sliced back), which is the same arithmetic up to float rounding.
+//! - What an engine does by default — padding, tables, rotation of stock types, the
+//!   auto-asymmetric and layer-adaptive rules — is its target profile's [`KvRules`].
 
 use crate::error::{Error, Result};
 use crate::math::hadamard::{fwht, inv_sqrt_len, rht2_forward};
+pub use crate::types::profile::{KvRules, Profile, TurboGroups};
 pub use crate::types::turbo::{turbo_codebook, Turbo4Table};
 use crate::types::{turbo, TensorType};
 
@@ -43,14 +46,18 @@ pub struct KvCache {
     /// Upstream's Hadamard rotation of quantized stock types.
     pub rotate: bool,
     pub turbo4: Turbo4Table,
+    pub groups: TurboGroups,
 }
 
 impl Default for KvCache {
+    /// The f16 cache, with the default profile's options for any type set later.
     fn default() -> Self {
+        let r = Profile::default().kv;
         KvCache {
             layers: Vec::new(),
-            rotate: true,
-            turbo4: Turbo4Table::LloydMax,
+            rotate: r.rotate_stock,
+            turbo4: r.table,
+            groups: r.groups,
         }
     }
 }
@@ -123,43 +130,62 @@ impl LayerRule {
     }
 }
 
-/// What the user asked for, before it is laid over a model.
+/// What the user asked for, before it is laid over a model: the cache types and the engine
+/// behaviour (from the target profile, each part overridable).
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvSpec {
     pub k: TensorType,
     pub v: TensorType,
     pub rules: Vec<LayerRule>,
+    /// The target profile's name (reports and messages).
+    pub profile: String,
+    /// The engine has turbo cache types.
+    pub turbo: bool,
     /// The fork's auto-asymmetric rule: turbo K == V and n_head / n_head_kv >= 6 → K q8_0.
     pub auto_asym: bool,
+    /// Hadamard rotation of quantized stock types (upstream's default).
     pub rotate: bool,
     pub turbo4: Turbo4Table,
+    pub groups: TurboGroups,
+    /// The fork's `TURBO_LAYER_ADAPTIVE` mode (0 off, 1, 2, 5, 6, 7); `None`: the engine's own
+    /// rule ([`KvRules::turbo2_boundary`]: mode 7 for `-ctv turbo2` on >= 8 layers).
+    pub layer_adaptive: Option<u8>,
+    pub turbo2_boundary: bool,
 }
 
 impl Default for KvSpec {
+    /// The f16 cache under the default target profile.
     fn default() -> Self {
+        KvSpec::for_profile(&Profile::default())
+    }
+}
+
+/// The fork's `TURBO_LAYER_ADAPTIVE` modes (src/llama-kv-cache.cpp at 69d8e4be4).
+pub const LAYER_ADAPTIVE_MODES: &[u8] = &[0, 1, 2, 5, 6, 7];
+
+impl KvSpec {
+    /// The f16 cache with `profile`'s KV behaviour.
+    pub fn for_profile(profile: &Profile) -> KvSpec {
+        let r = profile.kv;
         KvSpec {
             k: TensorType::F16,
             v: TensorType::F16,
             rules: Vec::new(),
-            auto_asym: false,
-            rotate: true,
-            turbo4: Turbo4Table::LloydMax,
+            profile: profile.name.clone(),
+            turbo: r.turbo,
+            auto_asym: r.auto_asym,
+            rotate: r.rotate_stock,
+            turbo4: r.table,
+            groups: r.groups,
+            layer_adaptive: None,
+            turbo2_boundary: r.turbo2_boundary,
         }
     }
-}
 
-impl KvSpec {
-    /// The spec from its command-line form (`tq eval`'s flags): `-ctk`/`-ctv` type names,
-    /// `--kv-layers` rules, the auto-asymmetric rule, rotation of quantized stock types, and the
-    /// turbo codebook's name.
-    pub fn from_names(
-        k: &str,
-        v: &str,
-        rules: &[String],
-        auto_asym: bool,
-        rotate: bool,
-        turbo_codebook: &str,
-    ) -> Result<KvSpec> {
+    /// The spec from its command-line form (`tq eval`'s flags) under a target profile:
+    /// `-ctk`/`-ctv` type names and `--kv-layers` rules; the profile's behaviour stays as it is
+    /// unless the caller overrides a field.
+    pub fn from_names(k: &str, v: &str, rules: &[String], profile: &Profile) -> Result<KvSpec> {
         Ok(KvSpec {
             k: parse_kv_type(k)?,
             v: parse_kv_type(v)?,
@@ -167,14 +193,24 @@ impl KvSpec {
                 .iter()
                 .map(|r| LayerRule::parse(r))
                 .collect::<Result<_>>()?,
-            auto_asym,
-            rotate,
-            turbo4: Turbo4Table::parse(turbo_codebook)?,
+            ..KvSpec::for_profile(profile)
         })
     }
 
-    /// Lay the spec over a model of `n_layer` layers: defaults, the auto-asymmetric rule (as the
-    /// engine applies it to `-ctk/-ctv`), then the per-layer rules in order (later ones win).
+    /// The layer-adaptive mode in effect for `n_layer` layers.
+    pub fn adaptive_mode(&self, n_layer: usize) -> u8 {
+        self.layer_adaptive.unwrap_or(
+            if self.turbo2_boundary && self.v == TensorType::Turbo2 && n_layer >= 8 {
+                7
+            } else {
+                0
+            },
+        )
+    }
+
+    /// Lay the spec over a model of `n_layer` layers as the engine does: the auto-asymmetric
+    /// rule on `-ctk/-ctv`, the layer-adaptive mode, then the per-layer rules in order (later
+    /// ones win).
     pub fn resolve(
         &self,
         n_layer: usize,
@@ -182,6 +218,18 @@ impl KvSpec {
         n_head_kv: usize,
         head_dim: usize,
     ) -> Result<KvCache> {
+        if !self.turbo {
+            let all = [Some(self.k), Some(self.v)]
+                .into_iter()
+                .chain(self.rules.iter().flat_map(|r| [r.k, r.v]));
+            if let Some(t) = all.flatten().find(|t| t.is_turbo()) {
+                return Err(Error::Usage(format!(
+                    "KV cache type {} does not exist in target '{}' (no turbo cache types); use --target fork",
+                    t.name(),
+                    self.profile
+                )));
+            }
+        }
         let mut base = KvLayer {
             k: self.k,
             v: self.v,
@@ -189,7 +237,9 @@ impl KvSpec {
         if self.auto_asym && auto_asym_applies(base, n_head, n_head_kv) {
             base.k = TensorType::Q8_0;
         }
-        let mut layers = vec![base; n_layer];
+        let mut layers: Vec<KvLayer> = (0..n_layer)
+            .map(|l| adaptive_layer(self.adaptive_mode(n_layer), base, l, n_layer))
+            .collect();
         for r in &self.rules {
             if let Some(&(_, b)) = r.ranges.iter().find(|&&(_, b)| b >= n_layer) {
                 return Err(Error::Usage(format!(
@@ -212,10 +262,31 @@ impl KvSpec {
             layers,
             rotate: self.rotate,
             turbo4: self.turbo4,
+            groups: self.groups,
         };
         kv.check(head_dim)?;
         Ok(kv)
     }
+}
+
+/// Layer `l`'s types under the fork's `TURBO_LAYER_ADAPTIVE` mode (modes 1 and 2 ask whether K
+/// is turbo, 5-7 whether V is; all need >= 8 layers).
+fn adaptive_layer(mode: u8, base: KvLayer, l: usize, n_layer: usize) -> KvLayer {
+    use TensorType::{Turbo2, Turbo4, Q8_0};
+    let mut x = base;
+    if n_layer < 8 {
+        return x;
+    }
+    let boundary = l < 2 || l >= n_layer - 2;
+    match mode {
+        1 if base.k.is_turbo() && (l < 4 || l >= n_layer - 4) => x = KvLayer { k: Q8_0, v: Q8_0 },
+        2 if base.k.is_turbo() && l >= n_layer - 8 => x = KvLayer { k: Q8_0, v: Q8_0 },
+        5 if base.v.is_turbo() => x.v = if boundary { Turbo4 } else { Turbo2 },
+        6 if base.v.is_turbo() => x.v = if l >= n_layer - 8 { Turbo4 } else { Turbo2 },
+        7 if base.v.is_turbo() => x.v = if boundary { Q8_0 } else { Turbo2 },
+        _ => {}
+    }
+    x
 }
 
 /// Whether the fork's auto-asymmetric rule promotes K to q8_0 (FORMATS.md §3).
@@ -223,19 +294,24 @@ pub fn auto_asym_applies(l: KvLayer, n_head: usize, n_head_kv: usize) -> bool {
     l.k.is_turbo() && l.k == l.v && n_head_kv > 0 && n_head / n_head_kv >= 6
 }
 
-/// Values per turbo group for a head dimension (FORMATS.md §3).
-pub fn turbo_group(head_dim: usize) -> usize {
-    if head_dim == 64 {
+/// Values per turbo group for a head dimension under a group layout (FORMATS.md §3).
+pub fn turbo_group(head_dim: usize, groups: TurboGroups) -> usize {
+    if head_dim == 64 && groups == TurboGroups::Native64 {
         64
     } else {
         128
     }
 }
 
-/// Bits per stored value of cache type `t` on heads of `head_dim` (padding included).
-pub fn bits_per_value(t: TensorType, head_dim: usize, table: Turbo4Table) -> f64 {
+/// Bits per real value of cache type `t` on heads of `head_dim` (padding and headers counted).
+pub fn bits_per_value(
+    t: TensorType,
+    head_dim: usize,
+    table: Turbo4Table,
+    groups: TurboGroups,
+) -> f64 {
     if t.is_turbo() {
-        let g = turbo_group(head_dim);
+        let g = turbo_group(head_dim, groups);
         let idx_bits = match t {
             TensorType::Turbo2 => 2,
             TensorType::Turbo3 => 3,
@@ -302,8 +378,8 @@ impl KvCache {
         let (mut k, mut v) = (0.0, 0.0);
         for l in 0..n_layer {
             let lay = self.layer(l);
-            k += bits_per_value(lay.k, head_dim, self.turbo4);
-            v += bits_per_value(lay.v, head_dim, self.turbo4);
+            k += bits_per_value(lay.k, head_dim, self.turbo4, self.groups);
+            v += bits_per_value(lay.v, head_dim, self.turbo4, self.groups);
         }
         (k / n, v / n)
     }
@@ -379,8 +455,9 @@ pub fn turbo_group_rotated(x: &[f32], cb: &[f32], out: &mut [f32]) {
     }
 }
 
-/// Store one head vector in a cache of type `t` and read it back.
-pub fn round_trip(t: TensorType, table: Turbo4Table, x: &mut [f32]) {
+/// Store one head vector in a cache of type `t` and read it back (turbo: zero-padded to whole
+/// groups, the padding's read-back discarded as the engine's sliced output does).
+pub fn round_trip(t: TensorType, table: Turbo4Table, groups: TurboGroups, x: &mut [f32]) {
     match t {
         TensorType::F32 => {}
         TensorType::F16 => x
@@ -390,7 +467,7 @@ pub fn round_trip(t: TensorType, table: Turbo4Table, x: &mut [f32]) {
             .iter_mut()
             .for_each(|v| *v = half::bf16::from_f32(*v).to_f32()),
         t if t.is_turbo() => {
-            let g = turbo_group(x.len());
+            let g = turbo_group(x.len(), groups);
             let cb = turbo_codebook(t, table, g);
             for part in x.chunks_mut(g) {
                 let mut buf = [0f32; 128];
@@ -482,7 +559,7 @@ mod tests {
         let norm: f32 = v.iter().map(|x| x * x).sum::<f32>().sqrt();
         let rel = |t, table| {
             let mut a = v.clone();
-            round_trip(t, table, &mut a);
+            round_trip(t, table, TurboGroups::Pad128, &mut a);
             a.iter()
                 .zip(&v)
                 .map(|(x, y)| (x - y) * (x - y))
@@ -504,13 +581,15 @@ mod tests {
         // The May table is ~2.1x the optimal MSE: ~1.45x the RMS error.
         assert!(may > 1.2 * lm, "may {may} vs lloyd-max {lm}");
         assert!(lm < 0.15);
-        // 64-wide heads use 64-value groups.
-        let mut h = data(64, 5);
-        let h0 = h.clone();
-        round_trip(TensorType::Turbo3, Turbo4Table::May, &mut h);
-        let e: f32 = h.iter().zip(&h0).map(|(a, b)| (a - b) * (a - b)).sum();
-        let n: f32 = h0.iter().map(|a| a * a).sum();
-        assert!((e / n).sqrt() < 0.3, "{}", (e / n).sqrt());
+        // 64-wide heads: padded to one 128-group (the fork), or one 64-group (explicit).
+        for groups in [TurboGroups::Pad128, TurboGroups::Native64] {
+            let mut h = data(64, 5);
+            let h0 = h.clone();
+            round_trip(TensorType::Turbo3, Turbo4Table::May, groups, &mut h);
+            let e: f32 = h.iter().zip(&h0).map(|(a, b)| (a - b) * (a - b)).sum();
+            let n: f32 = h0.iter().map(|a| a * a).sum();
+            assert!((e / n).sqrt() < 0.3, "{groups:?}: {}", (e / n).sqrt());
+        }
     }
 
     /// On 64-value groups the fork's d = 128 tables are too narrow: the per-group Lloyd-Max
@@ -519,11 +598,12 @@ mod tests {
     #[test]
     fn head_dim_tables_fit_64_value_groups() {
         let mse = |t, table, d: usize| {
+            let groups = TurboGroups::Native64;
             let mut tot = 0f64;
             for seed in 0..400u32 {
                 let v = data(d, seed * 31 + 7);
                 let mut a = v.clone();
-                round_trip(t, table, &mut a);
+                round_trip(t, table, groups, &mut a);
                 let e: f32 = a.iter().zip(&v).map(|(x, y)| (x - y) * (x - y)).sum();
                 let n: f32 = v.iter().map(|x| x * x).sum();
                 tot += (e / n) as f64;
@@ -561,20 +641,112 @@ mod tests {
 
     #[test]
     fn bits_include_padding_and_headers() {
-        let lm = Turbo4Table::LloydMax;
-        assert_eq!(bits_per_value(TensorType::F16, 64, lm), 16.0);
-        assert_eq!(bits_per_value(TensorType::Q8_0, 64, lm), 8.5);
-        assert_eq!(bits_per_value(TensorType::Q4_0, 128, lm), 4.5);
-        assert_eq!(bits_per_value(TensorType::Turbo3, 128, lm), 3.125);
-        assert_eq!(bits_per_value(TensorType::Turbo2, 128, lm), 2.125);
+        use TensorType::*;
+        let (lm, may) = (Turbo4Table::LloydMax, Turbo4Table::May);
+        let (pad, g64) = (TurboGroups::Pad128, TurboGroups::Native64);
+        assert_eq!(bits_per_value(F16, 64, lm, pad), 16.0);
+        assert_eq!(bits_per_value(Q8_0, 64, lm, pad), 8.5);
+        assert_eq!(bits_per_value(Q4_0, 128, lm, pad), 4.5);
+        assert_eq!(bits_per_value(Turbo3, 128, lm, pad), 3.125);
+        assert_eq!(bits_per_value(Turbo2, 128, lm, pad), 2.125);
+        assert_eq!(bits_per_value(Turbo4, 128, may, pad), 4.25);
+        assert_eq!(bits_per_value(Turbo4, 128, lm, pad), 4.125);
+        // FORMATS.md §3: on 64-wide heads the fork stores 50 bytes (turbo3) and 68 (turbo4,
+        // May) per 64 real values.
+        assert_eq!(bits_per_value(Turbo3, 64, lm, pad), 6.25);
+        assert_eq!(bits_per_value(Turbo4, 64, may, pad), 8.5);
+        assert_eq!(bits_per_value(Turbo4, 64, lm, pad), 8.25);
+        assert_eq!(bits_per_value(Turbo2, 64, lm, pad), 4.25);
+        assert_eq!(bits_per_value(Turbo3, 64, lm, g64), 3.25);
+        // 80 and 192: zero-padded to 128 and 256 in both layouts.
+        assert_eq!(bits_per_value(Turbo3, 80, lm, g64), 5.0);
+        assert_eq!(bits_per_value(Turbo3, 192, lm, pad), 100.0 * 8.0 / 192.0);
+    }
+
+    /// What the fork computes on a padded 64-wide head, in the rotated domain: the query padded
+    /// with zeros and rotated (`turbo::rotate_forward`), dotted with the registry's dequantized
+    /// block of the zero-padded key (the registry is byte-exact with the fork's conformance
+    /// vectors). The simulation's original-domain round trip gives the same scores.
+    #[test]
+    fn padded_round_trip_gives_the_engines_scores() {
+        for t in [TensorType::Turbo2, TensorType::Turbo3, TensorType::Turbo4] {
+            let info = t.info();
+            for seed in 0..50u32 {
+                let (q, k) = (data(64, seed * 2 + 1), data(64, seed * 2 + 7));
+                let mut kp = [0f32; 128];
+                kp[..64].copy_from_slice(&k);
+                let mut bytes = vec![0u8; info.block_bytes];
+                (info.quantize.unwrap())(&kp, &mut bytes);
+                let mut k_rot = [0f32; 128];
+                (info.dequantize.unwrap())(&bytes, &mut k_rot);
+                let mut q_rot = [0f32; 128];
+                q_rot[..64].copy_from_slice(&q);
+                turbo::rotate_forward(&mut q_rot);
+                let engine: f64 = q_rot.iter().zip(&k_rot).map(|(a, b)| (a * b) as f64).sum();
+                let mut ks = k.clone();
+                round_trip(t, Turbo4Table::May, TurboGroups::Pad128, &mut ks);
+                let sim: f64 = q.iter().zip(&ks).map(|(a, b)| (a * b) as f64).sum();
+                let scale: f64 = q.iter().map(|a| a.abs() as f64).sum::<f64>() * 1e-5;
+                assert!(
+                    (engine - sim).abs() < scale,
+                    "{t:?} seed {seed}: {engine} vs {sim}"
+                );
+                // The 64-group layout is a different cache.
+                let mut k64 = k.clone();
+                round_trip(t, Turbo4Table::May, TurboGroups::Native64, &mut k64);
+                assert_ne!(k64, ks);
+            }
+        }
+    }
+
+    /// The fork's TURBO_LAYER_ADAPTIVE modes, the automatic mode 7 for turbo2 V and the
+    /// profile-dependent defaults.
+    #[test]
+    fn layer_adaptive_modes_follow_the_fork() {
+        use TensorType::*;
+        let fork = Profile::built_in("fork-69d8e4be4").unwrap();
+        let mut s = KvSpec::from_names("turbo3", "turbo2", &[], &fork).unwrap();
+        let kv = s.resolve(10, 9, 3, 64).unwrap();
+        let v: Vec<_> = (0..10).map(|l| kv.layer(l).v).collect();
         assert_eq!(
-            bits_per_value(TensorType::Turbo4, 128, Turbo4Table::May),
-            4.25
+            v,
+            [Q8_0, Q8_0, Turbo2, Turbo2, Turbo2, Turbo2, Turbo2, Turbo2, Q8_0, Q8_0]
         );
-        assert_eq!(bits_per_value(TensorType::Turbo4, 128, lm), 4.125);
-        assert_eq!(bits_per_value(TensorType::Turbo3, 64, lm), 3.25);
-        // 80 = one 128-group zero-padded.
-        assert_eq!(bits_per_value(TensorType::Turbo3, 80, lm), 5.0);
+        assert!((0..10).all(|l| kv.layer(l).k == Turbo3));
+        // Fewer than 8 layers, or TURBO_LAYER_ADAPTIVE=0: uniform.
+        assert!((0..7).all(|l| s.resolve(7, 9, 3, 64).unwrap().layer(l).v == Turbo2));
+        s.layer_adaptive = Some(0);
+        assert!((0..10).all(|l| s.resolve(10, 9, 3, 64).unwrap().layer(l).v == Turbo2));
+        s.layer_adaptive = Some(1);
+        let kv = s.resolve(10, 9, 3, 64).unwrap();
+        assert_eq!(kv.layer(3), KvLayer { k: Q8_0, v: Q8_0 });
+        assert_eq!(
+            kv.layer(4),
+            KvLayer {
+                k: Turbo3,
+                v: Turbo2
+            }
+        );
+        assert_eq!(kv.layer(6), KvLayer { k: Q8_0, v: Q8_0 });
+        s.layer_adaptive = Some(5);
+        let kv = s.resolve(10, 9, 3, 64).unwrap();
+        assert_eq!((kv.layer(1).v, kv.layer(5).v), (Turbo4, Turbo2));
+        s.layer_adaptive = Some(6);
+        let kv = s.resolve(10, 9, 3, 64).unwrap();
+        assert_eq!((kv.layer(1).v, kv.layer(2).v), (Turbo2, Turbo4));
+        // Mode 7 does not start by itself for a turbo3 V.
+        let s3 = KvSpec::from_names("turbo3", "turbo3", &[], &fork).unwrap();
+        assert!((0..10).all(|l| s3.resolve(10, 9, 3, 64).unwrap().layer(l).v == Turbo3));
+        // Upstream: no turbo types at all, and stock types rotated.
+        let up = Profile::built_in("upstream").unwrap();
+        let su = KvSpec::from_names("q8_0", "turbo3", &[], &up).unwrap();
+        let e = su.resolve(10, 9, 3, 64).unwrap_err().to_string();
+        assert!(e.contains("turbo3") && e.contains("upstream"), "{e}");
+        assert!(KvSpec::from_names("q8_0", "q4_0", &[], &up).unwrap().rotate);
+        assert!(!s3.rotate && s3.auto_asym && s3.turbo4 == Turbo4Table::May);
+        let june = KvSpec::for_profile(&Profile::default());
+        assert_eq!(june.turbo4, Turbo4Table::LloydMax);
+        assert_eq!(june.groups, TurboGroups::Pad128);
     }
 
     #[test]
@@ -592,6 +764,7 @@ mod tests {
             v: TensorType::Turbo3,
             rules: vec![r, r2],
             auto_asym: true,
+            layer_adaptive: Some(0),
             ..KvSpec::default()
         };
         // GQA 9/3 = 3: no promotion.

@@ -246,7 +246,7 @@ impl<'a> Model<'a> {
         let n_out = seq - out_from;
         self.kv.check(hd)?;
         let rotate = self.kv.rotate;
-        let table = self.kv.turbo4;
+        let (table, groups) = (self.kv.turbo4, self.kv.groups);
         // Rows whose outputs are needed after the last block (llama.cpp prunes the same way).
         let keep: Vec<usize> = (0..n_win)
             .flat_map(|w| (out_from..seq).map(move |p| w * seq + p))
@@ -320,7 +320,7 @@ impl<'a> Model<'a> {
                         hadamard_blocks(kh, n);
                     }
                     if store {
-                        round_trip(kv.k, table, kh);
+                        round_trip(kv.k, table, groups, kh);
                     }
                 }
                 for vh in v.chunks_mut(hd) {
@@ -328,7 +328,7 @@ impl<'a> Model<'a> {
                         hadamard_blocks(vh, n);
                     }
                     if store {
-                        round_trip(kv.v, table, vh);
+                        round_trip(kv.v, table, groups, vh);
                     }
                 }
             });

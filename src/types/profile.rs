@@ -4,9 +4,91 @@
 //! different ids in different forks, so their ids are data here — one table per profile — and a
 //! user can supply another with `--type-map FILE` (JSON: `{"name": "...", "types": {"tq4_1s": 46, ...}}`).
 
+use super::turbo::Turbo4Table;
 use super::{TensorType, TYPES};
 use crate::error::{Error, Result};
 use std::path::Path;
+
+/// How an engine lays turbo KV groups over a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TurboGroups {
+    /// Every head is zero-padded to a multiple of 128 and stored as 128-value groups (the fork:
+    /// a 64-wide head is one group holding 64 zeros, 50 bytes per 64 real values for turbo3).
+    Pad128,
+    /// 64-wide heads as one 64-value group (first 64 signs, scale 1/8), other heads as Pad128.
+    /// No engine builds this by default; it is what `tq codebook --head-dim 64` tables are for.
+    Native64,
+}
+
+impl TurboGroups {
+    pub fn parse(s: &str) -> Result<TurboGroups> {
+        match s {
+            "pad128" | "pad" => Ok(TurboGroups::Pad128),
+            "64" | "native64" => Ok(TurboGroups::Native64),
+            o => Err(Error::Usage(format!(
+                "--turbo-groups {}: expected pad128 (the fork's layout) or 64",
+                crate::error::one_line(o)
+            ))),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            TurboGroups::Pad128 => "pad128",
+            TurboGroups::Native64 => "64",
+        }
+    }
+}
+
+/// What an engine does with the KV cache by default (FORMATS.md §3): the part of a target
+/// profile that `tq eval --ctk/--ctv`, `tq kv` and the presets simulate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvRules {
+    /// The engine has the turbo2/3/4 cache types.
+    pub turbo: bool,
+    pub groups: TurboGroups,
+    /// turbo tables and the turbo4 block (May: 68 bytes; June: 66).
+    pub table: Turbo4Table,
+    /// Quantized stock caches (q8_0, q4_0, …) are Hadamard-rotated by default.
+    pub rotate_stock: bool,
+    /// Turbo K == V with n_head / n_head_kv >= 6 promotes K to q8_0 by default.
+    pub auto_asym: bool,
+    /// `-ctv turbo2` on >= 8 layers turns on layer-adaptive mode 7 (q8_0 V on the first and last
+    /// two layers) by default.
+    pub turbo2_boundary: bool,
+    /// Which of these facts were read off the engine and which are inferred.
+    pub provenance: &'static str,
+}
+
+const KV_FORK_MAY: KvRules = KvRules {
+    turbo: true,
+    groups: TurboGroups::Pad128,
+    table: Turbo4Table::May,
+    rotate_stock: false,
+    auto_asym: true,
+    turbo2_boundary: true,
+    provenance: "verified at fork commit 69d8e4be4 (src/llama-kv-cache.cpp and a SmolLM2 run): \
+                 zero-padding to 128, May tables with 68-byte turbo4, attn_rot_k/v = 0, \
+                 auto-asymmetric K and turbo2 boundary V on by default",
+};
+
+const KV_FORK_JUNE: KvRules = KvRules {
+    table: Turbo4Table::LloydMax,
+    provenance: "June-2026 table and 66-byte turbo4 from the fork's PR #197 (documented, not run \
+                 here); padding, no rotation, auto-asymmetric and boundary V inferred unchanged \
+                 from 69d8e4be4; the 3-bit table is kept (its reported change is unverified)",
+    ..KV_FORK_MAY
+};
+
+const KV_UPSTREAM: KvRules = KvRules {
+    turbo: false,
+    groups: TurboGroups::Pad128,
+    table: Turbo4Table::LloydMax,
+    rotate_stock: true,
+    auto_asym: false,
+    turbo2_boundary: false,
+    provenance: "upstream llama.cpp since April 2026: quantized caches rotated \
+                 (LLAMA_ATTN_ROT_DISABLE=1 turns it off); no turbo types",
+};
 
 #[derive(Clone, Debug)]
 pub struct Profile {
@@ -16,6 +98,8 @@ pub struct Profile {
     pub extra: Vec<(TensorType, u32)>,
     /// `general.file_type` (llama_ftype) values of this engine's whole-model TurboQuant types.
     pub file_types: Vec<(TensorType, u32)>,
+    /// The engine's KV-cache behaviour.
+    pub kv: KvRules,
 }
 
 struct BuiltIn {
@@ -23,29 +107,50 @@ struct BuiltIn {
     description: &'static str,
     extra: &'static [(TensorType, u32)],
     file_types: &'static [(TensorType, u32)],
+    kv: KvRules,
 }
 
 use TensorType::*;
 
-/// Built-in profiles. `fork` is the default: TheTom/llama-cpp-turboquant as of 2026-05-04.
+const FORK_IDS: &[(TensorType, u32)] = &[
+    (Turbo2, 42),
+    (Turbo3, 43),
+    (Turbo4, 44),
+    (TQ3_1S, 45),
+    (TQ4_1S, 46),
+];
+
+/// Built-in profiles. `fork` is the default: TheTom/llama-cpp-turboquant as of June 2026 (type
+/// ids unchanged since 2026-04-15); `fork-69d8e4be4` is the commit the conformance vectors and
+/// the KV measurements pin (May KV tables).
 const BUILT_IN: &[BuiltIn] = &[
     BuiltIn {
         name: "fork",
-        description: "TurboQuant llama.cpp fork (2026-04-15 and later): TQ3_1S=45, TQ4_1S=46; KV turbo2/3/4=42/43/44",
-        extra: &[(Turbo2, 42), (Turbo3, 43), (Turbo4, 44), (TQ3_1S, 45), (TQ4_1S, 46)],
+        description: "TurboQuant llama.cpp fork (June 2026 and later): TQ3_1S=45, TQ4_1S=46; KV turbo2/3/4=42/43/44, June turbo4 table (66 bytes), heads padded to 128, no KV rotation",
+        extra: FORK_IDS,
         file_types: &[(TQ3_1S, 43), (TQ4_1S, 44)],
+        kv: KV_FORK_JUNE,
+    },
+    BuiltIn {
+        name: "fork-69d8e4be4",
+        description: "TurboQuant fork at commit 69d8e4be4 (2026-05-04): ids as `fork`; May KV tables (68-byte turbo4), heads padded to 128, no KV rotation",
+        extra: FORK_IDS,
+        file_types: &[(TQ3_1S, 43), (TQ4_1S, 44)],
+        kv: KV_FORK_MAY,
     },
     BuiltIn {
         name: "fork-pre-2026-04-15",
         description: "TurboQuant fork before 2026-04-15: TQ3_1S=44, TQ4_1S=45",
         extra: &[(TQ3_1S, 44), (TQ4_1S, 45)],
         file_types: &[(TQ3_1S, 43), (TQ4_1S, 44)],
+        kv: KV_FORK_MAY,
     },
     BuiltIn {
         name: "upstream",
-        description: "upstream llama.cpp / ggml: stock types only (no TurboQuant type loads)",
+        description: "upstream llama.cpp / ggml: stock types only (no TurboQuant type loads); quantized KV caches rotated",
         extra: &[],
         file_types: &[],
+        kv: KV_UPSTREAM,
     },
 ];
 
@@ -66,6 +171,7 @@ impl Profile {
             description: b.description.to_string(),
             extra: b.extra.to_vec(),
             file_types: b.file_types.to_vec(),
+            kv: b.kv,
         })
     }
 
@@ -83,7 +189,9 @@ impl Profile {
         })
     }
 
-    /// Load a type map: `{"name": "my-fork", "types": {"tq3_1s": 46, "tq4_1s": 47}}`.
+    /// Load a type map: `{"name": "my-fork", "types": {"tq3_1s": 46, "tq4_1s": 47}}`, with an
+    /// optional `"kv": "PROFILE"` naming the built-in profile whose KV behaviour the engine has
+    /// (default `fork`).
     pub fn from_file(path: &Path) -> Result<Profile> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let v: serde_json::Value = serde_json::from_str(&text)
@@ -115,7 +223,21 @@ impl Profile {
                 file_types.push((ty, id as u32));
             }
         }
+        let kv = match v.get("kv") {
+            None => KV_FORK_JUNE,
+            Some(k) => {
+                let name = k.as_str().unwrap_or("");
+                Profile::built_in(name).map(|p| p.kv).ok_or_else(|| {
+                    bad(format!(
+                        "\"kv\" must name a built-in profile ({}), got {}",
+                        Profile::built_in_names().join(", "),
+                        crate::error::one_line(&k.to_string())
+                    ))
+                })?
+            }
+        };
         let p = Profile {
+            kv,
             name: v
                 .get("name")
                 .and_then(|n| n.as_str())

@@ -508,10 +508,11 @@ impl Turbo4Table {
     pub fn parse(s: &str) -> Result<Turbo4Table> {
         match s {
             "may" | "may-2026" => Ok(Turbo4Table::May),
-            "fork" | "lloyd-max" | "june" => Ok(Turbo4Table::LloydMax),
+            // "fork": the name before target profiles carried the table (the fork since June).
+            "june" | "fork" | "lloyd-max" => Ok(Turbo4Table::LloydMax),
             "head-dim" => Ok(Turbo4Table::HeadDim),
             o => Err(Error::Usage(format!(
-                "--turbo-codebook {}: expected fork, may or head-dim",
+                "--turbo-codebook {}: expected june, may or head-dim",
                 crate::error::one_line(o)
             ))),
         }
@@ -519,7 +520,7 @@ impl Turbo4Table {
     pub fn name(self) -> &'static str {
         match self {
             Turbo4Table::May => "may",
-            Turbo4Table::LloydMax => "fork",
+            Turbo4Table::LloydMax => "june",
             Turbo4Table::HeadDim => "head-dim",
         }
     }

@@ -340,6 +340,32 @@ mod tests {
         p.check().unwrap();
     }
 
+    /// KV behaviour per engine (FORMATS.md §3): the May fork pads, keeps the May tables and does
+    /// not rotate; June changes the tables only; upstream has no turbo types and rotates.
+    #[test]
+    fn kv_rules_per_profile() {
+        let may = Profile::built_in("fork-69d8e4be4").unwrap();
+        assert_eq!(may.ids(), Profile::default().ids());
+        assert_eq!(may.kv.table, Turbo4Table::May);
+        assert_eq!(may.kv.groups, TurboGroups::Pad128);
+        assert!(may.kv.turbo && !may.kv.rotate_stock && may.kv.auto_asym && may.kv.turbo2_boundary);
+        let june = Profile::default().kv;
+        assert_eq!(june.table, Turbo4Table::LloydMax);
+        assert_eq!(
+            KvRules {
+                table: Turbo4Table::May,
+                provenance: "",
+                ..june
+            },
+            KvRules {
+                provenance: "",
+                ..may.kv
+            }
+        );
+        let up = Profile::built_in("upstream").unwrap().kv;
+        assert!(!up.turbo && up.rotate_stock && !up.auto_asym);
+    }
+
     #[test]
     fn old_fork_and_upstream() {
         let p = Profile::built_in("fork-pre-2026-04-15").unwrap();
@@ -367,6 +393,17 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("assigned to both"));
+        // KV behaviour: a built-in profile's, named by "kv"; the fork's by default.
+        std::fs::write(&f, r#"{"types":{"tq4_1s":68},"kv":"upstream"}"#).unwrap();
+        let p = Profile::from_file(&f).unwrap();
+        assert!(!p.kv.turbo && p.kv.rotate_stock);
+        std::fs::write(&f, r#"{"types":{"tq4_1s":68}}"#).unwrap();
+        assert_eq!(Profile::from_file(&f).unwrap().kv, Profile::default().kv);
+        std::fs::write(&f, r#"{"types":{"tq4_1s":68},"kv":"fork-2027"}"#).unwrap();
+        assert!(Profile::from_file(&f)
+            .unwrap_err()
+            .to_string()
+            .contains("\"kv\" must name a built-in profile"));
         std::fs::write(&f, r#"{"types":{"zz":50}}"#).unwrap();
         assert!(Profile::from_file(&f)
             .unwrap_err()

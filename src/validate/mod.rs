@@ -309,7 +309,17 @@ pub fn validate(o: &Options) -> Result<Report> {
 
     let mut quality = None;
     let mut tokens_blake3 = None;
-    if o.input.is_some() || matches!(o.reference, RefSource::Logits(_)) {
+    // A file that fails structure is not run: its numbers would mean nothing (and a NaN weight
+    // stops the runtime).
+    let broken = overall(&checks) == Status::Fail;
+    if broken {
+        checks.push(Check::new(
+            "quality",
+            "quality",
+            Status::Skipped,
+            "structure failed: not evaluated",
+        ));
+    } else if o.input.is_some() || matches!(o.reference, RefSource::Logits(_)) {
         let q = quality::run(o, &file, ref_file.as_ref())?;
         tokens_blake3 = Some(q.tokens_blake3.clone());
         checks.extend(q.checks);
@@ -325,6 +335,7 @@ pub fn validate(o: &Options) -> Result<Report> {
 
     let mut generation = None;
     match (&o.generation, &ref_file, o.input) {
+        (Some(_), _, _) if broken => {}
         (Some(g), Some(rf), Some(input)) => {
             let (gens, c) = generation::run(&file, rf, input, g, &o.thresholds)?;
             generation = Some(gens);

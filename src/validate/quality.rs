@@ -118,9 +118,14 @@ pub(super) fn run(o: &Options, file: &GgufFile, ref_file: Option<&GgufFile>) -> 
         ref_logits,
         ref_model.as_ref(),
     )?;
-    let batch = o
-        .batch
-        .unwrap_or_else(|| session::default_batch(&win, model.cfg.n_vocab, ref_model.is_some()));
+    let batch = o.batch.unwrap_or_else(|| {
+        let b = session::default_batch(&win, model.cfg.n_vocab, ref_model.is_some());
+        // auto decides after every batch: small batches let it stop sooner.
+        match o.chunks {
+            Chunks::Auto { .. } => b.min(MIN_AUTO_WINDOWS),
+            _ => b,
+        }
+    });
     let t = o.thresholds;
     let decided = |r: &EvalResult| {
         r.n_chunk >= MIN_AUTO_WINDOWS

@@ -205,8 +205,9 @@ for c in fails:
     let out = String::from_utf8_lossy(&o.stdout);
     let first: Vec<&str> = out.lines().next().unwrap().split(' ').collect();
     assert_eq!(first[0], "testsuites");
-    // header, engine, finite, provenance, reference, 4 quality, 2 generation.
-    assert_eq!(first[1], "11", "{out}");
+    // header, engine, finite, provenance, reference, 4 quality, 3 kernels (auto: cuda, metal,
+    // wgpu, each skipped or run), 2 generation.
+    assert_eq!(first[1], "14", "{out}");
     assert_eq!(first[2], first[3], "{out}");
     assert!(
         out.contains("tq.validate.quality kld kld = ") && out.contains("limit <= 0.0001"),
@@ -453,4 +454,41 @@ fn generation_reports_agreement_and_divergence() {
         "-q",
     ]);
     assert_eq!(code, 0, "{err}");
+}
+
+#[test]
+fn kernels_check_runs_on_the_artifacts_tq_blocks() {
+    let t = setup();
+    let (code, r) = t.json(
+        &t.tq3,
+        &["--chunks", "2", "--gen-prompts", "0", "--kernels", "cpu"],
+    );
+    assert_eq!(code, 0, "{r}");
+    let c = check(&r, "kernels", "cpu-emulation");
+    assert_eq!(c["status"], "pass", "{c}");
+    // Every TQ3_1S tensor of the file, 8 rows each (32 values per block).
+    let f = tq::gguf::GgufFile::open(&t.tq3).unwrap();
+    let tqs: Vec<_> = f
+        .tensors
+        .iter()
+        .filter(|t| t.ty.name() == "tq3_1s")
+        .collect();
+    let n = tqs.len();
+    assert!(n >= 14, "{n}");
+    let blocks: u64 = tqs.iter().map(|t| 8 * t.row_len() / 32).sum();
+    let d = c["detail"].as_str().unwrap();
+    let want = format!("{n} tensors, {blocks} blocks");
+    assert!(
+        d.contains(&want) && d.contains("dequantize bit-exact"),
+        "{d} / {want}"
+    );
+    // No TQ tensor: skipped with the reason.
+    let (_, r) = t.json(
+        &t.q8,
+        &["--chunks", "2", "--gen-prompts", "0", "--kernels", "cpu"],
+    );
+    assert_eq!(check(&r, "kernels", "cpu-emulation")["status"], "skipped");
+    let (code, _, err) = t.validate(&t.q8, &["--kernels", "opencl"]);
+    assert_eq!(code, 2);
+    one_line_error(&err, "--kernels opencl");
 }

@@ -2,6 +2,7 @@
 //! once; the checks, verdicts and reports are the library's (`tq::validate`, docs/validate.md).
 use std::path::{Path, PathBuf};
 use tq::error::{Error, Result};
+use tq::gpu::BackendKind;
 use tq::tokenizer::input::Input;
 use tq::types::profile::Profile;
 use tq::validate::policy::Policy;
@@ -69,6 +70,14 @@ pub struct ValidateArgs {
     /// Prompts, one per line, instead of slices of the text.
     #[arg(long)]
     pub prompts: Option<PathBuf>,
+    /// GPU backends whose kernels are checked on the artifact's TQ tensors: auto (every one built
+    /// in; absent ones are reported as skipped), none, cpu (the harness's CPU emulation), wgpu,
+    /// cuda, metal (comma-separated).
+    #[arg(long, default_value = "auto")]
+    pub kernels: String,
+    /// Check every row of every TQ tensor with the kernels, not a sample of 8 rows per tensor.
+    #[arg(long)]
+    pub full: bool,
     /// Target engine profile for type ids: fork (default), fork-pre-2026-04-15, upstream.
     #[arg(long)]
     pub target: Option<String>,
@@ -90,6 +99,28 @@ pub struct ValidateArgs {
     /// No progress output.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+}
+
+fn parse_kernels(s: &str) -> Result<Vec<BackendKind>> {
+    let mut v = vec![];
+    for k in s.split(',') {
+        match k.trim() {
+            "auto" => v.extend([BackendKind::Cuda, BackendKind::Metal, BackendKind::Wgpu]),
+            "none" => {}
+            "cpu" => v.push(BackendKind::Cpu),
+            "wgpu" => v.push(BackendKind::Wgpu),
+            "cuda" => v.push(BackendKind::Cuda),
+            "metal" => v.push(BackendKind::Metal),
+            o => {
+                return Err(Error::Usage(format!(
+                    "--kernels {}: expected auto, none, cpu, wgpu, cuda or metal",
+                    tq::error::one_line(o)
+                )))
+            }
+        }
+    }
+    v.dedup();
+    Ok(v)
 }
 
 fn parse_chunks(s: &str, max: usize) -> Result<Chunks> {
@@ -137,6 +168,7 @@ fn artifacts(a: &ValidateArgs) -> Result<Vec<PathBuf>> {
 
 pub fn run(a: ValidateArgs) -> Result<i32> {
     let chunks = parse_chunks(&a.chunks, a.max_chunks)?;
+    let kernels = parse_kernels(&a.kernels)?;
     let profile = Profile::select(a.target.as_deref(), a.type_map.as_deref())?;
     let flags = Thresholds {
         max_kld: a.max_kld,
@@ -205,6 +237,7 @@ pub fn run(a: ValidateArgs) -> Result<i32> {
                 art,
                 &profile,
                 chunks,
+                &kernels,
                 thresholds,
                 baseline.as_ref(),
             )?);
@@ -252,6 +285,7 @@ fn validate_one(
     art: &Path,
     profile: &Profile,
     chunks: Chunks,
+    kernels: &[BackendKind],
     thresholds: Thresholds,
     baseline: Option<&Report>,
 ) -> Result<Report> {
@@ -299,6 +333,8 @@ fn validate_one(
             prompts_file: a.prompts.as_deref(),
         }),
         baseline,
+        kernels,
+        full: a.full,
         batch: a.batch,
         progress: &prog,
     };

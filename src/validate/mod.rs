@@ -1,11 +1,13 @@
 //! `tq validate`: the CI gate for a quantized GGUF (see `docs/validate.md`). One call runs the
-//! checks — structure (header, types, engine constraints, finite decode, provenance), quality
+//! checks — structure (header, types, engine constraints, finite decode, provenance), the bundled
+//! GPU kernels on the artifact's own blocks, quality
 //! against a reference (PPL ratio, mean / p99 KLD, same-top-1, with noise-aware verdicts),
 //! greedy generation, and regression against a baseline report — and returns a [`Report`]
 //! whose verdict maps to the exit code (0 pass, 3 fail, 4 undecided). Bad input (a file that does
 //! not parse, a stale or foreign reference, a baseline made another way) is an `Error` (exit 2).
 
 mod generation;
+mod kernels;
 pub mod policy;
 mod quality;
 pub mod report;
@@ -35,7 +37,7 @@ pub struct Num {
 /// One check's outcome.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Check {
-    /// structure, quality, generation or regression.
+    /// structure, kernels, quality, generation or regression.
     pub group: String,
     pub name: String,
     pub status: Status,
@@ -167,6 +169,10 @@ pub struct Options<'a> {
     pub thresholds: Thresholds,
     pub generation: Option<GenSpec<'a>>,
     pub baseline: Option<&'a Report>,
+    /// GPU backends whose kernels are held to the CPU reference on the artifact's tensors.
+    pub kernels: &'a [crate::gpu::BackendKind],
+    /// Every row of every kernel-type tensor instead of a sample.
+    pub full: bool,
     pub batch: Option<usize>,
     pub progress: crate::eval::perplexity::Progress<'a>,
 }
@@ -331,6 +337,10 @@ pub fn validate(o: &Options) -> Result<Report> {
             Status::Skipped,
             "no --text/--tokens given: nothing to evaluate",
         ));
+    }
+
+    if !broken {
+        checks.extend(kernels::checks(&file, o.kernels, o.full)?);
     }
 
     let mut generation = None;

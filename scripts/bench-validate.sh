@@ -22,9 +22,10 @@ for a in smollm2-tq4_1s-config-i-ldlq smollm2-tq3_1s-pure; do
 import json, sys
 a, f = (json.load(open(p)) for p in sys.argv[1:3])
 qa, qf = a["quality"], f["quality"]
-print(f"{sys.argv[3]}: auto {qa['windows']} windows {a['verdict']} {qa['seconds']:.1f} s | "
-      f"fixed {qf['windows']} windows {f['verdict']} {qf['seconds']:.1f} s | "
-      f"time saved {100 * (1 - qa['seconds'] / qf['seconds']):.0f}% (x{qf['seconds'] / qa['seconds']:.1f})")
+# whole command (structure checks, loading, evaluation); the evaluation alone in parentheses
+print(f"{sys.argv[3]}: auto {qa['windows']} windows {a['verdict']} {a['seconds']:.1f} s ({qa['seconds']:.1f}) | "
+      f"fixed {qf['windows']} windows {f['verdict']} {f['seconds']:.1f} s ({qf['seconds']:.1f}) | "
+      f"time saved {100 * (1 - a['seconds'] / f['seconds']):.0f}% (x{f['seconds'] / a['seconds']:.1f})")
 assert a["verdict"] == f["verdict"], "auto and fixed 20 disagree"
 PY
 done

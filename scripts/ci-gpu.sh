@@ -69,3 +69,9 @@ else
 fi
 echo "== tq kernels check --backend auto --quick =="
 "$TARGET/debug/tq" kernels check --backend auto --quick --types tq4_1s
+echo "== tq validate --kernels wgpu: a TQ4_1S artifact's own blocks through the kernels (issue 16) =="
+smol=$("$TQ_ROOT/scripts/fetch-data.sh")
+"$TARGET/debug/tq" convert "$smol" --weights tq4_1s -q -o "$TQ_CACHE/ci-gpu-tq4_1s.gguf"
+"$TARGET/debug/tq" validate "$TQ_CACHE/ci-gpu-tq4_1s.gguf" --kernels wgpu --gen-prompts 0 -q \
+  | tee "$TQ_CACHE/ci-gpu-validate.txt"
+grep -q "kernels/wgpu  *pass" "$TQ_CACHE/ci-gpu-validate.txt"

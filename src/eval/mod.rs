@@ -8,4 +8,4 @@ pub mod logits_file;
 pub(crate) mod perplexity;
 pub mod session;
 
-pub use perplexity::{evaluate, EvalResult, Reference, Windows};
+pub use perplexity::{evaluate, evaluate_until, EvalResult, Reference, Windows};

@@ -132,10 +132,25 @@ impl Observer for LayerProgress<'_> {
 pub fn evaluate(
     model: &Model,
     win: &Windows,
+    reference: Reference,
+    save: Option<&mut Writer>,
+    batch: usize,
+    progress: Progress,
+) -> Result<EvalResult> {
+    evaluate_until(model, win, reference, save, batch, progress, None)
+}
+
+/// [`evaluate`], asking `stop` (if given) after every batch with the result so far (its `n_chunk` is the
+/// windows done): `true` ends the run there (`tq validate --chunks auto`). The windows are the
+/// same prefix a fixed `--chunks` would take, so a stopped run equals that run.
+pub fn evaluate_until(
+    model: &Model,
+    win: &Windows,
     mut reference: Reference,
     mut save: Option<&mut Writer>,
     batch: usize,
     progress: Progress,
+    stop: Option<&dyn Fn(&EvalResult) -> bool>,
 ) -> Result<EvalResult> {
     let t0 = std::time::Instant::now();
     let nv = model.cfg.n_vocab;
@@ -262,23 +277,62 @@ pub fn evaluate(
         }
         w0 = w1;
         bi += 1;
+        if let Some(stop) = stop.filter(|_| w0 < win.n_chunk) {
+            let so_far = Sums {
+                s,
+                s2,
+                count,
+                kld: with_ref.then_some(&kacc),
+            }
+            .result(win.n_ctx, w0, &chunk_ppl, t0);
+            if stop(&so_far) {
+                (progress)(total, total);
+                return Ok(so_far);
+            }
+        }
     }
     (progress)(total, total);
-    let seconds = t0.elapsed().as_secs_f64();
-    let mean = mean_and_err(s, s2, count);
-    let ppl = mean.value.exp();
-    Ok(EvalResult {
-        n_ctx: win.n_ctx,
-        n_chunk: win.n_chunk,
-        tokens_scored: count,
-        ppl: Est {
-            value: ppl,
-            err: ppl * mean.err,
-        },
-        mean_nll: mean,
-        chunk_ppl,
-        kld: if with_ref { Some(kacc.report()) } else { None },
-        seconds,
-        tokens_per_second: (win.n_chunk * win.n_ctx) as f64 / seconds.max(1e-9),
-    })
+    Ok(Sums {
+        s,
+        s2,
+        count,
+        kld: with_ref.then_some(&kacc),
+    }
+    .result(win.n_ctx, win.n_chunk, &chunk_ppl, t0))
+}
+
+/// The running sums of an evaluation.
+struct Sums<'k> {
+    s: f64,
+    s2: f64,
+    count: usize,
+    kld: Option<&'k KldAccum>,
+}
+
+impl Sums<'_> {
+    fn result(
+        &self,
+        n_ctx: usize,
+        n_chunk: usize,
+        chunk_ppl: &[f64],
+        t0: std::time::Instant,
+    ) -> EvalResult {
+        let seconds = t0.elapsed().as_secs_f64();
+        let mean = mean_and_err(self.s, self.s2, self.count);
+        let ppl = mean.value.exp();
+        EvalResult {
+            n_ctx,
+            n_chunk,
+            tokens_scored: self.count,
+            ppl: Est {
+                value: ppl,
+                err: ppl * mean.err,
+            },
+            mean_nll: mean,
+            chunk_ppl: chunk_ppl.to_vec(),
+            kld: self.kld.map(KldAccum::report),
+            seconds,
+            tokens_per_second: (n_chunk * n_ctx) as f64 / seconds.max(1e-9),
+        }
+    }
 }

@@ -1,0 +1,182 @@
+//! Quality against the reference: PPL, the PPL ratio, mean and p99 KLD and same-top-1, computed by
+//! `eval` exactly as `tq eval` (and llama-perplexity) compute them, each judged by [`verdict`]
+//! against its threshold. `--chunks auto` stops adding windows once every judged check is decided.
+
+use super::{
+    verdict, Bound, Check, Chunks, Limit, Num, Options, Quality, RefSource, Status, Thresholds,
+};
+use crate::error::Result;
+use crate::eval::{evaluate_until, session, EvalResult};
+use crate::gguf::GgufFile;
+use crate::model::{Model, Numerics};
+
+/// `--chunks auto` never stops before this many windows (a verdict on one window's tokens
+/// would rest on errors that assume independent tokens more than a single text passage allows).
+pub const MIN_AUTO_WINDOWS: usize = 2;
+
+pub(super) struct QualityRun {
+    pub quality: Quality,
+    pub checks: Vec<Check>,
+    pub tokens_blake3: String,
+}
+
+/// The quality checks of a (partial) result under `t`.
+pub(super) fn judge(r: &EvalResult, t: &Thresholds) -> Vec<Check> {
+    let Some(k) = &r.kld else {
+        return vec![Check::new(
+            "quality",
+            "ppl",
+            Status::Skipped,
+            format!(
+                "PPL {:.4} ± {:.4}; no reference: nothing to compare with",
+                r.ppl.value, r.ppl.err
+            ),
+        )];
+    };
+    let one = |name: &str, flag: &str, v: Num, limit: Option<f64>, bound: Bound| {
+        let mut c = match limit {
+            None => Check::new(
+                "quality",
+                name,
+                Status::Skipped,
+                format!("no threshold ({flag})"),
+            ),
+            Some(l) => {
+                let lim = Limit { bound, value: l };
+                let s = verdict(v.value, v.err, lim);
+                let mut c = Check::new("quality", name, s, "");
+                c.limit = Some(lim);
+                c
+            }
+        };
+        c.value = Some(v);
+        c
+    };
+    vec![
+        one(
+            "ppl_ratio",
+            "--max-ppl-ratio",
+            Num {
+                value: k.ppl_ratio.value,
+                err: k.ppl_ratio.err,
+            },
+            t.max_ppl_ratio,
+            Bound::Max,
+        ),
+        one(
+            "kld",
+            "--max-kld",
+            Num {
+                value: k.kld.value,
+                err: k.kld.err,
+            },
+            t.max_kld,
+            Bound::Max,
+        ),
+        one(
+            "kld_p99",
+            "--max-p99-kld",
+            Num {
+                value: k.kld_p99,
+                err: k.kld_p99_err,
+            },
+            t.max_p99_kld,
+            Bound::Max,
+        ),
+        one(
+            "top1",
+            "--min-top1",
+            Num {
+                value: 100.0 * k.same_top.value,
+                err: 100.0 * k.same_top.err,
+            },
+            t.min_top1,
+            Bound::Min,
+        ),
+    ]
+}
+
+pub(super) fn run(o: &Options, file: &GgufFile, ref_file: Option<&GgufFile>) -> Result<QualityRun> {
+    let model = Model::new(file, Numerics::Ggml)?;
+    let ref_model = match ref_file {
+        Some(f) => Some(Model::new(f, Numerics::Ggml)?),
+        None => None,
+    };
+    let ref_logits = match o.reference {
+        RefSource::Logits(p) => Some(p),
+        _ => None,
+    };
+    let limit = match o.chunks {
+        Chunks::All => None,
+        Chunks::Fixed(n) | Chunks::Auto { max: n } => Some(n),
+    };
+    let (win, reference) = session::windows_and_reference(
+        file,
+        o.input,
+        o.ctx,
+        limit,
+        ref_logits,
+        ref_model.as_ref(),
+    )?;
+    let batch = o.batch.unwrap_or_else(|| {
+        let b = session::default_batch(&win, model.cfg.n_vocab, ref_model.is_some());
+        // auto decides after every batch: small batches let it stop sooner.
+        match o.chunks {
+            Chunks::Auto { .. } => b.min(MIN_AUTO_WINDOWS),
+            _ => b,
+        }
+    });
+    let t = o.thresholds;
+    let decided = |r: &EvalResult| {
+        r.n_chunk >= MIN_AUTO_WINDOWS
+            && judge(r, &t)
+                .iter()
+                .all(|c| matches!(c.status, Status::Pass | Status::Fail | Status::Skipped))
+    };
+    let stop: Option<&dyn Fn(&EvalResult) -> bool> = match o.chunks {
+        Chunks::Auto { .. } => Some(&decided),
+        _ => None,
+    };
+    let r = evaluate_until(&model, &win, reference, None, batch, o.progress, stop)?;
+    let mut h = blake3::Hasher::new();
+    for tok in &win.tokens {
+        h.update(&tok.to_le_bytes());
+    }
+    let k = r.kld.as_ref();
+    let quality = Quality {
+        windows: r.n_chunk,
+        windows_available: win.n_chunk,
+        tokens_scored: r.tokens_scored,
+        ppl: Num {
+            value: r.ppl.value,
+            err: r.ppl.err,
+        },
+        ppl_ref: k.map(|k| Num {
+            value: k.ppl_base.value,
+            err: k.ppl_base.err,
+        }),
+        ppl_ratio: k.map(|k| Num {
+            value: k.ppl_ratio.value,
+            err: k.ppl_ratio.err,
+        }),
+        kld: k.map(|k| Num {
+            value: k.kld.value,
+            err: k.kld.err,
+        }),
+        kld_p99: k.map(|k| Num {
+            value: k.kld_p99,
+            err: k.kld_p99_err,
+        }),
+        kld_max: k.map(|k| k.kld_max),
+        top1: k.map(|k| Num {
+            value: 100.0 * k.same_top.value,
+            err: 100.0 * k.same_top.err,
+        }),
+        seconds: r.seconds,
+    };
+    Ok(QualityRun {
+        checks: judge(&r, &t),
+        quality,
+        tokens_blake3: h.finalize().to_hex().to_string(),
+    })
+}

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use tq::gguf::GgufFile;
-use tq::types::{self, float, Origin, TensorType, TYPES};
+use tq::types::{self, float, Family, Origin, TensorType, TYPES};
 
 fn index() -> Option<(PathBuf, Value)> {
     let p = fixtures::oracle("quants/index.json")?;
@@ -268,6 +268,66 @@ fn dequantize_blocks_bit_exact_all_types() {
             without_kernel.join(", ")
         );
     }
+}
+
+/// Structured blocks of the grid, ternary and FP4 types (`scripts/oracle/quants_iq.py`): every
+/// grid index, sign pattern, scale code, delta sign and scale byte, with edge f16 scales. The
+/// script asserts that coverage; this test checks the record of it and every value's bits.
+#[test]
+fn dequantize_structured_iq_blocks_bit_exact() {
+    let Some(p) = fixtures::oracle("quants_iq/index.json") else {
+        return;
+    };
+    let dir = p.parent().unwrap().to_path_buf();
+    let idx: Value = serde_json::from_slice(&std::fs::read(&p).expect("read")).expect("json");
+    let mut bad = Vec::new();
+    let mut covered = Vec::new();
+    let mut report = Vec::new();
+    for e in idx["blocks"].as_array().expect("blocks") {
+        let t = ty(e["type"].as_str().unwrap());
+        let deq = t
+            .info()
+            .dequantize
+            .unwrap_or_else(|| panic!("{t}: no dequantizer"));
+        for (field, c) in e["coverage"].as_object().expect("coverage") {
+            let (seen, all) = (c[0].as_u64().unwrap(), c[1].as_u64().unwrap());
+            assert_eq!(seen, all, "{t}: {field}: only {seen} of {all} covered");
+        }
+        let blocks = read(&dir, &e["blocks"]);
+        let theirs = f32s(&read(&dir, &e["f32"]));
+        let n = e["n_blocks"].as_u64().unwrap() as usize;
+        assert_eq!(blocks.len(), n * t.block_bytes(), "{t}: file size");
+        let mut ours = vec![0f32; n * t.block_size()];
+        deq(&blocks, &mut ours);
+        bad.extend(diff_f32(
+            &format!("{t}.structured"),
+            &ours,
+            &theirs,
+            t.block_size(),
+        ));
+        covered.push(t);
+        report.push(format!("{t}: {n}"));
+    }
+    // Every grid, ternary and FP4 type gguf-py decodes must be here (IQ4_NL / IQ4_XS have no
+    // grid: quants.py's random blocks cover their 16 codes).
+    for info in TYPES {
+        let grid_like = matches!(info.family, Family::IQuant | Family::Ternary | Family::Fp4)
+            && !matches!(info.ty, TensorType::IQ4NL | TensorType::IQ4XS);
+        assert!(
+            !grid_like || covered.contains(&info.ty),
+            "{} has no structured oracle blocks",
+            info.name
+        );
+    }
+    assert!(
+        bad.is_empty(),
+        "dequantization differs from gguf-py:\n{}",
+        bad.join("\n")
+    );
+    eprintln!(
+        "structured blocks bit-identical with gguf-py: {}",
+        report.join(", ")
+    );
 }
 
 #[test]

@@ -4,6 +4,8 @@
 //!   dequantization of real SmolLM2 tensor slices and of blocks of every type it can decode, its
 //!   own quantization of test rows, its F16/BF16 conversions and its `GGML_QUANT_SIZES` into
 //!   `$TQ_CACHE/oracle/quants/`. Our kernels must agree bit for bit (f32) / byte for byte.
+//!   `scripts/oracle/quants_iq.py` adds structured blocks of the grid, ternary and FP4 types that
+//!   use every grid row, sign pattern, scale code and scale byte (`$TQ_CACHE/oracle/quants_iq/`).
 //! * llama.cpp itself: the SmolLM2 Q4_1 GGUF was written by llama.cpp's reference quantizers, so
 //!   dequantizing every Q4_1 tensor and the Q8_0 `token_embd.weight` and quantizing them again
 //!   must give back the file's bytes exactly.

@@ -70,6 +70,8 @@ fn f16_fields(name: &str) -> &'static [usize] {
         "q4_K" | "q5_K" | "q4_1" | "q5_1" => &[0, 2],
         "tq1_0" => &[52],
         "tq2_0" => &[64],
+        // u8 scales (E8M0 / UE4M3), or (IQ1_M) d spread over the scale words: random bytes.
+        "mxfp4" | "nvfp4" | "iq1_m" => &[],
         _ => &[0],
     }
 }

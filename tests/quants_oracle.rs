@@ -4,6 +4,8 @@
 //!   dequantization of real SmolLM2 tensor slices and of blocks of every type it can decode, its
 //!   own quantization of test rows, its F16/BF16 conversions and its `GGML_QUANT_SIZES` into
 //!   `$TQ_CACHE/oracle/quants/`. Our kernels must agree bit for bit (f32) / byte for byte.
+//!   `scripts/oracle/quants_iq.py` adds structured blocks of the grid, ternary and FP4 types that
+//!   use every grid row, sign pattern, scale code and scale byte (`$TQ_CACHE/oracle/quants_iq/`).
 //! * llama.cpp itself: the SmolLM2 Q4_1 GGUF was written by llama.cpp's reference quantizers, so
 //!   dequantizing every Q4_1 tensor and the Q8_0 `token_embd.weight` and quantizing them again
 //!   must give back the file's bytes exactly.
@@ -17,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use tq::gguf::GgufFile;
-use tq::types::{self, float, Origin, TensorType, TYPES};
+use tq::types::{self, float, Family, Origin, TensorType, TYPES};
 
 fn index() -> Option<(PathBuf, Value)> {
     let p = fixtures::oracle("quants/index.json")?;
@@ -202,8 +204,14 @@ fn dequantize_real_smollm2_slices_bit_exact() {
     eprintln!("{} real-tensor values bit-identical with gguf-py", values);
 }
 
-/// Types gguf-py 0.19 cannot decode, so an oracle cannot cover them.
-const NO_GGUF_PY_DECODER: &[TensorType] = &[TensorType::Q8_1, TensorType::Q8K, TensorType::Q1_0];
+/// Types gguf-py 0.19 cannot decode, so an oracle cannot cover them (Q1_0 / Q2_0 are held to
+/// ggml's structs by hand-made blocks in `types::legacy`).
+const NO_GGUF_PY_DECODER: &[TensorType] = &[
+    TensorType::Q8_1,
+    TensorType::Q8K,
+    TensorType::Q1_0,
+    TensorType::Q2_0,
+];
 
 #[test]
 fn dequantize_blocks_bit_exact_all_types() {
@@ -256,9 +264,71 @@ fn dequantize_blocks_bit_exact_all_types() {
     );
     without_kernel.dedup();
     eprintln!("blocks bit-identical with gguf-py: {}", report.join(", "));
+    if !without_kernel.is_empty() {
+        eprintln!(
+            "no tq dequantizer (not compared): {}",
+            without_kernel.join(", ")
+        );
+    }
+}
+
+/// Structured blocks of the grid, ternary and FP4 types (`scripts/oracle/quants_iq.py`): every
+/// grid index, sign pattern, scale code, delta sign and scale byte, with edge f16 scales. The
+/// script asserts that coverage; this test checks the record of it and every value's bits.
+#[test]
+fn dequantize_structured_iq_blocks_bit_exact() {
+    let Some(p) = fixtures::oracle("quants_iq/index.json") else {
+        return;
+    };
+    let dir = p.parent().unwrap().to_path_buf();
+    let idx: Value = serde_json::from_slice(&std::fs::read(&p).expect("read")).expect("json");
+    let mut bad = Vec::new();
+    let mut covered = Vec::new();
+    let mut report = Vec::new();
+    for e in idx["blocks"].as_array().expect("blocks") {
+        let t = ty(e["type"].as_str().unwrap());
+        let deq = t
+            .info()
+            .dequantize
+            .unwrap_or_else(|| panic!("{t}: no dequantizer"));
+        for (field, c) in e["coverage"].as_object().expect("coverage") {
+            let (seen, all) = (c[0].as_u64().unwrap(), c[1].as_u64().unwrap());
+            assert_eq!(seen, all, "{t}: {field}: only {seen} of {all} covered");
+        }
+        let blocks = read(&dir, &e["blocks"]);
+        let theirs = f32s(&read(&dir, &e["f32"]));
+        let n = e["n_blocks"].as_u64().unwrap() as usize;
+        assert_eq!(blocks.len(), n * t.block_bytes(), "{t}: file size");
+        let mut ours = vec![0f32; n * t.block_size()];
+        deq(&blocks, &mut ours);
+        bad.extend(diff_f32(
+            &format!("{t}.structured"),
+            &ours,
+            &theirs,
+            t.block_size(),
+        ));
+        covered.push(t);
+        report.push(format!("{t}: {n}"));
+    }
+    // Every grid, ternary and FP4 type gguf-py decodes must be here (IQ4_NL / IQ4_XS have no
+    // grid: quants.py's random blocks cover their 16 codes).
+    for info in TYPES {
+        let grid_like = matches!(info.family, Family::IQuant | Family::Ternary | Family::Fp4)
+            && !matches!(info.ty, TensorType::IQ4NL | TensorType::IQ4XS);
+        assert!(
+            !grid_like || covered.contains(&info.ty),
+            "{} has no structured oracle blocks",
+            info.name
+        );
+    }
+    assert!(
+        bad.is_empty(),
+        "dequantization differs from gguf-py:\n{}",
+        bad.join("\n")
+    );
     eprintln!(
-        "no tq dequantizer (not compared): {}",
-        without_kernel.join(", ")
+        "structured blocks bit-identical with gguf-py: {}",
+        report.join(", ")
     );
 }
 

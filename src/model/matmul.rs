@@ -187,7 +187,10 @@ impl ActRound {
         match ty {
             F16 => ActRound::F16,
             BF16 => ActRound::BF16,
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4NL | MXFP4 => ActRound::Q8_0,
+            // ggml-cpu.c type_traits: Q1_0, Q2_0, MXFP4 and NVFP4 also dot with Q8_0.
+            Q1_0 | Q2_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4NL | MXFP4 | NVFP4 => {
+                ActRound::Q8_0
+            }
             Q2K | Q3K | Q4K | Q5K | Q6K | Q8K | IQ2XXS | IQ2XS | IQ3XXS | IQ1S | IQ3S | IQ2S
             | IQ4XS | IQ1M | TQ1_0 | TQ2_0 => ActRound::Q8K,
             _ => ActRound::None,

@@ -73,6 +73,12 @@ pub fn f32_to_f16_bits(v: f32) -> u16 {
     f16::from_f32(v).to_bits()
 }
 
+/// The little-endian f16 at byte `i` of a block, as f32 (exact).
+#[inline(always)]
+pub(crate) fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16_bits_to_f32(u16::from_le_bytes([b[i], b[i + 1]]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,4 +1,5 @@
-//! Legacy ggml block formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (32 values per block).
+//! Legacy ggml block formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (32 values per block), and the newer
+//! one-scale Q1_0 / Q2_0 (dequantization only).
 //!
 //! Block layouts (little-endian, as ggml's `block_q*` structs):
 //!
@@ -9,6 +10,12 @@
 //! | Q5_0 | 22 | `d: f16`, `qh: u32` (bit j = 5th bit of value j), `qs[16]` |
 //! | Q5_1 | 24 | `d: f16`, `m: f16`, `qh: u32`, `qs[16]` |
 //! | Q8_0 | 34 | `d: f16`, `qs: [i8; 32]` |
+//! | Q1_0 | 18 | `d: f16`, `qs[16]`: 128 values, bit j (LSB first) = value j is `+d` (1) or `−d` (0) |
+//! | Q2_0 | 18 | `d: f16`, `qs[16]`: 64 values, 2 bits each (LSB first), value `(q − 1) · d` |
+//!
+//! Q1_0 / Q2_0 follow ggml's `block_q1_0` / `block_q2_0` and `dequantize_row_q1_0` /
+//! `dequantize_row_q2_0` (ggml-org/ggml `ggml-common.h`, `ggml-quants.c`); gguf-py 0.19 has no
+//! decoder for them, so they are held to hand-made blocks below.
 //!
 //! The kernels reproduce ggml's scalar reference code (`dequantize_row_q*`,
 //! `quantize_row_q*_ref`) operation by operation in f32, each operation rounded on its own (Rust
@@ -31,6 +38,13 @@ const _: () = assert!(Q4_1_BYTES == 2 * F16 + QK / 2);
 const _: () = assert!(Q5_0_BYTES == F16 + size_of::<u32>() + QK / 2);
 const _: () = assert!(Q5_1_BYTES == 2 * F16 + size_of::<u32>() + QK / 2);
 const _: () = assert!(Q8_0_BYTES == F16 + QK);
+
+pub(crate) const QK1_0: usize = 128;
+pub(crate) const Q1_0_BYTES: usize = 18;
+const _: () = assert!(Q1_0_BYTES == F16 + QK1_0 / 8);
+pub(crate) const QK2_0: usize = 64;
+pub(crate) const Q2_0_BYTES: usize = 18;
+const _: () = assert!(Q2_0_BYTES == F16 + QK2_0 / 4);
 
 #[inline(always)]
 fn f16_at(b: &[u8], i: usize) -> f32 {
@@ -125,6 +139,35 @@ pub fn dequantize_q8_0(blocks: &[u8], out: &mut [f32]) {
         let d = f16_at(b, 0);
         for (o, &q) in y.iter_mut().zip(&b[2..34]) {
             *o = (q as i8) as f32 * d;
+        }
+    }
+}
+
+pub(crate) fn dequantize_q1_0(blocks: &[u8], out: &mut [f32]) {
+    for (b, y) in blocks
+        .chunks_exact(Q1_0_BYTES)
+        .zip(out.chunks_exact_mut(QK1_0))
+    {
+        let d = f16_at(b, 0);
+        for (j, o) in y.iter_mut().enumerate() {
+            *o = if (b[F16 + j / 8] >> (j % 8)) & 1 != 0 {
+                d
+            } else {
+                -d
+            };
+        }
+    }
+}
+
+pub(crate) fn dequantize_q2_0(blocks: &[u8], out: &mut [f32]) {
+    for (b, y) in blocks
+        .chunks_exact(Q2_0_BYTES)
+        .zip(out.chunks_exact_mut(QK2_0))
+    {
+        let d = f16_at(b, 0);
+        for (j, o) in y.iter_mut().enumerate() {
+            let q = (b[F16 + j / 4] >> (2 * (j % 4))) & 3;
+            *o = (q as i32 - 1) as f32 * d;
         }
     }
 }
@@ -417,5 +460,39 @@ mod tests {
         assert_eq!(y[3], -4.0);
         assert_eq!(y[0], 3.5); // 3.9*2 + 8.5 = 16.3 -> 16 -> clamped 15 -> (15-8)*0.5
         assert_eq!(y[16], 1.0);
+    }
+
+    /// Q1_0 by hand (ggml: bit set → d, clear → −d, LSB first): d = −1.5, bytes 0x01 and 0x80.
+    #[test]
+    fn q1_0_hand_block() {
+        let mut b = [0u8; Q1_0_BYTES];
+        b[0..2].copy_from_slice(&f32_to_f16_bits(-1.5).to_le_bytes());
+        b[2] = 0x01; // value 0
+        b[17] = 0x80; // value 127
+        let mut y = [0f32; QK1_0];
+        dequantize_q1_0(&b, &mut y);
+        assert_eq!((y[0], y[1], y[126], y[127]), (-1.5, 1.5, 1.5, -1.5));
+        assert_eq!(y.iter().filter(|&&v| v == 1.5).count(), 126);
+    }
+
+    /// Q2_0 by hand: q = 0, 1, 2, 3 in byte 0 (LSB first) → −d, 0, d, 2d with d = 0.25; the next
+    /// byte all 3s; the other bytes 0 (−d).
+    #[test]
+    fn q2_0_hand_block() {
+        let mut b = [0u8; Q2_0_BYTES];
+        b[0..2].copy_from_slice(&0x3400u16.to_le_bytes()); // 0.25
+        b[2] = 0b11_10_01_00;
+        b[3] = 0xFF;
+        let mut y = [0f32; QK2_0];
+        dequantize_q2_0(&b, &mut y);
+        assert_eq!(y[..8], [-0.25, 0.0, 0.25, 0.5, 0.5, 0.5, 0.5, 0.5]);
+        assert!(y[8..].iter().all(|&v| v == -0.25));
+        // Two blocks decode independently, each with its own scale.
+        let mut two = [b, b].concat();
+        two[18..20].copy_from_slice(&0x4000u16.to_le_bytes()); // 2.0
+        let mut y2 = [0f32; 2 * QK2_0];
+        dequantize_q2_0(&two, &mut y2);
+        assert_eq!(y2[..QK2_0], y);
+        assert_eq!((y2[64], y2[67], y2[127]), (-2.0, 4.0, -2.0));
     }
 }

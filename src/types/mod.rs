@@ -6,11 +6,13 @@
 
 mod carried;
 pub mod float;
+pub(crate) mod fp4;
 pub(crate) mod iquants;
 pub(crate) mod kquants;
 pub(crate) mod legacy;
 mod parse;
 pub mod profile;
+pub(crate) mod ternary;
 pub mod tq;
 pub mod turbo;
 
@@ -154,27 +156,27 @@ pub static TYPES: &[TypeInfo] = &[
     row!(Q5K,     "q5_K",     Stock(13),   KQuant,    kquants::QK_K,    kquants::Q5_K_BYTES,    Some(kquants::dequantize_q5_k),    Some(kquants::quantize_q5_k)),
     row!(Q6K,     "q6_K",     Stock(14),   KQuant,    kquants::QK_K,    kquants::Q6_K_BYTES,    Some(kquants::dequantize_q6_k),    Some(kquants::quantize_q6_k)),
     row!(Q8K,     "q8_K",     Stock(15),   KQuant,    kquants::QK_K,    c::Q8_K_BYTES,          None,                              None),
-    row!(IQ2XXS,  "iq2_xxs",  Stock(16),   IQuant,    kquants::QK_K,    c::IQ2_XXS_BYTES,       None,                              None),
-    row!(IQ2XS,   "iq2_xs",   Stock(17),   IQuant,    kquants::QK_K,    c::IQ2_XS_BYTES,        None,                              None),
-    row!(IQ3XXS,  "iq3_xxs",  Stock(18),   IQuant,    kquants::QK_K,    c::IQ3_XXS_BYTES,       None,                              None),
-    row!(IQ1S,    "iq1_s",    Stock(19),   IQuant,    kquants::QK_K,    c::IQ1_S_BYTES,         None,                              None),
+    row!(IQ2XXS,  "iq2_xxs",  Stock(16),   IQuant,    kquants::QK_K,    iquants::IQ2_XXS_BYTES, Some(iquants::dequantize_iq2_xxs), None),
+    row!(IQ2XS,   "iq2_xs",   Stock(17),   IQuant,    kquants::QK_K,    iquants::IQ2_XS_BYTES,  Some(iquants::dequantize_iq2_xs),  None),
+    row!(IQ3XXS,  "iq3_xxs",  Stock(18),   IQuant,    kquants::QK_K,    iquants::IQ3_XXS_BYTES, Some(iquants::dequantize_iq3_xxs), None),
+    row!(IQ1S,    "iq1_s",    Stock(19),   IQuant,    kquants::QK_K,    iquants::IQ1_S_BYTES,   Some(iquants::dequantize_iq1_s),   None),
     row!(IQ4NL,   "iq4_nl",   Stock(20),   IQuant,    iquants::QK4_NL,  iquants::IQ4_NL_BYTES,  Some(iquants::dequantize_iq4_nl),  None),
-    row!(IQ3S,    "iq3_s",    Stock(21),   IQuant,    kquants::QK_K,    c::IQ3_S_BYTES,         None,                              None),
-    row!(IQ2S,    "iq2_s",    Stock(22),   IQuant,    kquants::QK_K,    c::IQ2_S_BYTES,         None,                              None),
+    row!(IQ3S,    "iq3_s",    Stock(21),   IQuant,    kquants::QK_K,    iquants::IQ3_S_BYTES,   Some(iquants::dequantize_iq3_s),   None),
+    row!(IQ2S,    "iq2_s",    Stock(22),   IQuant,    kquants::QK_K,    iquants::IQ2_S_BYTES,   Some(iquants::dequantize_iq2_s),   None),
     row!(IQ4XS,   "iq4_xs",   Stock(23),   IQuant,    iquants::QK_K,    iquants::IQ4_XS_BYTES,  Some(iquants::dequantize_iq4_xs),  None),
     row!(I8,      "i8",       Stock(24),   Raw,       1,                size_of::<i8>(),        None,                              None),
     row!(I16,     "i16",      Stock(25),   Raw,       1,                size_of::<i16>(),       None,                              None),
     row!(I32,     "i32",      Stock(26),   Raw,       1,                size_of::<i32>(),       None,                              None),
     row!(I64,     "i64",      Stock(27),   Raw,       1,                size_of::<i64>(),       None,                              None),
     row!(F64,     "f64",      Stock(28),   Raw,       1,                size_of::<f64>(),       None,                              None),
-    row!(IQ1M,    "iq1_m",    Stock(29),   IQuant,    kquants::QK_K,    c::IQ1_M_BYTES,         None,                              None),
+    row!(IQ1M,    "iq1_m",    Stock(29),   IQuant,    kquants::QK_K,    iquants::IQ1_M_BYTES,   Some(iquants::dequantize_iq1_m),   None),
     row!(BF16,    "bf16",     Stock(30),   Float,     1,                size_of::<u16>(),       Some(float::dequantize_bf16),      Some(float::quantize_bf16)),
-    row!(TQ1_0,   "tq1_0",    Stock(34),   Ternary,   kquants::QK_K,    c::TQ1_0_BYTES,         None,                              None),
-    row!(TQ2_0,   "tq2_0",    Stock(35),   Ternary,   kquants::QK_K,    c::TQ2_0_BYTES,         None,                              None),
-    row!(MXFP4,   "mxfp4",    Stock(39),   Fp4,       c::QK_MXFP4,      c::MXFP4_BYTES,         None,                              None),
-    row!(NVFP4,   "nvfp4",    Stock(40),   Fp4,       c::QK_NVFP4,      c::NVFP4_BYTES,         None,                              None),
-    row!(Q1_0,    "q1_0",     Stock(41),   Legacy,    c::QK1_0,         c::Q1_0_BYTES,          None,                              None),
-    row!(Q2_0,    "q2_0",     Stock(42),   Legacy,    c::QK2_0,         c::Q2_0_BYTES,          None,                              None),
+    row!(TQ1_0,   "tq1_0",    Stock(34),   Ternary,   kquants::QK_K,    ternary::TQ1_0_BYTES,   Some(ternary::dequantize_tq1_0),   None),
+    row!(TQ2_0,   "tq2_0",    Stock(35),   Ternary,   kquants::QK_K,    ternary::TQ2_0_BYTES,   Some(ternary::dequantize_tq2_0),   None),
+    row!(MXFP4,   "mxfp4",    Stock(39),   Fp4,       fp4::QK_MXFP4,    fp4::MXFP4_BYTES,       Some(fp4::dequantize_mxfp4),       None),
+    row!(NVFP4,   "nvfp4",    Stock(40),   Fp4,       fp4::QK_NVFP4,    fp4::NVFP4_BYTES,       Some(fp4::dequantize_nvfp4),       None),
+    row!(Q1_0,    "q1_0",     Stock(41),   Legacy,    legacy::QK1_0,    legacy::Q1_0_BYTES,     Some(legacy::dequantize_q1_0),     None),
+    row!(Q2_0,    "q2_0",     Stock(42),   Legacy,    legacy::QK2_0,    legacy::Q2_0_BYTES,     Some(legacy::dequantize_q2_0),     None),
     row!(TQ3_1S,  "tq3_1s",   TurboQuant,  TqWeight,  tq::QK,           tq::TQ3_BYTES,          Some(tq::dequantize_tq3_1s),       Some(tq::quantize_tq3_1s)),
     row!(TQ4_1S,  "tq4_1s",   TurboQuant,  TqWeight,  tq::QK,           tq::TQ4_BYTES,          Some(tq::dequantize_tq4_1s),       Some(tq::quantize_tq4_1s)),
     row!(Turbo2,  "turbo2",   TurboQuant,  TurboKv,   turbo::QK_TURBO,  turbo::TURBO2_BYTES,    Some(turbo::dequantize_turbo2),    Some(turbo::quantize_turbo2)),
@@ -390,10 +392,10 @@ mod tests {
     #[test]
     fn unsupported_dequant_is_an_error() {
         let mut out = vec![0f32; 256];
-        let e = dequantize(TensorType::IQ2XXS, &[0u8; 66], &mut out, "blk.0.x").unwrap_err();
+        let e = dequantize(TensorType::Q8K, &[0u8; 292], &mut out, "blk.0.x").unwrap_err();
         assert!(
             e.to_string()
-                .contains("dequantization of iq2_xxs is not supported"),
+                .contains("dequantization of q8_K is not supported"),
             "{e}"
         );
     }

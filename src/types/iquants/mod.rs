@@ -1,15 +1,41 @@
-//! IQ4_NL / IQ4_XS: 4-bit indices into ggml's fixed non-linear table `kvalues_iq4nl`,
-//! dequantization only.
+//! ggml's IQ types, dequantization only: 4-bit indices into the non-linear table
+//! `kvalues_iq4nl` (IQ4_NL, IQ4_XS) and the grid types, whose 4 or 8 values come from one row of
+//! a fixed table of lattice points (IQ2_XXS … IQ1_M). Layouts are ggml's `block_*` structs
+//! (`ggml-common.h`); every value is `d · scale · grid · sign` in ggml's operation order, so the
+//! f32 results are bit-identical with ggml's `dequantize_row_*` and gguf-py's numpy kernels
+//! (`tests/quants_oracle.rs`).
 //!
 //! | type | values | bytes | layout |
 //! |---|---|---|---|
 //! | IQ4_NL | 32 | 18 | `d: f16`, `qs[16]` (low nibbles = values 0..16, high = 16..32) |
 //! | IQ4_XS | 256 | 136 | `d: f16`, `scales_h: u16`, `scales_l[4]`, `qs[128]` (8 sub-blocks of 32) |
+//! | IQ2_XXS | 256 | 66 | `d: f16`, 8 × (4 grid bytes, u32 of 4 × 7 sign bits + 4-bit scale) |
+//! | IQ2_XS | 256 | 74 | `d: f16`, `qs: [u16; 32]` (9-bit grid index, 7-bit sign index), `scales[8]` |
+//! | IQ2_S | 256 | 82 | `d: f16`, `qs[32]`, `signs[32]`, `qh[8]` (grid bits 8-9), `scales[8]` |
+//! | IQ3_XXS | 256 | 98 | `d: f16`, `qs[64]` (grid indices), 8 × u32 (4 × 7 sign bits + 4-bit scale) |
+//! | IQ3_S | 256 | 110 | `d: f16`, `qs[64]`, `qh[8]` (grid bit 8), `signs[32]`, `scales[4]` |
+//! | IQ1_S | 256 | 50 | `d: f16`, `qs[32]`, `qh: [u16; 8]` (3-bit scale, delta sign, grid bits 8-10) |
+//! | IQ1_M | 256 | 56 | `qs[32]`, `qh[16]`, `scales: [u16; 4]` (3-bit scales; f16 `d` in their top nibbles) |
 //!
 //! IQ4_XS sub-block `ib` has the 6-bit scale `ls = (scales_l[ib/2] >> 4*(ib%2)) & 15 |
 //! ((scales_h >> 2*ib) & 3) << 4`, factor `d * (ls - 32)`, as ggml's `dequantize_row_iq4_xs`.
+//!
+//! The grids are numbers from `ggml-common.h` (via gguf-py; `grids.rs` says how they were made
+//! and checked); a 7-bit sign index picks 8 signs with even parity (`ksigns_iq2xs`).
 
-use crate::types::float::f16_bits_to_f32;
+mod grids;
+mod iq1;
+mod iq2;
+mod iq3;
+
+pub(crate) use iq1::{dequantize_iq1_m, dequantize_iq1_s, IQ1_M_BYTES, IQ1_S_BYTES};
+pub(crate) use iq2::{
+    dequantize_iq2_s, dequantize_iq2_xs, dequantize_iq2_xxs, IQ2_S_BYTES, IQ2_XS_BYTES,
+    IQ2_XXS_BYTES,
+};
+pub(crate) use iq3::{dequantize_iq3_s, dequantize_iq3_xxs, IQ3_S_BYTES, IQ3_XXS_BYTES};
+
+use crate::types::float::f16_at;
 
 /// ggml's `kvalues_iq4nl`.
 pub const KVALUES_IQ4NL: [i8; 16] = [
@@ -36,9 +62,46 @@ pub const IQ4_XS_BYTES: usize = 136;
 const _: () = assert!(IQ4_NL_BYTES == size_of::<u16>() + QK4_NL / 2);
 const _: () = assert!(IQ4_XS_BYTES == 2 * size_of::<u16>() + QK_K / 64 + QK_K / 2);
 
+/// ggml's `ksigns_iq2xs`: 7 stored sign bits (bit j = value j negative) and an 8th that makes
+/// the count of negatives even.
+static KSIGNS: [u8; 128] = {
+    let mut t = [0u8; 128];
+    let mut i = 0;
+    while i < 128 {
+        t[i] = i as u8 | (((i as u32).count_ones() as u8 & 1) << 7);
+        i += 1;
+    }
+    t
+};
+
+/// ±1 for value `j` of an 8-sign byte (ggml: `signs & kmask_iq2xs[j] ? -1.f : 1.f`).
 #[inline(always)]
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16_bits_to_f32(u16::from_le_bytes([b[i], b[i + 1]]))
+fn sign(signs: u8, j: usize) -> f32 {
+    if signs & (1 << j) != 0 {
+        -1.0
+    } else {
+        1.0
+    }
+}
+
+/// Expand a packed grid (`grids.rs`: `bits` per value, `W` values per row) into its values.
+const fn expand<const N: usize, const W: usize>(
+    packed: &[u16; N],
+    levels: &[i8],
+    bits: u32,
+) -> [[i8; W]; N] {
+    let mut out = [[0i8; W]; N];
+    let mask = (1u16 << bits) - 1;
+    let mut r = 0;
+    while r < N {
+        let mut j = 0;
+        while j < W {
+            out[r][j] = levels[((packed[r] >> (bits * j as u32)) & mask) as usize];
+            j += 1;
+        }
+        r += 1;
+    }
+    out
 }
 
 pub fn dequantize_iq4_nl(blocks: &[u8], out: &mut [f32]) {

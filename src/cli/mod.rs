@@ -2,6 +2,7 @@
 
 pub mod calib;
 pub mod codebook;
+pub mod conformance;
 pub mod convert;
 pub mod eval;
 pub mod inspect;
@@ -37,6 +38,8 @@ enum Command {
     Kv(kv::KvCmdArgs),
     /// Check the bundled GPU decode kernels (CUDA, Metal, WGSL) against the CPU reference.
     Kernels(kernels::KernelsArgs),
+    /// Run conformance vector files (tq4_1s, tq3_1s, turbo*, seed2bit) through the CPU reference.
+    Conformance(conformance::ConformanceArgs),
 }
 
 /// `--threads` above this many per available core is refused (thousands of threads stall the
@@ -107,6 +110,7 @@ pub fn main() -> i32 {
         Command::Codebook(a) => codebook::run(a),
         Command::Kernels(a) => kernels::run(a),
         Command::Kv(a) => kv::run(a),
+        Command::Conformance(a) => conformance::run(a),
     };
     match r {
         Ok(()) => 0,

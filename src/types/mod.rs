@@ -11,6 +11,7 @@ pub(crate) mod kquants;
 pub(crate) mod legacy;
 mod parse;
 pub mod profile;
+pub mod seed2bit;
 pub mod tq;
 pub mod turbo;
 

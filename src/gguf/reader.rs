@@ -160,7 +160,8 @@ impl GgufFile {
             Error::Unsupported(format!("{}: tensor too large for this machine", t.name))
         })?;
         let mut out = vec![0f32; n];
-        crate::types::dequantize(t.ty, self.tensor_data(t), &mut out, &t.name)?;
+        let row_len = usize::try_from(t.row_len()).unwrap_or(0).max(1);
+        crate::types::dequantize_rows(t.ty, self.tensor_data(t), &mut out, row_len, &t.name)?;
         Ok(out)
     }
 

@@ -31,8 +31,9 @@ use TensorType::*;
 const BUILT_IN: &[BuiltIn] = &[
     BuiltIn {
         name: "fork",
-        description: "TurboQuant llama.cpp fork (2026-04-15 and later): TQ3_1S=45, TQ4_1S=46; KV turbo2/3/4=42/43/44",
-        extra: &[(Turbo2, 42), (Turbo3, 43), (Turbo4, 44), (TQ3_1S, 45), (TQ4_1S, 46)],
+        description: "TurboQuant llama.cpp fork (2026-04-15 and later): TQ3_1S=45, TQ4_1S=46; KV turbo2/3/4=42/43/44; tq's tq2_r=120",
+        // tq2_r is tq's own: 120 is far above every id upstream or the fork has assigned (≤ 46).
+        extra: &[(Turbo2, 42), (Turbo3, 43), (Turbo4, 44), (TQ3_1S, 45), (TQ4_1S, 46), (TQ2R, 120)],
         file_types: &[(TQ3_1S, 43), (TQ4_1S, 44)],
     },
     BuiltIn {

@@ -62,7 +62,7 @@ fn main() {
     for (rows, k, name) in [
         (1536, 576, "SmolLM2 ffn_up"),
         (576, 1536, "SmolLM2 ffn_down"),
-        (4096, 4096, "4096 x 4096"),
+        (4096, 4096, "square"),
     ] {
         let w = gauss(rows * k, 1);
         let x = gauss(k, 2);

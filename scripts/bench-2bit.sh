@@ -42,18 +42,21 @@ convert() { # OUT ARGS...: echoes the wall seconds (or "cached")
 
 echo "| model | bytes | bpw (file) | PPL | mean KLD vs F16 | same top-1 % | convert s |"
 echo "|---|---|---|---|---|---|---|"
-# name | convert flags (the mixed rows keep attention at 4 bits, or all but the FFN up/gate)
-while IFS='|' read -r name flags; do
+# name ; convert flags ; LDLQ bands (the mixed rows keep some tensors at 4 bits; the -e4 rows store
+# token_embd as q4_0 instead of q8_0 to reach ≈3 bpw of the whole file)
+while IFS=';' read -r name flags bands; do
   [ -z "$name" ] && continue
   s=$(convert "$w/$name.gguf" $flags)
   row "$name" "$w/$name.gguf" "$s"
-  for band in ${BANDS:-64 0}; do
+  for band in ${BANDS:-$bands}; do
     b=$([ "$band" = 0 ] && echo full || echo "$band")
     s=$(convert "$w/$name-ldlq$b.gguf" $flags --calib "$w/H.safetensors" --ldlq-band "$band")
     row "$name LDLQ band $b" "$w/$name-ldlq$b.gguf" "$s"
   done
 done <<'ROWS'
-tq2_r|--weights tq2_r
-mix-ffn2-attn4|--weights tq2_r --tensor-type attn_=tq4_1s
-mix-gateup2|--weights tq4_1s --tensor-type ffn_(gate|up)=tq2_r
+tq2_r;--weights tq2_r;64 0
+mix-ffn2-attn4;--weights tq2_r --tensor-type attn_=tq4_1s;64 0
+mix-gateup2;--weights tq4_1s --tensor-type ffn_(gate|up)=tq2_r;64 0
+tq2_r-e4;--weights tq2_r --token-embedding-type q4_0;0
+mix-down2-e4;--weights tq4_1s --tensor-type ffn_down=tq2_r --token-embedding-type q4_0;0
 ROWS

@@ -39,6 +39,13 @@ pub fn output_metadata(
         Some(e) => e.1 = v,
         None => md.push((k.to_string(), v)),
     };
+    // A decoder of row-rotated tensors must know the rotation: recorded whatever --no-provenance.
+    if plan.entries.iter().any(|e| e.dst.is_row_rotated()) {
+        set(
+            crate::types::tq2r::META_ROTATION,
+            Value::string(crate::types::tq2r::ROTATION_ID),
+        );
+    }
     if retype {
         if let Some(ft) = plan.file_type {
             set("general.file_type", Value::U32(ft));
@@ -236,9 +243,10 @@ fn produce(
                     .hessians
                     .for_tensor(&e.name)
                     .expect("planner checked the Hessian");
-                let key = h.tensors.join(",");
+                // The factor is of the Hessian rotated for the type's family: key on both.
+                let key = format!("{:?}:{}", e.dst.family(), h.tensors.join(","));
                 if !factors.contains_key(&key) {
-                    let f = crate::quant::ldlq::factor_hessian(h, l.damp, &e.name)?;
+                    let f = crate::quant::ldlq::factor_hessian(e.dst, h, l.damp, &e.name)?;
                     factors.insert(key.clone(), std::sync::Arc::new(f));
                 }
                 Some((factors[&key].clone(), l.band))
@@ -270,7 +278,7 @@ fn produce(
                         let abs = row0 + r as u64;
                         src.read_rows_f32(i, abs, row)?;
                         crate::quant::check_finite(&e.name, abs, row)?;
-                        crate::types::quantize(e.dst, row, ob, &e.name)
+                        crate::types::quantize_rows(e.dst, row, ob, row_len, &e.name)
                     },
                 )?;
             tx.send(buf).map_err(|_| closed())?;

@@ -19,11 +19,13 @@
 //!   arithmetic).
 //! - Pipeline: [`plan`], [`calib`], [`quant`], [`convert`], [`eval`].
 //! - Products: [`codebook`] (tables for engines), [`gpu`] (decode kernels and their parity
-//!   harness), [`inspect`], [`validate`] (the CI gate).
+//!   harness), [`inspect`], [`validate`] (the CI gate), [`conformance`] (vector files through the
+//!   CPU references).
 
 pub mod arch;
 pub mod calib;
 pub mod codebook;
+pub mod conformance;
 pub mod convert;
 pub mod error;
 pub mod eval;

@@ -229,10 +229,10 @@ impl<'q, 'c> Sequential<'q, 'c> {
                 .enumerate()
                 .try_for_each(|(r, row)| crate::quant::check_finite(&seg.name, r as u64, row))?;
             let factor = match self.hs.for_tensor(&seg.name) {
-                Some(h) if dst.is_tq_weight() && h.n == k => {
-                    let key = h.tensors.join(",");
+                Some(h) if dst.has_ldlq() && h.n == k => {
+                    let key = format!("{:?}:{}", dst.family(), h.tensors.join(","));
                     if !self.factors.contains_key(&key) {
-                        let f = crate::quant::ldlq::factor_hessian(h, self.q.damp, &seg.name)?;
+                        let f = crate::quant::ldlq::factor_hessian(dst, h, self.q.damp, &seg.name)?;
                         self.factors.insert(key.clone(), Arc::new(f));
                     }
                     Some(self.factors[&key].clone())

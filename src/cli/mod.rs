@@ -2,6 +2,7 @@
 
 pub mod calib;
 pub mod codebook;
+pub mod conformance;
 pub mod convert;
 pub mod eval;
 pub mod inspect;
@@ -41,6 +42,8 @@ enum Command {
     /// CI gate: structure, quality vs a reference (noise-aware verdicts), generation, regression.
     /// Exit 0 pass, 3 a check failed, 4 undecided, 2 bad input/usage, 1 I/O.
     Validate(validate::ValidateArgs),
+    /// Run conformance vector files (tq4_1s, tq3_1s, turbo*, seed2bit) through the CPU reference.
+    Conformance(conformance::ConformanceArgs),
 }
 
 /// `--threads` above this many per available core is refused (thousands of threads stall the
@@ -112,6 +115,7 @@ pub fn main() -> i32 {
         Command::Kernels(a) => kernels::run(a),
         Command::Kv(a) => kv::run(a),
         Command::Validate(a) => return report_error(validate::run(a)),
+        Command::Conformance(a) => conformance::run(a),
     };
     report_error(r.map(|()| 0))
 }

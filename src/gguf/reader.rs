@@ -160,7 +160,8 @@ impl GgufFile {
             Error::Unsupported(format!("{}: tensor too large for this machine", t.name))
         })?;
         let mut out = vec![0f32; n];
-        crate::types::dequantize(t.ty, self.tensor_data(t), &mut out, &t.name)?;
+        let row_len = usize::try_from(t.row_len()).unwrap_or(0).max(1);
+        crate::types::dequantize_rows(t.ty, self.tensor_data(t), &mut out, row_len, &t.name)?;
         Ok(out)
     }
 
@@ -473,6 +474,33 @@ fn parse(buf: &[u8], profile: &Profile) -> std::result::Result<Parsed, String> {
         }
         end_prev = end;
         prev_name = &t.name;
+    }
+    // Row-rotated tensors decode only with the rotation the file names: refuse a file that names
+    // none, or one this tq does not know, before a wrong inverse rotation produces garbage.
+    if let Some(t) = tensors.iter().find(|t| t.ty.is_row_rotated()) {
+        use crate::types::tq2r::{META_ROTATION, ROTATION_ID};
+        let got = metadata
+            .iter()
+            .find(|(k, _)| k == META_ROTATION)
+            .map(|(_, v)| v);
+        match got {
+            Some(v) if v.as_str() == Some(ROTATION_ID) => {}
+            Some(v) => {
+                return Err(format!(
+                    "tensor '{}' is {} but {META_ROTATION} is {}, a rotation this tq does not know (expected \"{ROTATION_ID}\"; reconvert the model or update tq)",
+                    t.name,
+                    t.ty,
+                    crate::error::one_line(&format!("{v:?}"))
+                ))
+            }
+            None => {
+                return Err(format!(
+                    "tensor '{}' is {} but the file has no {META_ROTATION} key naming its row rotation (reconvert the model with tq convert)",
+                    t.name,
+                    t.ty
+                ))
+            }
+        }
     }
 
     Ok(Parsed {

@@ -275,6 +275,22 @@ impl Rotation {
         })
     }
 
+    /// A rotation for length `n` with the given ±1 `signs` (of length [`Rotation::out_len`]) in
+    /// place of tq's PCG64 stream: for formats that fix their own generator (`tq2_r` uses the seed
+    /// design's `signsFor`).
+    pub fn with_signs(n: usize, method: Method, signs: Vec<f32>) -> Result<Rotation, String> {
+        let mut r = Rotation::new(n, method, 0)?;
+        if signs.len() != r.out_len() {
+            return Err(format!(
+                "{} signs for a rotation of {} values",
+                signs.len(),
+                r.out_len()
+            ));
+        }
+        r.signs = signs;
+        Ok(r)
+    }
+
     /// Input length.
     pub fn len(&self) -> usize {
         self.n

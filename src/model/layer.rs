@@ -48,7 +48,7 @@ pub fn dequantize_rows(
         .try_for_each(|(ci, o)| {
             let a = r0 + ci * rows_per_chunk;
             let b = a + o.len() / k;
-            crate::types::dequantize(ty, &data[a * row_bytes..b * row_bytes], o, &t.name)?;
+            crate::types::dequantize_rows(ty, &data[a * row_bytes..b * row_bytes], o, k, &t.name)?;
             // NaN/Inf weights would turn every result into NaN: name the first one instead.
             // One pass over values the dequantizer just wrote (still in cache).
             match o.iter().position(|v| !v.is_finite()) {

@@ -258,8 +258,8 @@ fn choose(t: &SourceTensor, req: &Request, n_layers: u32) -> PlanEntry {
 
 /// Engine constraints that can change a chosen type, each reported as a fallback.
 fn apply_constraints(e: &mut PlanEntry) {
-    if e.dst.is_tq_weight() && classify(&e.name).0 == Role::TokenEmbd {
-        e.reasons.push(format!("fallback {} -> q8_0: token_embd is never a TQ type (the fork's CUDA get_rows lacks TQ)", e.dst));
+    if (e.dst.is_tq_weight() || e.dst.is_row_rotated()) && classify(&e.name).0 == Role::TokenEmbd {
+        e.reasons.push(format!("fallback {} -> q8_0: token_embd is never a TQ type (the fork's CUDA get_rows lacks TQ; a row-rotated row cannot be looked up without its inverse rotation)", e.dst));
         e.dst = TensorType::Q8_0;
         e.fallback = true;
     }
@@ -336,7 +336,7 @@ fn unify_attention(entries: &mut [PlanEntry]) {
 /// fall back to round-to-nearest with the reason recorded.
 pub fn assign_ldlq(plan: &mut Plan, hessians: &crate::quant::Hessians, band: usize) {
     for e in &mut plan.entries {
-        if e.action == Action::Copy || !e.dst.is_tq_weight() {
+        if e.action == Action::Copy || !e.dst.has_ldlq() {
             continue;
         }
         match hessians.for_tensor(&e.name) {

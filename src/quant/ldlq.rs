@@ -122,10 +122,20 @@ pub fn factor(h: &[f64], n: usize, damp: f64, what: &str) -> Result<Factor> {
     )))
 }
 
-/// Rotate, damp and factor one calibration Hessian (what `tq convert --calib` and sequential
-/// calibration do for every Hessian group).
-pub fn factor_hessian(h: &crate::quant::Hessian, damp: f64, what: &str) -> Result<Factor> {
-    factor(&rotate_hessian(&h.h, h.n), h.n, damp, what)
+/// Rotate (with the rotation of `ty`'s decoder), damp and factor one calibration Hessian (what
+/// `tq convert --calib` and sequential calibration do for every Hessian group).
+pub fn factor_hessian(
+    ty: TensorType,
+    h: &crate::quant::Hessian,
+    damp: f64,
+    what: &str,
+) -> Result<Factor> {
+    let rotated = if ty.is_row_rotated() {
+        super::ldlq2::rotate_hessian_rows(&h.h, h.n)?
+    } else {
+        rotate_hessian(&h.h, h.n)
+    };
+    factor(&rotated, h.n, damp, what)
 }
 
 fn codebook(ty: TensorType) -> (&'static [f32], &'static [f32]) {
@@ -184,7 +194,13 @@ pub fn quantize_ldlq(ty: TensorType, w: &[f32], n: usize, f: &Factor, band: usiz
     let mut out = vec![0u8; w.len() / QK * bb];
     out.par_chunks_mut(n / QK * bb)
         .zip(w.par_chunks(n))
-        .for_each(|(o, row)| quantize_row(ty, row, f, band, o));
+        .for_each(|(o, row)| {
+            if ty.is_row_rotated() {
+                super::ldlq2::quantize_row(row, f, band, o)
+            } else {
+                quantize_row(ty, row, f, band, o)
+            }
+        });
     out
 }
 

@@ -8,6 +8,7 @@
 
 pub(crate) mod hessian;
 pub mod ldlq;
+mod ldlq2;
 
 pub use hessian::{Hessian, Hessians};
 
@@ -39,7 +40,7 @@ pub fn encode_rows(
     let mut buf = vec![0u8; x.len() / row_len * row_bytes];
     buf.par_chunks_mut(row_bytes)
         .zip(x.par_chunks(row_len))
-        .try_for_each(|(ob, row)| crate::types::quantize(dst, row, ob, name))?;
+        .try_for_each(|(ob, row)| crate::types::quantize_rows(dst, row, ob, row_len, name))?;
     Ok(buf)
 }
 

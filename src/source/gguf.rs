@@ -47,6 +47,6 @@ impl TensorSource for GgufSource {
         let data = self.file.tensor_data(t);
         let start = row0 as usize * row_bytes;
         let bytes = &data[start..start + n_rows * row_bytes];
-        crate::types::dequantize(t.ty, bytes, out, &t.name)
+        crate::types::dequantize_rows(t.ty, bytes, out, row_len as usize, &t.name)
     }
 }

@@ -12,8 +12,10 @@ pub(crate) mod kquants;
 pub(crate) mod legacy;
 mod parse;
 pub mod profile;
+pub mod seed2bit;
 pub(crate) mod ternary;
 pub mod tq;
+pub mod tq2r;
 pub mod turbo;
 
 use crate::error::{Error, Result};
@@ -69,6 +71,8 @@ pub enum TensorType {
     Turbo2,
     Turbo3,
     Turbo4,
+    // tq's own (id assigned by a target profile)
+    TQ2R,
 }
 
 /// Where a type comes from, which decides whether it has a fixed GGUF id.
@@ -103,6 +107,9 @@ pub enum Family {
     TqWeight,
     /// TurboQuant KV-cache blocks: turbo2, turbo3, turbo4.
     TurboKv,
+    /// Blocks of a whole-row rotated row (tq2_r): the registry's block functions are the
+    /// rotated-domain codec; [`quantize_rows`] / [`dequantize_rows`] add the row rotation.
+    RowRotated,
 }
 
 pub struct TypeInfo {
@@ -182,6 +189,7 @@ pub static TYPES: &[TypeInfo] = &[
     row!(Turbo2,  "turbo2",   TurboQuant,  TurboKv,   turbo::QK_TURBO,  turbo::TURBO2_BYTES,    Some(turbo::dequantize_turbo2),    Some(turbo::quantize_turbo2)),
     row!(Turbo3,  "turbo3",   TurboQuant,  TurboKv,   turbo::QK_TURBO,  turbo::TURBO3_BYTES,    Some(turbo::dequantize_turbo3),    Some(turbo::quantize_turbo3)),
     row!(Turbo4,  "turbo4",   TurboQuant,  TurboKv,   turbo::QK_TURBO,  turbo::TURBO4_BYTES,    Some(turbo::dequantize_turbo4),    Some(turbo::quantize_turbo4)),
+    row!(TQ2R,    "tq2_r",    TurboQuant,  RowRotated, tq2r::QK,        tq2r::TQ2R_BYTES,       Some(tq2r::dequantize_tq2r_rotated), Some(tq2r::quantize_tq2r_rotated)),
 ];
 
 impl TensorType {
@@ -238,6 +246,17 @@ impl TensorType {
         self.family() == Family::TurboKv
     }
 
+    /// Banded LDLQ can round this type (`quant::ldlq`): the TQ weights and the row-rotated types.
+    pub fn has_ldlq(self) -> bool {
+        matches!(self.family(), Family::TqWeight | Family::RowRotated)
+    }
+
+    /// Blocks hold a whole-row rotated row (tq2_r): rows go through [`quantize_rows`] /
+    /// [`dequantize_rows`], and the file records the rotation (`tq2r::META_ROTATION`).
+    pub fn is_row_rotated(self) -> bool {
+        self.family() == Family::RowRotated
+    }
+
     pub fn block_size(self) -> usize {
         self.info().block_size
     }
@@ -269,8 +288,15 @@ impl std::fmt::Display for TensorType {
 }
 
 /// Decode `data` (whole blocks of `ty`) to f32. `what` names the tensor for the error message.
+/// Row-rotated types need the row length: [`dequantize_rows`].
 pub fn dequantize(ty: TensorType, data: &[u8], out: &mut [f32], what: &str) -> Result<()> {
     let info = ty.info();
+    if ty.is_row_rotated() {
+        return Err(Error::Unsupported(format!(
+            "{what}: {} rotates whole rows; tq reads it by rows (dequantize_rows)",
+            info.name
+        )));
+    }
     let f = info.dequantize.ok_or_else(|| {
         Error::Unsupported(format!(
             "{what}: dequantization of {} is not supported by tq (convert the tensor with llama.cpp first, or keep it as is)",
@@ -283,8 +309,15 @@ pub fn dequantize(ty: TensorType, data: &[u8], out: &mut [f32], what: &str) -> R
 }
 
 /// Encode `src` (whole blocks of `ty`) into `out`. Rejects NaN/Inf with the tensor named.
+/// Row-rotated types need the row length: [`quantize_rows`].
 pub fn quantize(ty: TensorType, src: &[f32], out: &mut [u8], what: &str) -> Result<()> {
     let info = ty.info();
+    if ty.is_row_rotated() {
+        return Err(Error::Unsupported(format!(
+            "{what}: {} rotates whole rows; tq writes it by rows (quantize_rows)",
+            info.name
+        )));
+    }
     let f = info.quantize.ok_or_else(|| {
         Error::Unsupported(format!(
             "{what}: quantization to {} is not supported by tq",
@@ -300,6 +333,64 @@ pub fn quantize(ty: TensorType, src: &[f32], out: &mut [u8], what: &str) -> Resu
     }
     f(src, out);
     Ok(())
+}
+
+/// Decode whole rows of `row_len` values: the one entry point for reading a tensor, whatever its
+/// type (row-rotated types get their inverse rotation here, and nowhere else).
+pub fn dequantize_rows(
+    ty: TensorType,
+    data: &[u8],
+    out: &mut [f32],
+    row_len: usize,
+    what: &str,
+) -> Result<()> {
+    if !ty.is_row_rotated() {
+        return dequantize(ty, data, out, what);
+    }
+    check_sizes(ty, data.len(), out.len(), what)?;
+    let rb = check_rows(ty, out.len(), row_len, what)?;
+    for (b, o) in data.chunks_exact(rb).zip(out.chunks_exact_mut(row_len)) {
+        tq2r::dequantize_row(b, o).map_err(|e| Error::Unsupported(format!("{what}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Encode whole rows of `row_len` values (NaN/Inf rejected): the one entry point for writing a
+/// tensor; row-rotated types are rotated here.
+pub fn quantize_rows(
+    ty: TensorType,
+    src: &[f32],
+    out: &mut [u8],
+    row_len: usize,
+    what: &str,
+) -> Result<()> {
+    if !ty.is_row_rotated() {
+        return quantize(ty, src, out, what);
+    }
+    check_sizes(ty, out.len(), src.len(), what)?;
+    let rb = check_rows(ty, src.len(), row_len, what)?;
+    if let Some(i) = src.iter().position(|v| !v.is_finite()) {
+        return Err(Error::Unsupported(format!(
+            "{what}: non-finite value {} at element {i}; fix the source weights (NaN/Inf cannot be quantized)",
+            src[i]
+        )));
+    }
+    for (x, o) in src.chunks_exact(row_len).zip(out.chunks_exact_mut(rb)) {
+        tq2r::quantize_row(x, o).map_err(|e| Error::Unsupported(format!("{what}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Bytes per row, when `values` is a whole number of rows of whole blocks.
+fn check_rows(ty: TensorType, values: usize, row_len: usize, what: &str) -> Result<usize> {
+    match ty.bytes_for(row_len as u64) {
+        Some(rb) if row_len > 0 && values % row_len == 0 => Ok(rb as usize),
+        _ => Err(Error::Unsupported(format!(
+            "{what}: rows of {row_len} values do not fit {} (blocks of {})",
+            ty.name(),
+            ty.block_size()
+        ))),
+    }
 }
 
 fn check_sizes(ty: TensorType, bytes: usize, values: usize, what: &str) -> Result<()> {
@@ -381,6 +472,7 @@ mod tests {
         assert_eq!(of(Family::Raw), [I8, I16, I32, I64, F64]);
         assert_eq!(of(Family::TqWeight), [TQ3_1S, TQ4_1S]);
         assert_eq!(of(Family::TurboKv), [Turbo2, Turbo3, Turbo4]);
+        assert_eq!(of(Family::RowRotated), [TQ2R]);
         for t in TYPES {
             assert_eq!(
                 t.ty.is_quantized(),

@@ -126,14 +126,14 @@ const FORK_IDS: &[(TensorType, u32)] = &[
 const BUILT_IN: &[BuiltIn] = &[
     BuiltIn {
         name: "fork",
-        description: "TurboQuant llama.cpp fork (June 2026 and later): TQ3_1S=45, TQ4_1S=46; KV turbo2/3/4=42/43/44, June turbo4 table (66 bytes), heads padded to 128, no KV rotation",
+        description: "TurboQuant llama.cpp fork (June 2026 and later): TQ3_1S=45, TQ4_1S=46; KV turbo2/3/4=42/43/44, June turbo4 table (66 bytes), heads padded to 128, no KV rotation; tq's tq2_r=120",
         extra: FORK_IDS,
         file_types: &[(TQ3_1S, 43), (TQ4_1S, 44)],
         kv: KV_FORK_JUNE,
     },
     BuiltIn {
         name: "fork-69d8e4be4",
-        description: "TurboQuant fork at commit 69d8e4be4 (2026-05-04): ids as `fork`; May KV tables (68-byte turbo4), heads padded to 128, no KV rotation",
+        description: "TurboQuant fork at commit 69d8e4be4 (2026-05-04): ids as `fork` (tq2_r=120 is tq's own); May KV tables (68-byte turbo4), heads padded to 128, no KV rotation",
         extra: FORK_IDS,
         file_types: &[(TQ3_1S, 43), (TQ4_1S, 44)],
         kv: KV_FORK_MAY,

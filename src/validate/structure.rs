@@ -119,7 +119,9 @@ fn first_non_finite(
             let r1 = (r0 + rows_per).min(n_rows);
             let bytes = &data[(r0 * row_bytes) as usize..(r1 * row_bytes) as usize];
             let mut out = vec![0f32; ((r1 - r0) * row) as usize];
-            crate::types::dequantize(t.ty, bytes, &mut out, &t.name).map_err(|e| e.to_string())?;
+            // By rows: row-rotated types (tq2_r) decode only whole rows.
+            crate::types::dequantize_rows(t.ty, bytes, &mut out, row as usize, &t.name)
+                .map_err(|e| e.to_string())?;
             Ok(out
                 .iter()
                 .position(|v| !v.is_finite())

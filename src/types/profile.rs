@@ -118,6 +118,8 @@ const FORK_IDS: &[(TensorType, u32)] = &[
     (Turbo4, 44),
     (TQ3_1S, 45),
     (TQ4_1S, 46),
+    // tq2_r is tq's own: 120 is far above every id upstream or the fork has assigned (≤ 46).
+    (TQ2R, 120),
 ];
 
 /// Built-in profiles. `fork` is the default: TheTom/llama-cpp-turboquant as of June 2026 (type

@@ -746,10 +746,10 @@ fn rot_plan<D: Device>(
 }
 
 /// Queue the launches of a prepared rotation on `input`; the result is in `plan.out`. Rows up to
-/// [`ROTATE_MAX`] values: one workgroup per row (the row in workgroup memory). Longer rows: signs
-/// + butterflies inside sub-blocks of up to [`ROTATE_MAX`] values, one launch per remaining
-/// butterfly stage, then the dense factor and the scale. Both paths do the same operations in
-/// the same order (bit-identical results).
+/// [`ROTATE_MAX`] values: one workgroup per row (the row in workgroup memory). Longer rows: the
+/// signs and the butterflies inside sub-blocks of up to [`ROTATE_MAX`] values, one launch per
+/// remaining butterfly stage, then the dense factor and the scale. Both paths do the same
+/// operations in the same order (bit-identical results).
 fn rot_enqueue<D: Device>(d: &mut D, plan: &RotPlan<D::Buf>, input: &D::Buf) -> Result<()> {
     let p = plan.p;
     let scratch = match &plan.scratch {

@@ -60,7 +60,7 @@ pub use self::harness::data::{
     smollm2_weight_shapes, Conformance, Rng, Seed2bitCase, Shape,
 };
 pub use self::harness::report::format_report;
-pub use self::harness::tq2r::{is_hadamard, rotated_values, wide_shapes};
+pub use self::harness::tq2r::{is_hadamard, rotated_values, row_decode, wide_shapes};
 pub use self::harness::{check, CheckOptions, MatvecTime, Report, Throughput};
 pub use self::kernels::{ROTATE_MAX, TURBO_QK_THREADS};
 pub use self::turbo_spec::{turbo_specs, TurboSpec};

@@ -188,7 +188,7 @@ fn gemv(
 
 /// Rows decoded to the original domain against the CPU's `dequantize_rows` (tq2_r blocks):
 /// bit-exact for Hadamard rotations, else bounded against the f64 inverse.
-fn row_decode(b: &mut dyn Backend, w: &TwoBit, data: &str) -> Result<KernelResult> {
+pub fn row_decode(b: &mut dyn Backend, w: &TwoBit, data: &str) -> Result<KernelResult> {
     let got = b.twobit_decode(w, true)?;
     if is_hadamard(w.cols)? {
         let mut want = vec![0f32; w.rows * w.cols];

@@ -55,12 +55,12 @@ pub use self::harness::compare::{
     compare_dots, compare_exact, ulp_distance, KernelKind, KernelResult, Tolerance, DOT_REL_BOUND,
 };
 pub use self::harness::data::{
-    conformance_file, dots_of, find_conformance_dir, kv_shapes, load_conformance, load_seed2bit,
+    conformance_file, dots_of, find_conformance_dir, kv_shapes, load_conformance,
     random_activation, random_weights, reference_dots, rotate_query, rotate_query_groups,
-    smollm2_weight_shapes, Conformance, Rng, Seed2bitCase, Shape,
+    smollm2_weight_shapes, Conformance, Rng, Shape,
 };
 pub use self::harness::report::format_report;
-pub use self::harness::tq2r::{is_hadamard, rotated_values, row_decode, wide_shapes};
+pub(crate) use self::harness::tq2r::{is_hadamard, row_decode};
 pub use self::harness::{check, CheckOptions, MatvecTime, Report, Throughput};
 pub use self::kernels::{ROTATE_MAX, TURBO_QK_THREADS};
 pub use self::turbo_spec::{turbo_specs, TurboSpec};

@@ -179,7 +179,7 @@ pub fn load_conformance(dir: &Path, ty: TensorType) -> Result<Conformance> {
 /// One `pack2bit` or `requant2bit` case of the seed design's vectors (`seed2bit.json`) as a 2-bit
 /// matrix in the design's layout.
 #[derive(Clone, Debug)]
-pub struct Seed2bitCase {
+pub(crate) struct Seed2bitCase {
     pub id: String,
     pub op: String,
     pub rows: usize,
@@ -195,7 +195,7 @@ pub struct Seed2bitCase {
 
 /// The `pack2bit` and `requant2bit` cases of `dir/seed2bit.json` (the other ops are encoders
 /// with no kernel).
-pub fn load_seed2bit(dir: &Path) -> Result<Vec<Seed2bitCase>> {
+pub(crate) fn load_seed2bit(dir: &Path) -> Result<Vec<Seed2bitCase>> {
     let file = dir.join("seed2bit.json");
     let text = std::fs::read_to_string(&file).map_err(|e| Error::io(&file, e))?;
     let bad = |what: String| Error::bad_input(&file, format!("{what} (not the seed2bit vectors?)"));

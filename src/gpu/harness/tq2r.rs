@@ -29,7 +29,7 @@ const TY: TensorType = TensorType::TQ2R;
 /// multi-pass rotation (a global butterfly stage at 8192; Llama-3-8B's FFN width 14336 = 28·512,
 /// Paley), and two without a Paley order (DCT factor: 1376 = 43·32 in one workgroup, 4672 = 73·64
 /// multi-pass).
-pub fn wide_shapes() -> Vec<Shape> {
+fn wide_shapes() -> Vec<Shape> {
     vec![
         Shape {
             name: "llama.attn 4096",
@@ -61,14 +61,14 @@ pub fn wide_shapes() -> Vec<Shape> {
 
 /// Whether tq2_r's rotation of `cols` is a Hadamard one (±1 factor: the kernels are bit-exact
 /// with the CPU transform) rather than the DCT fallback.
-pub fn is_hadamard(cols: usize) -> Result<bool> {
+pub(crate) fn is_hadamard(cols: usize) -> Result<bool> {
     Ok(tq2r::rotation(cols)?
         .factors()
         .is_some_and(|f| f.mix_then_scale))
 }
 
 /// The CPU reference of the rotated-domain decode.
-pub fn rotated_values(w: &TwoBit) -> Result<Vec<f32>> {
+fn rotated_values(w: &TwoBit) -> Result<Vec<f32>> {
     let nblk = w.blocks()?;
     let mut out = vec![0f32; nblk * tq2r::QK];
     match w.layout {
@@ -188,7 +188,7 @@ fn gemv(
 
 /// Rows decoded to the original domain against the CPU's `dequantize_rows` (tq2_r blocks):
 /// bit-exact for Hadamard rotations, else bounded against the f64 inverse.
-pub fn row_decode(b: &mut dyn Backend, w: &TwoBit, data: &str) -> Result<KernelResult> {
+pub(crate) fn row_decode(b: &mut dyn Backend, w: &TwoBit, data: &str) -> Result<KernelResult> {
     let got = b.twobit_decode(w, true)?;
     if is_hadamard(w.cols)? {
         let mut want = vec![0f32; w.rows * w.cols];

@@ -15,6 +15,10 @@ pub enum KernelKind {
     Dequantize,
     MatVec,
     QkDot,
+    /// tq2_r's whole-row rotation `R·x` / `Rᵀ·y`.
+    Rotate,
+    /// tq2_r rows decoded to the original domain (decode + `Rᵀ`).
+    RowDecode,
 }
 
 impl KernelKind {
@@ -23,6 +27,8 @@ impl KernelKind {
             KernelKind::Dequantize => "dequantize",
             KernelKind::MatVec => "matvec",
             KernelKind::QkDot => "qk_dot",
+            KernelKind::Rotate => "rotate",
+            KernelKind::RowDecode => "row-decode",
         }
     }
 }

@@ -241,6 +241,57 @@ pub fn execute_calibrating(
     })
 }
 
+/// `tq convert --calib H.safetensors`: as [`execute`], reading each Hessian group from the file
+/// when its first tensor is due and dropping it after its last, so a file of any size costs one
+/// group (and its factor) in memory. The plan must have been marked with the file's index.
+#[allow(clippy::too_many_arguments)] // as execute, with the file in place of in-memory Hessians
+pub fn execute_from_file(
+    src: &dyn TensorSource,
+    plan: &Plan,
+    metadata: &[(String, Value)],
+    version: u32,
+    profile: &Profile,
+    out: &Path,
+    hash_input: Option<&Path>,
+    on_progress: &(dyn Fn(u64) + Sync),
+    file: &crate::quant::HessianFile,
+    band: usize,
+    damp: f64,
+) -> Result<Stats> {
+    let target = Target {
+        src,
+        plan,
+        metadata,
+        version,
+        profile,
+        out,
+        hash_input,
+    };
+    execute_with(&target, on_progress, &mut |p| {
+        let mut live = Hessians::default();
+        loop {
+            let l = LdlqRef {
+                hessians: &live,
+                band,
+                damp,
+            };
+            p.produce(Some(l), &|e| !e.ldlq || live.for_tensor(&e.name).is_some())?;
+            live.groups
+                .retain(|_, g| g.tensors.iter().any(|t| p.pending_ldlq(t)));
+            let Some(e) = plan.entries.get(p.next) else {
+                return Ok(());
+            };
+            let key = file
+                .index
+                .for_tensor(&e.name)
+                .map(|g| g.tensors.join(","))
+                .expect("planner marked LDLQ from this file's index");
+            let g = file.load_group(&key)?;
+            live.groups.insert(key, g);
+        }
+    })
+}
+
 struct Target<'a> {
     src: &'a dyn TensorSource,
     plan: &'a Plan,

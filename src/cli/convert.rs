@@ -212,6 +212,19 @@ fn convert(a: &ConvertArgs) -> Result<()> {
             hash_input,
             &|d| pb.set_position(d),
         )?,
+        Calib::File(file) => convert::execute_from_file(
+            src.as_ref(),
+            &plan,
+            &md,
+            version,
+            &profile,
+            &out,
+            hash_input,
+            &|d| pb.set_position(d),
+            file,
+            a.ldlq_band,
+            a.damp,
+        )?,
         Calib::None => convert::execute(
             src.as_ref(),
             &plan,
@@ -253,8 +266,10 @@ fn convert(a: &ConvertArgs) -> Result<()> {
 /// Where LDLQ's Hessians come from.
 enum Calib {
     None,
-    /// A Hessian file, or a sequential calibration run before writing.
+    /// A sequential calibration run before writing.
     Hessians(convert::Ldlq),
+    /// A Hessian file from `tq calib`, read group by group while writing.
+    File(tq::quant::HessianFile),
     /// `--calib TEXT` (batched): calibrated block by block while writing.
     Stream {
         file: tq::gguf::GgufFile,
@@ -321,7 +336,7 @@ fn resolve_ldlq(
             })
         }
         Some(p) => {
-            let (hessians, meta) = tq::quant::Hessians::load(p)?;
+            let (file, meta) = tq::quant::HessianFile::open(p)?;
             if !a.allow_partial_calib {
                 refuse_partial(p, &meta)?;
             }
@@ -331,12 +346,8 @@ fn resolve_ldlq(
                     p.display()
                 );
             }
-            plan::assign_ldlq(plan, &hessians, a.ldlq_band);
-            Calib::Hessians(convert::Ldlq {
-                hessians,
-                band: a.ldlq_band,
-                damp: a.damp,
-            })
+            plan::assign_ldlq(plan, &file.index, a.ldlq_band);
+            Calib::File(file)
         }
         None => Calib::None,
     })

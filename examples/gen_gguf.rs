@@ -60,7 +60,10 @@ fn main() {
             "llama.feed_forward_length".to_string(),
             Value::U32(ff as u32),
         ),
-        ("llama.attention.head_count".to_string(), Value::U32(heads as u32)),
+        (
+            "llama.attention.head_count".to_string(),
+            Value::U32(heads as u32),
+        ),
         // What llama.cpp's loader requires of a llama model (llama-quantize reads the hparams).
         ("llama.context_length".to_string(), Value::U32(4096)),
         (

@@ -533,7 +533,9 @@ impl<'a> Producer<'a> {
         if let Some((f, _)) = self.factors.get(&key) {
             return Ok(f.clone());
         }
-        let f = Arc::new(crate::quant::ldlq::factor_hessian(e.dst, h, l.damp, &e.name)?);
+        let f = Arc::new(crate::quant::ldlq::factor_hessian(
+            e.dst, h, l.damp, &e.name,
+        )?);
         let last = self
             .plan
             .entries

@@ -922,7 +922,9 @@ fn streamed_hessians_are_the_batched_ones() {
         for (k, g) in &batched.groups {
             let s = &streamed.groups[k];
             assert!(
-                g.h.iter().zip(&s.h).all(|(a, b)| a.to_bits() == b.to_bits()),
+                g.h.iter()
+                    .zip(&s.h)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "batch {batch}: {k} differs"
             );
         }

@@ -287,10 +287,7 @@ impl LayerWeights {
                 let t = f.tensor(names[0]).ok_or_else(|| {
                     Error::bad_input(&f.path, format!("missing tensor {}", names[0]))
                 })?;
-                Ok((
-                    names.into_iter().cloned().collect(),
-                    t.row_len() as usize,
-                ))
+                Ok((names.into_iter().cloned().collect(), t.row_len() as usize))
             })
             .collect()
     }

@@ -542,12 +542,11 @@ impl<'a> Producer<'a> {
             .iter()
             .enumerate()
             .skip(i)
-            .filter(|(_, x)| {
+            .rev()
+            .find(|(_, x)| {
                 x.ldlq && x.dst.family() == e.dst.family() && h.tensors.contains(&x.name)
             })
-            .map(|(j, _)| j)
-            .last()
-            .unwrap_or(i);
+            .map_or(i, |(j, _)| j);
         self.factors.insert(key, (f.clone(), last));
         Ok(f)
     }

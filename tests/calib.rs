@@ -553,35 +553,8 @@ fn sequential_on_smollm2_simulates_the_converted_model() {
 /// The tiny model with a byte-level gpt2 vocabulary of exactly its 96 ids: printable ASCII
 /// `!`..`}`, `Ġ` (space), one merge `h e`, and `<s>` (BOS, added).
 fn tiny_with_tokenizer(dir: &Path) -> std::path::PathBuf {
-    use tq::gguf::{Value, ValueType};
-    let fx = fixtures::gguf_gen::tiny_llama(2, 64, 128, 96);
-    let mut toks: Vec<String> = (b'!'..=b'}').map(|c| (c as char).to_string()).collect();
-    toks.extend(["Ġ".to_string(), "he".to_string(), "<s>".to_string()]);
-    assert_eq!(toks.len(), 96);
-    let strs = |v: &[String]| {
-        Value::Array(
-            ValueType::String,
-            v.iter().map(|x| Value::string(x)).collect(),
-        )
-    };
-    let mut md = fx.metadata.clone();
-    md.extend([
-        ("tokenizer.ggml.model".to_string(), Value::string("gpt2")),
-        ("tokenizer.ggml.pre".to_string(), Value::string("gpt-2")),
-        ("tokenizer.ggml.tokens".to_string(), strs(&toks)),
-        (
-            "tokenizer.ggml.merges".to_string(),
-            strs(&["h e".to_string()]),
-        ),
-        ("tokenizer.ggml.bos_token_id".to_string(), Value::U32(95)),
-        (
-            "tokenizer.ggml.add_bos_token".to_string(),
-            Value::Bool(true),
-        ),
-    ]);
-    let fx = fixtures::gguf_gen::build_with_data(3, None, md, fx.tensors);
     let p = dir.join("tiny-tok.gguf");
-    std::fs::write(&p, &fx.bytes).unwrap();
+    std::fs::write(&p, fixtures::gguf_gen::tiny_llama_with_tokenizer().bytes).unwrap();
     p
 }
 

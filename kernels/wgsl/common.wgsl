@@ -15,7 +15,7 @@ struct Params {
     group: u32,  // turbo: values per group (64 | 128)
     bytes: u32,  // turbo: bytes per block
     hdr: u32,    // turbo: bytes before qs (2, or 4 for the May-2026 turbo4 block)
-    pad0: u32,
+    tokens: u32, // mat-mul: activation rows (vec_in holds them padded to a multiple of MM_TOKENS)
     pad1: u32,
     pad2: u32,
 }
@@ -25,7 +25,8 @@ struct Params {
 // Output values.
 @group(0) @binding(1) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(2) var<uniform> params: Params;
-// Input vector: the activation (mat-vec), its rotated copy, or the pre-rotated query (Q·K).
+// Input vector: the activation (mat-vec), its rotated copy, the pre-rotated query (Q·K), or the
+// rotated activation rows of a mat-mul (tokens × cols).
 @group(0) @binding(3) var<storage, read> vec_in: array<f32>;
 
 fn rd_byte(o: u32) -> u32 {

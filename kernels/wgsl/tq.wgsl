@@ -7,6 +7,10 @@
 //                              butterfly, × 1/√32) into dst: the matmul identity of FORMATS.md §2.
 //   tq4_matvec, tq3_matvec     y[r] = Σ_j C[idx_j]·d_half · x̂_j over a row, with x̂ the output of
 //                              tq_prerotate (bound as vec_in). 64 threads per row.
+//   tq4_matmul, tq3_matmul     Y[t][r] = Σ_j C[idx_j]·d_half · X̂[t][j] for many activation rows
+//                              (tokens) at once, X̂ rotated by tq_prerotate: one invocation per
+//                              (row, tile of MM_TOKENS tokens), 64 rows per workgroup, no
+//                              workgroup memory and no barriers (cheap on software devices).
 // The dequantize path is bit-exact with the CPU reference (same f32 operations, same order);
 // the mat-vec sums in another order and is held to a relative bound (docs/kernels.md).
 
@@ -176,4 +180,82 @@ fn tq3_matvec(@builtin(local_invocation_index) t: u32,
     if (t == 0u && row < params.n) {
         dst[row] = red[0];
     }
+}
+
+// Tokens per invocation of the mat-mul (tq::gpu::MATMUL_TOKENS): each decoded weight is used for
+// this many activation rows. The host pads X̂ to a multiple of it (zero rows).
+const MM_TOKENS: u32 = 8u;
+
+// params.n = rows, params.cols = row length, params.tokens = activation rows; vec_in = X̂
+// (tokens × cols, padded to a multiple of MM_TOKENS rows); dst = Y (tokens × rows, token-major).
+// Workgroups are numbered row-group-major within a token tile: g = tile · ceil(rows/64) + rg.
+// Order of the sums (what the CPU emulation reproduces): per 32-block the 32 products in lane
+// order into a block sum, then the block sums in block order into the output.
+fn tq_matmul(t: u32, wid: vec3<u32>, nwg: vec3<u32>, tq4: bool) {
+    let rgs = (params.n + 63u) / 64u;
+    let g = group_index(wid, nwg);
+    let row = (g % rgs) * 64u + t;
+    let t0 = (g / rgs) * MM_TOKENS;
+    if (row >= params.n || t0 >= params.tokens) {
+        return;
+    }
+    let cols = params.cols;
+    let bpr = cols / 32u;
+    // Blocks are 20 (TQ4_1S) or 16 (TQ3_1S) bytes: whole words; word 0 holds both half scales.
+    let words = select(4u, 5u, tq4);
+    var acc: array<f32, MM_TOKENS>;
+    for (var b = 0u; b < bpr; b = b + 1u) {
+        let o = (row * bpr + b) * words;
+        let dw = src[o];
+        let d0 = f16_to_f32(dw & 0xffffu);
+        let d1 = f16_to_f32(dw >> 16u);
+        var q: array<u32, 4>;
+        for (var i = 0u; i + 1u < words; i = i + 1u) {
+            q[i] = src[o + 1u + i];
+        }
+        var blk: array<f32, MM_TOKENS>;
+        for (var l = 0u; l < 32u; l = l + 1u) {
+            var c: f32;
+            if (tq4) {
+                c = bitcast<f32>(C4[(q[l >> 3u] >> ((l & 7u) * 4u)) & 15u]);
+            } else {
+                // 3-bit index l at bit 3l of the 96-bit little-endian qs (FORMATS.md §2).
+                let p = 3u * l;
+                let wi = p >> 5u;
+                let sh = p & 31u;
+                var v = q[wi] >> sh;
+                if (sh > 29u) {
+                    v = v | (q[wi + 1u] << (32u - sh));
+                }
+                c = bitcast<f32>(C3[v & 7u]);
+            }
+            let w = c * select(d0, d1, l >= 16u);
+            let j = t0 * cols + b * 32u + l;
+            for (var k = 0u; k < MM_TOKENS; k = k + 1u) {
+                blk[k] = blk[k] + w * vec_in[j + k * cols];
+            }
+        }
+        for (var k = 0u; k < MM_TOKENS; k = k + 1u) {
+            acc[k] = acc[k] + blk[k];
+        }
+    }
+    for (var k = 0u; k < MM_TOKENS; k = k + 1u) {
+        if (t0 + k < params.tokens) {
+            dst[(t0 + k) * params.n + row] = acc[k];
+        }
+    }
+}
+
+@compute @workgroup_size(64)
+fn tq4_matmul(@builtin(local_invocation_index) t: u32,
+              @builtin(workgroup_id) wid: vec3<u32>,
+              @builtin(num_workgroups) nwg: vec3<u32>) {
+    tq_matmul(t, wid, nwg, true);
+}
+
+@compute @workgroup_size(64)
+fn tq3_matmul(@builtin(local_invocation_index) t: u32,
+              @builtin(workgroup_id) wid: vec3<u32>,
+              @builtin(num_workgroups) nwg: vec3<u32>) {
+    tq_matmul(t, wid, nwg, false);
 }

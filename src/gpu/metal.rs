@@ -206,12 +206,16 @@ impl Device for MetalBackend {
     }
 
     /// Buffer indices as in `kernels/metal/*.metal`: 0 blocks, 1 output, 2 n, 3 cols, 4 vector
-    /// input, 5 codebook, 6 layout {group, bytes, hdr}. Commits and waits (one command buffer
+    /// input, 5 codebook, 6 layout {group, bytes, hdr}, 7 tokens. Commits and waits (one command buffer
     /// per launch).
     fn launch(&mut self, k: &'static Kernel, grid: Grid, a: &Args<MetalBuf>) -> Result<()> {
         let n = self.u32_buf(a.n)?;
         let cols = match a.cols {
             Some(c) => Some(self.u32_buf(c)?),
+            None => None,
+        };
+        let tokens = match a.tokens {
+            Some(t) => Some(self.u32_buf(t)?),
             None => None,
         };
         let turbo = match a.turbo {
@@ -233,6 +237,9 @@ impl Device for MetalBackend {
         if let Some((cb, lay)) = &turbo {
             bufs.push((5, *cb));
             bufs.push((6, lay));
+        }
+        if let Some(t) = &tokens {
+            bufs.push((7, t));
         }
         self.gpu_seconds += self.run(k, &bufs, grid)?;
         Ok(())

@@ -172,13 +172,22 @@ impl WgpuBackend {
         })
     }
 
-    /// The kernels' `Params` uniform: `n, cols, group, bytes, hdr` (zero where a kernel has no
-    /// such argument) and padding to 32 bytes.
+    /// The kernels' `Params` uniform: `n, cols, group, bytes, hdr, tokens` (zero where a kernel
+    /// has no such argument) and padding to 32 bytes.
     fn params(&self, a: &Args<wgpu::Buffer>) -> wgpu::Buffer {
         let (g, b, h) = a
             .turbo
             .map_or((0, 0, 0), |(_, p)| (p.group, p.bytes, p.hdr));
-        let p: [u32; 8] = [a.n, a.cols.unwrap_or(0), g, b, h, 0, 0, 0];
+        let p: [u32; 8] = [
+            a.n,
+            a.cols.unwrap_or(0),
+            g,
+            b,
+            h,
+            a.tokens.unwrap_or(0),
+            0,
+            0,
+        ];
         let bytes: Vec<u8> = p.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {

@@ -14,6 +14,8 @@ pub const DOT_REL_BOUND: f64 = 1.0 / 65536.0;
 pub enum KernelKind {
     Dequantize,
     MatVec,
+    /// Many activation rows at once (the model runtime's `--backend`).
+    MatMul,
     QkDot,
 }
 
@@ -22,6 +24,7 @@ impl KernelKind {
         match self {
             KernelKind::Dequantize => "dequantize",
             KernelKind::MatVec => "matvec",
+            KernelKind::MatMul => "matmul",
             KernelKind::QkDot => "qk_dot",
         }
     }

@@ -176,7 +176,8 @@ fn artifacts(a: &ValidateArgs) -> Result<Vec<PathBuf>> {
 pub fn run(a: ValidateArgs) -> Result<i32> {
     let chunks = parse_chunks(&a.chunks, a.max_chunks)?;
     let kernels = parse_kernels(&a.kernels)?;
-    let backend = super::eval::parse_backend(&a.backend)?;
+    // Checked here, once; each artifact's validation reads the flag again (`validate_one`).
+    super::eval::parse_backend(&a.backend)?;
     let profile = Profile::select(a.target.as_deref(), a.type_map.as_deref())?;
     let flags = Thresholds {
         max_kld: a.max_kld,
@@ -246,7 +247,6 @@ pub fn run(a: ValidateArgs) -> Result<i32> {
                 &profile,
                 chunks,
                 &kernels,
-                backend,
                 thresholds,
                 baseline.as_ref(),
             )?);
@@ -295,7 +295,6 @@ fn validate_one(
     profile: &Profile,
     chunks: Chunks,
     kernels: &[BackendKind],
-    backend: Option<BackendKind>,
     thresholds: Thresholds,
     baseline: Option<&Report>,
 ) -> Result<Report> {
@@ -345,7 +344,7 @@ fn validate_one(
         baseline,
         kernels,
         full: a.full,
-        backend,
+        backend: super::eval::parse_backend(&a.backend)?,
         batch: a.batch,
         progress: &prog,
     };

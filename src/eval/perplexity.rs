@@ -134,7 +134,7 @@ impl Observer for LayerProgress<'_> {
 /// `save`, the model's own distributions are written as a reference file. When the model has a
 /// GPU backend attached ([`Model::use_backend`]) and some weight runs on it, the same model runs
 /// on the CPU beside it and the result's `backend` holds the comparison (held to
-/// [`KldBound::DEFAULT`]); every other number is the backend run's.
+/// [`KldBound::for_numerics`]); every other number is the backend run's.
 // One function on purpose: the batch loop carries the running PPL/KLD sums, the logits file
 // writer and the progress callback; its order is llama-perplexity's, which tests compare to.
 pub fn evaluate(
@@ -213,7 +213,7 @@ pub fn evaluate_until(
             BackendReport::new(
                 b,
                 twin.as_ref()
-                    .map(|_| Comparison::of(bacc, KldBound::DEFAULT)),
+                    .map(|_| Comparison::of(bacc, KldBound::for_numerics(model.numerics))),
             )
         })
     };

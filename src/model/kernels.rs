@@ -54,14 +54,13 @@ impl Kernels {
             let id = lin
                 .upload_weight(t.ty, f.tensor_data(t), rows, cols)
                 .map_err(|e| {
-                    Error::bad_input(
-                        &f.path,
-                        format!(
-                            "{}: uploading to {}: {e}",
-                            crate::error::one_line(&t.name),
-                            lin.kind().name()
-                        ),
-                    )
+                    Error::Unsupported(format!(
+                        "--backend {}: uploading {} of {}: {}",
+                        lin.kind().name(),
+                        crate::error::one_line(&t.name),
+                        f.path.display(),
+                        crate::error::one_line(&e.to_string())
+                    ))
                 })?;
             ids.insert(p.tensor, (id, rows));
         }

@@ -252,3 +252,60 @@ pub(super) fn run(o: &Options, file: &GgufFile, ref_file: Option<&GgufFile>) -> 
         backend: r.backend,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eval::backend::{Comparison, KldBound};
+    use crate::eval::kld::Est;
+
+    fn report(kld: f64, kld_max: f64) -> BackendReport {
+        let bound = KldBound::GGML;
+        BackendReport {
+            backend: "wgpu".into(),
+            device: "test".into(),
+            resident_bytes: 1,
+            on_backend: [("tq4_1s".to_string(), 2)].into(),
+            on_cpu: [("q8_0".to_string(), 1)].into(),
+            backend_tensors: vec!["a".into(), "b".into()],
+            cpu_tensors: vec!["output.weight".into()],
+            comparison: Some(Comparison {
+                tokens: 10,
+                ppl_cpu: Est {
+                    value: 10.0,
+                    err: 1.0,
+                },
+                kld: Est {
+                    value: kld,
+                    err: kld / 10.0,
+                },
+                kld_max,
+                max_abs_logit_diff: 0.1,
+                same_top: 1.0,
+                bound,
+                within_bound: kld <= bound.mean && kld_max <= bound.max,
+                seconds_backend: 1.0,
+                seconds_cpu: 1.0,
+            }),
+        }
+    }
+
+    /// Pass inside the bound, fail beyond it (the mean or one token), skipped without a comparison;
+    /// the value and limit carry the numbers into the JSON and JUnit reports.
+    #[test]
+    fn backend_check_follows_the_bound() {
+        let c = backend_check(&report(1e-5, 1e-3), 10.0);
+        assert_eq!(c.status, Status::Pass, "{c:?}");
+        assert_eq!(c.limit.unwrap().value, KldBound::GGML.mean);
+        assert_eq!(c.value.unwrap().value, 1e-5);
+        assert!(c.detail.contains("2 tq4_1s") && c.detail.contains("1 q8_0 on the CPU"));
+        assert_eq!(
+            backend_check(&report(1e-3, 1e-3), 10.0).status,
+            Status::Fail
+        );
+        assert_eq!(backend_check(&report(1e-5, 0.5), 10.0).status, Status::Fail);
+        let mut none = report(0.0, 0.0);
+        none.comparison = None;
+        assert_eq!(backend_check(&none, 10.0).status, Status::Skipped);
+    }
+}

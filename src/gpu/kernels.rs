@@ -132,21 +132,22 @@ const T3: Option<TensorType> = Some(TensorType::Turbo3);
 const T4: Option<TensorType> = Some(TensorType::Turbo4);
 const QK_GEO: Geometry = geo(TURBO_QK_THREADS as u32, 1);
 
-/// Every kernel. Dequantize and prerotate: 256 threads = 8 blocks of 32 (TQ), or one thread per
-/// value, 128 per group (turbo). Mat-vec: one 32-lane warp/SIMD group per row, 4 rows per
-/// 128 threads (CUDA, Metal), or one 64-thread workgroup per row (WGSL). Mat-mul: per token
-/// tile, one warp per row, 4 rows per 128 threads (CUDA, Metal), or one thread per row, 64 rows
-/// per workgroup (WGSL). Q·K: one 128-thread workgroup per key row ([`TURBO_QK_THREADS`]).
+/// Every kernel. Dequantize: 256 threads = 8 blocks of 32 (TQ), or one thread per value, 128 per
+/// group (turbo). Prerotate: 8 blocks of 32 per 256 threads (CUDA, Metal), or one thread per block,
+/// 64 per workgroup, no barriers (WGSL). Mat-vec: one 32-lane warp/SIMD group per row, 4 rows per
+/// 128 threads (CUDA, Metal), or one 64-thread workgroup per row (WGSL). Mat-mul: per token tile,
+/// one warp per row, 4 rows per 128 threads (CUDA, Metal), or one thread per 2 rows, 128 rows per
+/// workgroup (WGSL). Q·K: one 128-thread workgroup per key row ([`TURBO_QK_THREADS`]).
 #[rustfmt::skip]
 pub(crate) static KERNELS: [Kernel; 13] = [
     //  type  op              entry             module          unit         simt            wgsl
     k(TQ4,  Op::Dequantize, "tq4_dequant",    Module::Tq,    Unit::Block, geo(256, 8),    geo(256, 8)),
     k(TQ3,  Op::Dequantize, "tq3_dequant",    Module::Tq,    Unit::Block, geo(256, 8),    geo(256, 8)),
-    k(None, Op::Prerotate,  "tq_prerotate",   Module::Tq,    Unit::Block, geo(256, 8),    geo(256, 8)),
+    k(None, Op::Prerotate,  "tq_prerotate",   Module::Tq,    Unit::Block, geo(256, 8),    geo(64, 64)),
     k(TQ4,  Op::MatVec,     "tq4_matvec",     Module::Tq,    Unit::Row,   geo(128, 4),    geo(64, 1)),
     k(TQ3,  Op::MatVec,     "tq3_matvec",     Module::Tq,    Unit::Row,   geo(128, 4),    geo(64, 1)),
-    k(TQ4,  Op::MatMul,     "tq4_matmul",     Module::Tq,    Unit::RowTokens, geo(128, 4), geo(64, 64)),
-    k(TQ3,  Op::MatMul,     "tq3_matmul",     Module::Tq,    Unit::RowTokens, geo(128, 4), geo(64, 64)),
+    k(TQ4,  Op::MatMul,     "tq4_matmul",     Module::Tq,    Unit::RowTokens, geo(128, 4), geo(64, 128)),
+    k(TQ3,  Op::MatMul,     "tq3_matmul",     Module::Tq,    Unit::RowTokens, geo(128, 4), geo(64, 128)),
     k(T2,   Op::Dequantize, "turbo2_dequant", Module::Turbo, Unit::Value, geo(128, 128),  geo(128, 128)),
     k(T3,   Op::Dequantize, "turbo3_dequant", Module::Turbo, Unit::Value, geo(128, 128),  geo(128, 128)),
     k(T4,   Op::Dequantize, "turbo4_dequant", Module::Turbo, Unit::Value, geo(128, 128),  geo(128, 128)),

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU decode kernels in CI (issue 8), on a machine with no GPU:
+# GPU decode kernels in CI (issue 8; tq2_r's in issue 17), on a machine with no GPU:
 #  1. WGSL kernels run for real on Mesa's lavapipe (software Vulkan): the parity harness
-#     (tests/kernels.rs with TQ_REQUIRE_GPU=1) and `tq kernels check --backend wgpu`.
+#     (tests/kernels.rs with TQ_REQUIRE_GPU=1), `tq kernels check --backend wgpu` (every type,
+#     tq2_r included) and `tq conformance --backend wgpu` on the six shared vector files.
 #  2. CUDA: the host code builds (`--features cuda`, cudarc loads libcuda/libnvrtc at run time)
 #     and the CUDA sources compile with NVRTC from the nvidia-cuda-nvrtc-cu12 wheel (PyPI,
 #     sha256-checked, cached); running them needs an NVIDIA GPU (docs/kernels.md).
@@ -56,11 +57,24 @@ TARGET="${CARGO_TARGET_DIR:-target}"
 echo "== kernels: parity harness on wgpu (lavapipe) + CUDA NVRTC compile =="
 # TQ_REQUIRE_GPU / TQ_REQUIRE_NVRTC: no adapter / no libnvrtc is a failure here, not a skip.
 TQ_REQUIRE_GPU=1 TQ_REQUIRE_NVRTC=1 TQ_REQUIRE_DATA=1 cargo test --locked --features wgpu,cuda --test kernels -- --nocapture
-echo "== tq kernels check --backend wgpu =="
-"$TARGET/debug/tq" kernels check --backend wgpu
+echo "== tq kernels check --backend wgpu (tq4_1s, tq3_1s, turbo2/3/4, tq2_r) =="
+"$TARGET/debug/tq" kernels check --backend wgpu | tee "$TQ_CACHE/ci-gpu-kernels.txt"
+# tq2_r (issue 17): its decode, rotation (both paths) and GEMV lines must be there and pass.
+for want in "tq2_r    dequantize seed2bit.json, design layout" "tq2_r    rotate     K=8192" \
+            "tq2_r    matvec     smollm2.ffn_down"; do
+  grep "$want" "$TQ_CACHE/ci-gpu-kernels.txt" | grep -q PASS \
+    || { echo "FAIL: no passing '$want' line in tq kernels check" >&2; exit 1; }
+done
+echo "== tq conformance --backend wgpu: the shared vectors through the kernels (issue 17) =="
+conf="${TQ_CONFORMANCE:-$TQ_ROOT/../shared/conformance}"
+"$TARGET/debug/tq" conformance --backend wgpu "$conf/seed2bit.json" "$conf/tq4_1s.json" \
+  "$conf/tq3_1s.json" "$conf/turbo2_0.json" "$conf/turbo3_0.json" "$conf/turbo4_0.json" \
+  | tee "$TQ_CACHE/ci-gpu-conformance.txt"
+grep -q "reconstruct\[wgpu\]  *42/42 " "$TQ_CACHE/ci-gpu-conformance.txt"
+grep -q "matvec\[wgpu\]  *42/42 " "$TQ_CACHE/ci-gpu-conformance.txt"
 echo "== Metal sources: host C++ syntax check with kernels/metal/check/msl_shim.h (not a Metal compile) =="
 if command -v g++ >/dev/null; then
-  for f in tq turbo; do
+  for f in tq turbo tq2r; do
     { echo "#include \"$TQ_ROOT/kernels/metal/check/msl_shim.h\""
       grep -v '#include <metal_stdlib>' kernels/metal/common.metal
       cat "kernels/metal/$f.metal"; } > "$TQ_CACHE/msl_$f.cpp"
@@ -106,3 +120,8 @@ for name, b, ppl in runs:
           f"{c['bound']['mean']:.0e}, max {c['kld_max']:.3e} <= {c['bound']['max']:.0e}; "
           f"{c['seconds_backend']:.1f} s kernel run, {c['seconds_cpu']:.1f} s CPU run")
 PY
+echo "== tq validate --kernels wgpu: a tq2_r artifact's own blocks through the tq2_r kernels (issue 17) =="
+"$TARGET/debug/tq" convert "$smol" --weights tq2_r -q -o "$TQ_CACHE/ci-gpu-tq2_r.gguf"
+"$TARGET/debug/tq" validate "$TQ_CACHE/ci-gpu-tq2_r.gguf" --kernels wgpu --gen-prompts 0 -q \
+  | tee "$TQ_CACHE/ci-gpu-validate-tq2r.txt"
+grep -q "kernels/wgpu  *pass" "$TQ_CACHE/ci-gpu-validate-tq2r.txt"

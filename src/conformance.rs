@@ -8,8 +8,17 @@
 //!
 //! Comparison is the README's: bytes exactly, floats bit for bit except that an expected NaN
 //! only asks for a NaN.
+//!
+//! With a GPU backend ([`run_file_on`]) the vectors also go through the bundled kernels where
+//! there is one (ops named `op[backend]`): the fork's files through each type's dequantize kernel
+//! (bit-exact with `expected_dequant_f32`); `seed2bit.json`'s `pack2bit` cases in the design's
+//! own layout through the tq2_r kernels: the reconstruction (decode, and the whole-row rotation
+//! back on the device when the case is incoherent) against the case's `deq`, and the mat-vec.
+//! The sign generator and the encoders (`pack2bit`, `requant2bit`, `ldlqRound2bit`) have no
+//! kernel and run on the CPU only.
 
 use crate::error::{Error, Result};
+use crate::gpu::{self, Backend, TwoBit, TwoBitLayout, DOT_REL_BOUND};
 use crate::types::{seed2bit, TensorType};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -29,6 +38,8 @@ pub struct Report {
     pub schema: String,
     pub ops: Vec<OpCount>,
     pub failures: Vec<String>,
+    /// What ran where (with a GPU backend): tolerances, CPU-only ops.
+    pub notes: Vec<String>,
 }
 
 impl Report {
@@ -59,8 +70,14 @@ impl Report {
 /// The fork's schema tag.
 const FORK_SCHEMA: &str = "turboquant-conformance/v1";
 
-/// Read and run one vector file.
+/// Read and run one vector file through the CPU references.
 pub fn run_file(path: &Path) -> Result<Report> {
+    run_file_on(path, None)
+}
+
+/// Read and run one vector file through the CPU references and, with `backend`, through its GPU
+/// kernels where there are kernels for the file's ops.
+pub fn run_file_on(path: &Path, backend: Option<&mut dyn Backend>) -> Result<Report> {
     let text = std::fs::read_to_string(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::InvalidData => Error::bad_input(
             path,
@@ -78,9 +95,9 @@ pub fn run_file(path: &Path) -> Result<Report> {
         path: path.to_path_buf(),
     };
     if doc.get("schema").and_then(Value::as_str) == Some(FORK_SCHEMA) {
-        run_fork(&f, &doc)
+        run_fork(&f, &doc, backend)
     } else if doc.get("signs").is_some() && doc.get("cases").is_some() {
-        run_seed2bit(&f, &doc)
+        run_seed2bit(&f, &doc, backend)
     } else {
         let what = match doc.get("schema") {
             Some(s) => format!("unknown schema {s}"),
@@ -215,7 +232,7 @@ fn diff_floats(got: &[f32], want: &[u32], what: &str) -> Option<String> {
     diff_words(&got, want, what)
 }
 
-fn run_fork(f: &File, doc: &Value) -> Result<Report> {
+fn run_fork(f: &File, doc: &Value, mut backend: Option<&mut dyn Backend>) -> Result<Report> {
     let tname = doc.get("type").and_then(Value::as_str).unwrap_or("");
     let ty = TensorType::from_name(tname)
         .filter(|t| t.info().quantize.is_some() && t.info().dequantize.is_some())
@@ -239,7 +256,23 @@ fn run_fork(f: &File, doc: &Value) -> Result<Report> {
         schema: format!("{FORK_SCHEMA} ({})", info.name),
         ops: Vec::new(),
         failures: Vec::new(),
+        notes: Vec::new(),
     };
+    if let Some(b) = &backend {
+        let on = b.kind().name();
+        rep.notes.push(if gpu::KERNEL_TYPES.contains(&ty) {
+            format!(
+                "{}.dequantize[{on}]: the expected bytes through the {on} dequantize kernel, \
+                 bit-exact with expected_dequant_f32; quantize is CPU only (no encoder kernel)",
+                info.name
+            )
+        } else {
+            format!("{}: no GPU kernel; CPU reference only", info.name)
+        });
+        if !gpu::KERNEL_TYPES.contains(&ty) {
+            backend = None;
+        }
+    }
     for c in cases(f, doc)? {
         let id = case_id(c);
         let n = f.usize(c, id, "n")?;
@@ -276,20 +309,128 @@ fn run_fork(f: &File, doc: &Value) -> Result<Report> {
             id,
             diff_floats(&out, &deq, "dequantized values"),
         );
+        if let Some(b) = backend.as_deref_mut() {
+            let got = b.dequantize(ty, &bytes)?;
+            rep.record(
+                &format!("{}.dequantize[{}]", info.name, b.kind().name()),
+                id,
+                diff_floats(&got, &deq, "dequantized values"),
+            );
+        }
     }
     Ok(rep)
+}
+
+/// One pack2bit case through the tq2_r kernels: the reconstruction and a mat-vec.
+#[allow(clippy::too_many_arguments)]
+fn seed2bit_on_gpu(
+    b: &mut dyn Backend,
+    p: &seed2bit::Packed,
+    n: usize,
+    k: usize,
+    incoherent: bool,
+    deq: &[u32],
+    seed: u64,
+    id: &str,
+    rep: &mut Report,
+) -> Result<()> {
+    let on = b.kind().name();
+    if deq.len() != n * k {
+        return Err(Error::Unsupported(format!(
+            "{} reconstructed values for {n} x {k}",
+            deq.len()
+        )));
+    }
+    let data = TwoBit::seed_bytes(&p.qw, &p.sc);
+    let w = TwoBit {
+        layout: TwoBitLayout::Seed,
+        data: &data,
+        rows: n,
+        cols: k,
+        rotated: incoherent,
+    };
+    let got = b.twobit_decode(&w, true)?;
+    let why = if incoherent {
+        // Row i of R has entries ±1/√K: Σ_j |R_ij·a_j| = ‖a_row‖₁/√K.
+        let a: Vec<f64> = (0..n * k)
+            .map(|i| seed2bit::level(seed2bit::get_code(&p.qw, i), p.sc[i / seed2bit::QK2]).abs())
+            .collect();
+        let mut worst: Option<(usize, f64)> = None;
+        for (r, row) in a.chunks_exact(k).enumerate() {
+            let s = row.iter().sum::<f64>() / (k as f64).sqrt();
+            for i in r * k..(r + 1) * k {
+                let (g, want) = (got[i] as f64, f32::from_bits(deq[i]) as f64);
+                let e = (g - want).abs();
+                let ok = e <= DOT_REL_BOUND * s || (g.is_nan() && want.is_nan());
+                if !ok && worst.is_none_or(|(_, w)| e > w) {
+                    worst = Some((i, e));
+                }
+            }
+        }
+        worst.map(|(i, e)| {
+            format!(
+                "reconstruction (deq) [{i}]: got {:e} want {:e} (|err| {e:e} above the bound)",
+                got[i],
+                f32::from_bits(deq[i])
+            )
+        })
+    } else {
+        diff_floats(&got, deq, "reconstruction (deq)")
+    };
+    rep.record(&format!("reconstruct[{on}]"), id, why);
+    // The mat-vec, against the f64 product of the expected reconstruction.
+    let x = gpu::random_activation(k, &mut gpu::Rng::new(seed));
+    let y = b.twobit_matvec(&w, &x, false)?;
+    let mut why = None;
+    for (r, yr) in y.iter().enumerate() {
+        let (mut d, mut s) = (0f64, 0f64);
+        for (j, &xj) in x.iter().enumerate() {
+            let v = f32::from_bits(deq[r * k + j]) as f64 * xj as f64;
+            d += v;
+            s += v.abs();
+        }
+        let e = (*yr as f64 - d).abs();
+        if e > DOT_REL_BOUND * s && why.is_none() {
+            why = Some(format!(
+                "mat-vec row {r}: got {yr:e}, f64 reference {d:e} (sum|w*x| = {s:e})"
+            ));
+        }
+    }
+    rep.record(&format!("matvec[{on}]"), id, why);
+    Ok(())
 }
 
 fn f32s(w: Vec<u32>) -> Vec<f32> {
     w.into_iter().map(f32::from_bits).collect()
 }
 
-fn run_seed2bit(f: &File, doc: &Value) -> Result<Report> {
+fn run_seed2bit(f: &File, doc: &Value, mut backend: Option<&mut dyn Backend>) -> Result<Report> {
     let mut rep = Report {
         schema: "seed2bit (FORMATS.md §6)".into(),
         ops: Vec::new(),
         failures: Vec::new(),
+        notes: Vec::new(),
     };
+    if let Some(b) = &backend {
+        let on = b.kind().name();
+        rep.notes.push(format!(
+            "reconstruct[{on}]: each pack2bit case's expected codes and scales, in the design's \
+             own layout, through the tq2_r decode kernel and (incoherent cases) the whole-row \
+             rotation back on the device; bit-exact with `deq` without rotation, else \
+             |err_i| <= {DOT_REL_BOUND:.3e} * sum_j |R_ij*a_j| (the design rotates back in f64, \
+             the kernels in f32)"
+        ));
+        rep.notes.push(format!(
+            "matvec[{on}]: the same weights times a fixed activation (the device rotates it, \
+             then the word-oriented GEMV), |err| <= {DOT_REL_BOUND:.3e} * sum|deq*x| against \
+             the f64 product of `deq`"
+        ));
+        rep.notes.push(
+            "CPU only (no kernel): signsFor (the host makes the sign vector), pack2bit, \
+             requant2bit, ldlqRound2bit (encoders)"
+                .into(),
+        );
+    }
     // The sign generator first: a decoder that gets it wrong gets every rotated case wrong.
     let signs = doc
         .get("signs")
@@ -343,8 +484,14 @@ fn run_seed2bit(f: &File, doc: &Value) -> Result<Report> {
                     sc: f32s(want_sc),
                 };
                 let deq = seed2bit::reconstruct(&given, n, k, inc).map_err(shape)?;
-                let why = diff_floats(&deq, &f.words(c, id, "deq")?, "reconstruction (deq)");
+                let want_deq = f.words(c, id, "deq")?;
+                let why = diff_floats(&deq, &want_deq, "reconstruction (deq)");
                 rep.record("reconstruct", id, why);
+                if let Some(b) = backend.as_deref_mut() {
+                    let case = f.usize(c, id, "N")? as u64 * 0x9e37 + k as u64;
+                    seed2bit_on_gpu(b, &given, n, k, inc, &want_deq, case, id, &mut rep)
+                        .map_err(|e| f.bad(format!("case {id} on {}: {e}", b.kind().name())))?;
+                }
             }
             "requant2bit" => {
                 let q8: Vec<i8> = f

@@ -553,35 +553,8 @@ fn sequential_on_smollm2_simulates_the_converted_model() {
 /// The tiny model with a byte-level gpt2 vocabulary of exactly its 96 ids: printable ASCII
 /// `!`..`}`, `Ġ` (space), one merge `h e`, and `<s>` (BOS, added).
 fn tiny_with_tokenizer(dir: &Path) -> std::path::PathBuf {
-    use tq::gguf::{Value, ValueType};
-    let fx = fixtures::gguf_gen::tiny_llama(2, 64, 128, 96);
-    let mut toks: Vec<String> = (b'!'..=b'}').map(|c| (c as char).to_string()).collect();
-    toks.extend(["Ġ".to_string(), "he".to_string(), "<s>".to_string()]);
-    assert_eq!(toks.len(), 96);
-    let strs = |v: &[String]| {
-        Value::Array(
-            ValueType::String,
-            v.iter().map(|x| Value::string(x)).collect(),
-        )
-    };
-    let mut md = fx.metadata.clone();
-    md.extend([
-        ("tokenizer.ggml.model".to_string(), Value::string("gpt2")),
-        ("tokenizer.ggml.pre".to_string(), Value::string("gpt-2")),
-        ("tokenizer.ggml.tokens".to_string(), strs(&toks)),
-        (
-            "tokenizer.ggml.merges".to_string(),
-            strs(&["h e".to_string()]),
-        ),
-        ("tokenizer.ggml.bos_token_id".to_string(), Value::U32(95)),
-        (
-            "tokenizer.ggml.add_bos_token".to_string(),
-            Value::Bool(true),
-        ),
-    ]);
-    let fx = fixtures::gguf_gen::build_with_data(3, None, md, fx.tensors);
     let p = dir.join("tiny-tok.gguf");
-    std::fs::write(&p, &fx.bytes).unwrap();
+    std::fs::write(&p, fixtures::gguf_gen::tiny_llama_with_tokenizer().bytes).unwrap();
     p
 }
 
@@ -865,4 +838,68 @@ fn self_generate_is_deterministic_in_range_and_calibrates_on_its_tokens() {
     ]);
     assert_eq!(code, 2, "--tokens conflicts with --self-generate: {err}");
     assert!(!p("x.safetensors").exists());
+}
+
+/// The streaming pipeline plans LDLQ from the Hessians a pass *will* produce
+/// (`calib::stream::expected`): they must be exactly the groups a calibration fills, with the same
+/// dimensions and token counts; and the block-by-block pass must fill them bit for bit as the
+/// batched pass does, for any `--batch`.
+#[test]
+fn streamed_hessians_are_the_batched_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, _) = setup(dir.path());
+    let f = tq::gguf::GgufFile::open(&model).unwrap();
+    let ctx = 16;
+    let windows: Vec<u32> = (0..6 * ctx as u32)
+        .map(|i| (i * i + 7 * (i / 5)) % 96)
+        .collect();
+    for batch in [1, 4] {
+        let opts = tq::calib::run::Options {
+            ctx,
+            batch,
+            output: None,
+            resume: false,
+            sequential: None,
+            checkpoint_secs: 0.0,
+            extra_meta: Default::default(),
+            quiet: true,
+        };
+        let (batched, _) = tq::calib::run::calibrate(&model, &f, &windows, &opts).unwrap();
+        let expected = tq::calib::stream::expected(&f, windows.len() as u64).unwrap();
+        let shape = |h: &tq::quant::Hessians| -> Vec<(String, usize, u64)> {
+            h.groups
+                .iter()
+                .map(|(k, g)| (k.clone(), g.n, g.tokens))
+                .collect()
+        };
+        assert_eq!(shape(&batched), shape(&expected));
+        let mut streamed = tq::quant::Hessians::default();
+        let mut blocks = Vec::new();
+        tq::calib::stream::run_blocks(&model, &f, &windows, ctx, batch, true, &mut |l, hs| {
+            blocks.push(l);
+            // Each block's groups are complete when it ends: move them out (as convert drops them).
+            let done: Vec<String> = hs.groups.keys().cloned().collect();
+            for k in done {
+                let g = hs.groups.remove(&k).unwrap();
+                assert!(
+                    g.tensors[0].starts_with(&format!("blk.{l}.")),
+                    "{k} at block {l}"
+                );
+                streamed.groups.insert(k, g);
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(blocks, vec![0, 1]);
+        assert_eq!(shape(&streamed), shape(&batched));
+        for (k, g) in &batched.groups {
+            let s = &streamed.groups[k];
+            assert!(
+                g.h.iter()
+                    .zip(&s.h)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "batch {batch}: {k} differs"
+            );
+        }
+    }
 }

@@ -8,7 +8,10 @@
 #[path = "../fixtures/mod.rs"]
 mod fixtures;
 
-use tq::gpu::{self, Backend, BackendKind, CheckOptions, CpuEmulation, KernelKind, TurboSpec};
+use tq::gpu::{
+    self, Backend, BackendKind, CheckOptions, CpuEmulation, KernelKind, RotatePath, TurboSpec,
+    TwoBit, TwoBitLayout,
+};
 use tq::types::tq as tqs;
 use tq::types::TensorType;
 
@@ -58,11 +61,117 @@ fn harness_passes_on_cpu_emulation() {
         assert!(of(KernelKind::MatVec) + of(KernelKind::QkDot) >= 3, "{ty}");
         // The mat-mul (many activation rows per launch) on every real shape of a TQ type.
         assert_eq!(of(KernelKind::MatMul) >= 2, ty.is_tq_weight(), "{ty}");
+        let conf = if ty.is_row_rotated() {
+            "seed2bit.json, design layout"
+        } else {
+            "conformance"
+        };
         assert!(rep
             .results
             .iter()
-            .any(|r| r.ty == ty && r.data == "conformance" && r.kind == KernelKind::Dequantize));
+            .any(|r| r.ty == ty && r.data == conf && r.kind == KernelKind::Dequantize));
     }
+}
+
+/// tq2_r goes through every kernel and data set: the design's vectors in its own layout
+/// (decode bit-exact, reconstruction, GEMV), their inputs as tq2_r blocks, random bytes (every
+/// f16 scale, subnormal/inf/NaN f32 scales), the rotation on both launch paths and directions
+/// (Hadamard bit-exact, DCT bounded), real shapes up to 14336 (multi-pass) with row decode and
+/// the GEMV alone and end to end.
+#[test]
+fn harness_covers_tq2r() {
+    let opts = CheckOptions {
+        types: vec![TensorType::TQ2R],
+        ..quick_opts()
+    };
+    let rep = gpu::check(&mut CpuEmulation, &opts).unwrap();
+    assert!(rep.pass(), "{}", gpu::format_report(&rep));
+    let has = |kind: KernelKind, data: &str| {
+        rep.results
+            .iter()
+            .any(|r| r.ty == TensorType::TQ2R && r.kind == kind && r.data.contains(data))
+    };
+    for (kind, data) in [
+        (KernelKind::Dequantize, "seed2bit.json, design layout"),
+        (KernelKind::RowDecode, "reconstruction (plain rows)"),
+        (KernelKind::RowDecode, "reconstruction (rotated rows)"),
+        (KernelKind::MatVec, "seed2bit.json, design layout"),
+        (KernelKind::Dequantize, "seed2bit.json inputs"),
+        (KernelKind::RowDecode, "seed2bit.json inputs"),
+        (KernelKind::Dequantize, "random-bytes, design layout"),
+        (KernelKind::RowDecode, "random-bytes, rows of 576"),
+        (
+            KernelKind::Rotate,
+            "K=576 hadamard 36x16 (Paley II, p=17), forward, one workgroup",
+        ),
+        (
+            KernelKind::Rotate,
+            "K=576 hadamard 36x16 (Paley II, p=17), inverse, multi-pass",
+        ),
+        (KernelKind::Rotate, "K=1376 dct 43 x hadamard 32"),
+        (
+            KernelKind::Rotate,
+            "K=8192 hadamard 8192 (Sylvester), forward, multi-pass",
+        ),
+        (KernelKind::MatVec, "smollm2.attn_q [GEMV alone]"),
+        (KernelKind::MatVec, "pow2 8192"),
+        (KernelKind::RowDecode, "dct 1376"),
+    ] {
+        assert!(
+            has(kind, data),
+            "{kind:?} {data}\n{}",
+            gpu::format_report(&rep)
+        );
+    }
+    // Hadamard rotations are held bit-exact, DCT ones to the bound.
+    for r in rep.results.iter().filter(|r| r.kind == KernelKind::Rotate) {
+        let exact = r.tolerance == gpu::Tolerance::BitExact;
+        assert_eq!(exact, !r.data.contains("dct"), "{}", r.data);
+    }
+}
+
+/// The GPU path of `tq conformance` on the CPU emulation: every pack2bit case's reconstruction
+/// and mat-vec through the tq2_r kernels, every fork case through the dequantize kernel.
+#[test]
+fn conformance_backend_on_cpu_emulation() {
+    let rep = tq::conformance::run_file_on(
+        &fixtures::conformance("seed2bit.json"),
+        Some(&mut CpuEmulation),
+    )
+    .unwrap();
+    assert!(rep.pass(), "{:?}", rep.failures);
+    let count = |op: &str| {
+        rep.ops
+            .iter()
+            .find(|o| o.op == op)
+            .map(|o| (o.pass, o.total))
+    };
+    assert_eq!(count("reconstruct[cpu-emulation]"), Some((42, 42)));
+    assert_eq!(count("matvec[cpu-emulation]"), Some((42, 42)));
+    assert_eq!(count("pack2bit"), Some((42, 42)));
+    assert!(rep.notes.iter().any(|n| n.contains("CPU only")));
+    let rep = tq::conformance::run_file_on(
+        &fixtures::conformance("tq3_1s.json"),
+        Some(&mut CpuEmulation),
+    )
+    .unwrap();
+    assert!(rep.pass(), "{:?}", rep.failures);
+    assert!(rep
+        .ops
+        .iter()
+        .any(|o| o.op == "tq3_1s.dequantize[cpu-emulation]" && o.pass == 220));
+    // A backend off by one bit in the decode fails the GPU ops and names the case.
+    let mut b = Broken {
+        flip_one_bit: true,
+        ..Broken::default()
+    };
+    let rep = tq::conformance::run_file_on(&fixtures::conformance("seed2bit.json"), Some(&mut b))
+        .unwrap();
+    assert!(!rep.pass());
+    assert!(rep
+        .failures
+        .iter()
+        .all(|f| f.starts_with("reconstruct[cpu-emulation]")));
 }
 
 /// Every turbo layout and codebook tq writes or simulates is checked: the registry's May-2026
@@ -162,6 +271,25 @@ fn turbo_layouts_are_the_reference_and_the_simulator() {
 struct Broken {
     flip_one_bit: bool,
     dot_scale: f32,
+    /// tq2_r: one bit of the whole-row rotation's output.
+    flip_rotation: bool,
+}
+
+impl Default for Broken {
+    fn default() -> Self {
+        Broken {
+            flip_one_bit: false,
+            dot_scale: 1.0,
+            flip_rotation: false,
+        }
+    }
+}
+
+fn flip_middle(v: &mut [f32]) {
+    if !v.is_empty() {
+        let i = v.len() / 2;
+        v[i] = f32::from_bits(v[i].to_bits() ^ 1);
+    }
 }
 
 impl Backend for Broken {
@@ -209,9 +337,122 @@ impl Backend for Broken {
         let v = CpuEmulation.turbo_qk(spec, k, rows, cols, q)?;
         Ok(v.iter().map(|y| y * self.dot_scale).collect())
     }
+    fn twobit_decode(&mut self, w: &TwoBit, original: bool) -> tq::Result<Vec<f32>> {
+        let mut v = CpuEmulation.twobit_decode(w, original)?;
+        if self.flip_one_bit || (original && w.rotated && self.flip_rotation) {
+            flip_middle(&mut v);
+        }
+        Ok(v)
+    }
+    fn twobit_matvec(&mut self, w: &TwoBit, x: &[f32], pre: bool) -> tq::Result<Vec<f32>> {
+        let v = CpuEmulation.twobit_matvec(w, x, pre)?;
+        Ok(v.iter().map(|y| y * self.dot_scale).collect())
+    }
+    fn rotate_rows(
+        &mut self,
+        cols: usize,
+        x: &[f32],
+        inverse: bool,
+        path: RotatePath,
+    ) -> tq::Result<Vec<f32>> {
+        let mut v = CpuEmulation.rotate_rows(cols, x, inverse, path)?;
+        if self.flip_rotation {
+            flip_middle(&mut v);
+        }
+        Ok(v)
+    }
     fn time_dequantize(&mut self, _: TensorType, _: &[u8], _: usize) -> tq::Result<f64> {
         Ok(1.0)
     }
+}
+
+/// tq2_r: a one-bit error in the decode, the rotation (alone or inside the row decode), or a
+/// dot off by 1e-4, each fails the checks of that kernel and only those.
+#[test]
+fn harness_fails_wrong_tq2r_kernels() {
+    let opts = CheckOptions {
+        types: vec![TensorType::TQ2R],
+        ..quick_opts()
+    };
+    let failing = |mut b: Broken| {
+        let rep = gpu::check(&mut b, &opts).unwrap();
+        assert!(!rep.pass());
+        let mut kinds: Vec<KernelKind> = rep
+            .results
+            .iter()
+            .filter(|r| !r.pass)
+            .map(|r| r.kind)
+            .collect();
+        kinds.dedup();
+        kinds
+    };
+    let k = failing(Broken {
+        flip_one_bit: true,
+        ..Broken::default()
+    });
+    assert!(k.contains(&KernelKind::Dequantize), "{k:?}");
+    assert!(!k.contains(&KernelKind::MatVec) && !k.contains(&KernelKind::Rotate));
+    let k = failing(Broken {
+        flip_rotation: true,
+        ..Broken::default()
+    });
+    assert!(k.contains(&KernelKind::Rotate) && k.contains(&KernelKind::RowDecode));
+    assert!(!k.contains(&KernelKind::Dequantize) && !k.contains(&KernelKind::MatVec));
+    let k = failing(Broken {
+        dot_scale: 1.0 + 1e-4,
+        ..Broken::default()
+    });
+    assert_eq!(k, [KernelKind::MatVec]);
+}
+
+/// Hostile 2-bit inputs are errors, not panics: wrong sizes, the design's rotation on a row that
+/// is not a power of two, rows that are not whole blocks.
+#[test]
+fn tq2r_kernels_reject_bad_shapes() {
+    fn w(layout: TwoBitLayout, data: &[u8], rows: usize, cols: usize, rotated: bool) -> TwoBit<'_> {
+        TwoBit {
+            layout,
+            data,
+            rows,
+            cols,
+            rotated,
+        }
+    }
+    let mut b = CpuEmulation;
+    let ten = [0u8; 10];
+    assert!(b
+        .twobit_decode(&w(TwoBitLayout::Tq2r, &ten, 1, 32, true), true)
+        .is_ok());
+    assert!(b
+        .twobit_decode(&w(TwoBitLayout::Tq2r, &ten, 1, 48, true), false)
+        .is_err());
+    assert!(b
+        .twobit_decode(&w(TwoBitLayout::Tq2r, &ten[..9], 1, 32, true), false)
+        .is_err());
+    assert!(b
+        .twobit_decode(&w(TwoBitLayout::Seed, &ten, 1, 32, false), false)
+        .is_err());
+    let seed = [0u8; 36];
+    assert!(b
+        .twobit_decode(&w(TwoBitLayout::Seed, &seed, 1, 96, true), true)
+        .is_err());
+    assert!(b
+        .twobit_decode(&w(TwoBitLayout::Seed, &seed, 1, 96, false), true)
+        .is_ok());
+    assert!(b
+        .twobit_matvec(&w(TwoBitLayout::Tq2r, &ten, 1, 32, true), &[0.0; 16], false)
+        .is_err());
+    assert!(b
+        .rotate_rows(576, &[0.0; 100], false, RotatePath::Auto)
+        .is_err());
+    assert!(b
+        .rotate_rows(8192, &[0.0; 8192], false, RotatePath::SingleWorkgroup)
+        .is_err());
+    assert!(b
+        .rotate_rows(48, &[0.0; 48], false, RotatePath::Auto)
+        .is_err());
+    assert!(b.matvec(TensorType::TQ2R, &ten, 2, 32, &[0.0; 32]).is_err());
+    assert!(b.dequantize(TensorType::TQ2R, &ten[..7]).is_err());
 }
 
 #[test]
@@ -222,7 +463,7 @@ fn harness_fails_a_one_ulp_dequantize_error() {
     };
     let mut b = Broken {
         flip_one_bit: true,
-        dot_scale: 1.0,
+        ..Broken::default()
     };
     let rep = gpu::check(&mut b, &opts).unwrap();
     assert!(!rep.pass());
@@ -239,8 +480,8 @@ fn harness_fails_a_dot_off_by_1e_minus_4() {
         ..quick_opts()
     };
     let mut b = Broken {
-        flip_one_bit: false,
         dot_scale: 1.0 + 1e-4,
+        ..Broken::default()
     };
     let rep = gpu::check(&mut b, &opts).unwrap();
     let bad: Vec<_> = rep.results.iter().filter(|r| !r.pass).collect();
@@ -395,6 +636,117 @@ fn b_line(c: &tq::eval::backend::Comparison) -> String {
     )
 }
 
+/// `tq conformance --backend wgpu` runs the tq2_r kernels on the design's vectors and the
+/// dequantize kernels on the fork's.
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_conformance_backend() {
+    let mut b = match gpu::open_backend(BackendKind::Wgpu) {
+        Ok(b) => b,
+        Err(e) => {
+            if require_gpu() {
+                panic!("TQ_REQUIRE_GPU=1 but {e}");
+            }
+            eprintln!("SKIP: {e}");
+            return;
+        }
+    };
+    for (file, ops) in [
+        ("seed2bit.json", &["reconstruct[wgpu]", "matvec[wgpu]"][..]),
+        ("tq4_1s.json", &["tq4_1s.dequantize[wgpu]"][..]),
+        ("turbo2_0.json", &["turbo2.dequantize[wgpu]"][..]),
+    ] {
+        let rep =
+            tq::conformance::run_file_on(&fixtures::conformance(file), Some(b.as_mut())).unwrap();
+        assert!(rep.pass(), "{file}: {:?}", rep.failures);
+        for op in ops {
+            let o = rep.ops.iter().find(|o| o.op == *op).expect(op);
+            assert!(o.total > 0 && o.pass == o.total, "{file} {op}");
+        }
+    }
+}
+
+/// A tq2_r kernel with one wrong operation (through `TQ_KERNELS_DIR`) fails `tq kernels check`:
+/// the butterfly stage of the multi-pass rotation, the subnormal product of the decode, the GEMV.
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_wrong_tq2r_kernels_fail() {
+    if let Err(e) = gpu::open_backend(BackendKind::Wgpu) {
+        if require_gpu() {
+            panic!("TQ_REQUIRE_GPU=1 but {e}");
+        }
+        eprintln!("SKIP: {e}");
+        return;
+    }
+    let edits = [
+        (
+            "dst[lo + step] = a - c;",
+            "dst[lo + step] = a - c * 1.0001;",
+            "multi-pass",
+        ),
+        (
+            "mag = r + 0x800000u;",
+            "mag = r + 0x800001u;",
+            "design layout",
+        ),
+        (
+            "acc = acc + bitcast<f32>(tq2r_scale_bits(gb, nblk)) * s;",
+            "acc = acc + bitcast<f32>(tq2r_scale_bits(gb, nblk)) * s * 1.001;",
+            "matvec",
+        ),
+    ];
+    for (from, to, shows) in edits {
+        let dir = std::env::temp_dir().join(format!(
+            "tq-wrong-tq2r-{}-{}",
+            std::process::id(),
+            shows.replace(' ', "-")
+        ));
+        for (lang, files) in [
+            ("cuda", &["common.cuh", "tq.cu", "turbo.cu", "tq2r.cu"][..]),
+            (
+                "metal",
+                &["common.metal", "tq.metal", "turbo.metal", "tq2r.metal"][..],
+            ),
+            (
+                "wgsl",
+                &["common.wgsl", "tq.wgsl", "turbo.wgsl", "tq2r.wgsl"][..],
+            ),
+        ] {
+            std::fs::create_dir_all(dir.join(lang)).unwrap();
+            for f in files {
+                let mut text = gpu::sources::text(lang, f).unwrap();
+                if *f == "tq2r.wgsl" {
+                    assert!(text.contains(from), "{from}");
+                    text = text.replace(from, to);
+                }
+                std::fs::write(dir.join(lang).join(f), text).unwrap();
+            }
+        }
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_tq"))
+            .args([
+                "kernels",
+                "check",
+                "--backend",
+                "wgpu",
+                "--quick",
+                "--types",
+                "tq2_r",
+            ])
+            .env("TQ_CONFORMANCE", conformance_dir())
+            .env("TQ_KERNELS_DIR", &dir)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(o.status.code(), Some(2), "{shows}: {text}");
+        assert!(
+            text.lines()
+                .any(|l| l.contains("FAIL") && l.contains(shows)),
+            "{shows}: {text}"
+        );
+    }
+}
+
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_kernels_compile_with_nvrtc() {
@@ -406,18 +758,17 @@ fn cuda_kernels_compile_with_nvrtc() {
         return;
     }
     for arch in [None, Some("compute_80"), Some("compute_90")] {
-        if let Err(e) = gpu::cuda::compile_kernels(arch) {
-            panic!("{arch:?}: {e}");
+        match gpu::cuda::compile_kernels(arch) {
+            Ok(v) => assert_eq!(v.len(), gpu::cuda::KERNEL_FILES.len()),
+            Err(e) => panic!("{arch:?}: {e}"),
         }
     }
     // What the backend loads on a GPU: SASS for the device's own architecture (no PTX JIT, so
-    // an older driver than NVRTC still loads it).
+    // an older driver than NVRTC still loads it). Every file: tq.cu, turbo.cu, tq2r.cu.
     for sm in ["sm_80", "sm_86", "sm_89", "sm_90"] {
-        let (a, b) = gpu::cuda::compile_cubins(sm).unwrap_or_else(|e| panic!("{sm}: {e}"));
-        assert!(
-            a.starts_with(b"\x7fELF") && b.starts_with(b"\x7fELF"),
-            "{sm}"
-        );
+        let v = gpu::cuda::compile_cubins(sm).unwrap_or_else(|e| panic!("{sm}: {e}"));
+        assert_eq!(v.len(), 3, "{sm}");
+        assert!(v.iter().all(|c| c.starts_with(b"\x7fELF")), "{sm}");
     }
 }
 
@@ -443,9 +794,15 @@ fn cuda_kernels_match_the_cpu_reference() {
 fn auto_counts_kernel_compile_errors_as_failures() {
     let dir = std::env::temp_dir().join(format!("tq-broken-kernels-{}", std::process::id()));
     for (lang, files) in [
-        ("cuda", ["common.cuh", "tq.cu", "turbo.cu"]),
-        ("metal", ["common.metal", "tq.metal", "turbo.metal"]),
-        ("wgsl", ["common.wgsl", "tq.wgsl", "turbo.wgsl"]),
+        ("cuda", ["common.cuh", "tq.cu", "turbo.cu", "tq2r.cu"]),
+        (
+            "metal",
+            ["common.metal", "tq.metal", "turbo.metal", "tq2r.metal"],
+        ),
+        (
+            "wgsl",
+            ["common.wgsl", "tq.wgsl", "turbo.wgsl", "tq2r.wgsl"],
+        ),
     ] {
         std::fs::create_dir_all(dir.join(lang)).unwrap();
         for f in files {

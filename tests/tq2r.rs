@@ -1,6 +1,7 @@
 //! `tq2_r` (the seed design's 2-bit rotated weights) through `tq convert` and the reader: bytes
 //! equal to the registry's row quantizer, the rotation recorded, token_embd's fallback, thread
-//! independence, a file without its rotation key refused, the id overridable by a type map.
+//! independence, a file without its rotation key refused, the id overridable by a type map, and
+//! the artifact's own blocks through the GPU kernels' arithmetic (`tq validate --kernels cpu`).
 
 #[path = "../fixtures/mod.rs"]
 mod fixtures;
@@ -124,4 +125,32 @@ fn type_map_overrides_the_id_and_dry_run_sizes() {
         .unwrap();
     assert!(line.contains("tq2_r") && line.contains(" 5760 "), "{line}");
     assert!(o.contains("fallback tq2_r -> q8_0: token_embd"), "{o}");
+}
+
+/// `tq validate --kernels cpu`: every tq2_r tensor's sampled rows through the tq2_r kernels (the
+/// CPU emulation of their arithmetic: decode, inverse row rotation, rotation + GEMV) against the
+/// CPU reference — rows of 96 and 192 (Paley) and 64 (power of two).
+#[test]
+fn validate_runs_the_kernels_on_tq2r_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let inp = model(dir.path());
+    let out = dir.path().join("out.gguf");
+    convert(&inp, &out, &[]);
+    let (code, o, err) = tq(&[
+        "validate",
+        s(&out),
+        "--kernels",
+        "cpu",
+        "--gen-prompts",
+        "0",
+        "-q",
+    ]);
+    assert_eq!(code, 0, "{o}\n{err}");
+    let line = o
+        .lines()
+        .find(|l| l.contains("kernels/cpu-emulation"))
+        .unwrap_or_else(|| panic!("{o}"));
+    assert!(line.contains(" pass "), "{line}");
+    assert!(line.contains("15 tensors"), "{line}");
+    assert!(line.contains("dequantize bit-exact"), "{line}");
 }

@@ -569,3 +569,58 @@ fn saved_reference_logits_work_and_skip_the_hash_check() {
     assert_eq!(from_file["quality"]["kld"], side_by_side["quality"]["kld"]);
     assert_eq!(from_file["quality"]["windows"], 6);
 }
+
+/// `--prompts FILE`: one prompt per non-empty line replaces the slices of the text; a file with no
+/// prompt is a one-line bad-input error naming it.
+#[test]
+fn prompts_file_sets_the_generation_prompts() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tok.gguf");
+    std::fs::write(
+        &model,
+        fixtures::gguf_gen::tiny_llama_with_tokenizer().bytes,
+    )
+    .unwrap();
+    let art = dir.path().join("tok-q8.gguf");
+    let (code, _, err) = tq(&[
+        "convert",
+        s(&model),
+        "--weights",
+        "q8_0",
+        "-q",
+        "-o",
+        s(&art),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let prompts = dir.path().join("prompts.txt");
+    std::fs::write(&prompts, "the cat sat\n\nhe said that it was\n").unwrap();
+    let args = [
+        "validate",
+        s(&art),
+        "--ref",
+        s(&model),
+        "--prompts",
+        s(&prompts),
+        "--gen-tokens",
+        "6",
+        "--min-gen-agreement",
+        "0",
+        "--kernels",
+        "none",
+        "--json",
+        "-q",
+    ];
+    let (code, out, err) = tq(&args);
+    assert_eq!(code, 0, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let g = r["generation"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no generation in {r}"));
+    assert_eq!(g.len(), 2, "{r}");
+    assert_eq!(check(&r, "generation", "agreement")["status"], "pass");
+    std::fs::write(&prompts, "\n   \n").unwrap();
+    let (code, _, err) = tq(&args);
+    assert_eq!(code, 2, "{err}");
+    one_line_error(&err, "no prompts");
+    assert!(err.contains("prompts.txt"), "{err}");
+}

@@ -180,7 +180,7 @@ kernel void tq4_matmul(device const uchar * w [[buffer(0)]],
                        constant uint & rows [[buffer(2)]],
                        constant uint & cols [[buffer(3)]],
                        device const float * xr [[buffer(4)]],
-                       constant uint & tokens [[buffer(7)]],
+                       constant uint & tokens [[buffer(8)]],
                        uint tid [[thread_position_in_grid]]) {
     tq_matmul(w, y, rows, cols, tokens, xr, tid, true);
 }
@@ -190,7 +190,7 @@ kernel void tq3_matmul(device const uchar * w [[buffer(0)]],
                        constant uint & rows [[buffer(2)]],
                        constant uint & cols [[buffer(3)]],
                        device const float * xr [[buffer(4)]],
-                       constant uint & tokens [[buffer(7)]],
+                       constant uint & tokens [[buffer(8)]],
                        uint tid [[thread_position_in_grid]]) {
     tq_matmul(w, y, rows, cols, tokens, xr, tid, false);
 }

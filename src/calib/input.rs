@@ -59,14 +59,14 @@ pub struct TextOptions<'a> {
     pub quiet: bool,
 }
 
-/// Calibrate the GGUF model at `model` on the UTF-8 `text`, as `tq calib` does but in memory and
-/// without checkpoints.
-pub fn calibrate_text(
+/// The model opened and the calibration windows of `text` for `tq convert --calib TEXT`
+/// (`o.tokens` rounded down to whole windows of `o.ctx`, BOS in place).
+pub fn text_windows(
     model: &Path,
     profile: &Profile,
     text: &Path,
     o: &TextOptions,
-) -> Result<Hessians> {
+) -> Result<(GgufFile, Vec<u32>)> {
     if crate::source::hf::is_model_dir(model) {
         return Err(Error::Usage(format!(
             "{}: calibrating on text (--calib {}) needs a GGUF input (the runtime reads GGUF); convert to GGUF first, then calibrate",
@@ -96,6 +96,18 @@ pub fn calibrate_text(
             o.tokens
         ))
     })?;
+    Ok((f, windows))
+}
+
+/// Calibrate the GGUF model at `model` on the UTF-8 `text`, as `tq calib` does but in memory and
+/// without checkpoints.
+pub fn calibrate_text(
+    model: &Path,
+    profile: &Profile,
+    text: &Path,
+    o: &TextOptions,
+) -> Result<Hessians> {
+    let (f, windows) = text_windows(model, profile, text, o)?;
     let (hs, _) = run::calibrate(
         model,
         &f,

@@ -14,6 +14,7 @@ pub mod input;
 pub mod run;
 pub mod selfgen;
 pub mod sequential;
+pub mod stream;
 
 use crate::model::runtime::Observer;
 use crate::quant::Hessians;

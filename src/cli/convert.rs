@@ -1,6 +1,6 @@
 //! `tq convert INPUT -o OUT.gguf [--weights TYPE] [--recipe R] ...`
 use std::path::PathBuf;
-use tq::calib::input::{calibrate_text, is_hessian_file, TextOptions};
+use tq::calib::input::{calibrate_text, is_hessian_file, text_windows, TextOptions};
 use tq::calib::sequential::SeqQuant;
 use tq::convert::{self, Provenance};
 use tq::error::{Error, Result};
@@ -179,17 +179,64 @@ fn convert(a: &ConvertArgs) -> Result<()> {
         progress_bar(size)
     };
     let t0 = std::time::Instant::now();
-    let stats = convert::execute(
-        src.as_ref(),
-        &plan,
-        &md,
-        version,
-        &profile,
-        &out,
-        ldlq.as_ref(),
-        prov.as_ref().map(|_| a.input.as_path()),
-        &|d| pb.set_position(d),
-    )?;
+    let hash_input = prov.as_ref().map(|_| a.input.as_path());
+    let stats = match &ldlq {
+        Calib::Stream { file, windows } => convert::execute_calibrating(
+            src.as_ref(),
+            &plan,
+            &md,
+            version,
+            &profile,
+            &out,
+            hash_input,
+            &|d| pb.set_position(d),
+            &convert::StreamCalib {
+                model: &a.input,
+                file,
+                windows,
+                ctx: a.calib_ctx,
+                batch: a.calib_batch,
+                band: a.ldlq_band,
+                damp: a.damp,
+                quiet: a.quiet,
+            },
+        )?,
+        Calib::Hessians(l) => convert::execute(
+            src.as_ref(),
+            &plan,
+            &md,
+            version,
+            &profile,
+            &out,
+            Some(l),
+            hash_input,
+            &|d| pb.set_position(d),
+        )?,
+        Calib::File(file) => convert::execute_from_file(
+            src.as_ref(),
+            &plan,
+            &md,
+            version,
+            &profile,
+            &out,
+            hash_input,
+            &|d| pb.set_position(d),
+            file,
+            a.ldlq_band,
+            a.damp,
+        )?,
+        Calib::None => convert::execute(
+            src.as_ref(),
+            &plan,
+            &md,
+            version,
+            &profile,
+            &out,
+            None,
+            hash_input,
+            &|d| pb.set_position(d),
+        )?,
+    };
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     let (params, bpw, bpw2d) = totals(&plan);
@@ -216,15 +263,30 @@ fn convert(a: &ConvertArgs) -> Result<()> {
     Ok(())
 }
 
+/// Where LDLQ's Hessians come from.
+enum Calib {
+    None,
+    /// A sequential calibration run before writing.
+    Hessians(convert::Ldlq),
+    /// A Hessian file from `tq calib`, read group by group while writing.
+    File(tq::quant::HessianFile),
+    /// `--calib TEXT` (batched): calibrated block by block while writing.
+    Stream {
+        file: tq::gguf::GgufFile,
+        windows: Vec<u32>,
+    },
+}
+
 /// `--calib`: a Hessian file is loaded (with a warning when sequential Hessians were made for
-/// another quantization); a text file is calibrated on now (not under --dry-run). Either way the
-/// plan's TQ tensors are marked for LDLQ.
+/// another quantization); a text file is calibrated on while writing, block by block (sequential
+/// calibration: first, in memory); not under --dry-run. Either way the plan's TQ tensors are
+/// marked for LDLQ before anything is written.
 fn resolve_ldlq(
     a: &ConvertArgs,
     profile: &Profile,
     plan: &mut Plan,
     now: &SeqQuant,
-) -> Result<Option<convert::Ldlq>> {
+) -> Result<Calib> {
     let calib_text = match &a.calib {
         Some(p) => !is_hessian_file(p)?,
         None => false,
@@ -242,7 +304,20 @@ fn resolve_ldlq(
                     p.display()
                 );
             }
-            None
+            Calib::None
+        }
+        Some(p) if calib_text && !a.calib_sequential => {
+            let o = TextOptions {
+                tokens: a.calib_tokens,
+                ctx: a.calib_ctx,
+                batch: a.calib_batch,
+                sequential: None,
+                quiet: a.quiet,
+            };
+            let (file, windows) = text_windows(&a.input, profile, p, &o)?;
+            let expected = tq::calib::stream::expected(&file, windows.len() as u64)?;
+            plan::assign_ldlq(plan, &expected, a.ldlq_band);
+            Calib::Stream { file, windows }
         }
         Some(p) if calib_text => {
             let o = TextOptions {
@@ -254,14 +329,14 @@ fn resolve_ldlq(
             };
             let hessians = calibrate_text(&a.input, profile, p, &o)?;
             plan::assign_ldlq(plan, &hessians, a.ldlq_band);
-            Some(convert::Ldlq {
+            Calib::Hessians(convert::Ldlq {
                 hessians,
                 band: a.ldlq_band,
                 damp: a.damp,
             })
         }
         Some(p) => {
-            let (hessians, meta) = tq::quant::Hessians::load(p)?;
+            let (file, meta) = tq::quant::HessianFile::open(p)?;
             if !a.allow_partial_calib {
                 refuse_partial(p, &meta)?;
             }
@@ -271,14 +346,10 @@ fn resolve_ldlq(
                     p.display()
                 );
             }
-            plan::assign_ldlq(plan, &hessians, a.ldlq_band);
-            Some(convert::Ldlq {
-                hessians,
-                band: a.ldlq_band,
-                damp: a.damp,
-            })
+            plan::assign_ldlq(plan, &file.index, a.ldlq_band);
+            Calib::File(file)
         }
-        None => None,
+        None => Calib::None,
     })
 }
 

@@ -36,7 +36,7 @@ pub struct CheckArgs {
     /// Which backend runs the kernels.
     #[arg(long, value_enum, default_value = "auto")]
     pub backend: BackendArg,
-    /// Types to check (comma-separated; default: tq4_1s,tq3_1s,turbo2,turbo3,turbo4).
+    /// Types to check (comma-separated; default: tq4_1s,tq3_1s,turbo2,turbo3,turbo4,tq2_r).
     #[arg(long, value_delimiter = ',')]
     pub types: Vec<String>,
     /// Directory of the conformance vectors (default: $TQ_CONFORMANCE, else shared/conformance
@@ -72,7 +72,7 @@ fn parse_types(names: &[String]) -> Result<Vec<TensorType>> {
                 .filter(|t| gpu::KERNEL_TYPES.contains(t))
                 .ok_or_else(|| {
                     Error::Usage(format!(
-                        "--types: '{n}' has no GPU kernel (choose from tq4_1s, tq3_1s, turbo2, turbo3, turbo4)"
+                        "--types: '{n}' has no GPU kernel (choose from tq4_1s, tq3_1s, turbo2, turbo3, turbo4, tq2_r)"
                     ))
                 })
         })

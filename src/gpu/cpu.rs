@@ -1,11 +1,16 @@
 //! The kernels' arithmetic on the CPU, as one more [`Device`]: lets the harness (and its tests) run
-//! without a GPU, through the same launch sequences and size checks as the GPU backends.
+//! without a GPU, through the same launch sequences and size checks as the GPU backends. It is
+//! also the scalar statement of what each kernel computes (tq2_r: the layout-aware block read,
+//! the exact subnormal product, the rotation's steps, the GEMV's summation order).
 
-use super::device::{Args, Device, Grid};
+use super::device::{
+    Args, Device, Grid, Tq2rParams, TQ2R_INVERSE, TQ2R_MIX_THEN_SCALE, TQ2R_SEED_LAYOUT,
+};
 use super::kernels::{Dialect, Kernel, Op};
 use super::turbo_spec::turbo_bits;
 use super::BackendKind;
 use crate::error::Result;
+use crate::math::hadamard::fwht;
 use crate::types::tq as tqs;
 use crate::types::turbo;
 use crate::types::{dequantize as cpu_dequantize, TensorType};
@@ -110,6 +115,75 @@ fn matmul_wgsl_order(
     y
 }
 
+/// `(2q − 3)·s` for the f32 scale with bits `sbits`, correctly rounded, as the tq2_r kernels
+/// compute it: a float product for a normal (or zero, inf, NaN) scale, whose result cannot be
+/// subnormal; integer arithmetic for a subnormal scale, which WGSL lets a device flush to zero
+/// (the seed design's f32 scales can be subnormal). Equals `seed2bit::level(q, s) as f32`.
+pub(crate) fn scaled_level(q: u32, sbits: u32) -> f32 {
+    let lev = (2 * (q & 3) as i32 - 3) as f32;
+    let m = sbits & 0x7f_ffff;
+    if (sbits >> 23) & 0xff != 0 || m == 0 {
+        return lev * f32::from_bits(sbits);
+    }
+    let sign = (sbits & 0x8000_0000) ^ if q < 2 { 0x8000_0000 } else { 0 };
+    let mag = if q == 1 || q == 2 {
+        m
+    } else {
+        // 3m·2^-149: below 2^24 the bits are 3m itself (subnormal, or exponent field 1);
+        // above, exponent field 2 and 3m/2 rounded to nearest, ties to even.
+        let t = 3 * m;
+        if t < 1 << 24 {
+            t
+        } else {
+            let mut r = t >> 1;
+            if t & 1 == 1 && r & 1 == 1 {
+                r += 1;
+            }
+            r + (1 << 23)
+        }
+    };
+    f32::from_bits(sign | mag)
+}
+
+/// The u32 word `half` (0, 1) of the codes of block `gb` and the f32 bits of its scale, in the
+/// layout the flags name (tq2_r blocks: f16 scale, codes at an even byte offset; the design's
+/// layout: words `2gb, 2gb+1`, scales after the `2·nblk` words).
+pub(crate) fn tq2r_block(src: &[u8], gb: usize, nblk: usize, flags: u32) -> ([u32; 2], u32) {
+    let rd = |o: usize| u32::from_le_bytes([src[o], src[o + 1], src[o + 2], src[o + 3]]);
+    if flags & TQ2R_SEED_LAYOUT != 0 {
+        ([rd(8 * gb), rd(8 * gb + 4)], rd(8 * nblk + 4 * gb))
+    } else {
+        let o = gb * crate::types::tq2r::TQ2R_BYTES;
+        let d = crate::types::float::f16_bits_to_f32(u16::from_le_bytes([src[o], src[o + 1]]));
+        ([rd(o + 2), rd(o + 6)], d.to_bits())
+    }
+}
+
+/// The tq2_r rotation kernels' last step for output `i` of a row `v` (after the segment
+/// butterflies, and for a DCT factor after the scale): the dense factor (skipped when `h = 1`),
+/// the Hadamard scale, the inverse's sign.
+fn rot_output(v: &[f32], i: usize, p: &Tq2rParams, mat: &[f32], signs: &[f32]) -> f32 {
+    let h = p.h as usize;
+    let w = v.len() / h;
+    let (a, c) = (i / w, i % w);
+    let mut y = if h == 1 {
+        v[i]
+    } else {
+        let mut acc = 0f32;
+        for a2 in 0..h {
+            acc += mat[a * h + a2] * v[a2 * w + c];
+        }
+        acc
+    };
+    if p.flags & TQ2R_MIX_THEN_SCALE != 0 {
+        y *= f32::from_bits(p.scale);
+    }
+    if p.flags & TQ2R_INVERSE != 0 {
+        y *= signs[i];
+    }
+    y
+}
+
 impl Device for CpuEmulation {
     type Buf = RefCell<Vec<u8>>;
     const DIALECT: Dialect = Dialect::Wgsl;
@@ -150,7 +224,117 @@ impl Device for CpuEmulation {
             }
             None => None,
         };
+        let tq = a.tq2r.as_ref().map(|t| {
+            (
+                t.p,
+                t.signs.map(|b| f32s(&b.borrow())).unwrap_or_default(),
+                t.mat.map(|b| f32s(&b.borrow())).unwrap_or_default(),
+            )
+        });
+        let cols = a.cols.unwrap_or(0) as usize;
         let y: Vec<f32> = match (k.op, k.ty) {
+            (Op::Dequantize, Some(TensorType::TQ2R)) => {
+                let (p, _, _) = tq.as_ref().expect("tq2_r arguments");
+                let src = blocks.unwrap();
+                (0..n * 32)
+                    .map(|i| {
+                        let (words, sbits) = tq2r_block(&src, i / 32, n, p.flags);
+                        let j = i % 32;
+                        scaled_level((words[j / 16] >> (2 * (j % 16))) & 3, sbits)
+                    })
+                    .collect()
+            }
+            (Op::MatVec, Some(TensorType::TQ2R)) => {
+                // 32 lanes per row, lane l over words l, l+32, …; tree sum (the WGSL order).
+                let (p, _, _) = tq.as_ref().expect("tq2_r arguments");
+                let (src, xr) = (blocks.unwrap(), vec_in.unwrap());
+                let bpr = cols / 32;
+                (0..n)
+                    .map(|r| {
+                        let mut part = vec![0f32; 32];
+                        for (l, acc) in part.iter_mut().enumerate() {
+                            for wi in (l..cols / 16).step_by(32) {
+                                let (words, sbits) =
+                                    tq2r_block(&src, r * bpr + wi / 2, n * bpr, p.flags);
+                                let word = words[wi % 2];
+                                let mut s = 0f32;
+                                for i in 0..16 {
+                                    let lev = (2 * ((word >> (2 * i)) & 3) as i32 - 3) as f32;
+                                    s += lev * xr[wi * 16 + i];
+                                }
+                                *acc += f32::from_bits(sbits) * s;
+                            }
+                        }
+                        tree_sum(part)
+                    })
+                    .collect()
+            }
+            (Op::Rotate, _) => {
+                let (p, signs, mat) = tq.as_ref().expect("tq2_r arguments");
+                let x = vec_in.unwrap();
+                let (h, inv) = (p.h as usize, p.flags & TQ2R_INVERSE != 0);
+                let mut y = Vec::with_capacity(n * cols);
+                for row in x[..n * cols].chunks_exact(cols) {
+                    let mut v: Vec<f32> = if inv {
+                        row.to_vec()
+                    } else {
+                        row.iter().zip(signs).map(|(a, s)| a * s).collect()
+                    };
+                    for seg in v.chunks_exact_mut(cols / h) {
+                        fwht(seg);
+                    }
+                    if p.flags & TQ2R_MIX_THEN_SCALE == 0 {
+                        v.iter_mut().for_each(|a| *a *= f32::from_bits(p.scale));
+                    }
+                    y.extend((0..cols).map(|i| rot_output(&v, i, p, mat, signs)));
+                }
+                y
+            }
+            (Op::RotateLocal, _) => {
+                let (p, signs, _) = tq.as_ref().expect("tq2_r arguments");
+                let (x, l) = (vec_in.unwrap(), p.step as usize);
+                let inv = p.flags & TQ2R_INVERSE != 0;
+                let mut y = x[..n * l].to_vec();
+                for (b, sub) in y.chunks_exact_mut(l).enumerate() {
+                    if !inv {
+                        let at = b * l % cols;
+                        sub.iter_mut()
+                            .zip(&signs[at..at + l])
+                            .for_each(|(a, s)| *a *= s);
+                    }
+                    fwht(sub);
+                }
+                y
+            }
+            (Op::RotateStage, _) => {
+                // One butterfly stage (`step`) in place over segments of `cols / h`.
+                let (p, _, _) = tq.as_ref().expect("tq2_r arguments");
+                let mut v = f32s(&a.out.borrow());
+                let (w, step) = (cols / p.h as usize, p.step as usize);
+                for pair in 0..n {
+                    let (seg, j) = (pair / (w / 2), pair % (w / 2));
+                    let lo = seg * w + j / step * 2 * step + j % step;
+                    let (x, y) = (v[lo], v[lo + step]);
+                    v[lo] = x + y;
+                    v[lo + step] = x - y;
+                }
+                v
+            }
+            (Op::RotateMix, _) => {
+                let (p, signs, mat) = tq.as_ref().expect("tq2_r arguments");
+                let t = vec_in.unwrap();
+                let dct = p.flags & TQ2R_MIX_THEN_SCALE == 0;
+                let mut y = Vec::with_capacity(n);
+                for row in t[..n].chunks_exact(cols) {
+                    let v: Vec<f32> = if dct {
+                        row.iter().map(|a| a * f32::from_bits(p.scale)).collect()
+                    } else {
+                        row.to_vec()
+                    };
+                    y.extend((0..cols).map(|i| rot_output(&v, i, p, mat, signs)));
+                }
+                y
+            }
             (Op::Dequantize, Some(ty)) => match &turbo {
                 None => cpu_reference(ty, &blocks.unwrap()[..n * ty.block_bytes()])?,
                 Some((l, cb)) => {
@@ -209,5 +393,46 @@ impl Device for CpuEmulation {
             o.copy_from_slice(&v.to_le_bytes());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::seed2bit::level;
+
+    /// The kernels' product equals the design's f64 product rounded once, for every code and
+    /// subnormal scales (both halves of the `3m < 2^24` split, ties included), and for normal,
+    /// zero, inf and NaN scales.
+    #[test]
+    fn scaled_level_is_the_rounded_f64_product() {
+        let mut bits: Vec<u32> = (1..0x80_0000u32).step_by(997).collect();
+        bits.extend([
+            1, 2, 3, 0x55_5555, 0x55_5556, 0x7f_ffff, 0x40_0000, 0x2a_aaab,
+        ]);
+        bits.extend([
+            0,
+            0x3f80_0000,
+            0x0080_0000,
+            0x7f7f_ffff,
+            0x7f80_0000,
+            0x7fc0_0000,
+        ]);
+        for b in bits {
+            for sign in [0, 0x8000_0000u32] {
+                let s = f32::from_bits(b | sign);
+                for q in 0..4 {
+                    let got = scaled_level(q, b | sign);
+                    let want = level(q, s) as f32;
+                    assert!(
+                        got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                        "q={q} s={:08x}: {:08x} vs {:08x}",
+                        b | sign,
+                        got.to_bits(),
+                        want.to_bits()
+                    );
+                }
+            }
+        }
     }
 }

@@ -63,24 +63,24 @@ fn nvrtc_missing() -> Error {
     )
 }
 
+/// The kernel files, in the order [`compile_kernels`] and [`compile_cubins`] return them.
+pub const KERNEL_FILES: [&str; 3] = ["tq.cu", "turbo.cu", "tq2r.cu"];
+
+/// The module of each kernel file of [`KERNEL_FILES`].
+const FILE_MODULES: [Module; 3] = [Module::Tq, Module::Turbo, Module::Tq2r];
+
 /// The kernel files' full texts (common.cuh prepended), as NVRTC gets them.
-fn kernel_texts() -> Result<[(&'static str, String); 2]> {
+fn kernel_texts() -> Result<Vec<(&'static str, String)>> {
     let common = sources::text("cuda", "common.cuh")?;
-    Ok([
-        (
-            "tq.cu",
-            format!("{common}\n{}", sources::text("cuda", "tq.cu")?),
-        ),
-        (
-            "turbo.cu",
-            format!("{common}\n{}", sources::text("cuda", "turbo.cu")?),
-        ),
-    ])
+    KERNEL_FILES
+        .iter()
+        .map(|f| Ok((*f, format!("{common}\n{}", sources::text("cuda", f)?))))
+        .collect()
 }
 
-/// Compile both kernel files to PTX with NVRTC (no driver, no GPU needed), for `arch`
-/// (default [`DEFAULT_ARCH`]). Returns the PTX of `tq.cu` and `turbo.cu`.
-pub fn compile_kernels(arch: Option<&'static str>) -> Result<(Ptx, Ptx)> {
+/// Compile every kernel file to PTX with NVRTC (no driver, no GPU needed), for `arch`
+/// (default [`DEFAULT_ARCH`]). Returns the PTX of each of [`KERNEL_FILES`].
+pub fn compile_kernels(arch: Option<&'static str>) -> Result<Vec<Ptx>> {
     if !nvrtc_present() {
         return Err(nvrtc_missing());
     }
@@ -103,13 +103,13 @@ pub fn compile_kernels(arch: Option<&'static str>) -> Result<(Ptx, Ptx)> {
             e => cuda_err(&format!("NVRTC on kernels/cuda/{name}"), e),
         })
     };
-    let [(a, ta), (b, tb)] = kernel_texts()?;
-    Ok((compile(a, &ta)?, compile(b, &tb)?))
+    kernel_texts()?.iter().map(|(f, t)| compile(f, t)).collect()
 }
 
-/// Compile both kernel files to CUBIN (SASS) for `sm` (e.g. `sm_90`) with NVRTC: loads on any
-/// driver of the same CUDA major version without a PTX JIT. No GPU needed.
-pub fn compile_cubins(sm: &str) -> Result<(Vec<u8>, Vec<u8>)> {
+/// Compile every kernel file to CUBIN (SASS) for `sm` (e.g. `sm_90`) with NVRTC: loads on any
+/// driver of the same CUDA major version without a PTX JIT. No GPU needed. In the order of
+/// [`KERNEL_FILES`].
+pub fn compile_cubins(sm: &str) -> Result<Vec<Vec<u8>>> {
     use cudarc::nvrtc::{result, sys};
     if !nvrtc_present() {
         return Err(nvrtc_missing());
@@ -167,8 +167,7 @@ pub fn compile_cubins(sm: &str) -> Result<(Vec<u8>, Vec<u8>)> {
         }
         Ok(out)
     };
-    let [(a, ta), (b, tb)] = kernel_texts()?;
-    Ok((compile(a, &ta)?, compile(b, &tb)?))
+    kernel_texts()?.iter().map(|(f, t)| compile(f, t)).collect()
 }
 
 fn is_code(e: &DriverError, c: cudarc::driver::sys::cudaError_enum) -> bool {
@@ -226,20 +225,19 @@ impl CudaBackend {
             .compute_capability()
             .map_err(|e| cuda_err("compute capability", e))?;
         let sm = format!("sm_{maj}{min}");
-        let (tq_img, turbo_img, build) = match compile_cubins(&sm) {
-            Ok((a, b)) => (
-                Ptx::from_binary(a),
-                Ptx::from_binary(b),
+        let (images, build): (Vec<Ptx>, String) = match compile_cubins(&sm) {
+            Ok(v) => (
+                v.into_iter().map(Ptx::from_binary).collect(),
                 format!("{sm} CUBIN"),
             ),
             Err(cubin_err) => {
                 // NVRTC cannot emit SASS for this architecture (newer than the NVRTC): PTX for
                 // compute_XY, JIT-compiled by the driver.
                 let arch: &'static str = Box::leak(format!("compute_{maj}{min}").into_boxed_str());
-                let (a, b) = compile_kernels(Some(arch)).map_err(|e| {
+                let v = compile_kernels(Some(arch)).map_err(|e| {
                     Error::Unsupported(format!("{e} (CUBIN for {sm} failed too: {cubin_err})"))
                 })?;
-                (a, b, format!("{arch} PTX (no CUBIN: {cubin_err})"))
+                (v, format!("{arch} PTX (no CUBIN: {cubin_err})"))
             }
         };
         let load = |what: &str, img: Ptx| {
@@ -256,14 +254,17 @@ impl CudaBackend {
                 }
             })
         };
-        let tq = load("tq.cu", tq_img)?;
-        let turbo = load("turbo.cu", turbo_img)?;
+        let mut modules = Vec::with_capacity(images.len());
+        for (file, img) in KERNEL_FILES.iter().zip(images) {
+            modules.push(load(file, img)?);
+        }
         let mut funcs = HashMap::new();
         for k in &KERNELS {
-            let m = match k.module {
-                Module::Tq => &tq,
-                Module::Turbo => &turbo,
-            };
+            let i = FILE_MODULES
+                .iter()
+                .position(|m| *m == k.module)
+                .expect("every module has a file");
+            let m = &modules[i];
             let f = m
                 .load_function(k.entry)
                 .map_err(|e| cuda_err(&format!("kernel {}", k.entry), e))?;
@@ -327,7 +328,9 @@ impl Device for CudaBackend {
             .map_err(|e| cuda_err("alloc", e))
     }
 
-    /// Arguments in the kernels' order: blocks, vec_in, out, n, cols, tokens, then cb, group, bytes, hdr
+    /// Arguments in the kernels' order: blocks, vec_in, out, n, cols, tokens (mat-mul), then cb,
+    /// group, bytes, hdr (turbo), or signs, mat (where present) and flags, h, scale, step (every
+    /// tq2_r kernel)
     /// (`kernels/cuda/*.cu`; buffers are untyped device pointers).
     fn launch(&mut self, k: &'static Kernel, grid: Grid, a: &Args<CudaSlice<u8>>) -> Result<()> {
         let f = &self.funcs[k.entry];
@@ -348,6 +351,17 @@ impl Device for CudaBackend {
         if let Some((cb, p)) = &a.turbo {
             b.arg(*cb).arg(&p.group).arg(&p.bytes).arg(&p.hdr);
         }
+        let t = a.tq2r.as_ref();
+        if let Some(s) = t.and_then(|t| t.signs) {
+            b.arg(s);
+        }
+        if let Some(m) = t.and_then(|t| t.mat) {
+            b.arg(m);
+        }
+        let p = t.map(|t| t.p).unwrap_or_default();
+        if k.module == Module::Tq2r {
+            b.arg(&p.flags).arg(&p.h).arg(&p.scale).arg(&p.step);
+        }
         let cfg = LaunchConfig {
             grid_dim: (
                 u32::try_from(grid.groups).map_err(|_| cuda_err("grid", grid.groups))?,
@@ -360,7 +374,9 @@ impl Device for CudaBackend {
         // SAFETY: the argument list matches the kernel's signature (the order above); the shared
         // launch code (gpu/device.rs) sized every buffer for `n` (and `cols`, the layout) and
         // checked the inputs, and the kernels bound-check their indices against `n`. The turbo
-        // Q·K gets exactly TURBO_QK_THREADS threads from the table, which its part[4] requires.
+        // Q·K gets exactly TURBO_QK_THREADS threads from the table, which its part[4] requires;
+        // the tq2_r rotations get rows (sub-blocks) of at most ROTATE_MAX values, their shared
+        // array's size.
         unsafe { b.launch(cfg) }.map_err(|e| cuda_err(k.entry, e))?;
         Ok(())
     }

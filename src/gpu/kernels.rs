@@ -31,7 +31,22 @@ pub(crate) enum Op {
     MatMul,
     /// `score[r] = q̂ · K[r]` over a pre-rotated query (turbo keys).
     TurboQk,
+    /// tq2_r's whole-row rotation `R·x` (or `Rᵀ·y`) of rows of at most [`ROTATE_MAX`] values,
+    /// one workgroup per row, the row in workgroup memory (the design's input rotation).
+    Rotate,
+    /// Rows longer than [`ROTATE_MAX`], first launch: signs and the butterfly stages inside
+    /// sub-blocks of at most [`ROTATE_MAX`] values, into a scratch vector.
+    RotateLocal,
+    /// Rows longer than [`ROTATE_MAX`]: one butterfly stage on the scratch vector, in place.
+    RotateStage,
+    /// Rows longer than [`ROTATE_MAX`], last launch: the dense factor and the scale (inverse:
+    /// and the signs), scratch → output.
+    RotateMix,
 }
+
+/// The longest row [`Op::Rotate`] takes, and the longest sub-block of [`Op::RotateLocal`]: 4096
+/// f32 in workgroup memory, 16 KiB (WebGPU's default limit; CUDA and Metal allow more).
+pub const ROTATE_MAX: usize = 4096;
 
 /// The kernel file an entry point is in; each backend compiles both when it opens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +55,8 @@ pub(crate) enum Module {
     Tq,
     /// `kernels/<lang>/turbo.*`
     Turbo,
+    /// `kernels/<lang>/tq2r.*`
+    Tq2r,
 }
 
 /// What a kernel's work items are: what [`Geometry::per_group`] counts.
@@ -47,9 +64,10 @@ pub(crate) enum Module {
 pub(crate) enum Unit {
     /// Packed blocks (TQ dequantize) or 32-value blocks of the activation (prerotate).
     Block,
-    /// Output values (turbo dequantize: one thread each, any number of groups per workgroup).
+    /// Output values (turbo dequantize, tq2_r mix) or butterfly pairs (tq2_r stage): one thread
+    /// each, any number per workgroup.
     Value,
-    /// Matrix or key rows (mat-vec, Q·K).
+    /// Matrix or key rows (mat-vec, Q·K), or rows of the tq2_r rotation.
     Row,
     /// Matrix rows × tiles of [`MATMUL_TOKENS`] activation rows (mat-mul): `per_group` rows per
     /// workgroup, one workgroup per (row group, token tile).
@@ -130,16 +148,20 @@ const TQ3: Option<TensorType> = Some(TensorType::TQ3_1S);
 const T2: Option<TensorType> = Some(TensorType::Turbo2);
 const T3: Option<TensorType> = Some(TensorType::Turbo3);
 const T4: Option<TensorType> = Some(TensorType::Turbo4);
+const TQ2R: Option<TensorType> = Some(TensorType::TQ2R);
 const QK_GEO: Geometry = geo(TURBO_QK_THREADS as u32, 1);
 
-/// Every kernel. Dequantize: 256 threads = 8 blocks of 32 (TQ), or one thread per value, 128 per
-/// group (turbo). Prerotate: 8 blocks of 32 per 256 threads (CUDA, Metal), or one thread per block,
-/// 64 per workgroup, no barriers (WGSL). Mat-vec: one 32-lane warp/SIMD group per row, 4 rows per
-/// 128 threads (CUDA, Metal), or one 64-thread workgroup per row (WGSL). Mat-mul: per token tile,
-/// one warp per row, 4 rows per 128 threads (CUDA, Metal), or one thread per 2 rows, 128 rows per
-/// workgroup (WGSL). Q·K: one 128-thread workgroup per key row ([`TURBO_QK_THREADS`]).
+/// Every kernel. Dequantize: 256 threads = 8 blocks of 32 (TQ, tq2_r), or one thread per value,
+/// 128 per group (turbo). Prerotate: 8 blocks of 32 per 256 threads (CUDA, Metal), or one thread
+/// per block, 64 per workgroup, no barriers (WGSL). Mat-vec: one 32-lane warp/SIMD group per row,
+/// 4 rows per 128 threads (CUDA, Metal), or one 64-thread workgroup per row (WGSL TQ) or 32 lanes
+/// per row, 8 rows per 256 threads (WGSL tq2_r). Mat-mul: per token tile, one warp per row, 4 rows
+/// per 128 threads (CUDA, Metal), or one thread per 2 rows, 128 rows per workgroup (WGSL). Q·K:
+/// one 128-thread workgroup per key row ([`TURBO_QK_THREADS`]). tq2_r rotation: one 256-thread
+/// workgroup per row (≤ [`ROTATE_MAX`]) or per sub-block, then one thread per butterfly pair /
+/// output value.
 #[rustfmt::skip]
-pub(crate) static KERNELS: [Kernel; 13] = [
+pub(crate) static KERNELS: [Kernel; 19] = [
     //  type  op              entry             module          unit         simt            wgsl
     k(TQ4,  Op::Dequantize, "tq4_dequant",    Module::Tq,    Unit::Block, geo(256, 8),    geo(256, 8)),
     k(TQ3,  Op::Dequantize, "tq3_dequant",    Module::Tq,    Unit::Block, geo(256, 8),    geo(256, 8)),
@@ -154,6 +176,12 @@ pub(crate) static KERNELS: [Kernel; 13] = [
     k(T2,   Op::TurboQk,    "turbo2_qk",      Module::Turbo, Unit::Row,   QK_GEO,         QK_GEO),
     k(T3,   Op::TurboQk,    "turbo3_qk",      Module::Turbo, Unit::Row,   QK_GEO,         QK_GEO),
     k(T4,   Op::TurboQk,    "turbo4_qk",      Module::Turbo, Unit::Row,   QK_GEO,         QK_GEO),
+    k(TQ2R, Op::Dequantize, "tq2r_dequant",   Module::Tq2r,  Unit::Block, geo(256, 8),    geo(256, 8)),
+    k(TQ2R, Op::MatVec,     "tq2r_matvec",    Module::Tq2r,  Unit::Row,   geo(128, 4),    geo(256, 8)),
+    k(TQ2R, Op::Rotate,     "tq2r_rotate",    Module::Tq2r,  Unit::Row,   geo(256, 1),    geo(256, 1)),
+    k(TQ2R, Op::RotateLocal,"tq2r_rot_local", Module::Tq2r,  Unit::Block, geo(256, 1),    geo(256, 1)),
+    k(TQ2R, Op::RotateStage,"tq2r_rot_stage", Module::Tq2r,  Unit::Value, geo(256, 256),  geo(256, 256)),
+    k(TQ2R, Op::RotateMix,  "tq2r_rot_mix",   Module::Tq2r,  Unit::Value, geo(256, 256),  geo(256, 256)),
 ];
 
 /// The kernel for `op` on `ty` (`ty` is ignored for the prerotate), or why there is none.
@@ -167,6 +195,9 @@ pub(crate) fn kernel(ty: TensorType, op: Op) -> Result<&'static Kernel> {
                 Op::MatVec => format!("{ty}: no mat-vec kernel"),
                 Op::MatMul => format!("{ty}: no mat-mul kernel"),
                 Op::TurboQk => format!("{ty}: no Q·K kernel"),
+                Op::Rotate | Op::RotateLocal | Op::RotateStage | Op::RotateMix => {
+                    format!("{ty}: no whole-row rotation kernel")
+                }
                 Op::Prerotate => unreachable!("the table has a prerotate"),
             })
         })
@@ -192,11 +223,14 @@ mod tests {
     fn table_covers_the_kernel_types() {
         for ty in KERNEL_TYPES {
             assert!(kernel(ty, Op::Dequantize).is_ok(), "{ty}");
-            let tq = ty.is_tq_weight();
-            assert_eq!(kernel(ty, Op::MatVec).is_ok(), tq, "{ty}");
+            let (tq, rr) = (ty.is_tq_weight(), ty.is_row_rotated());
+            assert_eq!(kernel(ty, Op::MatVec).is_ok(), tq || rr, "{ty}");
             assert_eq!(kernel(ty, Op::MatMul).is_ok(), tq, "{ty}");
             assert_eq!(has_matmul(ty), tq, "{ty}");
-            assert_eq!(kernel(ty, Op::TurboQk).is_ok(), !tq, "{ty}");
+            assert_eq!(kernel(ty, Op::TurboQk).is_ok(), ty.is_turbo(), "{ty}");
+            for op in [Op::Rotate, Op::RotateLocal, Op::RotateStage, Op::RotateMix] {
+                assert_eq!(kernel(ty, op).is_ok(), rr, "{ty} {op:?}");
+            }
         }
         for k in &KERNELS {
             assert!(
@@ -225,6 +259,7 @@ mod tests {
         for k in &KERNELS {
             let (cuda, metal, wgsl) = match k.module {
                 Module::Tq => (sources::CUDA_TQ, sources::METAL_TQ, sources::WGSL_TQ),
+                Module::Tq2r => (sources::CUDA_TQ2R, sources::METAL_TQ2R, sources::WGSL_TQ2R),
                 Module::Turbo => (
                     sources::CUDA_TURBO,
                     sources::METAL_TURBO,

@@ -9,7 +9,7 @@
 // status we could not check without a Mac are wrapped in `unsafe` blocks.
 #![allow(unused_unsafe)]
 
-use super::device::{Args, Device, Grid, TurboParams};
+use super::device::{Args, Device, Grid, Tq2rParams, TurboParams};
 use super::kernels::{Dialect, Kernel, Module};
 use super::{sources, BackendKind, OpenError};
 use crate::error::{Error, Result};
@@ -36,6 +36,7 @@ pub struct MetalBackend {
     queue: Retained<ProtocolObject<dyn MTLCommandQueue>>,
     tq: Retained<ProtocolObject<dyn MTLLibrary>>,
     turbo: Retained<ProtocolObject<dyn MTLLibrary>>,
+    tq2r: Retained<ProtocolObject<dyn MTLLibrary>>,
     /// GPU seconds of the launches since the last [`Device::timed`] began.
     gpu_seconds: f64,
 }
@@ -63,6 +64,7 @@ impl MetalBackend {
             };
         let tq = compile("tq.metal", &sources::text("metal", "tq.metal")?)?;
         let turbo = compile("turbo.metal", &sources::text("metal", "turbo.metal")?)?;
+        let tq2r = compile("tq2r.metal", &sources::text("metal", "tq2r.metal")?)?;
         let queue = device
             .newCommandQueue()
             .ok_or_else(|| Error::Unsupported("metal: no command queue".into()))?;
@@ -71,6 +73,7 @@ impl MetalBackend {
             queue,
             tq,
             turbo,
+            tq2r,
             gpu_seconds: 0.0,
         })
     }
@@ -83,6 +86,7 @@ impl MetalBackend {
         let lib = match k.module {
             Module::Tq => &self.tq,
             Module::Turbo => &self.turbo,
+            Module::Tq2r => &self.tq2r,
         };
         let f = lib
             .newFunctionWithName(&NSString::from_str(entry))
@@ -175,6 +179,13 @@ impl MetalBackend {
         self.buffer(&v.to_le_bytes())
     }
 
+    /// The tq2_r scalars as the kernels' `Tq2rParams` buffer: {flags, h, scale, step}.
+    fn tq2r_buf(&self, p: &Tq2rParams) -> Result<MetalBuf> {
+        let v = [p.flags, p.h, p.scale, p.step];
+        let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.buffer(&b)
+    }
+
     /// A turbo layout as the kernels' `lay` buffer: {group, bytes, hdr}.
     fn layout_buf(&self, p: &TurboParams) -> Result<MetalBuf> {
         let v = [p.group, p.bytes, p.hdr];
@@ -206,8 +217,9 @@ impl Device for MetalBackend {
     }
 
     /// Buffer indices as in `kernels/metal/*.metal`: 0 blocks, 1 output, 2 n, 3 cols, 4 vector
-    /// input, 5 codebook, 6 layout {group, bytes, hdr}, 7 tokens. Commits and waits (one command buffer
-    /// per launch).
+    /// input, 5 codebook, 6 layout {group, bytes, hdr} (turbo), or 5 signs, 6 dense factor,
+    /// 7 {flags, h, scale, step} (tq2_r); 8 tokens (mat-mul). Commits and waits (one command
+    /// buffer per launch).
     fn launch(&mut self, k: &'static Kernel, grid: Grid, a: &Args<MetalBuf>) -> Result<()> {
         let n = self.u32_buf(a.n)?;
         let cols = match a.cols {
@@ -221,6 +233,10 @@ impl Device for MetalBackend {
         let turbo = match a.turbo {
             Some((cb, p)) => Some((cb, self.layout_buf(&p)?)),
             None => None,
+        };
+        let tq2r = match (k.module, &a.tq2r) {
+            (Module::Tq2r, t) => Some(self.tq2r_buf(&t.as_ref().map(|t| t.p).unwrap_or_default())?),
+            _ => None,
         };
         let mut bufs: Vec<(usize, &MetalBuf)> = vec![];
         if let Some(b) = a.blocks {
@@ -238,8 +254,19 @@ impl Device for MetalBackend {
             bufs.push((5, *cb));
             bufs.push((6, lay));
         }
+        if let Some(t) = &a.tq2r {
+            if let Some(s) = t.signs {
+                bufs.push((5, s));
+            }
+            if let Some(m) = t.mat {
+                bufs.push((6, m));
+            }
+        }
+        if let Some(p) = &tq2r {
+            bufs.push((7, p));
+        }
         if let Some(t) = &tokens {
-            bufs.push((7, t));
+            bufs.push((8, t));
         }
         self.gpu_seconds += self.run(k, &bufs, grid)?;
         Ok(())

@@ -11,6 +11,11 @@
 //! - TQ4_1S, TQ3_1S: row dequantize (centroid × half scale, inverse 32-point RHT) and a mat-vec
 //!   that rotates the activation blocks instead (`W·x = (C[idx]⊙d)·forward(x)` block by block).
 //! - turbo2/3/4: block dequantize (rotated domain) and the Q·K dot with a pre-rotated query.
+//! - tq2_r (the seed design's 2-bit weights, FORMATS.md §6): block decode in the rotated domain
+//!   (tq2_r blocks or the design's own split layout, [`TwoBitLayout`]), the whole-row rotation
+//!   (`R·x` for the mat-vec's input, `Rᵀ` to decode rows: one workgroup per row up to
+//!   [`ROTATE_MAX`], a multi-pass path above) and a word-oriented 2-bit GEMV over the rotated
+//!   input.
 //!
 //! Layout of the room:
 //! - `kernels.rs`: the one table of kernel entries (entry point, file, launch geometry per type
@@ -48,7 +53,7 @@ mod turbo_spec;
 pub mod wgpu;
 
 pub use self::cpu::{rotated_weight, CpuEmulation};
-pub use self::device::Backend;
+pub use self::device::{Backend, RotatePath, TwoBit, TwoBitLayout};
 pub use self::harness::compare::{
     compare_dots, compare_exact, ulp_distance, KernelKind, KernelResult, Tolerance, DOT_REL_BOUND,
 };
@@ -58,8 +63,9 @@ pub use self::harness::data::{
     smollm2_weight_shapes, Conformance, Rng, Shape,
 };
 pub use self::harness::report::format_report;
-pub use self::harness::{check, CheckOptions, Report, Throughput};
-pub use self::kernels::{has_matmul, MATMUL_TOKENS, TURBO_QK_THREADS};
+pub(crate) use self::harness::tq2r::{is_hadamard, row_decode};
+pub use self::harness::{check, CheckOptions, MatvecTime, Report, Throughput};
+pub use self::kernels::{has_matmul, MATMUL_TOKENS, ROTATE_MAX, TURBO_QK_THREADS};
 pub use self::linear::{Linear, WeightId};
 pub use self::turbo_spec::{turbo_specs, TurboSpec};
 
@@ -67,12 +73,13 @@ use crate::error::Error;
 use crate::types::TensorType;
 
 /// The TurboQuant types that have GPU kernels.
-pub const KERNEL_TYPES: [TensorType; 5] = [
+pub const KERNEL_TYPES: [TensorType; 6] = [
     TensorType::TQ4_1S,
     TensorType::TQ3_1S,
     TensorType::Turbo2,
     TensorType::Turbo3,
     TensorType::Turbo4,
+    TensorType::TQ2R,
 ];
 
 /// Why a backend could not be opened: absent (not built in, library or device not found: `auto`

@@ -7,12 +7,15 @@ use std::path::Path;
 pub const CUDA_COMMON: &str = include_str!("../../kernels/cuda/common.cuh");
 pub const CUDA_TQ: &str = include_str!("../../kernels/cuda/tq.cu");
 pub const CUDA_TURBO: &str = include_str!("../../kernels/cuda/turbo.cu");
+pub const CUDA_TQ2R: &str = include_str!("../../kernels/cuda/tq2r.cu");
 pub const METAL_COMMON: &str = include_str!("../../kernels/metal/common.metal");
 pub const METAL_TQ: &str = include_str!("../../kernels/metal/tq.metal");
 pub const METAL_TURBO: &str = include_str!("../../kernels/metal/turbo.metal");
+pub const METAL_TQ2R: &str = include_str!("../../kernels/metal/tq2r.metal");
 pub const WGSL_COMMON: &str = include_str!("../../kernels/wgsl/common.wgsl");
 pub const WGSL_TQ: &str = include_str!("../../kernels/wgsl/tq.wgsl");
 pub const WGSL_TURBO: &str = include_str!("../../kernels/wgsl/turbo.wgsl");
+pub const WGSL_TQ2R: &str = include_str!("../../kernels/wgsl/tq2r.wgsl");
 
 /// The text of `kernels/<lang>/<file>`: the embedded copy, or with `TQ_KERNELS_DIR=DIR` the
 /// file `DIR/<lang>/<file>` (to try a kernel edit without rebuilding; the harness and the
@@ -26,12 +29,15 @@ pub fn text(lang: &str, file: &str) -> Result<String> {
         ("cuda", "common.cuh") => CUDA_COMMON,
         ("cuda", "tq.cu") => CUDA_TQ,
         ("cuda", "turbo.cu") => CUDA_TURBO,
+        ("cuda", "tq2r.cu") => CUDA_TQ2R,
         ("metal", "common.metal") => METAL_COMMON,
         ("metal", "tq.metal") => METAL_TQ,
         ("metal", "turbo.metal") => METAL_TURBO,
+        ("metal", "tq2r.metal") => METAL_TQ2R,
         ("wgsl", "common.wgsl") => WGSL_COMMON,
         ("wgsl", "tq.wgsl") => WGSL_TQ,
         ("wgsl", "turbo.wgsl") => WGSL_TURBO,
+        ("wgsl", "tq2r.wgsl") => WGSL_TQ2R,
         _ => {
             return Err(Error::Unsupported(format!(
                 "no bundled kernel source {lang}/{file}"

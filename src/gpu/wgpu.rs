@@ -24,6 +24,7 @@ pub struct WgpuBackend {
     info: wgpu::AdapterInfo,
     tq: wgpu::ShaderModule,
     turbo: wgpu::ShaderModule,
+    tq2r: wgpu::ShaderModule,
     pipelines: HashMap<&'static str, wgpu::ComputePipeline>,
     max_groups: u32,
     max_binding: u64,
@@ -89,6 +90,9 @@ impl WgpuBackend {
             required_limits: wgpu::Limits {
                 max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
                 max_buffer_size: limits.max_buffer_size,
+                // tq2r_rotate keeps a row of up to 4096 f32 in workgroup memory (16 KiB, the
+                // WebGPU default; downlevel_defaults has 16352 bytes).
+                max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
                 ..wgpu::Limits::downlevel_defaults()
             },
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
@@ -111,6 +115,7 @@ impl WgpuBackend {
         };
         let tq = compile("tq.wgsl", &sources::text("wgsl", "tq.wgsl")?)?;
         let turbo = compile("turbo.wgsl", &sources::text("wgsl", "turbo.wgsl")?)?;
+        let tq2r = compile("tq2r.wgsl", &sources::text("wgsl", "tq2r.wgsl")?)?;
         Ok(WgpuBackend {
             max_groups: device.limits().max_compute_workgroups_per_dimension,
             max_binding: device.limits().max_storage_buffer_binding_size,
@@ -119,6 +124,7 @@ impl WgpuBackend {
             info,
             tq,
             turbo,
+            tq2r,
             pipelines: HashMap::new(),
             pending: None,
         })
@@ -132,6 +138,7 @@ impl WgpuBackend {
         let module = match k.module {
             Module::Tq => &self.tq,
             Module::Turbo => &self.turbo,
+            Module::Tq2r => &self.tq2r,
         };
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let p = self
@@ -172,19 +179,24 @@ impl WgpuBackend {
         })
     }
 
-    /// The kernels' `Params` uniform: `n, cols, group, bytes, hdr, tokens` (zero where a kernel
-    /// has no such argument) and padding to 32 bytes.
+    /// The kernels' `Params` uniform: `n, cols, group, bytes, hdr, tokens, flags, rot_h,
+    /// rot_scale, rot_step` (zero where a kernel has no such argument) and padding to 48 bytes.
     fn params(&self, a: &Args<wgpu::Buffer>) -> wgpu::Buffer {
         let (g, b, h) = a
             .turbo
             .map_or((0, 0, 0), |(_, p)| (p.group, p.bytes, p.hdr));
-        let p: [u32; 8] = [
+        let t = a.tq2r.as_ref().map(|t| t.p).unwrap_or_default();
+        let p: [u32; 12] = [
             a.n,
             a.cols.unwrap_or(0),
             g,
             b,
             h,
             a.tokens.unwrap_or(0),
+            t.flags,
+            t.h,
+            t.scale,
+            t.step,
             0,
             0,
         ];
@@ -318,7 +330,8 @@ impl Device for WgpuBackend {
     }
 
     /// Encode one dispatch into the pending command encoder; bindings as in
-    /// `kernels/wgsl/common.wgsl` (0 src, 1 dst, 2 params, 3 vec_in) and `turbo.wgsl` (4 cb).
+    /// `kernels/wgsl/common.wgsl` (0 src, 1 dst, 2 params, 3 vec_in), `turbo.wgsl` (4 cb) and
+    /// `tq2r.wgsl` (4 rot_signs, 5 rot_mat).
     fn launch(&mut self, k: &'static Kernel, grid: Grid, a: &Args<wgpu::Buffer>) -> Result<()> {
         let params = self.params(a);
         let mut bufs = vec![];
@@ -332,6 +345,14 @@ impl Device for WgpuBackend {
         }
         if let Some((cb, _)) = &a.turbo {
             bufs.push((4, *cb));
+        }
+        if let Some(t) = &a.tq2r {
+            if let Some(s) = t.signs {
+                bufs.push((4, s));
+            }
+            if let Some(m) = t.mat {
+                bufs.push((5, m));
+            }
         }
         let (p, bg) = self.bind(k, &bufs)?;
         let grid = self.grid(grid.groups)?;

@@ -80,6 +80,25 @@ pub fn fwht(x: &mut [f32]) {
     }
 }
 
+/// In-place unnormalized FWHT in f64, the butterfly order of [`fwht_scalar`] (references that
+/// must be more exact than the f32 transforms they check). `x.len()` must be a power of two.
+pub fn fwht_f64(x: &mut [f64]) {
+    let n = x.len();
+    assert!(n.is_power_of_two(), "FWHT length {n} is not a power of two");
+    let mut step = 1;
+    while step < n {
+        for blk in x.chunks_exact_mut(2 * step) {
+            let (lo, hi) = blk.split_at_mut(step);
+            for (a, b) in lo.iter_mut().zip(hi.iter_mut()) {
+                let t = *a;
+                *a = t + *b;
+                *b = t - *b;
+            }
+        }
+        step *= 2;
+    }
+}
+
 /// `1/√n` as the f32 constant the engines use.
 pub fn inv_sqrt_len(n: usize) -> f32 {
     (1.0 / (n as f64).sqrt()) as f32

@@ -20,7 +20,7 @@
 //! Incoherence measured on SmolLM2-135M rows is in `docs/codebook.md` (test
 //! `rotation::smollm2_incoherence`).
 
-use super::hadamard::fwht;
+use super::hadamard::{fwht, fwht_f64};
 use super::pcg64::row_signs;
 
 /// Which construction to use for a row length.
@@ -237,6 +237,32 @@ fn mix_tiled<const T: usize>(
     }
 }
 
+/// The factored form of a [`Method::Hadamard`] or [`Method::Dct`] rotation, as a GPU kernel
+/// applies it to a row `x` of `n = h·w` values (`w` a power of two):
+/// 1. `v = x ⊙ signs`;
+/// 2. an unnormalized FWHT (the [`fwht`] butterfly order) on each of the `h` segments of `w`;
+/// 3. Hadamard (`mix_then_scale`): `y[a·w + c] = scale · Σ_a' mat[a·h + a']·v[a'·w + c]`;
+///    DCT: `v ← v·scale` first, then the same sum without the scale.
+///
+/// The sum over `a'` runs in increasing order from 0, as the CPU transform does, so an f32
+/// implementation that follows these steps is bit-exact with [`Rotation::forward`] (for the ±1
+/// Hadamard factor even with fused multiply-adds; the DCT factor needs them off). The inverse is
+/// the same steps with `mat` transposed and the signs applied last instead of first.
+#[derive(Clone, Copy, Debug)]
+pub struct Factors<'a> {
+    pub signs: &'a [f32],
+    /// Order of the dense factor (1: none, a plain FWHT).
+    pub h: usize,
+    /// Length of each FWHT segment, `n / h`.
+    pub w: usize,
+    /// The dense `h × h` factor, row-major: ±1 (Hadamard) or the orthonormal DCT-II (f32).
+    pub mat: &'a [f32],
+    /// Hadamard: mix, then × scale; DCT: × scale, then mix.
+    pub mix_then_scale: bool,
+    /// `1/√n` (Hadamard) or `1/√w` (DCT), rounded to f32 as the CPU transform rounds it.
+    pub scale: f32,
+}
+
 impl Rotation {
     /// A rotation for length `n` with signs from `row_signs(seed, n)`.
     pub fn new(n: usize, method: Method, seed: u64) -> Result<Rotation, String> {
@@ -359,6 +385,121 @@ impl Rotation {
         v
     }
 
+    /// The factored form of a Hadamard or DCT rotation ([`Factors`]); `None` for block-diagonal
+    /// and zero-padded rotations.
+    pub fn factors(&self) -> Option<Factors<'_>> {
+        match &self.kind {
+            Kind::Hadamard { h, hmat } => Some(Factors {
+                signs: &self.signs,
+                h: *h,
+                w: self.n / h,
+                mat: hmat,
+                mix_then_scale: true,
+                scale: (1.0 / (self.n as f64).sqrt()) as f32,
+            }),
+            Kind::Dct { q, cmat } => Some(Factors {
+                signs: &self.signs,
+                h: *q,
+                w: self.n / q,
+                mat: cmat,
+                mix_then_scale: false,
+                scale: (1.0 / ((self.n / q) as f64).sqrt()) as f32,
+            }),
+            Kind::Block { .. } | Kind::Pad { .. } => None,
+        }
+    }
+
+    /// `R·x` in f64 for a Hadamard or DCT rotation: the same linear map as [`Rotation::forward`]
+    /// (the DCT factor's f32 entries, the signs) with every operation in f64 and the exact
+    /// scale — the reference that f32 implementations of the transform are held to. `None` for
+    /// the kinds without [`Rotation::factors`] or a wrong input length.
+    pub fn forward_f64(&self, x: &[f64]) -> Option<Vec<f64>> {
+        self.apply_f64(x, false)
+    }
+
+    /// `Rᵀ·y` in f64, as [`Rotation::forward_f64`].
+    pub fn inverse_f64(&self, y: &[f64]) -> Option<Vec<f64>> {
+        self.apply_f64(y, true)
+    }
+
+    fn apply_f64(&self, x: &[f64], inverse: bool) -> Option<Vec<f64>> {
+        let f = self.factors()?;
+        if x.len() != self.n {
+            return None;
+        }
+        let mut v: Vec<f64> = if inverse {
+            x.to_vec()
+        } else {
+            x.iter().zip(f.signs).map(|(a, s)| a * *s as f64).collect()
+        };
+        for seg in v.chunks_exact_mut(f.w) {
+            fwht_f64(seg);
+        }
+        let scale = if f.mix_then_scale {
+            1.0 / (self.n as f64).sqrt()
+        } else {
+            1.0 / (f.w as f64).sqrt()
+        };
+        let mut out = vec![0f64; self.n];
+        for a in 0..f.h {
+            for c in 0..f.w {
+                let m = |a2: usize| {
+                    if inverse {
+                        f.mat[a2 * f.h + a]
+                    } else {
+                        f.mat[a * f.h + a2]
+                    }
+                };
+                out[a * f.w + c] = scale
+                    * (0..f.h)
+                        .map(|a2| m(a2) as f64 * v[a2 * f.w + c])
+                        .sum::<f64>();
+            }
+        }
+        if inverse {
+            out.iter_mut()
+                .zip(f.signs)
+                .for_each(|(a, s)| *a *= *s as f64);
+        }
+        Some(out)
+    }
+
+    /// `Σ_j |R_ij|·|x_j|` for every output `i` of a Hadamard or DCT rotation, in f64: the scale
+    /// that the rounding error of an f32 transform is measured against (the transform's output
+    /// `i` is the dot of row `i` of `R` with `x`). `inverse` for `Rᵀ`. `None` as
+    /// [`Rotation::forward_f64`].
+    pub fn abs_sums(&self, x: &[f64], inverse: bool) -> Option<Vec<f64>> {
+        let f = self.factors()?;
+        if x.len() != self.n {
+            return None;
+        }
+        // |R| = |M| ⊗ (all-ones w×w) · scale: every output of a segment sees Σ|x| of a segment.
+        let seg: Vec<f64> = x
+            .chunks_exact(f.w)
+            .map(|s| s.iter().map(|v| v.abs()).sum())
+            .collect();
+        let scale = if f.mix_then_scale {
+            1.0 / (self.n as f64).sqrt()
+        } else {
+            1.0 / (f.w as f64).sqrt()
+        };
+        let mut out = vec![0f64; self.n];
+        for a in 0..f.h {
+            let s: f64 = (0..f.h)
+                .map(|a2| {
+                    let m = if inverse {
+                        f.mat[a2 * f.h + a]
+                    } else {
+                        f.mat[a * f.h + a2]
+                    };
+                    (m as f64).abs() * seg[a2]
+                })
+                .sum();
+            out[a * f.w..(a + 1) * f.w].fill(scale * s);
+        }
+        Some(out)
+    }
+
     /// The orthonormal transform without signs; `transpose` for the inverse.
     fn core(&self, v: &mut [f32], transpose: bool) {
         match &self.kind {
@@ -478,6 +619,68 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The factored form applied step by step in f32 is the CPU transform bit for bit, and the
+    /// f64 map is the same linear map.
+    #[test]
+    fn factors_reproduce_forward_and_f64_is_close() {
+        for n in [64usize, 96, 576, 1376, 1536] {
+            let r = Rotation::new(n, Method::Auto, 5).unwrap();
+            let f = r.factors().unwrap();
+            assert_eq!(f.h * f.w, n);
+            let x: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919 % 101) as f32 - 50.0) / 17.0)
+                .collect();
+            let mut v: Vec<f32> = x.iter().zip(f.signs).map(|(a, s)| a * s).collect();
+            for seg in v.chunks_exact_mut(f.w) {
+                fwht(seg);
+            }
+            if !f.mix_then_scale {
+                v.iter_mut().for_each(|a| *a *= f.scale);
+            }
+            let mut y = vec![0f32; n];
+            for a in 0..f.h {
+                for c in 0..f.w {
+                    // h = 1: no mix (a sum from +0 would turn −0 into +0).
+                    let mut acc = if f.h == 1 { v[c] } else { 0f32 };
+                    for a2 in 0..f.h {
+                        if f.h > 1 {
+                            acc += f.mat[a * f.h + a2] * v[a2 * f.w + c];
+                        }
+                    }
+                    y[a * f.w + c] = if f.mix_then_scale { acc * f.scale } else { acc };
+                }
+            }
+            let want = r.forward(&x);
+            assert!(
+                y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{n}: {}",
+                r.describe()
+            );
+            let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+            let y64 = r.forward_f64(&x64).unwrap();
+            let bound = r.abs_sums(&x64, false).unwrap();
+            for i in 0..n {
+                assert!(
+                    (y64[i] - want[i] as f64).abs() <= 1e-5 * bound[i],
+                    "{n} [{i}]"
+                );
+                assert!(y64[i].abs() <= bound[i] * (1.0 + 1e-12));
+            }
+            let back = r.inverse_f64(&y64).unwrap();
+            let ib = r.abs_sums(&y64, true).unwrap();
+            for i in 0..n {
+                assert!(
+                    (back[i] - x64[i]).abs() <= 1e-5 * ib[i],
+                    "{n} inverse [{i}]"
+                );
+            }
+        }
+        assert!(Rotation::new(96, Method::Block, 1)
+            .unwrap()
+            .factors()
+            .is_none());
     }
 
     #[test]

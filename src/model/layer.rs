@@ -76,6 +76,9 @@ pub fn load_f32(f: &GgufFile, name: &str) -> Result<Vec<f32>> {
     let n = t.n_rows() as usize;
     let mut out = vec![0f32; t.n_elements() as usize];
     dequantize_rows(f, t, 0, n, &mut out)?;
+    // The f32 copy is what the runtime uses: drop the mapped pages so a model larger than RAM
+    // streams through (they stay in the page cache; the next pass refaults them cheaply).
+    f.release(t);
     Ok(out)
 }
 
@@ -148,6 +151,7 @@ impl LinearSet {
             }
             if !skip(&t.name) {
                 dequantize_rows(f, t, 0, n, &mut w[off * k..(off + n) * k])?;
+                f.release(t);
             }
             if let (Some(b), Some(v)) = (bias.as_mut(), load_opt(f, bname)?) {
                 if v.len() != n {
@@ -299,6 +303,32 @@ impl LayerWeights {
             + self.wo.prepare_cuda(f, path)?
             + self.gate_up.prepare_cuda(f, path)?
             + self.down.prepare_cuda(f, path)?)
+    }
+
+    /// The linear sets of block `l` as [`LayerWeights::load`] builds them, without loading
+    /// anything: for each set, the GGUF names of its weights (in the order the runtime's
+    /// observer reports them) and its input width. Calibration uses it to know in advance which
+    /// Hessians a pass will produce.
+    pub fn linear_groups(f: &GgufFile, l: usize) -> Result<Vec<(Vec<String>, usize)>> {
+        let n = LayerNames::new(l);
+        let sets: Vec<Vec<&String>> = vec![
+            if f.tensor(&n.attn_qkv).is_some() {
+                vec![&n.attn_qkv]
+            } else {
+                vec![&n.attn_q, &n.attn_k, &n.attn_v]
+            },
+            vec![&n.attn_output],
+            vec![&n.ffn_gate, &n.ffn_up],
+            vec![&n.ffn_down],
+        ];
+        sets.into_iter()
+            .map(|names| {
+                let t = f.tensor(names[0]).ok_or_else(|| {
+                    Error::bad_input(&f.path, format!("missing tensor {}", names[0]))
+                })?;
+                Ok((names.into_iter().cloned().collect(), t.row_len() as usize))
+            })
+            .collect()
     }
 
     pub fn load(f: &GgufFile, cfg: &Config, l: usize) -> Result<LayerWeights> {

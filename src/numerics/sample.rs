@@ -4,16 +4,17 @@
 
 use crate::error::Result;
 use crate::math::splitmix::SplitMix64 as Rng;
-use crate::types::{dequantize as cpu_dequantize, quantize as cpu_quantize, TensorType};
+use crate::types::{dequantize_rows, quantize_rows, TensorType};
 
-/// Gaussian weights quantized with the CPU reference quantizer.
+/// Gaussian weights quantized with the CPU reference quantizer (by rows of `cols`, so row-rotated
+/// types get their rotation).
 pub fn random_weights(ty: TensorType, rows: usize, cols: usize, rng: &mut Rng) -> Result<Vec<u8>> {
     let sigma = 0.02 + 0.05 * rng.uniform();
     let src: Vec<f32> = (0..rows * cols)
         .map(|_| (rng.gauss() * sigma) as f32)
         .collect();
     let mut out = vec![0u8; (rows * cols) / ty.block_size() * ty.block_bytes()];
-    cpu_quantize(ty, &src, &mut out, "random weights")?;
+    quantize_rows(ty, &src, &mut out, cols, "random weights")?;
     Ok(out)
 }
 
@@ -41,7 +42,7 @@ pub fn reference_dots(
     x: &[f32],
 ) -> Result<(Vec<f64>, Vec<f64>)> {
     let mut w = vec![0f32; rows * cols];
-    cpu_dequantize(ty, bytes, &mut w, "reference")?;
+    dequantize_rows(ty, bytes, &mut w, cols, "reference")?;
     Ok(dots_of(&w, rows, cols, x))
 }
 

@@ -129,12 +129,32 @@ impl Hessians {
         target.commit(f)
     }
 
-    /// Read a Hessian file written by [`save`](Self::save); returns it and its metadata.
+    /// Read a Hessian file written by [`save`](Self::save) whole; returns it and its metadata.
     pub fn load(path: &Path) -> Result<(Hessians, BTreeMap<String, String>)> {
-        let f = crate::source::st::SafetensorsFile::open(path)?;
-        let meta: BTreeMap<String, String> = f.metadata.iter().cloned().collect();
+        let (file, meta) = HessianFile::open(path)?;
         let mut hs = Hessians::default();
-        for t in &f.tensors {
+        for k in file.index.groups.keys() {
+            hs.groups.insert(k.clone(), file.load_group(k)?);
+        }
+        Ok((hs, meta))
+    }
+}
+
+/// A Hessian file opened lazily: the groups' names, dimensions and token counts are read from
+/// the header ([`HessianFile::index`], `h` empty); each group's matrix is read when asked for
+/// and its pages dropped after, so using a file costs one group in memory, not the file.
+pub struct HessianFile {
+    file: crate::source::st::SafetensorsFile,
+    /// Every group with `h` empty.
+    pub index: Hessians,
+}
+
+impl HessianFile {
+    pub fn open(path: &Path) -> Result<(HessianFile, BTreeMap<String, String>)> {
+        let file = crate::source::st::SafetensorsFile::open(path)?;
+        let meta: BTreeMap<String, String> = file.metadata.iter().cloned().collect();
+        let mut index = Hessians::default();
+        for t in &file.tensors {
             if t.dtype != safetensors::Dtype::F64 || t.shape.len() != 2 || t.shape[0] != t.shape[1]
             {
                 return Err(Error::bad_input(
@@ -142,28 +162,42 @@ impl Hessians {
                     format!("tensor '{}' is not a square F64 Hessian", t.name),
                 ));
             }
-            let n = t.shape[0];
-            let h: Vec<f64> = f
-                .tensor_data(t)
-                .chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-                .collect();
             let tokens = meta
                 .get(&format!("tokens:{}", t.name))
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0);
-            let tensors = t.name.split(',').map(str::to_string).collect();
-            hs.groups.insert(
+            index.groups.insert(
                 t.name.clone(),
                 Hessian {
-                    tensors,
-                    n,
-                    h,
+                    tensors: t.name.split(',').map(str::to_string).collect(),
+                    n: t.shape[0],
+                    h: Vec::new(),
                     tokens,
                 },
             );
         }
-        Ok((hs, meta))
+        Ok((HessianFile { file, index }, meta))
+    }
+
+    /// The group stored under `key` (its tensor names joined by `,`), read in full.
+    pub fn load_group(&self, key: &str) -> Result<Hessian> {
+        let g = self.index.groups.get(key).ok_or_else(|| {
+            Error::bad_input(&self.file.path, format!("no Hessian group '{key}'"))
+        })?;
+        let t = self
+            .file
+            .tensors
+            .iter()
+            .find(|t| t.name == key)
+            .expect("indexed from the file");
+        let h = self
+            .file
+            .tensor_data(t)
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        self.file.release(t);
+        Ok(Hessian { h, ..g.clone() })
     }
 }
 

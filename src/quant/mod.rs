@@ -10,7 +10,7 @@ pub(crate) mod hessian;
 pub mod ldlq;
 mod ldlq2;
 
-pub use hessian::{Hessian, Hessians};
+pub use hessian::{Hessian, HessianFile, Hessians};
 
 use crate::error::{Error, Result};
 use rayon::prelude::*;

@@ -19,7 +19,7 @@ const MAX_LOOP_PERIOD: usize = 8;
 
 /// Prompts: lines of the prompts file, or `prompts` slices of `prompt_tokens` tokens spread over
 /// the input's token stream; each starts with the BOS when the vocabulary adds one.
-fn prompts(file: &GgufFile, input: Input, g: &GenSpec) -> Result<Vec<Vec<u32>>> {
+fn prompts(file: &GgufFile, input: Option<Input>, g: &GenSpec) -> Result<Vec<Vec<u32>>> {
     if let Some(p) = g.prompts_file {
         let text = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
         let tok = Tokenizer::from_gguf(file)?;
@@ -33,6 +33,11 @@ fn prompts(file: &GgufFile, input: Input, g: &GenSpec) -> Result<Vec<Vec<u32>>> 
         }
         return Ok(v);
     }
+    let Some(input) = input else {
+        return Err(Error::Usage(
+            "greedy generation needs --text/--tokens or --prompts FILE".into(),
+        ));
+    };
     let (toks, bos) = input.tokens(file)?;
     let n = g.prompt_tokens.max(1);
     if toks.len() < n + 1 {
@@ -106,7 +111,7 @@ pub(super) fn flags(gen: &[u32], special: &dyn Fn(u32) -> bool) -> Vec<String> {
 pub(super) fn run(
     file: &GgufFile,
     rf: &GgufFile,
-    input: Input,
+    input: Option<Input>,
     g: &GenSpec,
     t: &Thresholds,
 ) -> Result<(Vec<PromptGen>, Vec<Check>)> {

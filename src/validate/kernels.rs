@@ -1,15 +1,17 @@
 //! The bundled GPU kernels on the artifact's own tensors: for every tensor of a type with kernels
-//! (TQ4_1S, TQ3_1S), a deterministic sample of rows (every row with `full`) is decoded and
+//! (TQ4_1S, TQ3_1S, tq2_r), a deterministic sample of rows (every row with `full`) is decoded and
 //! multiplied by each requested backend and held to the CPU reference with `tq kernels check`'s
-//! tolerances: dequantize bit-exact, mat-vec within `DOT_REL_BOUND · Σ|w·x|` per output. A backend
-//! that is not built in or has no device is skipped with the reason.
+//! tolerances: dequantize bit-exact (tq2_r: decode + the device's inverse row rotation, bit-exact
+//! for Hadamard rotations), mat-vec within `DOT_REL_BOUND · Σ|w·x|` per output. A backend that is
+//! not built in or has no device is skipped with the reason.
 
 use super::{Check, Status};
 use crate::error::{one_line, Result};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::gpu::{
-    compare_dots, compare_exact, open_backend, random_activation, reference_dots, Backend,
-    BackendKind, KernelKind, OpenError, Rng, DOT_REL_BOUND, KERNEL_TYPES,
+    compare_dots, compare_exact, is_hadamard, open_backend, random_activation, reference_dots,
+    row_decode, Backend, BackendKind, KernelKind, OpenError, Rng, TwoBit, TwoBitLayout,
+    DOT_REL_BOUND, KERNEL_TYPES,
 };
 
 /// Rows sampled per tensor (evenly spaced, first and last included).
@@ -26,6 +28,8 @@ fn sample(n: u64, full: bool) -> Vec<u64> {
 }
 
 /// One tensor on one backend: (blocks checked, largest mat-vec error over Σ|w·x|) or the failure.
+/// tq2_r tensors whose rotation has a DCT factor are decoded within a bound, not bit-exact
+/// (`tq kernels check`'s tolerance for them).
 fn tensor(
     b: &mut dyn Backend,
     file: &GgufFile,
@@ -41,10 +45,21 @@ fn tensor(
     for &r in &rows {
         w.extend_from_slice(&data[r as usize * row_bytes..(r as usize + 1) * row_bytes]);
     }
-    let mut want = vec![0f32; rows.len() * cols];
-    crate::types::dequantize(t.ty, &w, &mut want, &t.name)?;
-    let got = b.dequantize(t.ty, &w)?;
-    let d = compare_exact(t.ty, &t.name, &got, &want);
+    let d = if t.ty.is_row_rotated() {
+        let m = TwoBit {
+            layout: TwoBitLayout::Tq2r,
+            data: &w,
+            rows: rows.len(),
+            cols,
+            rotated: true,
+        };
+        row_decode(b, &m, &t.name)?
+    } else {
+        let mut want = vec![0f32; rows.len() * cols];
+        crate::types::dequantize(t.ty, &w, &mut want, &t.name)?;
+        let got = b.dequantize(t.ty, &w)?;
+        compare_exact(t.ty, &t.name, &got, &want)
+    };
     if !d.pass {
         return Ok(Err(format!(
             "{} dequantize on {}: {}",
@@ -81,7 +96,9 @@ pub(super) fn checks(file: &GgufFile, backends: &[BackendKind], full: bool) -> R
         .tensors
         .iter()
         .enumerate()
-        .filter(|(_, t)| t.ty.is_tq_weight() && KERNEL_TYPES.contains(&t.ty))
+        .filter(|(_, t)| {
+            (t.ty.is_tq_weight() || t.ty.is_row_rotated()) && KERNEL_TYPES.contains(&t.ty)
+        })
         .collect();
     let mut out = vec![];
     for &kind in backends {
@@ -91,7 +108,7 @@ pub(super) fn checks(file: &GgufFile, backends: &[BackendKind], full: bool) -> R
                 "kernels",
                 name,
                 Status::Skipped,
-                "no tensor of a type with bundled GPU kernels (tq4_1s, tq3_1s)",
+                "no tensor of a type with bundled GPU kernels (tq4_1s, tq3_1s, tq2_r)",
             ));
             continue;
         }
@@ -112,6 +129,12 @@ pub(super) fn checks(file: &GgufFile, backends: &[BackendKind], full: bool) -> R
             }
         };
         let (mut blocks, mut worst) = (0usize, 0f64);
+        let mut bounded = 0;
+        for &(_, t) in &tensors {
+            if t.ty.is_row_rotated() && !is_hadamard(t.row_len() as usize)? {
+                bounded += 1;
+            }
+        }
         let mut failure = None;
         for &(i, t) in &tensors {
             match tensor(b.as_mut(), file, t, i, full)? {
@@ -132,11 +155,16 @@ pub(super) fn checks(file: &GgufFile, backends: &[BackendKind], full: bool) -> R
                 name,
                 Status::Pass,
                 format!(
-                    "{} on {}: {} tensors, {blocks} blocks ({}): dequantize bit-exact, mat-vec max |err|/sum|w*x| {worst:.2e} <= {DOT_REL_BOUND:.2e}",
+                    "{} on {}: {} tensors, {blocks} blocks ({}): dequantize bit-exact{}, mat-vec max |err|/sum|w*x| {worst:.2e} <= {DOT_REL_BOUND:.2e}",
                     name,
                     one_line(&b.device_name()),
                     tensors.len(),
-                    if full { "every row" } else { "8 rows per tensor" }
+                    if full { "every row" } else { "8 rows per tensor" },
+                    if bounded > 0 {
+                        format!(" ({bounded} tq2_r tensors with a DCT rotation: within the bound)")
+                    } else {
+                        String::new()
+                    }
                 ),
             ),
         });

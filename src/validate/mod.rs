@@ -365,7 +365,7 @@ pub fn validate(o: &Options) -> Result<Report> {
     let mut generation = None;
     match (&o.generation, &ref_file, o.input) {
         (Some(_), _, _) if broken => {}
-        (Some(g), Some(rf), Some(input)) => {
+        (Some(g), Some(rf), input) if input.is_some() || g.prompts_file.is_some() => {
             let (gens, c) = generation::run(&file, rf, input, g, &o.thresholds)?;
             generation = Some(gens);
             checks.extend(c);
@@ -374,7 +374,7 @@ pub fn validate(o: &Options) -> Result<Report> {
             "generation",
             "agreement",
             Status::Skipped,
-            "greedy generation needs --ref REF.gguf and --text/--tokens",
+            "greedy generation needs --ref REF.gguf and --text/--tokens or --prompts FILE",
         )),
         (None, _, _) => {}
     }

@@ -13,7 +13,9 @@ typedef unsigned int uint;
 #define kernel
 #define device
 #define constant const
-#define threadgroup static
+// Address spaces are erased (also `threadgroup`, which qualifies both local arrays and pointer
+// parameters: `static` would be invalid on a parameter).
+#define threadgroup
 #define METAL_SHIM_ATTR(x)
 
 namespace metal {

@@ -17,6 +17,10 @@ pub enum KernelKind {
     /// Many activation rows at once (the model runtime's `--backend`).
     MatMul,
     QkDot,
+    /// tq2_r's whole-row rotation `R·x` / `Rᵀ·y`.
+    Rotate,
+    /// tq2_r rows decoded to the original domain (decode + `Rᵀ`).
+    RowDecode,
 }
 
 impl KernelKind {
@@ -26,6 +30,8 @@ impl KernelKind {
             KernelKind::MatVec => "matvec",
             KernelKind::MatMul => "matmul",
             KernelKind::QkDot => "qk_dot",
+            KernelKind::Rotate => "rotate",
+            KernelKind::RowDecode => "row-decode",
         }
     }
 }

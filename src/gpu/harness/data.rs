@@ -84,9 +84,12 @@ pub struct Conformance {
     pub inputs: Vec<Vec<f32>>,
 }
 
-/// The conformance file name for a type (`tq4_1s.json`, `turbo3_0.json`).
+/// The conformance file name for a type (`tq4_1s.json`, `turbo3_0.json`; tq2_r: the seed
+/// design's `seed2bit.json`).
 pub fn conformance_file(ty: TensorType) -> String {
-    if ty.is_turbo() {
+    if ty.is_row_rotated() {
+        "seed2bit.json".into()
+    } else if ty.is_turbo() {
         format!("{}_0.json", ty.name())
     } else {
         format!("{}.json", ty.name())
@@ -171,4 +174,92 @@ pub fn load_conformance(dir: &Path, ty: TensorType) -> Result<Conformance> {
         cases,
         inputs,
     })
+}
+
+/// One `pack2bit` or `requant2bit` case of the seed design's vectors (`seed2bit.json`) as a 2-bit
+/// matrix in the design's layout.
+#[derive(Clone, Debug)]
+pub(crate) struct Seed2bitCase {
+    pub id: String,
+    pub op: String,
+    pub rows: usize,
+    /// Row length of the codes (`K`; `Kp` for `requant2bit`, whose rows are zero-padded).
+    pub cols: usize,
+    pub incoherent: bool,
+    pub qw: Vec<u32>,
+    pub sc: Vec<f32>,
+    /// `pack2bit`: the input weights and the expected reconstruction (empty for `requant2bit`).
+    pub w: Vec<f32>,
+    pub deq: Vec<f32>,
+}
+
+/// The `pack2bit` and `requant2bit` cases of `dir/seed2bit.json` (the other ops are encoders
+/// with no kernel).
+pub(crate) fn load_seed2bit(dir: &Path) -> Result<Vec<Seed2bitCase>> {
+    let file = dir.join("seed2bit.json");
+    let text = std::fs::read_to_string(&file).map_err(|e| Error::io(&file, e))?;
+    let bad = |what: String| Error::bad_input(&file, format!("{what} (not the seed2bit vectors?)"));
+    let doc: serde_json::Value = serde_json::from_str(&text).map_err(|_| bad("not JSON".into()))?;
+    let mut out = vec![];
+    for c in doc["cases"]
+        .as_array()
+        .ok_or_else(|| bad("no cases".into()))?
+    {
+        let id = c["id"].as_str().unwrap_or("?").to_string();
+        let op = c["op"].as_str().unwrap_or("").to_string();
+        if op != "pack2bit" && op != "requant2bit" {
+            continue;
+        }
+        let count = |k: &str| {
+            c[k].as_u64()
+                .filter(|&v| v > 0 && v <= 1 << 24)
+                .map(|v| v as usize)
+                .ok_or_else(|| bad(format!("case {id}: `{k}` is not a count")))
+        };
+        let words = |k: &str| -> Result<Vec<u32>> {
+            c[k].as_array()
+                .ok_or_else(|| bad(format!("case {id}: no `{k}`")))?
+                .iter()
+                .map(|v| {
+                    v.as_u64()
+                        .and_then(|v| u32::try_from(v).ok())
+                        .ok_or_else(|| bad(format!("case {id}: `{k}` holds {v}")))
+                })
+                .collect()
+        };
+        let floats = |k: &str| -> Result<Vec<f32>> {
+            Ok(words(k)?.into_iter().map(f32::from_bits).collect())
+        };
+        let rows = count("N")?;
+        let (cols, incoherent, w, deq) = if op == "pack2bit" {
+            let inc = c["incoherent"]
+                .as_bool()
+                .ok_or_else(|| bad(format!("case {id}: `incoherent` is not true/false")))?;
+            (count("K")?, inc, floats("w")?, floats("deq")?)
+        } else {
+            (count("Kp")?, true, vec![], vec![])
+        };
+        let (qw, sc) = (words("qw")?, floats("sc")?);
+        let case = Seed2bitCase {
+            id,
+            op,
+            rows,
+            cols,
+            incoherent,
+            qw,
+            sc,
+            w,
+            deq,
+        };
+        let n = rows * cols;
+        let ok = cols % 32 == 0
+            && case.qw.len() == n / 16
+            && case.sc.len() == n / 32
+            && (case.op != "pack2bit" || (case.w.len() == n && case.deq.len() == n));
+        if !ok {
+            return Err(bad(format!("case {}: arrays do not match N x K", case.id)));
+        }
+        out.push(case);
+    }
+    Ok(out)
 }

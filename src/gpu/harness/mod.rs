@@ -5,6 +5,7 @@
 pub mod compare;
 pub mod data;
 pub mod report;
+pub mod tq2r;
 
 use self::compare::{compare_dots, compare_exact, merge, KernelKind, KernelResult, DOT_REL_BOUND};
 use self::data::*;
@@ -50,6 +51,18 @@ pub struct Throughput {
     pub gbs: f64,
 }
 
+/// Mat-vec time of one type at one shape (`--bench`).
+#[derive(Clone, Debug)]
+pub struct MatvecTime {
+    pub ty: TensorType,
+    pub shape: &'static str,
+    pub rows: usize,
+    pub cols: usize,
+    pub seconds: f64,
+    /// Weight bytes read per second, in GB/s.
+    pub gbs: f64,
+}
+
 /// Everything [`check`] found.
 #[derive(Clone, Debug)]
 pub struct Report {
@@ -58,6 +71,7 @@ pub struct Report {
     pub results: Vec<KernelResult>,
     pub notes: Vec<String>,
     pub throughput: Vec<Throughput>,
+    pub matvec_times: Vec<MatvecTime>,
     pub peak_gbs: Option<f64>,
 }
 
@@ -75,49 +89,21 @@ pub fn check(backend: &mut dyn Backend, opts: &CheckOptions) -> Result<Report> {
         results: vec![],
         notes: vec![],
         throughput: vec![],
+        matvec_times: vec![],
         peak_gbs: backend.peak_bandwidth_gbs(),
     };
     let mut rng = Rng(opts.seed);
     for &ty in &opts.types {
         if !KERNEL_TYPES.contains(&ty) {
             return Err(Error::Unsupported(format!(
-                "{ty}: no GPU kernel (kernels exist for tq4_1s, tq3_1s, turbo2, turbo3, turbo4)"
+                "{ty}: no GPU kernel (kernels exist for tq4_1s, tq3_1s, turbo2, turbo3, turbo4, tq2_r)"
             )));
         }
-        // 1. Conformance vectors: dequantize every case; dot every all-finite case.
-        match &opts.conformance_dir {
-            Some(dir) => {
-                let conf = load_conformance(dir, ty)?;
-                let all: Vec<u8> = conf
-                    .cases
-                    .iter()
-                    .flat_map(|c| c.1.iter().copied())
-                    .collect();
-                let want = cpu_reference(ty, &all)?;
-                let got = backend.dequantize(ty, &all)?;
-                rep.results
-                    .push(compare_exact(ty, "conformance", &got, &want));
-                rep.results
-                    .push(conformance_dots(backend, ty, &conf, &mut rng)?);
-            }
-            None => rep.notes.push(format!(
-                "{ty}: conformance vectors not found (set TQ_CONFORMANCE or --conformance): skipped"
-            )),
-        }
-        // 2. Random bytes: every scale bit pattern (subnormal, inf, NaN) and index.
-        let nblk = if opts.quick { 2048 } else { 1 << 16 };
-        let bytes = rng.bytes(nblk * ty.block_bytes());
-        let want = cpu_reference(ty, &bytes)?;
-        let got = backend.dequantize(ty, &bytes)?;
-        rep.results
-            .push(compare_exact(ty, "random-bytes", &got, &want));
-        // 3. Real shapes: quantized Gaussian tensors, dequantize + dot.
-        check_shapes(backend, ty, opts.quick, &mut rng, &mut rep)?;
-        // 4. The other turbo layouts and codebooks `tq eval` / `tq kv` simulate.
-        if !ty.is_tq_weight() {
-            for spec in turbo_specs(ty)?.into_iter().filter(|s| !s.is_stock()) {
-                check_turbo_variant(backend, &spec, opts, &mut rng, &mut rep)?;
-            }
+        if ty.is_row_rotated() {
+            // Row-rotated 2-bit weights: their own data sets (seed2bit.json, rotations).
+            tq2r::check(backend, opts, &mut rng, &mut rep)?;
+        } else {
+            check_blocks(backend, ty, opts, &mut rng, &mut rep)?;
         }
         // 5. Throughput.
         if opts.bench {
@@ -131,9 +117,71 @@ pub fn check(backend: &mut dyn Backend, opts: &CheckOptions) -> Result<Report> {
                 seconds: secs,
                 gbs: moved / secs / 1e9,
             });
+            if ty.is_tq_weight() || ty.is_row_rotated() {
+                // The mat-vec (TQ: prerotate + mat-vec; tq2_r: rotation + GEMV) at SmolLM2's
+                // FFN shapes, weights resident.
+                for s in smollm2_weight_shapes().into_iter().skip(2) {
+                    let w = random_weights_fast(ty, s.rows * s.cols, &mut rng);
+                    let secs = backend.time_matvec(ty, &w, s.rows, s.cols, 10)?;
+                    rep.matvec_times.push(MatvecTime {
+                        ty,
+                        shape: s.name,
+                        rows: s.rows,
+                        cols: s.cols,
+                        seconds: secs,
+                        gbs: w.len() as f64 / secs / 1e9,
+                    });
+                }
+            }
         }
     }
     Ok(rep)
+}
+
+/// The block types (TQ weights, turbo KV): conformance vectors, random bytes, real shapes, and
+/// the other turbo layouts.
+fn check_blocks(
+    backend: &mut dyn Backend,
+    ty: TensorType,
+    opts: &CheckOptions,
+    rng: &mut Rng,
+    rep: &mut Report,
+) -> Result<()> {
+    // 1. Conformance vectors: dequantize every case; dot every all-finite case.
+    match &opts.conformance_dir {
+        Some(dir) => {
+            let conf = load_conformance(dir, ty)?;
+            let all: Vec<u8> = conf
+                .cases
+                .iter()
+                .flat_map(|c| c.1.iter().copied())
+                .collect();
+            let want = cpu_reference(ty, &all)?;
+            let got = backend.dequantize(ty, &all)?;
+            rep.results
+                .push(compare_exact(ty, "conformance", &got, &want));
+            rep.results.push(conformance_dots(backend, ty, &conf, rng)?);
+        }
+        None => rep.notes.push(format!(
+            "{ty}: conformance vectors not found (set TQ_CONFORMANCE or --conformance): skipped"
+        )),
+    }
+    // 2. Random bytes: every scale bit pattern (subnormal, inf, NaN) and index.
+    let nblk = if opts.quick { 2048 } else { 1 << 16 };
+    let bytes = rng.bytes(nblk * ty.block_bytes());
+    let want = cpu_reference(ty, &bytes)?;
+    let got = backend.dequantize(ty, &bytes)?;
+    rep.results
+        .push(compare_exact(ty, "random-bytes", &got, &want));
+    // 3. Real shapes: quantized Gaussian tensors, dequantize + dot.
+    check_shapes(backend, ty, opts.quick, rng, rep)?;
+    // 4. The other turbo layouts and codebooks `tq eval` / `tq kv` simulate.
+    if !ty.is_tq_weight() {
+        for spec in turbo_specs(ty)?.into_iter().filter(|s| !s.is_stock()) {
+            check_turbo_variant(backend, &spec, opts, rng, rep)?;
+        }
+    }
+    Ok(())
 }
 
 /// Gaussian tensors quantized by the CPU reference at real shapes (SmolLM2's weights for TQ, KV

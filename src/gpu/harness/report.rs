@@ -56,6 +56,18 @@ pub fn format_report(rep: &Report) -> String {
         }
         let _ = writeln!(s);
     }
+    for m in &rep.matvec_times {
+        let _ = writeln!(
+            s,
+            "matvec     {:<7} {:<18} {:>5}x{:<5} {:>9.3} ms  {:>8.3} GB/s of weights",
+            m.ty.name(),
+            m.shape,
+            m.rows,
+            m.cols,
+            m.seconds * 1e3,
+            m.gbs
+        );
+    }
     let (pass, total) = (
         rep.results.iter().filter(|r| r.pass).count(),
         rep.results.len(),

@@ -9,6 +9,10 @@
 #  3. `tq kernels check --backend auto` shows what it picks and what it skips and why.
 #  4. Metal sources: a host C++ syntax check through a shim header (no Metal compiler here; see
 #     docs/kernels.md). Missing g++, libnvrtc or the lavapipe ICD fails the script (no silent skip).
+#  5. `--backend wgpu` (issue 16 item 4): SmolLM2 TQ4_1S evaluated with its linear layers through the
+#     WGSL mat-mul kernels on lavapipe, by `tq validate` (ggml numerics: the backend/kld_vs_cpu check
+#     must pass) and `tq eval --numerics f32` (the tight bound); the KLD between the CPU run and the
+#     kernel run is asserted within the stated bound from the JSON reports.
 source "$(dirname "$0")/common.sh"
 cd "$TQ_ROOT"
 
@@ -89,6 +93,33 @@ smol=$("$TQ_ROOT/scripts/fetch-data.sh")
 "$TARGET/debug/tq" validate "$TQ_CACHE/ci-gpu-tq4_1s.gguf" --kernels wgpu --gen-prompts 0 -q \
   | tee "$TQ_CACHE/ci-gpu-validate.txt"
 grep -q "kernels/wgpu  *pass" "$TQ_CACHE/ci-gpu-validate.txt"
+echo "== --backend wgpu: SmolLM2 TQ4_1S's linear layers through the mat-mul kernels on lavapipe (issue 16) =="
+botchan=$("$TQ_ROOT/scripts/fetch-botchan.sh")
+# 2 windows x 128 tokens: the kernel run is the slow part on lavapipe (docs/benchmarks.md).
+"$TARGET/debug/tq" validate "$TQ_CACHE/ci-gpu-tq4_1s.gguf" --ref "$smol" --text "$botchan" \
+  --ctx 128 --chunks 2 --backend wgpu --kernels wgpu --gen-prompts 0 --json -q \
+  > "$TQ_CACHE/ci-gpu-backend.json"
+"$TARGET/debug/tq" eval "$TQ_CACHE/ci-gpu-tq4_1s.gguf" --text "$botchan" --ctx 128 --chunks 1 \
+  --backend wgpu --numerics f32 --json -q > "$TQ_CACHE/ci-gpu-backend-f32.json"
+python3 - "$TQ_CACHE/ci-gpu-backend.json" "$TQ_CACHE/ci-gpu-backend-f32.json" <<'PY'
+import json, sys
+v = json.load(open(sys.argv[1]))
+e = json.load(open(sys.argv[2]))
+check = next(c for c in v["checks"] if (c["group"], c["name"]) == ("backend", "kld_vs_cpu"))
+assert check["status"] == "pass" and v["verdict"] == "pass", check
+runs = [("tq validate (ggml numerics)", v["backend"], v["quality"]["ppl"]["value"]),
+        ("tq eval --numerics f32", e["result"]["backend"], e["result"]["ppl"]["value"])]
+assert runs[1][1]["comparison"]["bound"] == {"mean": 1e-8, "max": 1e-6}, runs[1][1]
+for name, b, ppl in runs:
+    c = b["comparison"]
+    assert b["backend"] == "wgpu" and b["on_backend"] == {"tq4_1s": 210}, b
+    assert c["within_bound"], c
+    assert c["kld"]["value"] <= c["bound"]["mean"] and c["kld_max"] <= c["bound"]["max"], c
+    print(f"{name}: 210 tq4_1s weights on wgpu ({b['device']}); PPL {ppl:.4f}, CPU run "
+          f"{c['ppl_cpu']['value']:.4f}; KLD(cpu||wgpu) mean {c['kld']['value']:.3e} <= "
+          f"{c['bound']['mean']:.0e}, max {c['kld_max']:.3e} <= {c['bound']['max']:.0e}; "
+          f"{c['seconds_backend']:.1f} s kernel run, {c['seconds_cpu']:.1f} s CPU run")
+PY
 echo "== tq validate --kernels wgpu: a tq2_r artifact's own blocks through the tq2_r kernels (issue 17) =="
 "$TARGET/debug/tq" convert "$smol" --weights tq2_r -q -o "$TQ_CACHE/ci-gpu-tq2_r.gguf"
 "$TARGET/debug/tq" validate "$TQ_CACHE/ci-gpu-tq2_r.gguf" --kernels wgpu --gen-prompts 0 -q \

@@ -353,8 +353,8 @@ fn upward_imports_and_circles_are_caught() {
         ),
         (
             "model/layer.rs",
-            "use crate::gpu::Rng;\n",
-            "room 'model' imports 'gpu'",
+            "use crate::eval::Windows;\n",
+            "room 'model' imports 'eval'",
         ),
         (
             "gpu/mod.rs",

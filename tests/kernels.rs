@@ -59,6 +59,8 @@ fn harness_passes_on_cpu_emulation() {
         };
         assert!(of(KernelKind::Dequantize) >= 4, "{ty}");
         assert!(of(KernelKind::MatVec) + of(KernelKind::QkDot) >= 3, "{ty}");
+        // The mat-mul (many activation rows per launch) on every real shape of a TQ type.
+        assert_eq!(of(KernelKind::MatMul) >= 2, ty.is_tq_weight(), "{ty}");
         let conf = if ty.is_row_rotated() {
             "seed2bit.json, design layout"
         } else {
@@ -486,6 +488,7 @@ fn harness_fails_a_dot_off_by_1e_minus_4() {
     assert!(!bad.is_empty());
     assert!(bad.iter().all(|r| r.kind != KernelKind::Dequantize));
     assert!(bad.iter().any(|r| r.kind == KernelKind::MatVec));
+    assert!(bad.iter().any(|r| r.kind == KernelKind::MatMul));
     assert!(bad.iter().any(|r| r.kind == KernelKind::QkDot));
 }
 
@@ -577,6 +580,60 @@ fn wgpu_kernels_match_the_cpu_reference() {
     let rep = gpu::check(b.as_mut(), &opts).unwrap();
     println!("{}", gpu::format_report(&rep));
     assert!(rep.pass(), "{}", gpu::format_report(&rep));
+}
+
+/// `--backend wgpu`: a tiny TQ3_1S model (output projection TQ too) runs its linear layers
+/// through the wgpu mat-mul kernels, and the run stays within the bound of the CPU run under
+/// both numerics (scripts/ci-gpu.sh does the same on SmolLM2 with `tq validate`).
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_model_run_is_within_the_bound_of_the_cpu_run() {
+    use tq::eval::{evaluate, Reference, Windows};
+    use tq::model::{Model, Numerics};
+    if let Err(e) = gpu::open_linear(BackendKind::Wgpu) {
+        if require_gpu() {
+            panic!("TQ_REQUIRE_GPU=1 but {e}");
+        }
+        eprintln!("SKIP: {e}");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("tiny.gguf");
+    std::fs::write(&src, fixtures::gguf_gen::tiny_llama(2, 64, 128, 100).bytes).unwrap();
+    let art = d.path().join("tiny-tq3.gguf");
+    let (code, _, err) = fixtures::tq(&[
+        "convert",
+        fixtures::s(&src),
+        "--weights",
+        "tq3_1s",
+        "--recipe",
+        "pure",
+        "-q",
+        "-o",
+        fixtures::s(&art),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let f = tq::gguf::GgufFile::open(&art).unwrap();
+    let ids: Vec<u32> = (0..16 * 4).map(|i| (i * 37 + 11) % 100).collect();
+    let win = Windows::new(&ids, 16, None, None).unwrap();
+    for numerics in [Numerics::F32, Numerics::Ggml] {
+        let mut m = Model::new(&f, numerics).unwrap();
+        m.use_backend(BackendKind::Wgpu).unwrap();
+        let r = evaluate(&m, &win, Reference::None, None, 4, &|_, _| {}).unwrap();
+        let b = r.backend.unwrap();
+        assert_eq!(b.on_backend["tq3_1s"], 15, "{b:?}");
+        let c = b.comparison.unwrap();
+        println!("wgpu {numerics:?}: {}", b_line(&c));
+        assert!(c.within_bound, "{c:?}");
+    }
+}
+
+#[cfg(feature = "wgpu")]
+fn b_line(c: &tq::eval::backend::Comparison) -> String {
+    format!(
+        "KLD mean {:.3e}, max {:.3e}, max |dlogit| {:.3e}",
+        c.kld.value, c.kld_max, c.max_abs_logit_diff
+    )
 }
 
 /// `tq conformance --backend wgpu` runs the tq2_r kernels on the design's vectors and the

@@ -9,7 +9,12 @@
 //                              element l of every block (w = C[idx]·d_half, acc += w·x̂), then a
 //                              warp xor-sum. Mirrors the fork's float mmvq path (TQ3_1S, and
 //                              TQ4_1S where it does not use dp4a); held to a relative bound.
-// Launch: dequant/prerotate 256 threads (8 blocks) per CUDA block; matvec 128 threads (4 rows).
+//   tq4_matmul, tq3_matmul     Y[t][r] = W[r]·X̂[t] for many activation rows (tokens): one warp
+//                              per (row, tile of TQ_MM_TOKENS tokens), each lane one element of
+//                              every block as in the mat-vec, one warp sum per token. Per token
+//                              the same operations in the same order as tq*_matvec.
+// Launch: dequant/prerotate 256 threads (8 blocks) per CUDA block; matvec 128 threads (4 rows);
+// matmul 128 threads (4 rows) per CUDA block, blockIdx.x = tile * ceil(rows/4) + row group.
 
 #define TQ_INV_SQRT32 0.17677669529663688f
 
@@ -126,4 +131,57 @@ extern "C" __global__ void tq3_matvec(const unsigned char * __restrict__ w,
     if (lane == 0) {
         y[row] = acc;
     }
+}
+
+// Tokens per warp of the mat-mul (tq::gpu::MATMUL_TOKENS); the host pads X̂ to a multiple.
+#define TQ_MM_TOKENS 8
+
+// rows, cols as the mat-vec; tokens = activation rows; xr = X̂ (tokens × cols, padded to a
+// multiple of TQ_MM_TOKENS rows); y = Y (tokens × rows, token-major).
+__device__ __forceinline__ void tq_matmul(const unsigned char * __restrict__ w,
+                                          const float * __restrict__ xr, float * __restrict__ y,
+                                          unsigned int rows, unsigned int cols,
+                                          unsigned int tokens, bool tq4) {
+    const unsigned int rgs = (rows + 3u) / 4u;
+    const unsigned int row = (blockIdx.x % rgs) * 4u + (threadIdx.x >> 5);
+    const unsigned int t0 = (blockIdx.x / rgs) * TQ_MM_TOKENS;
+    const unsigned int lane = threadIdx.x & 31u;
+    if (row >= rows || t0 >= tokens) {
+        return;   // the whole warp leaves together
+    }
+    const unsigned int bpr = cols / 32u;
+    const unsigned int bb = tq4 ? 20u : 16u;
+    const unsigned char * wr = w + (size_t)row * bpr * bb;
+    const float * xt = xr + (size_t)t0 * cols + lane;
+    float acc[TQ_MM_TOKENS];
+#pragma unroll
+    for (int k = 0; k < TQ_MM_TOKENS; ++k) {
+        acc[k] = 0.0f;
+    }
+    for (unsigned int ib = 0; ib < bpr; ++ib) {
+        const float wv = tq4 ? tq4_weight(wr + ib * bb, lane) : tq3_weight(wr + ib * bb, lane);
+#pragma unroll
+        for (int k = 0; k < TQ_MM_TOKENS; ++k) {
+            acc[k] += wv * xt[(size_t)k * cols + ib * 32u];
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < TQ_MM_TOKENS; ++k) {
+        const float s = tq_warp_sum(acc[k]);
+        if (lane == 0 && t0 + k < tokens) {
+            y[(size_t)(t0 + k) * rows + row] = s;
+        }
+    }
+}
+
+extern "C" __global__ void tq4_matmul(const unsigned char * __restrict__ w,
+                                      const float * __restrict__ xr, float * __restrict__ y,
+                                      unsigned int rows, unsigned int cols, unsigned int tokens) {
+    tq_matmul(w, xr, y, rows, cols, tokens, true);
+}
+
+extern "C" __global__ void tq3_matmul(const unsigned char * __restrict__ w,
+                                      const float * __restrict__ xr, float * __restrict__ y,
+                                      unsigned int rows, unsigned int cols, unsigned int tokens) {
+    tq_matmul(w, xr, y, rows, cols, tokens, false);
 }

@@ -5,7 +5,10 @@
 //   tq_prerotate               forward RHT of each 32-block of the activation (the in-place
 //                              activation rotation of the fork's Metal mat-vec).
 //   tq4_matvec, tq3_matvec     one SIMD group per row over the rotated activation.
-// Buffers: 0 = blocks, 1 = output, 2 = n (blocks or rows), 3 = cols, 4 = vector input.
+//   tq4_matmul, tq3_matmul     one SIMD group per (row, tile of TQ_MM_TOKENS tokens), 4 rows per
+//                              128-thread threadgroup; per token the mat-vec's operations.
+// Buffers: 0 = blocks, 1 = output, 2 = n (blocks or rows), 3 = cols, 4 = vector input,
+// 7 = tokens (mat-mul).
 
 constant float TQ_INV_SQRT32 = 0.17677669529663688f;
 
@@ -132,4 +135,62 @@ kernel void tq3_matvec(device const uchar * w [[buffer(0)]],
     if (lane == 0) {
         y[row] = acc;
     }
+}
+
+// Tokens per SIMD group of the mat-mul (tq::gpu::MATMUL_TOKENS); the host pads X̂ to a multiple.
+#define TQ_MM_TOKENS 8
+
+// rows, cols as the mat-vec; tokens = activation rows; xr = X̂ (tokens × cols, padded to a
+// multiple of TQ_MM_TOKENS rows); y = Y (tokens × rows). Threadgroup g = tile · ceil(rows/4) +
+// row group, 128 threads each (the kernel table's geometry).
+static inline void tq_matmul(device const uchar * w, device float * y, uint rows, uint cols,
+                             uint tokens, device const float * xr, uint tid, bool tq4) {
+    const uint rgs = (rows + 3u) / 4u;
+    const uint g = tid >> 7;
+    const uint row = (g % rgs) * 4u + ((tid >> 5) & 3u);
+    const uint t0 = (g / rgs) * TQ_MM_TOKENS;
+    const uint lane = tid & 31u;
+    if (row >= rows || t0 >= tokens) {
+        return;   // the whole SIMD group leaves together
+    }
+    const uint bpr = cols / 32u;
+    const uint bb = tq4 ? 20u : 16u;
+    device const uchar * wr = w + row * bpr * bb;
+    device const float * xt = xr + t0 * cols + lane;
+    float acc[TQ_MM_TOKENS];
+    for (int k = 0; k < TQ_MM_TOKENS; ++k) {
+        acc[k] = 0.0f;
+    }
+    for (uint ib = 0; ib < bpr; ++ib) {
+        const float wv = tq4 ? tq4_weight(wr + ib * bb, lane) : tq3_weight(wr + ib * bb, lane);
+        for (int k = 0; k < TQ_MM_TOKENS; ++k) {
+            acc[k] += wv * xt[uint(k) * cols + ib * 32u];
+        }
+    }
+    for (int k = 0; k < TQ_MM_TOKENS; ++k) {
+        const float s = tq_simd_sum(acc[k]);
+        if (lane == 0 && t0 + uint(k) < tokens) {
+            y[(t0 + uint(k)) * rows + row] = s;
+        }
+    }
+}
+
+kernel void tq4_matmul(device const uchar * w [[buffer(0)]],
+                       device float * y [[buffer(1)]],
+                       constant uint & rows [[buffer(2)]],
+                       constant uint & cols [[buffer(3)]],
+                       device const float * xr [[buffer(4)]],
+                       constant uint & tokens [[buffer(8)]],
+                       uint tid [[thread_position_in_grid]]) {
+    tq_matmul(w, y, rows, cols, tokens, xr, tid, true);
+}
+
+kernel void tq3_matmul(device const uchar * w [[buffer(0)]],
+                       device float * y [[buffer(1)]],
+                       constant uint & rows [[buffer(2)]],
+                       constant uint & cols [[buffer(3)]],
+                       device const float * xr [[buffer(4)]],
+                       constant uint & tokens [[buffer(8)]],
+                       uint tid [[thread_position_in_grid]]) {
+    tq_matmul(w, y, rows, cols, tokens, xr, tid, false);
 }

@@ -15,13 +15,13 @@ struct Params {
     group: u32,  // turbo: values per group (64 | 128)
     bytes: u32,  // turbo: bytes per block
     hdr: u32,    // turbo: bytes before qs (2, or 4 for the May-2026 turbo4 block)
+    tokens: u32, // mat-mul: activation rows (vec_in holds them padded to a multiple of MM_TOKENS)
     flags: u32,  // tq2_r: 1 = the design's split layout, 2 = inverse rotation, 4 = Hadamard factor
     rot_h: u32,  // tq2_r rotation: order of the dense factor (1: none)
     rot_scale: u32, // tq2_r rotation: the scale's f32 bits
     rot_step: u32,  // tq2_r rotation: sub-block length (tq2r_rot_local) / stage step (tq2r_rot_stage)
-    pad0: u32,
+    pad0: u32,   // 12 u32 = 48 bytes: a multiple of 16 (uniform layout)
     pad1: u32,
-    pad2: u32,
 }
 
 // Packed blocks, little-endian bytes in u32 words (the host pads to a multiple of 4 bytes).
@@ -29,7 +29,8 @@ struct Params {
 // Output values.
 @group(0) @binding(1) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(2) var<uniform> params: Params;
-// Input vector: the activation (mat-vec), its rotated copy, or the pre-rotated query (Q·K).
+// Input vector: the activation (mat-vec), its rotated copy, the pre-rotated query (Q·K), or the
+// rotated activation rows of a mat-mul (tokens × cols).
 @group(0) @binding(3) var<storage, read> vec_in: array<f32>;
 
 fn rd_byte(o: u32) -> u32 {

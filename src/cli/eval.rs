@@ -6,6 +6,7 @@ use tq::eval::kv::kv_json;
 use tq::eval::logits_file::Format;
 use tq::eval::{evaluate, session, EvalResult};
 use tq::gguf::GgufFile;
+use tq::gpu::BackendKind;
 use tq::model::{KvSpec, Model, Numerics};
 use tq::tokenizer::input::Input;
 
@@ -54,6 +55,13 @@ pub struct EvalArgs {
     /// default: TQ4_1S converted to q8_0 at load). Other weight types keep ggml numerics.
     #[arg(long, default_value = "ggml")]
     pub numerics: String,
+    /// Where the linear weights run: cpu (the CPU runtime; default), or wgpu, cuda, metal: every
+    /// weight whose type has a bundled mat-mul kernel (tq4_1s, tq3_1s) through that GPU backend,
+    /// the rest on the CPU; the CPU run is made beside it and the KL divergence between the two
+    /// is reported and held to a bound (docs/eval.md). cpu-emulation: the kernels' arithmetic on
+    /// the CPU (slow; checks the plumbing without a GPU).
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
     #[command(flatten)]
     pub kv: KvCacheArgs,
     /// No progress bar.
@@ -165,6 +173,22 @@ impl KvCacheArgs {
     }
 }
 
+/// `--backend`: `None` for the CPU runtime, else the GPU backend (or the CPU emulation of the
+/// kernels) that runs the weights with mat-mul kernels.
+pub fn parse_backend(s: &str) -> Result<Option<BackendKind>> {
+    match s {
+        "cpu" => Ok(None),
+        "wgpu" => Ok(Some(BackendKind::Wgpu)),
+        "cuda" => Ok(Some(BackendKind::Cuda)),
+        "metal" => Ok(Some(BackendKind::Metal)),
+        "cpu-emulation" => Ok(Some(BackendKind::Cpu)),
+        o => Err(Error::Usage(format!(
+            "--backend {}: expected cpu, wgpu, cuda, metal or cpu-emulation",
+            tq::error::one_line(o)
+        ))),
+    }
+}
+
 /// `--text` or `--tokens`, if either was given.
 fn input(a: &EvalArgs) -> Option<Input<'_>> {
     match (&a.tokens, &a.text) {
@@ -181,6 +205,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
             tq::error::one_line(&a.numerics)
         ))
     })?;
+    let backend = parse_backend(&a.backend)?;
     let format = match a.logits_format.as_str() {
         "tq" => Format::Tq,
         "llama" => Format::Llama,
@@ -201,14 +226,23 @@ pub fn run(a: EvalArgs) -> Result<()> {
         ],
     )?;
     super::with_thread_pool(a.threads, |threads| {
-        run_in_pool(&a, numerics, format, threads)
+        run_in_pool(&a, numerics, backend, format, threads)
     })
 }
 
 // Mostly printing: the banner, the progress bar, and the text and JSON reports.
-fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize) -> Result<()> {
+fn run_in_pool(
+    a: &EvalArgs,
+    numerics: Numerics,
+    backend: Option<BackendKind>,
+    format: Format,
+    threads: usize,
+) -> Result<()> {
     let file = GgufFile::open(&a.model)?;
     let mut model = Model::new(&file, numerics)?;
+    if let Some(b) = backend {
+        model.use_backend(b)?;
+    }
     let kv_spec = a.kv.spec()?;
     model.kv = kv_spec.resolve(
         model.cfg.n_layer,
@@ -235,9 +269,9 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
         ref_model.as_ref(),
     )?;
     let nv = model.cfg.n_vocab;
-    let batch = a
-        .batch
-        .unwrap_or_else(|| session::default_batch(&win, nv, ref_model.is_some()));
+    let batch = a.batch.unwrap_or_else(|| {
+        session::default_batch(&win, nv, ref_model.is_some() || backend.is_some())
+    });
     let mut writer = match &a.save_logits {
         Some(p) => Some(session::logits_writer(
             p,
@@ -252,7 +286,7 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
 
     if !a.quiet && !a.json {
         eprintln!(
-            "tq eval: {} ({}, {} blocks), {} windows x {} tokens, scoring {} per window, batch {} windows, {} threads, {} numerics, KV {} ({:.3}/{:.3} bits per real value, target {})",
+            "tq eval: {} ({}, {} blocks), {} windows x {} tokens, scoring {} per window, batch {} windows, {} threads, {} numerics, backend {}, KV {} ({:.3}/{:.3} bits per real value, target {})",
             a.model.display(),
             model.cfg.arch.name(),
             model.cfg.n_layer,
@@ -262,6 +296,7 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
             batch,
             threads,
             numerics.name(),
+            backend.map_or("cpu", |b| b.name()),
             model.kv.describe(model.cfg.n_layer),
             kv_bits_k,
             kv_bits_v,
@@ -301,6 +336,7 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
                 "cuda_tensors": cuda_tensors.len(),
                 "note": numerics_note,
             },
+            "backend": backend.map_or("cpu", |b| b.name()),
             "kv": kv_json(&model.kv, &model.cfg, &kv_spec.profile),
             "threads": threads,
             "batch": batch,
@@ -313,6 +349,9 @@ fn run_in_pool(a: &EvalArgs, numerics: Numerics, format: Format, threads: usize)
         );
     } else {
         print!("{}", render(&res));
+        if let Some(b) = &res.backend {
+            print!("{}", b.render());
+        }
         println!("Numerics: {} ({})", numerics.name(), numerics.describe());
         if let Some(n) = &numerics_note {
             println!("  {n}");

@@ -78,6 +78,13 @@ pub struct ValidateArgs {
     /// Check every row of every TQ tensor with the kernels, not a sample of 8 rows per tensor.
     #[arg(long)]
     pub full: bool,
+    /// Where the quality windows' linear weights run: cpu (default), or wgpu, cuda, metal: the
+    /// weights whose type has a bundled mat-mul kernel through that GPU backend, so the PPL/KLD
+    /// reported are what its kernels compute; the CPU run is made beside it and their KL
+    /// divergence is the backend/kld_vs_cpu check (docs/validate.md). cpu-emulation: the
+    /// kernels' arithmetic on the CPU (slow; no GPU needed).
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
     /// Target engine profile for type ids: fork (default), fork-pre-2026-04-15, upstream.
     #[arg(long)]
     pub target: Option<String>,
@@ -169,6 +176,8 @@ fn artifacts(a: &ValidateArgs) -> Result<Vec<PathBuf>> {
 pub fn run(a: ValidateArgs) -> Result<i32> {
     let chunks = parse_chunks(&a.chunks, a.max_chunks)?;
     let kernels = parse_kernels(&a.kernels)?;
+    // Checked here, once; each artifact's validation reads the flag again (`validate_one`).
+    super::eval::parse_backend(&a.backend)?;
     let profile = Profile::select(a.target.as_deref(), a.type_map.as_deref())?;
     let flags = Thresholds {
         max_kld: a.max_kld,
@@ -335,6 +344,7 @@ fn validate_one(
         baseline,
         kernels,
         full: a.full,
+        backend: super::eval::parse_backend(&a.backend)?,
         batch: a.batch,
         progress: &prog,
     };

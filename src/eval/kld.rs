@@ -144,7 +144,7 @@ pub struct KldAccum {
 }
 
 /// A value with its standard error.
-#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+#[derive(Clone, Copy, Debug, Serialize, serde::Deserialize, PartialEq)]
 pub struct Est {
     pub value: f64,
     pub err: f64,

@@ -4,6 +4,7 @@
 //! `n_ctx/2 .. n_ctx-2` are scored (each predicting the next token), `n_ctx - 1 - n_ctx/2` per
 //! window. PPL = exp(mean NLL); its error is `PPL · sqrt(var(NLL) / (N-1))`.
 
+use super::backend::{BackendAccum, BackendReport, Comparison, KldBound};
 use super::kld::{mean_and_err, nll, token_kld, Est, KldAccum, KldReport, RefRow};
 use super::logits_file::{Reader, Writer};
 use crate::error::{Error, Result};
@@ -100,6 +101,10 @@ pub struct EvalResult {
     /// Cumulative PPL after each window (llama-perplexity's `[i]value` list).
     pub chunk_ppl: Vec<f64>,
     pub kld: Option<KldReport>,
+    /// With a GPU backend attached to the model (`--backend`): what ran where, and the KL
+    /// divergence of this run from the CPU run on the same windows. Absent on the CPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<BackendReport>,
     pub seconds: f64,
     /// Tokens run through the model per second (`n_chunk * n_ctx / seconds`).
     pub tokens_per_second: f64,
@@ -126,7 +131,10 @@ impl Observer for LayerProgress<'_> {
 
 /// Evaluate `model` on `win`. `batch` windows go through the model together (each block is
 /// dequantized once per batch). With a reference, per-token KL divergence is accumulated; with
-/// `save`, the model's own distributions are written as a reference file.
+/// `save`, the model's own distributions are written as a reference file. When the model has a
+/// GPU backend attached ([`Model::use_backend`]) and some weight runs on it, the same model runs
+/// on the CPU beside it and the result's `backend` holds the comparison (held to
+/// [`KldBound::for_numerics`]); every other number is the backend run's.
 // One function on purpose: the batch loop carries the running PPL/KLD sums, the logits file
 // writer and the progress callback; its order is llama-perplexity's, which tests compare to.
 pub fn evaluate(
@@ -186,13 +194,29 @@ pub fn evaluate_until(
         Reference::Model(r) => r.cfg.n_layer as u64 + 1,
         _ => 0,
     };
-    let units_per_batch = model.cfg.n_layer as u64 + 1 + ref_layers;
+    let backend = model.backend();
+    let twin = backend
+        .as_ref()
+        .filter(|b| b.placements.iter().any(|p| p.on_backend))
+        .map(|_| model.cpu_twin());
+    let twin_layers = twin.as_ref().map_or(0, |t| t.cfg.n_layer as u64 + 1);
+    let units_per_batch = model.cfg.n_layer as u64 + 1 + ref_layers + twin_layers;
     let total = n_batches * units_per_batch;
 
     let (mut s, mut s2, mut count) = (0f64, 0f64, 0usize);
     let mut chunk_ppl = Vec::new();
     let mut kacc = KldAccum::default();
+    let mut bacc = BackendAccum::default();
     let with_ref = !matches!(reference, Reference::None);
+    let backend_report = |bacc: &BackendAccum| {
+        backend.as_ref().map(|b| {
+            BackendReport::new(
+                b,
+                twin.as_ref()
+                    .map(|_| Comparison::of(bacc, KldBound::for_numerics(model.numerics))),
+            )
+        })
+    };
 
     let mut w0 = 0;
     let mut bi = 0u64;
@@ -204,13 +228,31 @@ pub fn evaluate_until(
             base: bi * units_per_batch,
             total,
         };
+        let tf = std::time::Instant::now();
         let logits = model.forward(&input, win.n_ctx, first, Some(&mut prog))?;
+        bacc.seconds_backend += tf.elapsed().as_secs_f64();
+        if let Some(t) = &twin {
+            let mut prog = LayerProgress {
+                f: progress,
+                base: bi * units_per_batch + model.cfg.n_layer as u64 + 1,
+                total,
+            };
+            let tc = std::time::Instant::now();
+            let cl = t.forward(&input, win.n_ctx, first, Some(&mut prog))?;
+            bacc.seconds_cpu += tc.elapsed().as_secs_f64();
+            let rows: Vec<(usize, usize)> = (0..w1 - w0)
+                .flat_map(|j| {
+                    (0..per).map(move |p| (j * n_out + p, win.target(w0 + j, first + p) as usize))
+                })
+                .collect();
+            bacc.add_rows(&rows, &cl, &logits, nv);
+        }
         let ref_rows: Option<Vec<RefRow>> = match &mut reference {
             Reference::None => None,
             Reference::Model(r) => {
                 let mut prog = LayerProgress {
                     f: progress,
-                    base: bi * units_per_batch + model.cfg.n_layer as u64 + 1,
+                    base: bi * units_per_batch + model.cfg.n_layer as u64 + 1 + twin_layers,
                     total,
                 };
                 let rl = r.forward(&input, win.n_ctx, first, Some(&mut prog))?;
@@ -285,6 +327,10 @@ pub fn evaluate_until(
                 kld: with_ref.then_some(&kacc),
             }
             .result(win.n_ctx, w0, &chunk_ppl, t0);
+            let so_far = EvalResult {
+                backend: backend_report(&bacc),
+                ..so_far
+            };
             if stop(&so_far) {
                 (progress)(total, total);
                 return Ok(so_far);
@@ -292,13 +338,17 @@ pub fn evaluate_until(
         }
     }
     (progress)(total, total);
-    Ok(Sums {
+    let r = Sums {
         s,
         s2,
         count,
         kld: with_ref.then_some(&kacc),
     }
-    .result(win.n_ctx, win.n_chunk, &chunk_ppl, t0))
+    .result(win.n_ctx, win.n_chunk, &chunk_ppl, t0);
+    Ok(EvalResult {
+        backend: backend_report(&bacc),
+        ..r
+    })
 }
 
 /// The running sums of an evaluation.
@@ -331,6 +381,7 @@ impl Sums<'_> {
             mean_nll: mean,
             chunk_ppl: chunk_ppl.to_vec(),
             kld: self.kld.map(KldAccum::report),
+            backend: None,
             seconds,
             tokens_per_second: (n_chunk * n_ctx) as f64 / seconds.max(1e-9),
         }

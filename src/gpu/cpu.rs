@@ -19,6 +19,7 @@ use std::time::Instant;
 
 /// The kernels' arithmetic on the CPU, in the order the WGSL kernels use (dequantize: the CPU
 /// reference itself; mat-vec: rotated activation, 64 strided f32 partial sums, tree reduction;
+/// mat-mul: rotated activation rows, per 32-block a lane-order block sum, block sums in order;
 /// Q·K: 128 strided partial sums, tree reduction). Lets the harness run without a GPU.
 pub struct CpuEmulation;
 
@@ -69,6 +70,49 @@ fn strided_dot(cols: usize, threads: usize, f: impl Fn(usize) -> f32) -> f32 {
         }
     }
     tree_sum(part)
+}
+
+/// The WGSL mat-mul's arithmetic: `Y[t][r]` = Σ over blocks, in order, of the block sum of the
+/// 32 products `(C[idx]·d_half)·x̂` in lane order (separate f32 multiply and add, as written).
+/// `Y` is `tokens × rows`. Rows in parallel (each output's order is fixed).
+fn matmul_wgsl_order(
+    ty: TensorType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    xr: &[f32],
+    tokens: usize,
+) -> Vec<f32> {
+    use rayon::prelude::*;
+    let (bpr, bb) = (cols / tqs::QK, ty.block_bytes());
+    let by_row: Vec<Vec<f32>> = (0..rows)
+        .into_par_iter()
+        .map(|r| {
+            let mut acc = vec![0f32; tokens];
+            let mut blk = vec![0f32; tokens];
+            for b in 0..bpr {
+                let block = &w[(r * bpr + b) * bb..(r * bpr + b + 1) * bb];
+                let wv: Vec<f32> = (0..tqs::QK).map(|l| rotated_weight(ty, block, l)).collect();
+                blk.fill(0.0);
+                for (l, &wl) in wv.iter().enumerate() {
+                    for (t, s) in blk.iter_mut().enumerate() {
+                        *s += wl * xr[t * cols + b * tqs::QK + l];
+                    }
+                }
+                for (a, s) in acc.iter_mut().zip(&blk) {
+                    *a += s;
+                }
+            }
+            acc
+        })
+        .collect();
+    let mut y = vec![0f32; tokens * rows];
+    for (r, col) in by_row.iter().enumerate() {
+        for (t, v) in col.iter().enumerate() {
+            y[t * rows + r] = *v;
+        }
+    }
+    y
 }
 
 /// `(2q − 3)·s` for the f32 scale with bits `sbits`, correctly rounded, as the tq2_r kernels
@@ -322,6 +366,12 @@ impl Device for CpuEmulation {
                         })
                     })
                     .collect()
+            }
+            (Op::MatMul, Some(ty)) => {
+                let (w, xr) = (blocks.unwrap(), vec_in.unwrap());
+                let cols = a.cols.unwrap() as usize;
+                let tokens = a.tokens.unwrap() as usize;
+                matmul_wgsl_order(ty, &w, n, cols, &xr, tokens)
             }
             (Op::TurboQk, Some(_)) => {
                 let (l, cb) = turbo.as_ref().unwrap();

@@ -328,8 +328,9 @@ impl Device for CudaBackend {
             .map_err(|e| cuda_err("alloc", e))
     }
 
-    /// Arguments in the kernels' order: blocks, vec_in, out, n, cols, then cb, group, bytes, hdr
-    /// (turbo), or signs, mat (where present) and flags, h, scale, step (every tq2_r kernel)
+    /// Arguments in the kernels' order: blocks, vec_in, out, n, cols, tokens (mat-mul), then cb,
+    /// group, bytes, hdr (turbo), or signs, mat (where present) and flags, h, scale, step (every
+    /// tq2_r kernel)
     /// (`kernels/cuda/*.cu`; buffers are untyped device pointers).
     fn launch(&mut self, k: &'static Kernel, grid: Grid, a: &Args<CudaSlice<u8>>) -> Result<()> {
         let f = &self.funcs[k.entry];
@@ -343,6 +344,9 @@ impl Device for CudaBackend {
         b.arg(a.out).arg(&a.n);
         if let Some(c) = &a.cols {
             b.arg(c);
+        }
+        if let Some(t) = &a.tokens {
+            b.arg(t);
         }
         if let Some((cb, p)) = &a.turbo {
             b.arg(*cb).arg(&p.group).arg(&p.bytes).arg(&p.hdr);

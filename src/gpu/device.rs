@@ -8,7 +8,7 @@
 //!   mat-vec is two launches: prerotate, then mat-vec). A backend that is wrong on purpose (the
 //!   harness tests) implements [`Backend`] directly.
 
-use super::kernels::{self, Dialect, Kernel, Op, Unit, ROTATE_MAX};
+use super::kernels::{self, Dialect, Kernel, Op, Unit, MATMUL_TOKENS, ROTATE_MAX};
 use super::{BackendKind, TurboSpec};
 use crate::error::{Error, Result};
 use crate::types::{tq2r, TensorType};
@@ -73,6 +73,7 @@ pub(crate) struct Tq2rArgs<'a, B> {
 /// | `out` | always | 1 | 1 `dst` |
 /// | `n` | always | 2 | 2 `params.n` |
 /// | `cols` | if present | 3 | 2 `params.cols` (else 0) |
+/// | `tokens` | if present | 8 | 2 `params.tokens` (else 0) |
 /// | `turbo` | `cb, group, bytes, hdr` | 5 `cb`, 6 `{group, bytes, hdr}` | 4 `cb`, 2 `params.group/bytes/hdr` |
 /// | `tq2r.signs` | if present | 5 | 4 `rot_signs` |
 /// | `tq2r.mat` | if present | 6 | 5 `rot_mat` |
@@ -86,8 +87,10 @@ pub(crate) struct Args<'a, B> {
     pub out: &'a B,
     /// Blocks (TQ dequantize, prerotate), groups (turbo dequantize) or rows (mat-vec, Q·K).
     pub n: u32,
-    /// Row length in values (mat-vec, Q·K).
+    /// Row length in values (mat-vec, mat-mul, Q·K).
     pub cols: Option<u32>,
+    /// Activation rows (mat-mul); `vec_in` holds them padded to a multiple of `MATMUL_TOKENS`.
+    pub tokens: Option<u32>,
     /// The codebook buffer and the layout (turbo kernels).
     pub turbo: Option<(&'a B, TurboParams)>,
     /// tq2_r kernels.
@@ -103,6 +106,7 @@ impl<'a, B> Args<'a, B> {
             out,
             n,
             cols: None,
+            tokens: None,
             turbo: None,
             tq2r: None,
         }
@@ -200,7 +204,8 @@ pub enum RotatePath {
     MultiPass,
 }
 
-/// Workgroups (CUDA blocks, Metal threadgroups) of `threads` each, from the table.
+/// Workgroups (CUDA blocks, Metal threadgroups) of `threads` each, from the table (a mat-mul's
+/// are numbered row-group-major within a token tile).
 #[derive(Clone, Copy, Debug)]
 #[allow(dead_code)] // read by the feature-gated GPU backends only (the CPU emulation has no grid)
 pub(crate) struct Grid {
@@ -257,6 +262,30 @@ pub trait Backend {
         cols: usize,
         x: &[f32],
     ) -> Result<Vec<f32>>;
+    /// `Y = X·Wᵀ` for a TQ weight of `rows × cols` and `tokens` activation rows `X` (`tokens ×
+    /// cols`, row-major): `Y` is `tokens × rows`, token-major. Backends over a [`Device`] run the
+    /// mat-mul kernel (upload, prerotate every activation row, one launch per chunk of tokens);
+    /// the default runs [`Backend::matvec`] once per token (backends that are wrong on purpose).
+    fn matmul(
+        &mut self,
+        ty: TensorType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        tokens: usize,
+    ) -> Result<Vec<f32>> {
+        if x.len() < tokens * cols {
+            return Err(Error::Unsupported(format!(
+                "{ty}: mat-mul of {tokens} rows of {cols}: activation too short"
+            )));
+        }
+        let mut y = Vec::with_capacity(tokens * rows);
+        for t in 0..tokens {
+            y.extend(self.matvec(ty, w, rows, cols, &x[t * cols..(t + 1) * cols])?);
+        }
+        Ok(y)
+    }
     /// `score[r] = q̂ · dequant(K[r])` for turbo keys of `rows × cols` in the registry's layout,
     /// `q̂` pre-rotated.
     fn qk_dot(
@@ -355,6 +384,22 @@ impl<D: Device> Backend for D {
     ) -> Result<Vec<f32>> {
         matvec(self, ty, w, rows, cols, x)
     }
+    fn matmul(
+        &mut self,
+        ty: TensorType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        tokens: usize,
+    ) -> Result<Vec<f32>> {
+        let k = matmul_weight_check(ty, w.len(), rows, cols)?;
+        if rows == 0 || tokens == 0 {
+            return Ok(vec![0.0; rows * tokens]);
+        }
+        let wd = self.upload(&w[..rows * cols / 32 * ty.block_bytes()])?;
+        matmul_resident(self, k, &wd, rows, cols, x, tokens)
+    }
     fn turbo_dequantize(&mut self, spec: &TurboSpec, blocks: &[u8]) -> Result<Vec<f32>> {
         turbo_dequantize(self, spec, blocks)
     }
@@ -418,13 +463,19 @@ fn count_u32(what: &str, n: usize) -> Result<u32> {
 
 /// Launch `k` with the grid the table gives for `args` on this device's dialect.
 fn run<D: Device>(d: &mut D, k: &'static Kernel, args: &Args<D::Buf>) -> Result<()> {
-    let items = match k.unit {
-        Unit::Block | Unit::Row => args.n as usize,
-        Unit::Value => args.n as usize * args.turbo.map_or(1, |t| t.1.group as usize),
-    };
     let g = k.geometry(D::DIALECT);
+    let groups = match k.unit {
+        Unit::Block | Unit::Row => (args.n as usize).div_ceil(g.per_group),
+        Unit::Value => {
+            (args.n as usize * args.turbo.map_or(1, |t| t.1.group as usize)).div_ceil(g.per_group)
+        }
+        Unit::RowTokens => {
+            let tiles = (args.tokens.unwrap_or(0) as usize).div_ceil(MATMUL_TOKENS);
+            (args.n as usize).div_ceil(g.per_group) * tiles
+        }
+    };
     let grid = Grid {
-        groups: items.div_ceil(g.per_group),
+        groups,
         threads: g.threads,
     };
     d.launch(k, grid, args)
@@ -470,6 +521,7 @@ fn dequantize<D: Device>(d: &mut D, ty: TensorType, blocks: &[u8]) -> Result<Vec
         out: &out,
         n: count_u32("blocks", nblk)?,
         cols: None,
+        tokens: None,
         turbo: None,
         tq2r: None,
     };
@@ -494,6 +546,7 @@ fn turbo_dequantize<D: Device>(d: &mut D, spec: &TurboSpec, blocks: &[u8]) -> Re
         out: &out,
         n: count_u32("blocks", nblk)?,
         cols: None,
+        tokens: None,
         turbo: Some((&cb, TurboParams::of(spec))),
         tq2r: None,
     };
@@ -549,6 +602,7 @@ fn matvec<D: Device>(
         out: &xr,
         n: c / 32,
         cols: None,
+        tokens: None,
         turbo: None,
         tq2r: None,
     };
@@ -560,11 +614,103 @@ fn matvec<D: Device>(
         out: &y,
         n: r,
         cols: Some(c),
+        tokens: None,
         turbo: None,
         tq2r: None,
     };
     run(d, k, &mv)?;
     d.download(&y, rows)
+}
+
+/// The mat-mul kernel of `ty`, after checking that `bytes` hold a `rows × cols` weight.
+pub(crate) fn matmul_weight_check(
+    ty: TensorType,
+    bytes: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<&'static Kernel> {
+    let k = kernels::kernel(ty, Op::MatMul)?;
+    if cols % 32 != 0 || bytes < rows * (cols / 32) * ty.block_bytes() {
+        return Err(Error::Unsupported(format!(
+            "{ty}: mat-mul weight {rows}x{cols} does not match its {bytes} bytes"
+        )));
+    }
+    Ok(k)
+}
+
+/// Activation (and output) bytes per mat-mul launch at most: the device scratch of one call is
+/// about three times this (X, X̂, Y), whatever the number of tokens.
+pub(crate) const MATMUL_CHUNK_BYTES: usize = 32 << 20;
+
+/// Tokens per mat-mul launch: a multiple of [`MATMUL_TOKENS`] with X̂ and Y within
+/// [`MATMUL_CHUNK_BYTES`].
+fn matmul_chunk(rows: usize, cols: usize) -> usize {
+    let per = MATMUL_CHUNK_BYTES / (4 * rows.max(cols).max(1));
+    (per / MATMUL_TOKENS).max(1) * MATMUL_TOKENS
+}
+
+/// `Y = X·Wᵀ` with the weight `wd` (`rows × cols`, checked by [`matmul_weight_check`]) already on
+/// the device: per chunk of tokens, upload X padded with zero rows to a multiple of
+/// [`MATMUL_TOKENS`], rotate every 32-block of it once (prerotate), one mat-mul launch, download
+/// Y (`tokens × rows`).
+pub(crate) fn matmul_resident<D: Device>(
+    d: &mut D,
+    k: &'static Kernel,
+    wd: &D::Buf,
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    tokens: usize,
+) -> Result<Vec<f32>> {
+    if x.len() < tokens * cols {
+        return Err(Error::Unsupported(format!(
+            "mat-mul of {tokens} rows of {cols}: activation too short"
+        )));
+    }
+    let mut y = Vec::with_capacity(tokens * rows);
+    if rows == 0 || cols == 0 {
+        y.resize(tokens * rows, 0.0);
+        return Ok(y);
+    }
+    let (r, c) = (count_u32("rows", rows)?, count_u32("columns", cols)?);
+    let chunk = matmul_chunk(rows, cols);
+    let mut t0 = 0;
+    while t0 < tokens {
+        let n = chunk.min(tokens - t0);
+        let padded = n.next_multiple_of(MATMUL_TOKENS);
+        let mut xb = f32_bytes(&x[t0 * cols..(t0 + n) * cols]);
+        xb.resize(padded * cols * 4, 0);
+        let xd = d.upload(&xb)?;
+        let xr = d.alloc_f32(padded * cols)?;
+        let yd = d.alloc_f32(n * rows)?;
+        // 1. X̂: every 32-block of every activation row rotated forward, once for all rows of W.
+        let rot = Args {
+            blocks: None,
+            vec_in: Some(&xd),
+            out: &xr,
+            n: count_u32("blocks", padded * cols / 32)?,
+            cols: None,
+            tokens: None,
+            turbo: None,
+            tq2r: None,
+        };
+        run(d, kernels::prerotate(), &rot)?;
+        // 2. Y[t][r] = Σ C[idx]·d_half · X̂[t] over each row (the weight is never un-rotated).
+        let mm = Args {
+            blocks: Some(wd),
+            vec_in: Some(&xr),
+            out: &yd,
+            n: r,
+            cols: Some(c),
+            tokens: Some(count_u32("tokens", n)?),
+            turbo: None,
+            tq2r: None,
+        };
+        run(d, k, &mm)?;
+        y.extend(d.download(&yd, n * rows)?);
+        t0 += n;
+    }
+    Ok(y)
 }
 
 fn tq2r_kernel(op: Op) -> Result<&'static Kernel> {
@@ -844,6 +990,7 @@ fn turbo_qk<D: Device>(
         out: &out,
         n: count_u32("rows", rows)?,
         cols: Some(count_u32("columns", cols)?),
+        tokens: None,
         turbo: Some((&cb, TurboParams::of(spec))),
         tq2r: None,
     };
@@ -948,6 +1095,7 @@ fn time_dequantize<D: Device>(
         out: &out,
         n: count_u32("blocks", nblk)?,
         cols: None,
+        tokens: None,
         turbo: spec
             .as_ref()
             .zip(cb.as_ref())

@@ -26,6 +26,9 @@ pub(crate) enum Op {
     Prerotate,
     /// `y[r] = W[r]·x̂` over the pre-rotated activation (TQ weights).
     MatVec,
+    /// `Y[t][r] = W[r]·X̂[t]` for many pre-rotated activation rows at once (TQ weights; the model
+    /// runtime's `--backend`).
+    MatMul,
     /// `score[r] = q̂ · K[r]` over a pre-rotated query (turbo keys).
     TurboQk,
     /// tq2_r's whole-row rotation `R·x` (or `Rᵀ·y`) of rows of at most [`ROTATE_MAX`] values,
@@ -66,7 +69,14 @@ pub(crate) enum Unit {
     Value,
     /// Matrix or key rows (mat-vec, Q·K), or rows of the tq2_r rotation.
     Row,
+    /// Matrix rows × tiles of [`MATMUL_TOKENS`] activation rows (mat-mul): `per_group` rows per
+    /// workgroup, one workgroup per (row group, token tile).
+    RowTokens,
 }
+
+/// Activation rows (tokens) each mat-mul work item multiplies: `MM_TOKENS` / `TQ_MM_TOKENS` in
+/// every kernel language (a test checks them). The host pads the activation to a multiple.
+pub const MATMUL_TOKENS: usize = 8;
 
 /// Which geometry column of the table a backend launches with: the two kernel styles differ for
 /// the mat-vec only.
@@ -141,20 +151,25 @@ const T4: Option<TensorType> = Some(TensorType::Turbo4);
 const TQ2R: Option<TensorType> = Some(TensorType::TQ2R);
 const QK_GEO: Geometry = geo(TURBO_QK_THREADS as u32, 1);
 
-/// Every kernel. Dequantize and prerotate: 256 threads = 8 blocks of 32 (TQ, tq2_r), or one
-/// thread per value, 128 per group (turbo). Mat-vec: one 32-lane warp/SIMD group per row, 4 rows
-/// per 128 threads (CUDA, Metal), or one 64-thread workgroup per row (WGSL TQ) or 32 lanes per
-/// row, 8 rows per 256 threads (WGSL tq2_r). Q·K: one 128-thread workgroup per key row
-/// ([`TURBO_QK_THREADS`]). tq2_r rotation: one 256-thread workgroup per row (≤ [`ROTATE_MAX`]) or
-/// per sub-block, then one thread per butterfly pair / output value.
+/// Every kernel. Dequantize: 256 threads = 8 blocks of 32 (TQ, tq2_r), or one thread per value,
+/// 128 per group (turbo). Prerotate: 8 blocks of 32 per 256 threads (CUDA, Metal), or one thread
+/// per block, 64 per workgroup, no barriers (WGSL). Mat-vec: one 32-lane warp/SIMD group per row,
+/// 4 rows per 128 threads (CUDA, Metal), or one 64-thread workgroup per row (WGSL TQ) or 32 lanes
+/// per row, 8 rows per 256 threads (WGSL tq2_r). Mat-mul: per token tile, one warp per row, 4 rows
+/// per 128 threads (CUDA, Metal), or one thread per 2 rows, 128 rows per workgroup (WGSL). Q·K:
+/// one 128-thread workgroup per key row ([`TURBO_QK_THREADS`]). tq2_r rotation: one 256-thread
+/// workgroup per row (≤ [`ROTATE_MAX`]) or per sub-block, then one thread per butterfly pair /
+/// output value.
 #[rustfmt::skip]
-pub(crate) static KERNELS: [Kernel; 17] = [
+pub(crate) static KERNELS: [Kernel; 19] = [
     //  type  op              entry             module          unit         simt            wgsl
     k(TQ4,  Op::Dequantize, "tq4_dequant",    Module::Tq,    Unit::Block, geo(256, 8),    geo(256, 8)),
     k(TQ3,  Op::Dequantize, "tq3_dequant",    Module::Tq,    Unit::Block, geo(256, 8),    geo(256, 8)),
-    k(None, Op::Prerotate,  "tq_prerotate",   Module::Tq,    Unit::Block, geo(256, 8),    geo(256, 8)),
+    k(None, Op::Prerotate,  "tq_prerotate",   Module::Tq,    Unit::Block, geo(256, 8),    geo(64, 64)),
     k(TQ4,  Op::MatVec,     "tq4_matvec",     Module::Tq,    Unit::Row,   geo(128, 4),    geo(64, 1)),
     k(TQ3,  Op::MatVec,     "tq3_matvec",     Module::Tq,    Unit::Row,   geo(128, 4),    geo(64, 1)),
+    k(TQ4,  Op::MatMul,     "tq4_matmul",     Module::Tq,    Unit::RowTokens, geo(128, 4), geo(64, 128)),
+    k(TQ3,  Op::MatMul,     "tq3_matmul",     Module::Tq,    Unit::RowTokens, geo(128, 4), geo(64, 128)),
     k(T2,   Op::Dequantize, "turbo2_dequant", Module::Turbo, Unit::Value, geo(128, 128),  geo(128, 128)),
     k(T3,   Op::Dequantize, "turbo3_dequant", Module::Turbo, Unit::Value, geo(128, 128),  geo(128, 128)),
     k(T4,   Op::Dequantize, "turbo4_dequant", Module::Turbo, Unit::Value, geo(128, 128),  geo(128, 128)),
@@ -178,6 +193,7 @@ pub(crate) fn kernel(ty: TensorType, op: Op) -> Result<&'static Kernel> {
             Error::Unsupported(match op {
                 Op::Dequantize => format!("{ty}: no GPU kernel"),
                 Op::MatVec => format!("{ty}: no mat-vec kernel"),
+                Op::MatMul => format!("{ty}: no mat-mul kernel"),
                 Op::TurboQk => format!("{ty}: no Q·K kernel"),
                 Op::Rotate | Op::RotateLocal | Op::RotateStage | Op::RotateMix => {
                     format!("{ty}: no whole-row rotation kernel")
@@ -185,6 +201,11 @@ pub(crate) fn kernel(ty: TensorType, op: Op) -> Result<&'static Kernel> {
                 Op::Prerotate => unreachable!("the table has a prerotate"),
             })
         })
+}
+
+/// Whether `ty` has a mat-mul kernel: the weights the model runtime can run through a backend.
+pub fn has_matmul(ty: TensorType) -> bool {
+    kernel(ty, Op::MatMul).is_ok()
 }
 
 /// The prerotate kernel of the TQ mat-vec.
@@ -204,6 +225,8 @@ mod tests {
             assert!(kernel(ty, Op::Dequantize).is_ok(), "{ty}");
             let (tq, rr) = (ty.is_tq_weight(), ty.is_row_rotated());
             assert_eq!(kernel(ty, Op::MatVec).is_ok(), tq || rr, "{ty}");
+            assert_eq!(kernel(ty, Op::MatMul).is_ok(), tq, "{ty}");
+            assert_eq!(has_matmul(ty), tq, "{ty}");
             assert_eq!(kernel(ty, Op::TurboQk).is_ok(), ty.is_turbo(), "{ty}");
             for op in [Op::Rotate, Op::RotateLocal, Op::RotateStage, Op::RotateMix] {
                 assert_eq!(kernel(ty, op).is_ok(), rr, "{ty} {op:?}");
@@ -219,6 +242,15 @@ mod tests {
         }
         assert!(kernel(TensorType::Q4_0, Op::Dequantize).is_err());
         assert_eq!(prerotate().entry, "tq_prerotate");
+    }
+
+    /// The mat-mul's token tile is the same number in the table and every kernel language.
+    #[test]
+    fn matmul_token_tile_is_the_same_everywhere() {
+        let n = MATMUL_TOKENS;
+        assert!(sources::WGSL_TQ.contains(&format!("const MM_TOKENS: u32 = {n}u;")));
+        assert!(sources::CUDA_TQ.contains(&format!("#define TQ_MM_TOKENS {n}\n")));
+        assert!(sources::METAL_TQ.contains(&format!("#define TQ_MM_TOKENS {n}\n")));
     }
 
     /// Each entry point is defined in its module in every language (WGSL with the table's size).

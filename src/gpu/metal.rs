@@ -218,11 +218,16 @@ impl Device for MetalBackend {
 
     /// Buffer indices as in `kernels/metal/*.metal`: 0 blocks, 1 output, 2 n, 3 cols, 4 vector
     /// input, 5 codebook, 6 layout {group, bytes, hdr} (turbo), or 5 signs, 6 dense factor,
-    /// 7 {flags, h, scale, step} (tq2_r). Commits and waits (one command buffer per launch).
+    /// 7 {flags, h, scale, step} (tq2_r); 8 tokens (mat-mul). Commits and waits (one command
+    /// buffer per launch).
     fn launch(&mut self, k: &'static Kernel, grid: Grid, a: &Args<MetalBuf>) -> Result<()> {
         let n = self.u32_buf(a.n)?;
         let cols = match a.cols {
             Some(c) => Some(self.u32_buf(c)?),
+            None => None,
+        };
+        let tokens = match a.tokens {
+            Some(t) => Some(self.u32_buf(t)?),
             None => None,
         };
         let turbo = match a.turbo {
@@ -259,6 +264,9 @@ impl Device for MetalBackend {
         }
         if let Some(p) = &tq2r {
             bufs.push((7, p));
+        }
+        if let Some(t) = &tokens {
+            bufs.push((8, t));
         }
         self.gpu_seconds += self.run(k, &bufs, grid)?;
         Ok(())

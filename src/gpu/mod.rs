@@ -23,6 +23,8 @@
 //! - `device.rs`: the `Device` trait a backend implements (upload / launch / download / timing)
 //!   and [`Backend`], the kernels as the harness calls them, implemented once over `Device` (size
 //!   checks, table lookups, launch sequences);
+//! - `linear.rs`: [`Linear`], weights resident on a device for repeated mat-muls (the model
+//!   runtime's `--backend`), opened with [`open_linear`];
 //! - `cuda.rs`, `metal.rs`, `wgpu.rs`, `cpu.rs`: the devices (the CPU emulation is one more);
 //! - `turbo_spec.rs`: [`TurboSpec`], the turbo layouts and codebooks the kernels take;
 //! - `harness/`: [`check`] and its comparisons, test data and report.
@@ -42,6 +44,7 @@ pub mod cuda;
 mod device;
 mod harness;
 mod kernels;
+mod linear;
 #[cfg(all(feature = "metal", target_os = "macos"))]
 pub mod metal;
 pub mod sources;
@@ -62,7 +65,8 @@ pub use self::harness::data::{
 pub use self::harness::report::format_report;
 pub(crate) use self::harness::tq2r::{is_hadamard, row_decode};
 pub use self::harness::{check, CheckOptions, MatvecTime, Report, Throughput};
-pub use self::kernels::{ROTATE_MAX, TURBO_QK_THREADS};
+pub use self::kernels::{has_matmul, MATMUL_TOKENS, ROTATE_MAX, TURBO_QK_THREADS};
+pub use self::linear::{Linear, WeightId};
 pub use self::turbo_spec::{turbo_specs, TurboSpec};
 
 use crate::error::Error;
@@ -139,15 +143,47 @@ impl BackendKind {
     }
 }
 
+/// What an opened device is handed out as: [`Backend`] (the harness) or [`Linear`] (resident
+/// weights for the model runtime).
+trait Wrap {
+    type Out;
+    fn wrap<D: device::Device + 'static>(d: D) -> Self::Out;
+}
+
+struct AsBackend;
+impl Wrap for AsBackend {
+    type Out = Box<dyn Backend>;
+    fn wrap<D: device::Device + 'static>(d: D) -> Box<dyn Backend> {
+        Box::new(d)
+    }
+}
+
+struct AsLinear;
+impl Wrap for AsLinear {
+    type Out = Box<dyn Linear>;
+    fn wrap<D: device::Device + 'static>(d: D) -> Box<dyn Linear> {
+        Box::new(linear::Resident::new(d))
+    }
+}
+
 /// Open a backend by name; `Err` says why it is not available (absent: `auto` skips it) or why it
 /// failed (present but a kernel does not compile, ...: `auto` counts a failure).
 pub fn open_backend(kind: BackendKind) -> std::result::Result<Box<dyn Backend>, OpenError> {
+    open::<AsBackend>(kind)
+}
+
+/// Open a backend for mat-muls with resident weights ([`Linear`]); errors as [`open_backend`].
+pub fn open_linear(kind: BackendKind) -> std::result::Result<Box<dyn Linear>, OpenError> {
+    open::<AsLinear>(kind)
+}
+
+fn open<W: Wrap>(kind: BackendKind) -> std::result::Result<W::Out, OpenError> {
     match kind {
-        BackendKind::Cpu => Ok(Box::new(CpuEmulation)),
+        BackendKind::Cpu => Ok(W::wrap(CpuEmulation)),
         BackendKind::Wgpu => {
             #[cfg(feature = "wgpu")]
             {
-                Ok(Box::new(wgpu::WgpuBackend::new()?))
+                Ok(W::wrap(wgpu::WgpuBackend::new()?))
             }
             #[cfg(not(feature = "wgpu"))]
             {
@@ -159,7 +195,7 @@ pub fn open_backend(kind: BackendKind) -> std::result::Result<Box<dyn Backend>, 
         BackendKind::Cuda => {
             #[cfg(feature = "cuda")]
             {
-                Ok(Box::new(cuda::CudaBackend::new()?))
+                Ok(W::wrap(cuda::CudaBackend::new()?))
             }
             #[cfg(not(feature = "cuda"))]
             {
@@ -171,7 +207,7 @@ pub fn open_backend(kind: BackendKind) -> std::result::Result<Box<dyn Backend>, 
         BackendKind::Metal => {
             #[cfg(all(feature = "metal", target_os = "macos"))]
             {
-                Ok(Box::new(metal::MetalBackend::new()?))
+                Ok(W::wrap(metal::MetalBackend::new()?))
             }
             #[cfg(not(all(feature = "metal", target_os = "macos")))]
             {

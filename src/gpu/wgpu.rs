@@ -179,8 +179,8 @@ impl WgpuBackend {
         })
     }
 
-    /// The kernels' `Params` uniform: `n, cols, group, bytes, hdr, flags, rot_h, rot_scale,
-    /// rot_step` (zero where a kernel has no such argument) and padding to 48 bytes.
+    /// The kernels' `Params` uniform: `n, cols, group, bytes, hdr, tokens, flags, rot_h,
+    /// rot_scale, rot_step` (zero where a kernel has no such argument) and padding to 48 bytes.
     fn params(&self, a: &Args<wgpu::Buffer>) -> wgpu::Buffer {
         let (g, b, h) = a
             .turbo
@@ -192,11 +192,11 @@ impl WgpuBackend {
             g,
             b,
             h,
+            a.tokens.unwrap_or(0),
             t.flags,
             t.h,
             t.scale,
             t.step,
-            0,
             0,
             0,
         ];

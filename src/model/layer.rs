@@ -2,6 +2,7 @@
 //! "sets" (weights that share an input: q/k/v, gate/up) multiplied in one pass.
 
 use super::config::{Config, LayerNames};
+use super::kernels::Kernels;
 use super::matmul::{matmul_t, ActRound};
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, TensorInfo};
@@ -112,6 +113,16 @@ pub struct LinearSet {
 impl LinearSet {
     /// Load the named weights (each `[k, n_i]` in ggml order) and their optional biases.
     pub fn load(f: &GgufFile, parts: &[(&str, &str)]) -> Result<LinearSet> {
+        Self::load_with(f, parts, &|_| false)
+    }
+
+    /// [`LinearSet::load`], leaving the f32 weights of the tensors `skip` names at zero (they are
+    /// multiplied elsewhere: a backend's kernels).
+    pub(crate) fn load_with(
+        f: &GgufFile,
+        parts: &[(&str, &str)],
+        skip: &dyn Fn(&str) -> bool,
+    ) -> Result<LinearSet> {
         let mut infos = Vec::new();
         for (w, _) in parts {
             let t = f
@@ -138,8 +149,10 @@ impl LinearSet {
                     format!("{}: input width differs within its set", t.name),
                 ));
             }
-            dequantize_rows(f, t, 0, n, &mut w[off * k..(off + n) * k])?;
-            f.release(t);
+            if !skip(&t.name) {
+                dequantize_rows(f, t, 0, n, &mut w[off * k..(off + n) * k])?;
+                f.release(t);
+            }
             if let (Some(b), Some(v)) = (bias.as_mut(), load_opt(f, bname)?) {
                 if v.len() != n {
                     return Err(Error::bad_input(
@@ -198,9 +211,33 @@ impl LinearSet {
         ggml_numerics: bool,
         threads: usize,
     ) {
+        self.forward_on(x, rows, out, ggml_numerics, threads, None)
+            .expect("without a backend the forward pass cannot fail");
+    }
+
+    /// [`LinearSet::forward`], with the segments that `kernels` holds multiplied by its mat-mul
+    /// kernels (exact f32 input: their types have no ggml activation rounding).
+    pub(crate) fn forward_on(
+        &self,
+        x: &[f32],
+        rows: usize,
+        out: &mut [f32],
+        ggml_numerics: bool,
+        threads: usize,
+        mut kernels: Option<&mut Kernels>,
+    ) -> Result<()> {
         let k = self.k;
+        let on_backend =
+            |s: &Segment, kn: &Option<&mut Kernels>| kn.as_ref().is_some_and(|kn| kn.has(&s.name));
         let mut i = 0;
         while i < self.segments.len() {
+            if on_backend(&self.segments[i], &kernels) {
+                let seg = &self.segments[i];
+                let kn = kernels.as_deref_mut().expect("checked above");
+                kn.matmul(&seg.name, x, rows, k, &mut out[seg.off..], self.n_total)?;
+                i += 1;
+                continue;
+            }
             if let Some(cw) = &self.segments[i].cuda {
                 let off = self.segments[i].off;
                 cw.matmul(x, rows, &mut out[off..], self.n_total);
@@ -215,6 +252,7 @@ impl LinearSet {
             let mut j = i + 1;
             while j < self.segments.len()
                 && self.segments[j].cuda.is_none()
+                && !on_backend(&self.segments[j], &kernels)
                 && (!ggml_numerics || ActRound::for_weight(self.segments[j].ty) == round)
             {
                 j += 1;
@@ -236,6 +274,7 @@ impl LinearSet {
                 .par_chunks_mut(self.n_total)
                 .for_each(|r| r.iter_mut().zip(b).for_each(|(o, b)| *o += b));
         }
+        Ok(())
     }
 
     pub fn names(&self) -> Vec<&str> {
@@ -292,18 +331,30 @@ impl LayerWeights {
             .collect()
     }
 
-    pub fn load(f: &GgufFile, _cfg: &Config, l: usize) -> Result<LayerWeights> {
+    pub fn load(f: &GgufFile, cfg: &Config, l: usize) -> Result<LayerWeights> {
+        Self::load_with(f, cfg, l, &|_| false)
+    }
+
+    /// [`LayerWeights::load`] without dequantizing the linear weights `skip` names (a backend
+    /// multiplies them).
+    pub(crate) fn load_with(
+        f: &GgufFile,
+        _cfg: &Config,
+        l: usize,
+        skip: &dyn Fn(&str) -> bool,
+    ) -> Result<LayerWeights> {
         let n = LayerNames::new(l);
         let qkv = if f.tensor(&n.attn_qkv).is_some() {
-            LinearSet::load(f, &[(&n.attn_qkv, &n.attn_qkv_b)])?
+            LinearSet::load_with(f, &[(&n.attn_qkv, &n.attn_qkv_b)], skip)?
         } else {
-            LinearSet::load(
+            LinearSet::load_with(
                 f,
                 &[
                     (&n.attn_q, &n.attn_q_b),
                     (&n.attn_k, &n.attn_k_b),
                     (&n.attn_v, &n.attn_v_b),
                 ],
+                skip,
             )?
         };
         Ok(LayerWeights {
@@ -311,10 +362,14 @@ impl LayerWeights {
             qkv,
             q_norm: load_opt(f, &n.attn_q_norm)?,
             k_norm: load_opt(f, &n.attn_k_norm)?,
-            wo: LinearSet::load(f, &[(&n.attn_output, &n.attn_output_b)])?,
+            wo: LinearSet::load_with(f, &[(&n.attn_output, &n.attn_output_b)], skip)?,
             ffn_norm: load_f32(f, &n.ffn_norm)?,
-            gate_up: LinearSet::load(f, &[(&n.ffn_gate, &n.ffn_gate_b), (&n.ffn_up, &n.ffn_up_b)])?,
-            down: LinearSet::load(f, &[(&n.ffn_down, &n.ffn_down_b)])?,
+            gate_up: LinearSet::load_with(
+                f,
+                &[(&n.ffn_gate, &n.ffn_gate_b), (&n.ffn_up, &n.ffn_up_b)],
+                skip,
+            )?,
+            down: LinearSet::load_with(f, &[(&n.ffn_down, &n.ffn_down_b)], skip)?,
         })
     }
 }

@@ -5,6 +5,7 @@
 pub(crate) mod attention;
 pub(crate) mod config;
 pub mod decode;
+pub(crate) mod kernels;
 pub mod kv;
 pub mod layer;
 pub(crate) mod matmul;
@@ -12,5 +13,6 @@ pub(crate) mod rope;
 pub(crate) mod runtime;
 
 pub use config::{Arch, Config};
+pub use kernels::Placement;
 pub use kv::{KvCache, KvLayer, KvSpec, Turbo4Table};
-pub use runtime::{Model, Numerics, Observer};
+pub use runtime::{BackendInfo, Model, Numerics, Observer};

@@ -5,14 +5,17 @@
 
 use super::attention::{causal_attention, AttnShape};
 use super::config::Config;
+use super::kernels::{placements, Kernels, Placement};
 use super::kv::{hadamard_blocks, round_trip, KvCache, KvLayer};
 use super::layer::{dequantize_rows, load_f32, rms_norm_rows, swiglu, LayerWeights, LinearSet};
 use super::matmul::{matmul_t, ActRound};
 use super::rope::Rope;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
+use crate::gpu::{BackendKind, Linear, OpenError};
 use crate::numerics::cuda_native::CudaTqPath;
 use rayon::prelude::*;
+use std::cell::RefCell;
 
 /// How activations meet the weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,6 +124,20 @@ pub struct Model<'a> {
     /// KV-cache types simulated (default f16, as llama.cpp).
     pub kv: KvCache,
     output_norm: Vec<f32>,
+    /// The backend that multiplies the linear weights with a mat-mul kernel (`--backend`), with
+    /// those weights resident on it; `None`: everything on the CPU.
+    kernels: Option<RefCell<Kernels>>,
+}
+
+/// The GPU backend a model runs on: the API, the device and what runs where.
+#[derive(Clone, Debug)]
+pub struct BackendInfo {
+    pub kind: BackendKind,
+    pub device: String,
+    /// Bytes of weights resident on the device.
+    pub resident_bytes: u64,
+    /// Every linear weight (2-D block weights, output projection) and where it runs.
+    pub placements: Vec<Placement>,
 }
 
 /// Vocabulary rows of the output projection dequantized at a time.
@@ -137,7 +154,65 @@ impl<'a> Model<'a> {
             threads: rayon::current_num_threads(),
             kv: KvCache::default(),
             output_norm,
+            kernels: None,
         })
+    }
+
+    /// Run the linear weights whose type has a mat-mul kernel through `backend` (`--backend`;
+    /// see `model/kernels.rs`): opens it and uploads those weights once. Absent (not built in, no
+    /// device) or failing backends are a one-line error saying what to do.
+    pub fn use_backend(&mut self, backend: BackendKind) -> Result<()> {
+        let lin = crate::gpu::open_linear(backend).map_err(|e| match e {
+            OpenError::Absent(why) => Error::Usage(format!(
+                "--backend {}: {}",
+                backend.name(),
+                crate::error::one_line(&why)
+            )),
+            OpenError::Failed(e) => Error::Unsupported(format!(
+                "--backend {}: the backend failed to open: {}",
+                backend.name(),
+                crate::error::one_line(&e.to_string())
+            )),
+        })?;
+        self.use_kernels(lin)
+    }
+
+    /// [`Model::use_backend`] with an opened backend (any [`Linear`] implementation).
+    pub fn use_kernels(&mut self, lin: Box<dyn Linear>) -> Result<()> {
+        if self.numerics.cuda_path().is_some() {
+            return Err(Error::Usage(format!(
+                "--backend {} and --numerics {}: the first runs the TQ weights through tq's                  kernels, the second models the fork's CUDA arithmetic; choose one",
+                lin.kind().name(),
+                self.numerics.name()
+            )));
+        }
+        let k = Kernels::attach(self.file, self.output_name(), lin)?;
+        self.kernels = Some(RefCell::new(k));
+        Ok(())
+    }
+
+    /// The backend attached by [`Model::use_backend`], and where each linear weight runs.
+    pub fn backend(&self) -> Option<BackendInfo> {
+        let k = self.kernels.as_ref()?.borrow();
+        Some(BackendInfo {
+            kind: k.kind(),
+            device: k.device_name(),
+            resident_bytes: k.resident_bytes(),
+            placements: placements(self.file, self.output_name()),
+        })
+    }
+
+    /// The same model with everything on the CPU (the reference a backend run is compared with).
+    pub fn cpu_twin(&self) -> Model<'a> {
+        Model {
+            file: self.file,
+            cfg: self.cfg.clone(),
+            numerics: self.numerics,
+            threads: self.threads,
+            kv: self.kv.clone(),
+            output_norm: self.output_norm.clone(),
+            kernels: None,
+        }
     }
 
     /// Worker threads the large matrix products use (see `threads`).
@@ -245,6 +320,12 @@ impl<'a> Model<'a> {
         );
         let n_out = seq - out_from;
         self.kv.check(hd)?;
+        let mut kern = self.kernels.as_ref().map(|k| k.borrow_mut());
+        if kern.is_some() && watch {
+            return Err(Error::Usage(
+                "--backend is for evaluation; calibration runs on the CPU runtime".into(),
+            ));
+        }
         let rotate = self.kv.rotate;
         let (table, groups) = (self.kv.turbo4, self.kv.groups);
         // Rows whose outputs are needed after the last block (llama.cpp prunes the same way).
@@ -264,7 +345,10 @@ impl<'a> Model<'a> {
             if let Some(o) = observer.as_deref_mut() {
                 o.layer_start(l);
             }
-            let mut lw = LayerWeights::load(self.file, cfg, l)?;
+            let mut lw = match &kern {
+                Some(k) => LayerWeights::load_with(self.file, cfg, l, &|n| k.has(n))?,
+                None => LayerWeights::load(self.file, cfg, l)?,
+            };
             if let Some(path) = self.numerics.cuda_path() {
                 if watch {
                     return Err(Error::Usage(format!(
@@ -294,7 +378,8 @@ impl<'a> Model<'a> {
                 o.linear_input(Some(l), &lw.qkv.names(), &h, rows, e);
                 o.transform_weights(l, &mut lw.qkv)?;
             }
-            lw.qkv.forward(&h, rows, &mut qkv, ggml, threads);
+            lw.qkv
+                .forward_on(&h, rows, &mut qkv, ggml, threads, kern.as_deref_mut())?;
             qkv.par_chunks_mut(ld).enumerate().for_each(|(r, row)| {
                 let pos = r % seq;
                 let (q, kvr) = row.split_at_mut(qd);
@@ -355,7 +440,14 @@ impl<'a> Model<'a> {
                 o.linear_input(Some(l), &lw.wo.names(), &att_in, rows_now, qd);
                 o.transform_weights(l, &mut lw.wo)?;
             }
-            lw.wo.forward(&att_in, rows_now, &mut tmp, ggml, threads);
+            lw.wo.forward_on(
+                &att_in,
+                rows_now,
+                &mut tmp,
+                ggml,
+                threads,
+                kern.as_deref_mut(),
+            )?;
             add_into(&mut x[..rows_now * e], &tmp[..rows_now * e]);
 
             // Feed-forward.
@@ -377,7 +469,8 @@ impl<'a> Model<'a> {
                 );
                 o.transform_weights(l, &mut lw.gate_up)?;
             }
-            lw.gate_up.forward(&h, rows_now, &mut gu, ggml, threads);
+            lw.gate_up
+                .forward_on(&h, rows_now, &mut gu, ggml, threads, kern.as_deref_mut())?;
             act[..rows_now * nff]
                 .par_chunks_mut(nff)
                 .zip(gu.par_chunks(2 * nff))
@@ -397,13 +490,14 @@ impl<'a> Model<'a> {
                 );
                 o.transform_weights(l, &mut lw.down)?;
             }
-            lw.down.forward(&act, rows_now, &mut tmp, ggml, threads);
+            lw.down
+                .forward_on(&act, rows_now, &mut tmp, ggml, threads, kern.as_deref_mut())?;
             add_into(&mut x[..rows_now * e], &tmp[..rows_now * e]);
             if let Some(o) = observer.as_deref_mut() {
                 o.layer_end(l)?;
             }
         }
-        drop((qkv, att, gu, act, tmp));
+        drop((qkv, att, gu, act, tmp, kern));
 
         // Final norm on the output rows, then the output projection in vocabulary slices.
         let xo: Vec<f32> = if x.len() == keep.len() * e {
@@ -448,6 +542,14 @@ impl<'a> Model<'a> {
             hn
         };
         let mut logits = vec![0f32; rows * nv];
+        if let Some(k) = &self.kernels {
+            let mut k = k.borrow_mut();
+            if k.has(&t.name) {
+                // Exact input: a type with a mat-mul kernel has no ggml activation rounding.
+                k.matmul(&t.name, hn, rows, e, &mut logits, nv)?;
+                return Ok(logits);
+            }
+        }
         if let Some(path) = self.numerics.cuda_path().filter(|_| t.ty.is_tq_weight()) {
             // A TQ output projection under CUDA numerics (never in the fork's recipes, but
             // possible): through the CUDA model, in the same vocabulary slices.

@@ -173,6 +173,9 @@ pub struct Options<'a> {
     pub kernels: &'a [crate::gpu::BackendKind],
     /// Every row of every kernel-type tensor instead of a sample.
     pub full: bool,
+    /// Run the quality windows with the weights that have mat-mul kernels on this backend
+    /// (`--backend`; `None`: the CPU runtime), the CPU run beside it for the `backend` check.
+    pub backend: Option<crate::gpu::BackendKind>,
     pub batch: Option<usize>,
     pub progress: crate::eval::perplexity::Progress<'a>,
 }
@@ -240,6 +243,9 @@ pub struct Report {
     pub z: f64,
     pub thresholds: Thresholds,
     pub quality: Option<Quality>,
+    /// With `--backend`: the backend, what ran where, and the comparison with the CPU run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<crate::eval::backend::BackendReport>,
     pub generation: Option<Vec<PromptGen>>,
     pub checks: Vec<Check>,
     pub verdict: Status,
@@ -314,6 +320,7 @@ pub fn validate(o: &Options) -> Result<Report> {
     }
 
     let mut quality = None;
+    let mut backend = None;
     let mut tokens_blake3 = None;
     // A file that fails structure is not run: its numbers would mean nothing (and a NaN weight
     // stops the runtime).
@@ -330,6 +337,7 @@ pub fn validate(o: &Options) -> Result<Report> {
         tokens_blake3 = Some(q.tokens_blake3.clone());
         checks.extend(q.checks);
         quality = Some(q.quality);
+        backend = q.backend;
     } else {
         checks.push(Check::new(
             "quality",
@@ -339,6 +347,17 @@ pub fn validate(o: &Options) -> Result<Report> {
         ));
     }
 
+    if let Some(b) = o.backend.filter(|_| quality.is_none()) {
+        checks.push(Check::new(
+            "backend",
+            "kld_vs_cpu",
+            Status::Skipped,
+            format!(
+                "--backend {}: the quality windows were not evaluated",
+                b.name()
+            ),
+        ));
+    }
     if !broken {
         checks.extend(kernels::checks(&file, o.kernels, o.full)?);
     }
@@ -378,6 +397,7 @@ pub fn validate(o: &Options) -> Result<Report> {
         z: Z,
         thresholds: o.thresholds,
         quality,
+        backend,
         generation,
         checks,
         verdict: Status::Pass,

@@ -5,7 +5,8 @@
 use super::{
     verdict, Bound, Check, Chunks, Limit, Num, Options, Quality, RefSource, Status, Thresholds,
 };
-use crate::error::Result;
+use crate::error::{one_line, Result};
+use crate::eval::backend::BackendReport;
 use crate::eval::{evaluate_until, session, EvalResult};
 use crate::gguf::GgufFile;
 use crate::model::{Model, Numerics};
@@ -18,6 +19,65 @@ pub(super) struct QualityRun {
     pub quality: Quality,
     pub checks: Vec<Check>,
     pub tokens_blake3: String,
+    pub backend: Option<BackendReport>,
+}
+
+/// The `backend/kld_vs_cpu` check: the kernel run's distributions against the CPU run's on the
+/// same windows, held to the bound (both the mean and the largest token's KLD; a deterministic
+/// comparison, so no noise interval).
+/// `ppl` is the kernel run's PPL (the evaluation's own).
+pub(super) fn backend_check(b: &BackendReport, ppl: f64) -> Check {
+    let on = |m: &std::collections::BTreeMap<String, usize>| {
+        m.iter()
+            .map(|(t, n)| format!("{n} {t}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some(c) = &b.comparison else {
+        return Check::new(
+            "backend",
+            "kld_vs_cpu",
+            Status::Skipped,
+            format!(
+                "{}: no weight of a type with a mat-mul kernel: everything ran on the CPU",
+                b.backend
+            ),
+        );
+    };
+    let mut ch = Check::new(
+        "backend",
+        "kld_vs_cpu",
+        if c.within_bound {
+            Status::Pass
+        } else {
+            Status::Fail
+        },
+        format!(
+            "{} on {}: {} weights through its kernels, {} on the CPU; KLD(cpu||{}) mean {:.3e}, max {:.3e} (bound: mean <= {:.0e}, max <= {:.0e}), max |dlogit| {:.2e}, same top-1 {:.2}%, PPL {:.4} vs {:.4} on the CPU",
+            b.backend,
+            one_line(&b.device),
+            if b.on_backend.is_empty() { "no".to_string() } else { on(&b.on_backend) },
+            if b.on_cpu.is_empty() { "none".to_string() } else { on(&b.on_cpu) },
+            b.backend,
+            c.kld.value,
+            c.kld_max,
+            c.bound.mean,
+            c.bound.max,
+            c.max_abs_logit_diff,
+            100.0 * c.same_top,
+            ppl,
+            c.ppl_cpu.value
+        ),
+    );
+    ch.value = Some(Num {
+        value: c.kld.value,
+        err: c.kld.err,
+    });
+    ch.limit = Some(Limit {
+        bound: Bound::Max,
+        value: c.bound.mean,
+    });
+    ch
 }
 
 /// The quality checks of a (partial) result under `t`.
@@ -97,7 +157,10 @@ pub(super) fn judge(r: &EvalResult, t: &Thresholds) -> Vec<Check> {
 }
 
 pub(super) fn run(o: &Options, file: &GgufFile, ref_file: Option<&GgufFile>) -> Result<QualityRun> {
-    let model = Model::new(file, Numerics::Ggml)?;
+    let mut model = Model::new(file, Numerics::Ggml)?;
+    if let Some(b) = o.backend {
+        model.use_backend(b)?;
+    }
     let ref_model = match ref_file {
         Some(f) => Some(Model::new(f, Numerics::Ggml)?),
         None => None,
@@ -119,7 +182,11 @@ pub(super) fn run(o: &Options, file: &GgufFile, ref_file: Option<&GgufFile>) -> 
         ref_model.as_ref(),
     )?;
     let batch = o.batch.unwrap_or_else(|| {
-        let b = session::default_batch(&win, model.cfg.n_vocab, ref_model.is_some());
+        let b = session::default_batch(
+            &win,
+            model.cfg.n_vocab,
+            ref_model.is_some() || o.backend.is_some(),
+        );
         // auto decides after every batch: small batches let it stop sooner.
         match o.chunks {
             Chunks::Auto { .. } => b.min(MIN_AUTO_WINDOWS),
@@ -174,9 +241,71 @@ pub(super) fn run(o: &Options, file: &GgufFile, ref_file: Option<&GgufFile>) -> 
         }),
         seconds: r.seconds,
     };
+    let mut checks = judge(&r, &t);
+    if let Some(b) = &r.backend {
+        checks.push(backend_check(b, r.ppl.value));
+    }
     Ok(QualityRun {
-        checks: judge(&r, &t),
+        checks,
         quality,
         tokens_blake3: h.finalize().to_hex().to_string(),
+        backend: r.backend,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eval::backend::{Comparison, KldBound};
+    use crate::eval::kld::Est;
+
+    fn report(kld: f64, kld_max: f64) -> BackendReport {
+        let bound = KldBound::GGML;
+        BackendReport {
+            backend: "wgpu".into(),
+            device: "test".into(),
+            resident_bytes: 1,
+            on_backend: [("tq4_1s".to_string(), 2)].into(),
+            on_cpu: [("q8_0".to_string(), 1)].into(),
+            backend_tensors: vec!["a".into(), "b".into()],
+            cpu_tensors: vec!["output.weight".into()],
+            comparison: Some(Comparison {
+                tokens: 10,
+                ppl_cpu: Est {
+                    value: 10.0,
+                    err: 1.0,
+                },
+                kld: Est {
+                    value: kld,
+                    err: kld / 10.0,
+                },
+                kld_max,
+                max_abs_logit_diff: 0.1,
+                same_top: 1.0,
+                bound,
+                within_bound: kld <= bound.mean && kld_max <= bound.max,
+                seconds_backend: 1.0,
+                seconds_cpu: 1.0,
+            }),
+        }
+    }
+
+    /// Pass inside the bound, fail beyond it (the mean or one token), skipped without a comparison;
+    /// the value and limit carry the numbers into the JSON and JUnit reports.
+    #[test]
+    fn backend_check_follows_the_bound() {
+        let c = backend_check(&report(1e-5, 1e-3), 10.0);
+        assert_eq!(c.status, Status::Pass, "{c:?}");
+        assert_eq!(c.limit.unwrap().value, KldBound::GGML.mean);
+        assert_eq!(c.value.unwrap().value, 1e-5);
+        assert!(c.detail.contains("2 tq4_1s") && c.detail.contains("1 q8_0 on the CPU"));
+        assert_eq!(
+            backend_check(&report(1e-3, 1e-3), 10.0).status,
+            Status::Fail
+        );
+        assert_eq!(backend_check(&report(1e-5, 0.5), 10.0).status, Status::Fail);
+        let mut none = report(0.0, 0.0);
+        none.comparison = None;
+        assert_eq!(backend_check(&none, 10.0).status, Status::Skipped);
+    }
 }

@@ -42,6 +42,11 @@ pub fn render(r: &Report) -> String {
         }
         s += "\n";
     }
+    if let Some(b) = &r.backend {
+        for line in b.render().lines() {
+            s += &format!("  {line}\n");
+        }
+    }
     s += &format!(
         "  {:<24} {:<9} {:>26}  {:<12} {}\n",
         "check",

@@ -14,6 +14,8 @@ pub const DOT_REL_BOUND: f64 = 1.0 / 65536.0;
 pub enum KernelKind {
     Dequantize,
     MatVec,
+    /// Many activation rows at once (the model runtime's `--backend`).
+    MatMul,
     QkDot,
     /// tq2_r's whole-row rotation `R·x` / `Rᵀ·y`.
     Rotate,
@@ -26,6 +28,7 @@ impl KernelKind {
         match self {
             KernelKind::Dequantize => "dequantize",
             KernelKind::MatVec => "matvec",
+            KernelKind::MatMul => "matmul",
             KernelKind::QkDot => "qk_dot",
             KernelKind::Rotate => "rotate",
             KernelKind::RowDecode => "row-decode",

@@ -236,8 +236,44 @@ fn check_shapes(
             &sums,
             DOT_REL_BOUND,
         ));
+        if ty.is_tq_weight() {
+            rep.results
+                .push(check_matmul(backend, ty, &w, &s, quick, rng)?);
+        }
     }
     Ok(())
+}
+
+/// The mat-mul on a weight of a real shape: a token count that is not a multiple of the tile
+/// (the padding path), each row of Y held to the f64 reference dot of its token, like the mat-vec.
+fn check_matmul(
+    backend: &mut dyn Backend,
+    ty: TensorType,
+    w: &[u8],
+    s: &Shape,
+    quick: bool,
+    rng: &mut Rng,
+) -> Result<KernelResult> {
+    let tokens = if quick { 11 } else { 37 };
+    let x: Vec<f32> = (0..tokens)
+        .flat_map(|_| random_activation(s.cols, rng))
+        .collect();
+    let (mut dots, mut sums) = (vec![], vec![]);
+    for t in 0..tokens {
+        let (d, a) = reference_dots(ty, w, s.rows, s.cols, &x[t * s.cols..(t + 1) * s.cols])?;
+        dots.extend(d);
+        sums.extend(a);
+    }
+    let got = backend.matmul(ty, w, s.rows, s.cols, &x, tokens)?;
+    Ok(compare_dots(
+        ty,
+        KernelKind::MatMul,
+        &format!("{} x {tokens} tokens", s.name),
+        &got,
+        &dots,
+        &sums,
+        DOT_REL_BOUND,
+    ))
 }
 
 /// One non-registry turbo layout/codebook: the conformance inputs re-quantized in that layout,

@@ -57,36 +57,47 @@ impl Hessians {
         });
         let xm = MatRef::from_row_major_slice(x, rows, cols);
         // Column tiles of H = XᵀX, each computed single-threaded: deterministic for any pool size.
-        let tiles: Vec<(usize, Vec<f32>)> = (0..cols.div_ceil(TILE))
-            .into_par_iter()
-            .map(|t| {
-                let c0 = t * TILE;
-                let w = TILE.min(cols - c0);
-                let mut out = faer::Mat::<f32>::zeros(cols, w);
-                faer::linalg::matmul::matmul(
-                    out.as_mut(),
-                    Accum::Replace,
-                    xm.transpose(),
-                    xm.subcols(c0, w),
-                    1.0f32,
-                    Par::Seq,
-                );
-                let mut v = vec![0f32; cols * w];
+        // Tiles are computed a few per thread at a time and added before the next ones, so the
+        // transient f32 products are `2 · threads · 64 · cols` values, not a whole `cols²` matrix
+        // (3.3 GB for a 70B model's FFN input). Each element of H is added to once per call, so
+        // the batching does not change a bit.
+        let n_tiles = cols.div_ceil(TILE);
+        let batch = 2 * rayon::current_num_threads().max(1);
+        let mut t0 = 0;
+        while t0 < n_tiles {
+            let t1 = (t0 + batch).min(n_tiles);
+            let tiles: Vec<(usize, Vec<f32>)> = (t0..t1)
+                .into_par_iter()
+                .map(|t| {
+                    let c0 = t * TILE;
+                    let w = TILE.min(cols - c0);
+                    let mut out = faer::Mat::<f32>::zeros(cols, w);
+                    faer::linalg::matmul::matmul(
+                        out.as_mut(),
+                        Accum::Replace,
+                        xm.transpose(),
+                        xm.subcols(c0, w),
+                        1.0f32,
+                        Par::Seq,
+                    );
+                    let mut v = vec![0f32; cols * w];
+                    for i in 0..cols {
+                        for j in 0..w {
+                            v[i * w + j] = out[(i, j)];
+                        }
+                    }
+                    (c0, v)
+                })
+                .collect();
+            for (c0, v) in tiles {
+                let w = v.len() / cols;
                 for i in 0..cols {
                     for j in 0..w {
-                        v[i * w + j] = out[(i, j)];
+                        g.h[i * cols + c0 + j] += v[i * w + j] as f64;
                     }
                 }
-                (c0, v)
-            })
-            .collect();
-        for (c0, v) in tiles {
-            let w = v.len() / cols;
-            for i in 0..cols {
-                for j in 0..w {
-                    g.h[i * cols + c0 + j] += v[i * w + j] as f64;
-                }
             }
+            t0 = t1;
         }
         g.tokens += rows as u64;
     }

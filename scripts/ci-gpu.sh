@@ -99,8 +99,9 @@ botchan=$("$TQ_ROOT/scripts/fetch-botchan.sh")
 "$TARGET/debug/tq" validate "$TQ_CACHE/ci-gpu-tq4_1s.gguf" --ref "$smol" --text "$botchan" \
   --ctx 128 --chunks 2 --backend wgpu --kernels wgpu --gen-prompts 0 --json -q \
   > "$TQ_CACHE/ci-gpu-backend.json"
+# --backend auto: no CUDA driver and no Metal here, so it must pick wgpu (asserted below).
 "$TARGET/debug/tq" eval "$TQ_CACHE/ci-gpu-tq4_1s.gguf" --text "$botchan" --ctx 128 --chunks 1 \
-  --backend wgpu --numerics f32 --json -q > "$TQ_CACHE/ci-gpu-backend-f32.json"
+  --backend auto --numerics f32 --json -q > "$TQ_CACHE/ci-gpu-backend-f32.json"
 python3 - "$TQ_CACHE/ci-gpu-backend.json" "$TQ_CACHE/ci-gpu-backend-f32.json" <<'PY'
 import json, sys
 v = json.load(open(sys.argv[1]))

@@ -185,6 +185,12 @@ fn backend_cpu_is_todays_run_and_no_kernel_type_means_no_comparison() {
     assert!(b["comparison"].is_null(), "{b}");
     assert!(b["on_backend"].as_object().unwrap().is_empty(), "{b}");
     assert_eq!(b["on_cpu"]["q8_0"], 15, "{b}");
+    // --backend auto: without a GPU backend built in and present, the CPU run, unchanged.
+    let auto = t.eval_json(&t.tq3, &["--backend", "auto"]);
+    match auto["backend"].as_str().unwrap() {
+        "cpu" => assert_eq!(strip(auto), strip(a)),
+        gpu => assert!(["wgpu", "cuda", "metal"].contains(&gpu), "{auto}"),
+    }
 }
 
 /// `tq validate --backend`: the quality numbers are the kernel run's and `backend/kld_vs_cpu`
@@ -333,7 +339,7 @@ fn backend_usage_errors_are_one_line() {
     let t = setup();
     let (code, _, err) = t.eval(&t.tq3, &["--backend", "opencl"]);
     assert_eq!(code, 2);
-    one_line_error(&err, "--backend opencl: expected cpu, wgpu, cuda, metal");
+    one_line_error(&err, "--backend opencl: expected cpu, auto, wgpu, cuda, metal");
     let (code, _, err) = t.eval(
         &t.tq3,
         &["--backend", "cpu-emulation", "--numerics", "cuda"],

@@ -55,7 +55,8 @@ pub struct EvalArgs {
     /// default: TQ4_1S converted to q8_0 at load). Other weight types keep ggml numerics.
     #[arg(long, default_value = "ggml")]
     pub numerics: String,
-    /// Where the linear weights run: cpu (the CPU runtime; default), or wgpu, cuda, metal: every
+    /// Where the linear weights run: cpu (the CPU runtime; default); auto (the first GPU backend
+    /// built in and present: cuda, metal, wgpu; else cpu); or wgpu, cuda, metal: every
     /// weight whose type has a bundled mat-mul kernel (tq4_1s, tq3_1s) through that GPU backend,
     /// the rest on the CPU; the CPU run is made beside it and the KL divergence between the two
     /// is reported and held to a bound (docs/eval.md). cpu-emulation: the kernels' arithmetic on
@@ -178,15 +179,24 @@ impl KvCacheArgs {
 pub fn parse_backend(s: &str) -> Result<Option<BackendKind>> {
     match s {
         "cpu" => Ok(None),
+        "auto" => Ok(auto_backend()),
         "wgpu" => Ok(Some(BackendKind::Wgpu)),
         "cuda" => Ok(Some(BackendKind::Cuda)),
         "metal" => Ok(Some(BackendKind::Metal)),
         "cpu-emulation" => Ok(Some(BackendKind::Cpu)),
         o => Err(Error::Usage(format!(
-            "--backend {}: expected cpu, wgpu, cuda, metal or cpu-emulation",
+            "--backend {}: expected cpu, auto, wgpu, cuda, metal or cpu-emulation",
             tq::error::one_line(o)
         ))),
     }
+}
+
+/// `--backend auto`: the first GPU backend that is built in and opens (CUDA, Metal, wgpu), else
+/// the CPU runtime. The report's `backend` says which was used.
+fn auto_backend() -> Option<BackendKind> {
+    [BackendKind::Cuda, BackendKind::Metal, BackendKind::Wgpu]
+        .into_iter()
+        .find(|&k| tq::gpu::open_linear(k).is_ok())
 }
 
 /// `--text` or `--tokens`, if either was given.

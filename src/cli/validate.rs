@@ -78,7 +78,8 @@ pub struct ValidateArgs {
     /// Check every row of every TQ tensor with the kernels, not a sample of 8 rows per tensor.
     #[arg(long)]
     pub full: bool,
-    /// Where the quality windows' linear weights run: cpu (default), or wgpu, cuda, metal: the
+    /// Where the quality windows' linear weights run: cpu (default); auto (the first GPU backend
+    /// built in and present: cuda, metal, wgpu; else cpu); or wgpu, cuda, metal: the
     /// weights whose type has a bundled mat-mul kernel through that GPU backend, so the PPL/KLD
     /// reported are what its kernels compute; the CPU run is made beside it and their KL
     /// divergence is the backend/kld_vs_cpu check (docs/validate.md). cpu-emulation: the

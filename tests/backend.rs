@@ -339,7 +339,10 @@ fn backend_usage_errors_are_one_line() {
     let t = setup();
     let (code, _, err) = t.eval(&t.tq3, &["--backend", "opencl"]);
     assert_eq!(code, 2);
-    one_line_error(&err, "--backend opencl: expected cpu, auto, wgpu, cuda, metal");
+    one_line_error(
+        &err,
+        "--backend opencl: expected cpu, auto, wgpu, cuda, metal",
+    );
     let (code, _, err) = t.eval(
         &t.tq3,
         &["--backend", "cpu-emulation", "--numerics", "cuda"],

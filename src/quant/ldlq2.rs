@@ -16,7 +16,15 @@ use rayon::prelude::*;
 
 /// `R H Rᵀ` for tq2_r's rotation of length `n` (symmetrized: the f32 transform leaves
 /// rounding-level asymmetry).
+#[cfg(test)]
 pub(crate) fn rotate_hessian_rows(h: &[f64], n: usize) -> Result<Vec<f64>> {
+    let mut a = h.to_vec();
+    rotate_hessian_rows_in_place(&mut a, n)?;
+    Ok(a)
+}
+
+/// [`rotate_hessian_rows`] in place (one n×n matrix alive, not four).
+pub(crate) fn rotate_hessian_rows_in_place(h: &mut [f64], n: usize) -> Result<()> {
     let r = tq2r::rotation(n)?;
     if h.len() != n * n {
         return Err(Error::Unsupported(format!(
@@ -25,30 +33,76 @@ pub(crate) fn rotate_hessian_rows(h: &[f64], n: usize) -> Result<Vec<f64>> {
         )));
     }
     // Rotating a column scaled to unit max keeps the f32 transform's relative error ~1e-7.
-    let rot = |v: &[f64]| -> Vec<f64> {
+    let rot = |v: &mut [f64]| {
         let m = v.iter().fold(0f64, |a, x| a.max(x.abs()));
         if m == 0.0 {
-            return vec![0.0; v.len()];
+            v.fill(0.0);
+            return;
         }
         let x: Vec<f32> = v.iter().map(|&a| (a / m) as f32).collect();
-        r.forward(&x).into_iter().map(|a| a as f64 * m).collect()
+        for (o, a) in v.iter_mut().zip(r.forward(&x)) {
+            *o = a as f64 * m;
+        }
     };
     // A = H Rᵀ row by row (H symmetric: row i of H Rᵀ is R·H[i]); then R·A column by column, which
-    // is R applied to the rows of Aᵀ.
-    let a: Vec<Vec<f64>> = h.par_chunks(n).map(rot).collect();
-    let at: Vec<f64> = (0..n * n).map(|idx| a[idx % n][idx / n]).collect();
-    let b: Vec<Vec<f64>> = at.par_chunks(n).map(rot).collect();
-    // b[j][i] = (R A)[i][j]
-    let mut out = vec![0f64; n * n];
+    // is R applied to the rows of Aᵀ: B = (R A)ᵀ.
+    h.par_chunks_mut(n).for_each(rot);
+    transpose_in_place(h, n);
+    h.par_chunks_mut(n).for_each(rot);
+    // R A is symmetric up to rounding: average it with its transpose (B[i][j] + B[j][i] is the
+    // same sum either way, and the diagonal is unchanged).
     for i in 0..n {
-        for j in 0..n {
-            out[i * n + j] = 0.5 * (b[j][i] + b[i][j]);
+        for j in i + 1..n {
+            let s = 0.5 * (h[j * n + i] + h[i * n + j]);
+            h[i * n + j] = s;
+            h[j * n + i] = s;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
-/// One row: rotate, then GPTQ's sweep with the block scale fixed when the sweep enters a block.
+fn transpose_in_place(a: &mut [f64], n: usize) {
+    for i in 0..n {
+        for j in i + 1..n {
+            a.swap(i * n + j, j * n + i);
+        }
+    }
+}
+
+/// A group of rows ([`super::ldlq::sweep`]): rotate, then GPTQ's sweep with each block's scale
+/// fixed when the sweep enters the block.
+pub(crate) fn quantize_rows(rows: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
+    let n = f.n;
+    let r = tq2r::rotation(n).expect("planner checked the row length");
+    let mut xs: Vec<Vec<f64>> = rows
+        .chunks(n)
+        .map(|row| r.forward(row).into_iter().map(|v| v as f64).collect())
+        .collect();
+    out.fill(0);
+    let row_bytes = n / QK * TQ2R_BYTES;
+    let mut d = vec![0f32; xs.len()];
+    super::ldlq::sweep(&mut xs, f, band, |ri, j, x| {
+        let o = &mut out[ri * row_bytes..(ri + 1) * row_bytes];
+        let b = &mut o[j / QK * TQ2R_BYTES..(j / QK + 1) * TQ2R_BYTES];
+        if j % QK == 0 {
+            let ss: f64 = x[j..j + QK].iter().map(|v| v * v).sum();
+            let s = f16::from_f64((0.5 * (ss / QK as f64).sqrt()).min(f16::MAX.to_f64()));
+            b[..2].copy_from_slice(&s.to_bits().to_le_bytes());
+            d[ri] = s.to_f32();
+        }
+        let q = if d[ri] == 0.0 {
+            2
+        } else {
+            code_of(x[j], d[ri])
+        };
+        b[2 + (j % QK) / 4] |= (q as u8) << (2 * (j % 4));
+        level(q, d[ri])
+    });
+}
+
+/// One row: rotate, then GPTQ's sweep with the block scale fixed when the sweep enters a block
+/// (the reference [`quantize_rows`] is held equal to).
+#[cfg(test)]
 pub(crate) fn quantize_row(row: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
     let n = f.n;
     let band = if band == 0 { n } else { band };

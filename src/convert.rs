@@ -94,23 +94,17 @@ pub struct Ldlq {
     pub damp: f64,
 }
 
-/// [`Ldlq`] by reference: what the producer reads (the streaming pipeline's Hessians live in
-/// the calibration pass and are lent block by block).
-#[derive(Clone, Copy)]
-pub struct LdlqRef<'a> {
-    pub hessians: &'a crate::quant::Hessians,
-    pub band: usize,
-    pub damp: f64,
-}
-
-impl Ldlq {
-    pub fn as_ref(&self) -> LdlqRef<'_> {
-        LdlqRef {
-            hessians: &self.hessians,
-            band: self.band,
-            damp: self.damp,
-        }
-    }
+/// Checkpoints and `--resume` ([`execute`] and its variants). Every conversion writes its output
+/// as `.NAME.tq-partial` with a checkpoint (`.json` beside it) after each tensor; a run killed at
+/// any point is continued by the same command with `resume` set, and the result is byte-identical
+/// to an uninterrupted run.
+pub struct Checkpoints {
+    /// Continue from the checkpoint (a missing one starts afresh, with a notice).
+    pub resume: bool,
+    /// What the output bytes depend on beyond the header (input files' identity, LDLQ settings):
+    /// a checkpoint made under another key is refused.
+    pub key: String,
+    pub quiet: bool,
 }
 
 pub fn tensor_specs(plan: &Plan, profile: &Profile) -> Vec<TensorSpec> {
@@ -149,9 +143,10 @@ pub fn execute(
     version: u32,
     profile: &Profile,
     out: &Path,
-    ldlq: Option<&Ldlq>,
+    ldlq: Option<Ldlq>,
     hash_input: Option<&Path>,
     on_progress: &(dyn Fn(u64) + Sync),
+    cp: &Checkpoints,
 ) -> Result<Stats> {
     let target = Target {
         src,
@@ -161,9 +156,14 @@ pub fn execute(
         profile,
         out,
         hash_input,
+        cp,
+    };
+    let (mut hs, band, damp) = match ldlq {
+        Some(l) => (l.hessians, l.band, l.damp),
+        None => (Hessians::default(), 0, 0.0),
     };
     execute_with(&target, on_progress, &mut |p| {
-        p.produce(ldlq.map(Ldlq::as_ref), &|_| true)?;
+        p.produce(&mut hs, band, damp, &|_, _| true)?;
         p.finish()
     })
 }
@@ -199,6 +199,7 @@ pub fn execute_calibrating(
     hash_input: Option<&Path>,
     on_progress: &(dyn Fn(u64) + Sync),
     c: &StreamCalib,
+    cp: &Checkpoints,
 ) -> Result<Stats> {
     let target = Target {
         src,
@@ -208,19 +209,19 @@ pub fn execute_calibrating(
         profile,
         out,
         hash_input,
+        cp,
     };
     let ready = |e: &PlanEntry, hs: &Hessians| !e.ldlq || hs.for_tensor(&e.name).is_some();
     execute_with(&target, on_progress, &mut |p| {
         // Everything before the first calibrated tensor (token_embd, …) goes out first.
-        let none = Hessians::default();
-        fn lend<'h>(hessians: &'h Hessians, c: &StreamCalib) -> LdlqRef<'h> {
-            LdlqRef {
-                hessians,
-                band: c.band,
-                damp: c.damp,
-            }
-        }
-        p.produce(Some(lend(&none, c)), &|e| ready(e, &none))?;
+        p.produce(&mut Hessians::default(), c.band, c.damp, &ready)?;
+        // Resumed: blocks whose tensors are all written still run forward, but their Hessians
+        // are not accumulated.
+        let pending: std::collections::HashSet<String> = plan.entries[p.next..]
+            .iter()
+            .filter(|e| e.ldlq)
+            .map(|e| e.name.clone())
+            .collect();
         crate::calib::stream::run_blocks(
             c.model,
             c.file,
@@ -228,15 +229,16 @@ pub fn execute_calibrating(
             c.ctx,
             c.batch,
             c.quiet,
+            &|t| pending.contains(t),
             &mut |_, hs| {
-                p.produce(Some(lend(hs, c)), &|e| ready(e, hs))?;
+                p.produce(hs, c.band, c.damp, &ready)?;
                 // A block's Hessians are dropped once its tensors are written.
                 hs.groups
                     .retain(|_, g| g.tensors.iter().any(|t| p.pending_ldlq(t)));
                 Ok(())
             },
         )?;
-        p.produce(Some(lend(&none, c)), &|e| ready(e, &none))?;
+        p.produce(&mut Hessians::default(), c.band, c.damp, &ready)?;
         p.finish()
     })
 }
@@ -257,6 +259,7 @@ pub fn execute_from_file(
     file: &crate::quant::HessianFile,
     band: usize,
     damp: f64,
+    cp: &Checkpoints,
 ) -> Result<Stats> {
     let target = Target {
         src,
@@ -266,16 +269,14 @@ pub fn execute_from_file(
         profile,
         out,
         hash_input,
+        cp,
     };
     execute_with(&target, on_progress, &mut |p| {
         let mut live = Hessians::default();
         loop {
-            let l = LdlqRef {
-                hessians: &live,
-                band,
-                damp,
-            };
-            p.produce(Some(l), &|e| !e.ldlq || live.for_tensor(&e.name).is_some())?;
+            p.produce(&mut live, band, damp, &|e, hs| {
+                !e.ldlq || hs.for_tensor(&e.name).is_some()
+            })?;
             live.groups
                 .retain(|_, g| g.tensors.iter().any(|t| p.pending_ldlq(t)));
             let Some(e) = plan.entries.get(p.next) else {
@@ -300,6 +301,95 @@ struct Target<'a> {
     profile: &'a Profile,
     out: &'a Path,
     hash_input: Option<&'a Path>,
+    cp: &'a Checkpoints,
+}
+
+/// What the writer thread receives: tensor bytes, or "plan entries before this index are
+/// complete" (a checkpoint).
+enum Msg {
+    Data(Vec<u8>),
+    Done(usize),
+}
+
+/// The checkpoint of a resumable conversion (JSON beside the partial output).
+#[derive(Debug, PartialEq)]
+struct Checkpoint {
+    key: String,
+    /// Plan entries (= output tensors) complete.
+    next: usize,
+    /// Bytes of the partial file they fill (header included).
+    pos: u64,
+}
+
+impl Checkpoint {
+    fn to_json(&self) -> Vec<u8> {
+        serde_json::json!({"tq_checkpoint": 1, "key": self.key, "next": self.next, "pos": self.pos})
+            .to_string()
+            .into_bytes()
+    }
+
+    fn read(path: &Path) -> Result<Option<Checkpoint>> {
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io(path, e)),
+        };
+        let bad = || {
+            Error::bad_input(
+                path,
+                "not a tq convert checkpoint; delete it, or run without --resume to start over",
+            )
+        };
+        let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|_| bad())?;
+        if v["tq_checkpoint"] != 1 {
+            return Err(bad());
+        }
+        Ok(Some(Checkpoint {
+            key: v["key"].as_str().ok_or_else(bad)?.to_string(),
+            next: v["next"].as_u64().ok_or_else(bad)? as usize,
+            pos: v["pos"].as_u64().ok_or_else(bad)?,
+        }))
+    }
+}
+
+/// Where a run starts: `(entry, file position)` from a matching checkpoint under `--resume`.
+fn resume_point(t: &Target, checkpoint: &Path) -> Result<Option<(usize, u64)>> {
+    if !t.cp.resume {
+        return Ok(None);
+    }
+    let Some(c) = Checkpoint::read(checkpoint)? else {
+        if !t.cp.quiet {
+            eprintln!(
+                "tq: --resume: no checkpoint {} (the run stopped before its first tensor, or finished); starting from the beginning",
+                checkpoint.display()
+            );
+        }
+        return Ok(None);
+    };
+    if !crate::io::partial_path(t.out)?.exists() {
+        if !t.cp.quiet {
+            eprintln!(
+                "tq: --resume: the partial output of {} is gone; starting from the beginning",
+                checkpoint.display()
+            );
+        }
+        return Ok(None);
+    }
+    if c.key != t.cp.key || c.next > t.plan.entries.len() {
+        return Err(Error::Usage(format!(
+            "{}: checkpoint of another conversion (input file, calibration, LDLQ settings or tq version differ); rerun the same command, or run without --resume to start over",
+            checkpoint.display()
+        )));
+    }
+    if !t.cp.quiet {
+        eprintln!(
+            "tq: resuming at tensor {}/{} ({} bytes already written)",
+            c.next,
+            t.plan.entries.len(),
+            c.pos
+        );
+    }
+    Ok(Some((c.next, c.pos)))
 }
 
 fn execute_with(
@@ -308,7 +398,13 @@ fn execute_with(
     drive: &mut dyn FnMut(&mut Producer) -> Result<()>,
 ) -> Result<Stats> {
     let specs = tensor_specs(t.plan, t.profile);
-    let w = GgufWriter::create(t.out, t.version, t.metadata, &specs)?;
+    let checkpoint = crate::io::checkpoint_path(&crate::io::partial_path(t.out)?);
+    let start = resume_point(t, &checkpoint)?;
+    let w = GgufWriter::create_resumable(t.out, t.version, t.metadata, &specs, start)?;
+    // Test hook: stop abruptly (no cleanup, as kill -9) once this many tensors were checkpointed.
+    let abort_after: Option<usize> = std::env::var("TQ_CONVERT_ABORT_AFTER")
+        .ok()
+        .and_then(|v| v.parse().ok());
     // The input's blake3 (provenance) is computed on a thread of its own while the tensors are
     // converted and filled into the header's placeholder at the end, instead of a whole pass
     // over the input before anything starts.
@@ -316,24 +412,46 @@ fn execute_with(
         let p = p.to_path_buf();
         std::thread::spawn(move || crate::io::hash_file(&p))
     });
-    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Msg>(2);
     let mut stats = Stats {
         bytes_written: 0,
         tensors_converted: 0,
         tensors_copied: 0,
     };
     std::thread::scope(|scope| -> Result<()> {
+        let checkpoint = &checkpoint;
+        let key = &t.cp.key;
         let writer = scope.spawn(move || -> Result<GgufWriter> {
             let mut w = w;
-            let mut done = 0u64;
-            for chunk in rx {
-                w.write_data(&chunk)?;
-                done += chunk.len() as u64;
-                on_progress(done);
+            let mut done = start.map_or(0, |(_, pos)| pos);
+            let mut checkpoints = 0usize;
+            for m in rx {
+                match m {
+                    Msg::Data(chunk) => {
+                        w.write_data(&chunk)?;
+                        done += chunk.len() as u64;
+                        on_progress(done);
+                    }
+                    Msg::Done(next) => {
+                        let (tensor, pos) = w.sync()?;
+                        debug_assert!(tensor >= next);
+                        let c = Checkpoint {
+                            key: key.clone(),
+                            next,
+                            pos,
+                        };
+                        crate::io::write_file(checkpoint, &c.to_json())?;
+                        checkpoints += 1;
+                        if abort_after == Some(checkpoints) {
+                            eprintln!("tq convert: stopped by TQ_CONVERT_ABORT_AFTER (test hook); rerun with --resume");
+                            std::process::exit(137);
+                        }
+                    }
+                }
             }
             Ok(w)
         });
-        let mut p = Producer::new(t.src, t.plan, tx);
+        let mut p = Producer::new(t.src, t.plan, tx, start.map_or(0, |(next, _)| next));
         let produced = drive(&mut p);
         stats.tensors_converted = p.converted;
         stats.tensors_copied = p.copied;
@@ -387,7 +505,7 @@ fn check_copy_finite(
 struct Producer<'a> {
     src: &'a dyn TensorSource,
     plan: &'a Plan,
-    tx: std::sync::mpsc::SyncSender<Vec<u8>>,
+    tx: std::sync::mpsc::SyncSender<Msg>,
     /// The next plan entry to write.
     next: usize,
     /// Plan index of each LDLQ tensor, by name.
@@ -402,13 +520,14 @@ impl<'a> Producer<'a> {
     fn new(
         src: &'a dyn TensorSource,
         plan: &'a Plan,
-        tx: std::sync::mpsc::SyncSender<Vec<u8>>,
+        tx: std::sync::mpsc::SyncSender<Msg>,
+        next: usize,
     ) -> Self {
         Producer {
             src,
             plan,
             tx,
-            next: 0,
+            next,
             ldlq_index: plan
                 .entries
                 .iter()
@@ -438,21 +557,39 @@ impl<'a> Producer<'a> {
         }
     }
 
-    /// Write entries from `next` on while `ready(entry)` holds.
-    fn produce(&mut self, ldlq: Option<LdlqRef>, ready: &dyn Fn(&PlanEntry) -> bool) -> Result<()> {
+    /// Write entries from `next` on while `ready(entry, hs)` holds; LDLQ tensors take their
+    /// Hessian from `hs` (a group's matrix is moved into its factor when no other type family
+    /// still needs it).
+    fn produce(
+        &mut self,
+        hs: &mut Hessians,
+        band: usize,
+        damp: f64,
+        ready: &dyn Fn(&PlanEntry, &Hessians) -> bool,
+    ) -> Result<()> {
         while let Some(e) = self.plan.entries.get(self.next) {
-            if !ready(e) {
+            if !ready(e, hs) {
                 break;
             }
-            self.entry(self.next, e, ldlq)?;
+            self.entry(self.next, e, hs, band, damp)?;
             self.next += 1;
             let done = self.next;
             self.factors.retain(|_, (_, last)| *last >= done);
+            self.tx
+                .send(Msg::Done(done))
+                .map_err(|_| Error::Usage("output writer stopped".into()))?;
         }
         Ok(())
     }
 
-    fn entry(&mut self, i: usize, e: &PlanEntry, ldlq: Option<LdlqRef>) -> Result<()> {
+    fn entry(
+        &mut self,
+        i: usize,
+        e: &PlanEntry,
+        hs: &mut Hessians,
+        band: usize,
+        damp: f64,
+    ) -> Result<()> {
         let src = self.src;
         // The writer thread hung up: its error is reported by the caller.
         let closed = || Error::Usage("output writer stopped".into());
@@ -460,7 +597,7 @@ impl<'a> Producer<'a> {
             if let Some(raw) = src.raw(i) {
                 check_copy_finite(src, i, &e.name, &e.dims, e.src)?;
                 for c in raw.chunks(CHUNK_VALUES * 4) {
-                    self.tx.send(c.to_vec()).map_err(|_| closed())?;
+                    self.tx.send(Msg::Data(c.to_vec())).map_err(|_| closed())?;
                 }
                 src.release(i);
                 self.copied += 1;
@@ -480,9 +617,9 @@ impl<'a> Producer<'a> {
         }
         let row_bytes = e.dst.bytes_for(row_len as u64).expect("planned") as usize;
         let rows_per_chunk = (CHUNK_VALUES / row_len.max(1)).max(1) as u64;
-        let factor = match ldlq.filter(|_| e.ldlq) {
-            Some(l) => Some((self.factor(i, e, l)?, l.band)),
-            None => None,
+        let factor = match e.ldlq {
+            true => Some((self.factor(i, e, hs, damp)?, band)),
+            false => None,
         };
         let tx = &self.tx;
         let mut row0 = 0u64;
@@ -490,13 +627,13 @@ impl<'a> Producer<'a> {
             let rows = rows_per_chunk.min(n_rows - row0) as usize;
             if let Some((f, band)) = &factor {
                 let x = read_finite_rows(src, i, &e.name, row0, rows, row_len)?;
-                tx.send(crate::quant::encode_rows(
+                tx.send(Msg::Data(crate::quant::encode_rows(
                     e.dst,
                     &e.name,
                     &x,
                     row_len,
                     Some((f, *band)),
-                )?)
+                )?))
                 .map_err(|_| closed())?;
                 row0 += rows as u64;
                 continue;
@@ -513,7 +650,7 @@ impl<'a> Producer<'a> {
                         crate::types::quantize_rows(e.dst, row, ob, row_len, &e.name)
                     },
                 )?;
-            tx.send(buf).map_err(|_| closed())?;
+            tx.send(Msg::Data(buf)).map_err(|_| closed())?;
             row0 += rows as u64;
         }
         src.release(i);
@@ -523,18 +660,40 @@ impl<'a> Producer<'a> {
 
     /// The LDLQ factor for entry `i`, computed once per Hessian group and type family (q/k/v
     /// and gate/up share theirs) and kept until the group's last tensor is written.
-    fn factor(&mut self, i: usize, e: &PlanEntry, l: LdlqRef) -> Result<Arc<Factor>> {
-        let h = l
-            .hessians
-            .for_tensor(&e.name)
+    fn factor(
+        &mut self,
+        i: usize,
+        e: &PlanEntry,
+        hs: &mut Hessians,
+        damp: f64,
+    ) -> Result<Arc<Factor>> {
+        let h = hs
+            .for_tensor_mut(&e.name)
             .expect("planner checked the Hessian");
         // The factor is of the Hessian rotated for the type's family: key on both.
-        let key = format!("{:?}:{}", e.dst.family(), h.tensors.join(","));
+        let fam = |x: &PlanEntry| format!("{:?}:{}", x.dst.family(), h.tensors.join(","));
+        let key = fam(e);
         if let Some((f, _)) = self.factors.get(&key) {
             return Ok(f.clone());
         }
-        let f = Arc::new(crate::quant::ldlq::factor_hessian(
-            e.dst, h, l.damp, &e.name,
+        // The matrix moves into the factor (13 GB for a 70B FFN input is then held once, not
+        // twice) unless a later tensor of the group needs a factor of another type family.
+        let shared = self.plan.entries[i + 1..]
+            .iter()
+            .any(|x| x.ldlq && h.tensors.contains(&x.name) && fam(x) != key);
+        if h.h.len() != h.n * h.n {
+            return Err(Error::Unsupported(format!(
+                "{}: its Hessian was already used; this is a bug, please report it",
+                e.name
+            )));
+        }
+        let m = if shared {
+            h.h.clone()
+        } else {
+            std::mem::take(&mut h.h)
+        };
+        let f = Arc::new(crate::quant::ldlq::factor_hessian_owned(
+            e.dst, m, h.n, damp, &e.name,
         )?);
         let last = self
             .plan

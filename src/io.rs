@@ -94,6 +94,25 @@ fn temp_prefix(final_name: &str) -> String {
     format!(".{final_name}.tq-tmp-")
 }
 
+/// The checkpoint of a resumable run's partial output `partial`.
+pub fn checkpoint_path(partial: &Path) -> PathBuf {
+    let mut s = partial.as_os_str().to_owned();
+    s.push(".json");
+    PathBuf::from(s)
+}
+
+/// The partial output of a resumable run (`.NAME.tq-partial` beside `final_path`); its checkpoint
+/// is this path with `.json` appended.
+pub fn partial_path(final_path: &Path) -> Result<PathBuf> {
+    let base = final_path.file_name().ok_or_else(|| {
+        Error::Usage(format!(
+            "{}: output path has no file name",
+            final_path.display()
+        ))
+    })?;
+    Ok(final_path.with_file_name(format!(".{}.tq-partial", base.to_string_lossy())))
+}
+
 /// Is process `pid` gone? (Only a clear "no such process" counts; anything else keeps the file.)
 #[cfg(unix)]
 fn process_is_gone(pid: i32) -> bool {
@@ -206,6 +225,8 @@ pub struct TempOutput {
     committed: bool,
     #[cfg(unix)]
     slot: Option<usize>,
+    /// A resumable output's checkpoint file (and its signal slot), removed with it.
+    checkpoint: Option<(PathBuf, Option<usize>)>,
 }
 
 impl TempOutput {
@@ -244,6 +265,7 @@ impl TempOutput {
                             committed: false,
                             #[cfg(unix)]
                             slot,
+                            checkpoint: None,
                         },
                         file,
                     ));
@@ -252,6 +274,70 @@ impl TempOutput {
                 Err(e) => return Err(Error::io(&tmp_path, e)),
             }
         }
+    }
+
+    /// A resumable output: the fixed name `.NAME.tq-partial` beside `final_path` (a checkpoint
+    /// names it, so it must survive the process), opened for appending at `resume_at` bytes (the file
+    /// is cut there: bytes after the last checkpoint are discarded) or created afresh when `None`.
+    /// Removed (with its checkpoint) on drop unless committed, and on SIGINT/SIGTERM/SIGHUP, as
+    /// every output is: what `--resume` continues is a run that could not clean up — `kill -9`,
+    /// the OOM killer, a crash, a lost machine. Returns the file positioned at its end.
+    pub fn create_resumable(
+        final_path: &Path,
+        resume_at: Option<u64>,
+    ) -> Result<(TempOutput, File)> {
+        use std::io::{Seek, SeekFrom};
+        refuse_non_regular("output", final_path)?;
+        let tmp_path = partial_path(final_path)?;
+        let checkpoint = checkpoint_path(&tmp_path);
+        if let (Some(dir), Some(base)) = (tmp_path.parent(), final_path.file_name()) {
+            let dir = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
+            remove_stale_temps(dir, &base.to_string_lossy());
+        }
+        let file = match resume_at {
+            None => {
+                let _ = std::fs::remove_file(&tmp_path);
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&tmp_path)
+            }
+            Some(pos) => std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&tmp_path)
+                .and_then(|mut f| {
+                    let len = f.metadata()?.len();
+                    if len < pos {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            format!("holds {len} bytes, its checkpoint {pos}; run without --resume to start over"),
+                        ));
+                    }
+                    f.set_len(pos)?;
+                    f.seek(SeekFrom::Start(pos))?;
+                    Ok(f)
+                }),
+        }
+        .map_err(|e| Error::io(&tmp_path, e))?;
+        Ok((
+            TempOutput {
+                final_path: final_path.to_path_buf(),
+                #[cfg(unix)]
+                slot: on_signal::register(&tmp_path),
+                #[cfg(unix)]
+                checkpoint: Some((checkpoint.clone(), on_signal::register(&checkpoint))),
+                #[cfg(not(unix))]
+                checkpoint: Some((checkpoint, None)),
+                tmp_path,
+                committed: false,
+            },
+            file,
+        ))
     }
 
     /// Where the bytes go until [`commit`](TempOutput::commit) (for error messages).
@@ -276,6 +362,11 @@ impl TempOutput {
         self.committed = true;
         #[cfg(unix)]
         on_signal::unregister(self.slot.take());
+        if let Some((c, _slot)) = self.checkpoint.take() {
+            let _ = std::fs::remove_file(c);
+            #[cfg(unix)]
+            on_signal::unregister(_slot);
+        }
         if let Some(dir) = self.final_path.parent() {
             let dir = if dir.as_os_str().is_empty() {
                 Path::new(".")
@@ -295,6 +386,11 @@ impl Drop for TempOutput {
     fn drop(&mut self) {
         if !self.committed {
             let _ = std::fs::remove_file(&self.tmp_path);
+            if let Some((c, _slot)) = self.checkpoint.take() {
+                let _ = std::fs::remove_file(c);
+                #[cfg(unix)]
+                on_signal::unregister(_slot);
+            }
             #[cfg(unix)]
             on_signal::unregister(self.slot.take());
         }

@@ -875,20 +875,29 @@ fn streamed_hessians_are_the_batched_ones() {
         assert_eq!(shape(&batched), shape(&expected));
         let mut streamed = tq::quant::Hessians::default();
         let mut blocks = Vec::new();
-        tq::calib::stream::run_blocks(&model, &f, &windows, ctx, batch, true, &mut |l, hs| {
-            blocks.push(l);
-            // Each block's groups are complete when it ends: move them out (as convert drops them).
-            let done: Vec<String> = hs.groups.keys().cloned().collect();
-            for k in done {
-                let g = hs.groups.remove(&k).unwrap();
-                assert!(
-                    g.tensors[0].starts_with(&format!("blk.{l}.")),
-                    "{k} at block {l}"
-                );
-                streamed.groups.insert(k, g);
-            }
-            Ok(())
-        })
+        tq::calib::stream::run_blocks(
+            &model,
+            &f,
+            &windows,
+            ctx,
+            batch,
+            true,
+            &|_| true,
+            &mut |l, hs| {
+                blocks.push(l);
+                // Each block's groups are complete when it ends: move them out (as convert drops them).
+                let done: Vec<String> = hs.groups.keys().cloned().collect();
+                for k in done {
+                    let g = hs.groups.remove(&k).unwrap();
+                    assert!(
+                        g.tensors[0].starts_with(&format!("blk.{l}.")),
+                        "{k} at block {l}"
+                    );
+                    streamed.groups.insert(k, g);
+                }
+                Ok(())
+            },
+        )
         .unwrap();
         assert_eq!(blocks, vec![0, 1]);
         assert_eq!(shape(&streamed), shape(&batched));

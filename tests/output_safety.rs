@@ -21,7 +21,7 @@ fn temps(dir: &Path) -> Vec<String> {
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains(".tq-tmp"))
+        .filter(|n| n.contains(".tq-tmp") || n.contains(".tq-partial"))
         .collect()
 }
 

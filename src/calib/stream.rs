@@ -45,6 +45,7 @@ struct Blocks<'a> {
     n_win: usize,
     t0: std::time::Instant,
     quiet: bool,
+    needed: &'a dyn Fn(&str) -> bool,
     on_block: &'a mut dyn FnMut(usize, &mut Hessians) -> Result<()>,
 }
 
@@ -57,6 +58,10 @@ impl Observer for Blocks<'_> {
         rows: usize,
         cols: usize,
     ) {
+        // A resumed conversion has written these tensors already.
+        if layer.is_some() && !tensors.iter().any(|t| (self.needed)(t)) {
+            return;
+        }
         self.hs.linear_input(layer, tensors, x, rows, cols);
     }
 
@@ -80,7 +85,9 @@ impl Observer for Blocks<'_> {
 
 /// Calibrate `f` (at `path`) on `windows` (`n × ctx` tokens, BOS in place) block by block:
 /// `on_block(l, hs)` is called when block `l`'s Hessians are complete; it may remove groups from
-/// `hs` (they are not touched again).
+/// `hs` (they are not touched again). Only inputs of linear sets with a tensor `needed` are
+/// accumulated (a resumed run skips what it has written).
+#[allow(clippy::too_many_arguments)] // the calibration's plain inputs
 pub fn run_blocks(
     path: &Path,
     f: &GgufFile,
@@ -88,6 +95,7 @@ pub fn run_blocks(
     ctx: usize,
     batch: usize,
     quiet: bool,
+    needed: &dyn Fn(&str) -> bool,
     on_block: &mut dyn FnMut(usize, &mut Hessians) -> Result<()>,
 ) -> Result<()> {
     if ctx < 2 || batch == 0 || windows.is_empty() || windows.len() % ctx != 0 {
@@ -108,6 +116,7 @@ pub fn run_blocks(
         n_win: windows.len() / ctx,
         t0: std::time::Instant::now(),
         quiet,
+        needed,
         on_block,
     };
     // The logits of the last position only: the output projection is not calibrated.

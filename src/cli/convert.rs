@@ -84,6 +84,11 @@ pub struct ConvertArgs {
     /// LDLQ damping λ: H += λ·mean(diag(H))·I (raised ×10 on Cholesky failure).
     #[arg(long, default_value_t = 0.01)]
     pub damp: f64,
+    /// Continue an interrupted conversion (killed, out of time, Ctrl-C) from its last checkpoint:
+    /// the same command plus --resume. The output is byte-identical to an uninterrupted run; a
+    /// checkpoint of a different command is refused.
+    #[arg(long)]
+    pub resume: bool,
     /// No progress bar and no notices (errors are still printed).
     #[arg(short, long)]
     pub quiet: bool,
@@ -180,7 +185,20 @@ fn convert(a: &ConvertArgs) -> Result<()> {
     };
     let t0 = std::time::Instant::now();
     let hash_input = prov.as_ref().map(|_| a.input.as_path());
-    let stats = match &ldlq {
+    let cp = convert::Checkpoints {
+        resume: a.resume,
+        key: format!(
+            "{} | --ldlq-band {} --damp {} | input {} | calib {} | tq {}",
+            canonical_flags(a, &req),
+            a.ldlq_band,
+            a.damp,
+            file_identity(&a.input),
+            a.calib.as_deref().map(file_identity).unwrap_or_default(),
+            env!("CARGO_PKG_VERSION")
+        ),
+        quiet: a.quiet,
+    };
+    let stats = match ldlq {
         Calib::Stream { file, windows } => convert::execute_calibrating(
             src.as_ref(),
             &plan,
@@ -192,14 +210,15 @@ fn convert(a: &ConvertArgs) -> Result<()> {
             &|d| pb.set_position(d),
             &convert::StreamCalib {
                 model: &a.input,
-                file,
-                windows,
+                file: &file,
+                windows: &windows,
                 ctx: a.calib_ctx,
                 batch: a.calib_batch,
                 band: a.ldlq_band,
                 damp: a.damp,
                 quiet: a.quiet,
             },
+            &cp,
         )?,
         Calib::Hessians(l) => convert::execute(
             src.as_ref(),
@@ -211,6 +230,7 @@ fn convert(a: &ConvertArgs) -> Result<()> {
             Some(l),
             hash_input,
             &|d| pb.set_position(d),
+            &cp,
         )?,
         Calib::File(file) => convert::execute_from_file(
             src.as_ref(),
@@ -221,9 +241,10 @@ fn convert(a: &ConvertArgs) -> Result<()> {
             &out,
             hash_input,
             &|d| pb.set_position(d),
-            file,
+            &file,
             a.ldlq_band,
             a.damp,
+            &cp,
         )?,
         Calib::None => convert::execute(
             src.as_ref(),
@@ -235,6 +256,7 @@ fn convert(a: &ConvertArgs) -> Result<()> {
             None,
             hash_input,
             &|d| pb.set_position(d),
+            &cp,
         )?,
     };
     pb.finish_and_clear();
@@ -419,6 +441,22 @@ fn request(a: &ConvertArgs) -> Result<Request<'static>> {
 }
 
 /// The flags that decide the output, in a fixed form (no paths, no thread count).
+/// A file's size and modification time: what a checkpoint checks its inputs by (hashing a 140 GB
+/// model again on every resume would cost minutes).
+fn file_identity(p: &std::path::Path) -> String {
+    match std::fs::metadata(p) {
+        Ok(m) => format!(
+            "{} bytes, modified {:?}",
+            m.len(),
+            m.modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_nanos())
+        ),
+        Err(_) => String::new(),
+    }
+}
+
 fn canonical_flags(a: &ConvertArgs, req: &Request) -> String {
     let mut f = vec![
         format!("--weights {}", req.weights),

@@ -176,6 +176,83 @@ impl GgufWriter {
         Ok(w)
     }
 
+    /// [`create`](Self::create) for a resumable run (`TempOutput::create_resumable`). With
+    /// `resume = Some((tensor, pos))` the partial file must start with exactly this header (the
+    /// same plan, metadata and provenance); it is cut at `pos`, where tensor `tensor` begins, and
+    /// writing continues there.
+    pub fn create_resumable(
+        path: &Path,
+        version: u32,
+        metadata: &[(String, Value)],
+        tensors: &[TensorSpec],
+        resume: Option<(usize, u64)>,
+    ) -> Result<GgufWriter> {
+        let (header, _, alignment) = encode_header(version, metadata, tensors)?;
+        let (target, mut file) =
+            crate::io::TempOutput::create_resumable(path, resume.map(|(_, pos)| pos))?;
+        let sizes: Vec<(String, u64)> = tensors.iter().map(|t| (t.name.clone(), t.size)).collect();
+        let Some((tensor, pos)) = resume else {
+            let mut w = GgufWriter {
+                target,
+                out: Some(BufWriter::with_capacity(1 << 22, file)),
+                sizes,
+                alignment,
+                current: 0,
+                written: 0,
+                pos: 0,
+                header: Vec::new(),
+            };
+            w.raw(&header)?;
+            w.header = header;
+            w.pad()?;
+            w.skip_empty();
+            return Ok(w);
+        };
+        use std::io::{Read, Seek, SeekFrom};
+        let mut head = vec![0u8; header.len()];
+        let same = (pos as usize) >= header.len()
+            && file
+                .seek(SeekFrom::Start(0))
+                .and_then(|_| file.read_exact(&mut head))
+                .and_then(|_| file.seek(SeekFrom::Start(pos)))
+                .is_ok()
+            && head == header;
+        if !same {
+            return Err(Error::Usage(format!(
+                "{}: the partial output was written for another plan or metadata; run without --resume to start over",
+                target.tmp_path().display()
+            )));
+        }
+        let mut w = GgufWriter {
+            target,
+            out: Some(BufWriter::with_capacity(1 << 22, file)),
+            sizes,
+            alignment,
+            current: tensor,
+            written: 0,
+            pos,
+            header,
+        };
+        w.skip_empty();
+        Ok(w)
+    }
+
+    /// Flush and sync what was written (the state a checkpoint may name): the index of the tensor
+    /// that receives the next bytes and the file position, at a tensor boundary.
+    pub fn sync(&mut self) -> Result<(usize, u64)> {
+        let out = self.out.as_mut().expect("writer open");
+        out.flush()
+            .and_then(|_| out.get_ref().sync_data())
+            .map_err(|e| Error::io(self.target.tmp_path(), e))?;
+        debug_assert_eq!(self.written, 0, "checkpoints fall between tensors");
+        Ok((self.current, self.pos))
+    }
+
+    /// The partial file's path (for checkpoints and messages).
+    pub fn tmp_path(&self) -> &Path {
+        self.target.tmp_path()
+    }
+
     fn raw(&mut self, b: &[u8]) -> Result<()> {
         let out = self.out.as_mut().expect("writer open");
         out.write_all(b)

@@ -47,6 +47,13 @@ impl Hessians {
             .find(|g| g.tensors.iter().any(|t| t == name))
     }
 
+    /// [`for_tensor`](Self::for_tensor), mutable (the converter moves a matrix into its factor).
+    pub fn for_tensor_mut(&mut self, name: &str) -> Option<&mut Hessian> {
+        self.groups
+            .values_mut()
+            .find(|g| g.tensors.iter().any(|t| t == name))
+    }
+
     pub(crate) fn accumulate(&mut self, tensors: &[&str], x: &[f32], rows: usize, cols: usize) {
         let key = tensors.join(",");
         let g = self.groups.entry(key).or_insert_with(|| Hessian {

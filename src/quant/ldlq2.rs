@@ -72,16 +72,28 @@ fn transpose_in_place(a: &mut [f64], n: usize) {
 /// A group of rows ([`super::ldlq::sweep`]): rotate, then GPTQ's sweep with each block's scale
 /// fixed when the sweep enters the block.
 pub(crate) fn quantize_rows(rows: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
+    quantize_rows_with(rows, f, band, out, false)
+}
+
+/// [`quantize_rows`] with the reference scalar sweep when `scalar` (tests).
+pub(crate) fn quantize_rows_with(
+    rows: &[f32],
+    f: &Factor,
+    band: usize,
+    out: &mut [u8],
+    scalar: bool,
+) {
     let n = f.n;
     let r = tq2r::rotation(n).expect("planner checked the row length");
-    let mut xs: Vec<Vec<f64>> = rows
+    let mut x: Vec<f64> = rows
         .chunks(n)
-        .map(|row| r.forward(row).into_iter().map(|v| v as f64).collect())
+        .flat_map(|row| r.forward(row))
+        .map(|v| v as f64)
         .collect();
     out.fill(0);
     let row_bytes = n / QK * TQ2R_BYTES;
-    let mut d = vec![0f32; xs.len()];
-    super::ldlq::sweep(&mut xs, f, band, |ri, j, x| {
+    let mut d = vec![0f32; rows.len() / n];
+    let round = |ri: usize, j: usize, x: &[f64]| {
         let o = &mut out[ri * row_bytes..(ri + 1) * row_bytes];
         let b = &mut o[j / QK * TQ2R_BYTES..(j / QK + 1) * TQ2R_BYTES];
         if j % QK == 0 {
@@ -97,7 +109,13 @@ pub(crate) fn quantize_rows(rows: &[f32], f: &Factor, band: usize, out: &mut [u8
         };
         b[2 + (j % QK) / 4] |= (q as u8) << (2 * (j % 4));
         level(q, d[ri])
-    });
+    };
+    if scalar {
+        #[cfg(test)]
+        super::ldlq::sweep_scalar(&mut x, n, f, band, round);
+    } else {
+        super::ldlq::sweep(&mut x, n, f, band, round);
+    }
 }
 
 /// One row: rotate, then GPTQ's sweep with the block scale fixed when the sweep enters a block

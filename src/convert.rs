@@ -292,6 +292,84 @@ pub fn execute_from_file(
     })
 }
 
+/// One shard's share of a conversion (`tq convert --shard`): the plan entries in `range`,
+/// quantized exactly as [`execute`] / [`execute_from_file`] would (same rows, same factors),
+/// their bytes handed to `sink` in order (tensor data only, no padding; any chunking). The
+/// caller frames them (`shard::fragment`); no GGUF header is written here.
+pub fn execute_range(
+    src: &dyn TensorSource,
+    plan: &Plan,
+    range: std::ops::Range<usize>,
+    hessians: Option<(&crate::quant::HessianFile, usize, f64)>,
+    sink: &mut (dyn FnMut(&[u8]) -> Result<()> + Send),
+    on_progress: &(dyn Fn(u64) + Sync),
+) -> Result<Stats> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
+    let mut stats = Stats {
+        bytes_written: 0,
+        tensors_converted: 0,
+        tensors_copied: 0,
+    };
+    std::thread::scope(|scope| -> Result<()> {
+        let writer = scope.spawn(move || -> Result<u64> {
+            let mut done = 0u64;
+            for chunk in rx {
+                sink(&chunk)?;
+                done += chunk.len() as u64;
+                on_progress(done);
+            }
+            Ok(done)
+        });
+        let mut p = Producer::new(src, plan, tx);
+        p.next = range.start.min(plan.entries.len());
+        p.end = range.end.min(plan.entries.len());
+        let produced = match hessians {
+            None => p.produce(None, &|_| true).and_then(|()| p.finish()),
+            Some((file, band, damp)) => produce_from_file(&mut p, file, band, damp),
+        };
+        stats.tensors_converted = p.converted;
+        stats.tensors_copied = p.copied;
+        drop(p);
+        stats.bytes_written = writer
+            .join()
+            .map_err(|_| Error::Usage("writer thread panicked".into()))??;
+        produced
+    })?;
+    Ok(stats)
+}
+
+/// [`execute_from_file`]'s loop within the producer's range: each Hessian group is read when
+/// its first tensor in the range is due and dropped after its last.
+fn produce_from_file(
+    p: &mut Producer,
+    file: &crate::quant::HessianFile,
+    band: usize,
+    damp: f64,
+) -> Result<()> {
+    let mut live = Hessians::default();
+    loop {
+        let l = LdlqRef {
+            hessians: &live,
+            band,
+            damp,
+        };
+        p.produce(Some(l), &|e| !e.ldlq || live.for_tensor(&e.name).is_some())?;
+        live.groups
+            .retain(|_, g| g.tensors.iter().any(|t| p.pending_ldlq(t)));
+        if p.next >= p.end {
+            return Ok(());
+        }
+        let e = &p.plan.entries[p.next];
+        let key = file
+            .index
+            .for_tensor(&e.name)
+            .map(|g| g.tensors.join(","))
+            .expect("planner marked LDLQ from this file's index");
+        let g = file.load_group(&key)?;
+        live.groups.insert(key, g);
+    }
+}
+
 struct Target<'a> {
     src: &'a dyn TensorSource,
     plan: &'a Plan,
@@ -390,6 +468,8 @@ struct Producer<'a> {
     tx: std::sync::mpsc::SyncSender<Vec<u8>>,
     /// The next plan entry to write.
     next: usize,
+    /// One past the last entry to write (the plan's length, or a shard's range end).
+    end: usize,
     /// Plan index of each LDLQ tensor, by name.
     ldlq_index: std::collections::HashMap<&'a str, usize>,
     /// LDLQ factors by (family, group), with the plan index of the last entry that uses each.
@@ -409,6 +489,7 @@ impl<'a> Producer<'a> {
             plan,
             tx,
             next: 0,
+            end: plan.entries.len(),
             ldlq_index: plan
                 .entries
                 .iter()
@@ -429,7 +510,7 @@ impl<'a> Producer<'a> {
 
     /// Every entry was written; an LDLQ tensor whose Hessian never came is an error.
     fn finish(&self) -> Result<()> {
-        match self.plan.entries.get(self.next) {
+        match self.plan.entries.get(self.next).filter(|_| self.next < self.end) {
             None => Ok(()),
             Some(e) => Err(Error::Unsupported(format!(
                 "{}: the calibration pass produced no Hessian for this tensor (the runtime does not read it); convert with a Hessian file from tq calib, or without --calib",
@@ -440,7 +521,7 @@ impl<'a> Producer<'a> {
 
     /// Write entries from `next` on while `ready(entry)` holds.
     fn produce(&mut self, ldlq: Option<LdlqRef>, ready: &dyn Fn(&PlanEntry) -> bool) -> Result<()> {
-        while let Some(e) = self.plan.entries.get(self.next) {
+        while let Some(e) = self.plan.entries.get(self.next).filter(|_| self.next < self.end) {
             if !ready(e) {
                 break;
             }

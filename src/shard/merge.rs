@@ -49,6 +49,7 @@ pub fn shard_meta(
     ])
 }
 
+#[derive(Debug)]
 pub struct Merged {
     pub shards: usize,
     pub groups: usize,

@@ -521,7 +521,12 @@ impl<'a> Producer<'a> {
 
     /// Write entries from `next` on while `ready(entry)` holds.
     fn produce(&mut self, ldlq: Option<LdlqRef>, ready: &dyn Fn(&PlanEntry) -> bool) -> Result<()> {
-        while let Some(e) = self.plan.entries.get(self.next).filter(|_| self.next < self.end) {
+        while let Some(e) = self
+            .plan
+            .entries
+            .get(self.next)
+            .filter(|_| self.next < self.end)
+        {
             if !ready(e) {
                 break;
             }

@@ -79,7 +79,10 @@ fn assembled_fragments_are_the_one_process_bytes() {
     let want = one_process(d, &model, &flags, "one");
     for n in [1, 3, 40] {
         let got = sharded(d, &model, &flags, n, &format!("plain{n}"));
-        assert!(same_bytes(&got, &want), "{n} shards differ from one process");
+        assert!(
+            same_bytes(&got, &want),
+            "{n} shards differ from one process"
+        );
     }
     // Without provenance, too.
     let np = ["--weights", "q4_0", "--no-provenance"];
@@ -89,13 +92,26 @@ fn assembled_fragments_are_the_one_process_bytes() {
     // With --calib H.safetensors (LDLQ from a Hessian file).
     let h = d.join("h.safetensors");
     ok(&[
-        "calib", s(&model), "--token-file", s(&toks), "--tokens", "256", "--ctx", "32",
-        "--batch", "2", "-o", s(&h),
+        "calib",
+        s(&model),
+        "--token-file",
+        s(&toks),
+        "--tokens",
+        "256",
+        "--ctx",
+        "32",
+        "--batch",
+        "2",
+        "-o",
+        s(&h),
     ]);
     let cflags = ["--weights", "tq4_1s", "--calib", s(&h)];
     let want = one_process(d, &model, &cflags, "one-calib");
     let rtn = one_process(d, &model, &["--weights", "tq4_1s"], "one-rtn");
-    assert!(!same_bytes(&want, &rtn), "LDLQ changed nothing: the test would not see it");
+    assert!(
+        !same_bytes(&want, &rtn),
+        "LDLQ changed nothing: the test would not see it"
+    );
     for n in [2, 5] {
         let got = sharded(d, &model, &cflags, n, &format!("calib{n}"));
         assert!(same_bytes(&got, &want), "{n} shards with --calib differ");
@@ -111,11 +127,23 @@ fn assemble_refuses_incomplete_foreign_or_damaged_sets() {
         let f = d.join(format!("{weights}-{i}-{n}.tqfrag"));
         let shard = format!("{i}/{n}");
         ok(&[
-            "convert", s(&model), "-o", s(&f), "--shard", &shard, "--weights", weights, "-q",
+            "convert",
+            s(&model),
+            "-o",
+            s(&f),
+            "--shard",
+            &shard,
+            "--weights",
+            weights,
+            "-q",
         ]);
         f
     };
-    let (a0, a1, a2) = (frag(0, 3, "tq4_1s"), frag(1, 3, "tq4_1s"), frag(2, 3, "tq4_1s"));
+    let (a0, a1, a2) = (
+        frag(0, 3, "tq4_1s"),
+        frag(1, 3, "tq4_1s"),
+        frag(2, 3, "tq4_1s"),
+    );
     let out = d.join("out.gguf");
     let e = fails(&["assemble", s(&a0), s(&a2), "-o", s(&out)]);
     assert!(e.contains("missing shard(s) 1/3"), "{e}");
@@ -124,7 +152,10 @@ fn assemble_refuses_incomplete_foreign_or_damaged_sets() {
     // A shard of another conversion (other --weights), and of another shard count.
     let b1 = frag(1, 3, "q8_0");
     let e = fails(&["assemble", s(&a0), s(&b1), s(&a2), "-o", s(&out)]);
-    assert!(e.contains("q8_0-1-3.tqfrag") && e.contains("another conversion"), "{e}");
+    assert!(
+        e.contains("q8_0-1-3.tqfrag") && e.contains("another conversion"),
+        "{e}"
+    );
     let c1 = frag(1, 2, "tq4_1s");
     let e = fails(&["assemble", s(&a0), s(&c1), s(&a2), "-o", s(&out)]);
     assert!(e.contains("another conversion"), "{e}");
@@ -142,7 +173,10 @@ fn assemble_refuses_incomplete_foreign_or_damaged_sets() {
     let e = fails(&["assemble", s(&a0), s(&bad), s(&a2), "-o", s(&out)]);
     assert!(e.contains("not a tq fragment"), "{e}");
     let e = fails(&["assemble", s(&a0), s(&model), s(&a2), "-o", s(&out)]);
-    assert!(e.contains("tiny.gguf") && e.contains("not a tq fragment"), "{e}");
+    assert!(
+        e.contains("tiny.gguf") && e.contains("not a tq fragment"),
+        "{e}"
+    );
     // The output may not be one of the fragments.
     let e = fails(&["assemble", s(&a0), s(&a1), s(&a2), "-o", s(&a1)]);
     assert!(e.contains("-o"), "{e}");
@@ -152,7 +186,14 @@ fn assemble_refuses_incomplete_foreign_or_damaged_sets() {
     let text = d.join("calib.txt");
     std::fs::write(&text, "some text to calibrate on ".repeat(50)).unwrap();
     let e = fails(&[
-        "convert", s(&model), "-o", s(&out), "--shard", "0/2", "--calib", s(&text),
+        "convert",
+        s(&model),
+        "-o",
+        s(&out),
+        "--shard",
+        "0/2",
+        "--calib",
+        s(&text),
     ]);
     assert!(e.contains("tq calib --shard"), "{e}");
     let _ = toks;
@@ -160,8 +201,18 @@ fn assemble_refuses_incomplete_foreign_or_damaged_sets() {
 
 fn calib(model: &Path, toks: &Path, out: &Path, extra: &[&str]) {
     let mut a = vec![
-        "calib", s(model), "--token-file", s(toks), "--tokens", "320", "--ctx", "32", "--batch",
-        "2", "-o", s(out),
+        "calib",
+        s(model),
+        "--token-file",
+        s(toks),
+        "--tokens",
+        "320",
+        "--ctx",
+        "32",
+        "--batch",
+        "2",
+        "-o",
+        s(out),
     ];
     a.extend(extra);
     ok(&a);
@@ -195,12 +246,25 @@ fn merged_calibration_shards_are_the_one_process_hessians() {
     let parts: Vec<PathBuf> = (0..3)
         .map(|i| {
             let p = d.join(format!("s{i}-3.safetensors"));
-            calib(&model, &toks, &p, &["--shard", &format!("{i}/3"), "--threads", "1"]);
+            calib(
+                &model,
+                &toks,
+                &p,
+                &["--shard", &format!("{i}/3"), "--threads", "1"],
+            );
             p
         })
         .collect();
     let m3 = d.join("merged3.safetensors");
-    ok(&["calib", "merge", s(&parts[2]), s(&parts[0]), s(&parts[1]), "-o", s(&m3)]);
+    ok(&[
+        "calib",
+        "merge",
+        s(&parts[2]),
+        s(&parts[0]),
+        s(&parts[1]),
+        "-o",
+        s(&m3),
+    ]);
     let (h3, mm3) = tq::quant::Hessians::load(&m3).unwrap();
     assert_eq!(mm3["tq.fingerprint"], m1["tq.fingerprint"]);
     assert_eq!(mm3["tq.windows_done"], "10");
@@ -213,7 +277,10 @@ fn merged_calibration_shards_are_the_one_process_hessians() {
             worst = worst.max((a - b).abs() / scale);
         }
     }
-    assert!(worst < 1e-13, "merged Hessians differ by {worst:e} of max |H|");
+    assert!(
+        worst < 1e-13,
+        "merged Hessians differ by {worst:e} of max |H|"
+    );
     eprintln!("3-shard merge vs one process: max |ΔH| / max |H| = {worst:e}");
 
     // Refusals: a missing shard, a shard of another text, more shards than batches.
@@ -221,16 +288,41 @@ fn merged_calibration_shards_are_the_one_process_hessians() {
     assert!(e.contains("missing shard(s) 1/3"), "{e}");
     let other = d.join("other-1.safetensors");
     let text2 = d.join("tokens2.txt");
-    let ids: Vec<String> = (0..400u32).map(|i| ((i * 13 + 5) % 96).to_string()).collect();
+    let ids: Vec<String> = (0..400u32)
+        .map(|i| ((i * 13 + 5) % 96).to_string())
+        .collect();
     std::fs::write(&text2, ids.join(" ")).unwrap();
     calib(&model, &text2, &other, &["--shard", "1/3"]);
-    let e = fails(&["calib", "merge", s(&parts[0]), s(&other), s(&parts[2]), "-o", s(&m3)]);
-    assert!(e.contains("other-1.safetensors") && e.contains("another calibration"), "{e}");
+    let e = fails(&[
+        "calib",
+        "merge",
+        s(&parts[0]),
+        s(&other),
+        s(&parts[2]),
+        "-o",
+        s(&m3),
+    ]);
+    assert!(
+        e.contains("other-1.safetensors") && e.contains("another calibration"),
+        "{e}"
+    );
     let e = fails(&["calib", "merge", s(&one), "-o", s(&m3)]);
     assert!(e.contains("not a calibration shard"), "{e}");
     let mut a = vec![
-        "calib", s(&model), "--token-file", s(&toks), "--tokens", "320", "--ctx", "32",
-        "--batch", "2", "-o", s(&other), "--shard", "0/6",
+        "calib",
+        s(&model),
+        "--token-file",
+        s(&toks),
+        "--tokens",
+        "320",
+        "--ctx",
+        "32",
+        "--batch",
+        "2",
+        "-o",
+        s(&other),
+        "--shard",
+        "0/6",
     ];
     let e = fails(&a);
     assert!(e.contains("use at most that many shards"), "{e}");

@@ -188,10 +188,7 @@ pub fn write(job: &Job, on_progress: &(dyn Fn(u64) + Sync)) -> Result<Written> {
     let range = tensor_range(job.plan, job.shard);
     let data_at = |j: usize| offsets.get(j).copied().unwrap_or(total_data_len);
     let input_len = input_len(job.input);
-    let has_placeholder = job
-        .metadata
-        .iter()
-        .any(|(k, _)| k == "tq.input.blake3");
+    let has_placeholder = job.metadata.iter().any(|(k, _)| k == "tq.input.blake3");
     // Only shard 0 reads the whole input to hash it, on a thread of its own as convert does.
     let hasher = (job.hash_input && has_placeholder && job.shard.index == 0).then(|| {
         let p = job.input.to_path_buf();
@@ -338,7 +335,8 @@ impl Fragment {
             )));
         }
         let mut header = vec![0u8; h as usize];
-        f.seek(SeekFrom::Start(16)).map_err(|e| Error::io(path, e))?;
+        f.seek(SeekFrom::Start(16))
+            .map_err(|e| Error::io(path, e))?;
         f.read_exact(&mut header).map_err(|e| Error::io(path, e))?;
         if plan_id(&header, manifest.input_len) != manifest.plan {
             return Err(bad(
@@ -445,7 +443,8 @@ fn fill_string(header: &mut [u8], key: &str, value: &str) -> Option<()> {
     pat.extend_from_slice(&(ValueType::String as u32).to_le_bytes());
     pat.extend_from_slice(&(value.len() as u64).to_le_bytes());
     let at = header.windows(pat.len()).position(|w| w == pat)? + pat.len();
-    header.get_mut(at..at + value.len())?
+    header
+        .get_mut(at..at + value.len())?
         .copy_from_slice(value.as_bytes());
     Some(())
 }

@@ -184,7 +184,10 @@ pub fn merge(paths: &[PathBuf], out: &Path) -> Result<Merged> {
     meta.insert("tq.merged_shards".into(), n.to_string());
     let mut tokens = BTreeMap::new();
     for key in first.groups.keys() {
-        let t: u64 = order.iter().map(|&k| opened[k].2.index.groups[key].tokens).sum();
+        let t: u64 = order
+            .iter()
+            .map(|&k| opened[k].2.index.groups[key].tokens)
+            .sum();
         tokens.insert(key.clone(), t);
     }
     write_streaming(out, &meta, first, &tokens, |key| {
@@ -305,6 +308,9 @@ mod tests {
         let other = dir.path().join("other.safetensors");
         hs.save(&other, &meta).unwrap();
         let e = err(&[paths[0].clone(), other.clone(), paths[2].clone()]);
-        assert!(e.contains("other.safetensors") && e.contains("another calibration"), "{e}");
+        assert!(
+            e.contains("other.safetensors") && e.contains("another calibration"),
+            "{e}"
+        );
     }
 }

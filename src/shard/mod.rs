@@ -85,10 +85,7 @@ mod tests {
 
     #[test]
     fn parse_accepts_only_i_of_n() {
-        assert_eq!(
-            Shard::parse("2/5").unwrap(),
-            Shard { index: 2, count: 5 }
-        );
+        assert_eq!(Shard::parse("2/5").unwrap(), Shard { index: 2, count: 5 });
         for bad in ["5/5", "1/0", "a/2", "3", "-1/2", "1/2/3"] {
             let e = Shard::parse(bad).unwrap_err().to_string();
             assert!(e.contains("expected I/N"), "{bad}: {e}");

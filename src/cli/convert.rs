@@ -87,7 +87,7 @@ pub struct ConvertArgs {
     /// No progress bar and no notices (errors are still printed).
     #[arg(short, long)]
     pub quiet: bool,
-    /// Convert only shard I of N (0-based) of the tensors, balanced by element count, into a
+    /// Convert only shard I of N (0-based) of the tensors, balanced by work, into a
     /// fragment at -o; `tq assemble` joins a complete set into the GGUF this command writes
     /// without --shard (see docs/scale.md). With --calib, only a Hessian file.
     #[arg(long, value_name = "I/N", conflicts_with = "dry_run")]

@@ -115,12 +115,18 @@ fn plan_id(header: &[u8], input_len: u64) -> String {
     h.finalize().to_hex().to_string()
 }
 
-/// The plan entries of `shard`: balanced by element count (a fixed function of the plan).
+/// An LDLQ tensor's weight per element against a copied or rounded one's, a rough estimate: on
+/// SmolLM2 (full band, one thread) shards of LDLQ tensors took ≈1.5 s per million elements, the
+/// shard holding `token_embd` ≈0.35 s (docs/benchmarks.md).
+const LDLQ_COST: u64 = 8;
+
+/// The plan entries of `shard`: balanced by element count, LDLQ tensors weighted
+/// [`LDLQ_COST`] times (a fixed function of the plan, whatever the machine or threads).
 pub fn tensor_range(plan: &Plan, shard: Shard) -> std::ops::Range<usize> {
     let w: Vec<u64> = plan
         .entries
         .iter()
-        .map(|e| e.dims.iter().product::<u64>())
+        .map(|e| e.dims.iter().product::<u64>() * if e.ldlq { LDLQ_COST } else { 1 })
         .collect();
     shard.range_by_weight(&w)
 }

@@ -39,6 +39,9 @@ py() { venv_python venv oracle.txt "$@"; }
 # stamps every oracle's output, is unchanged.
 py_tf() { venv_python venv-tf oracle-transformers.txt "$@"; }
 
+# The Ray venv for the distributed driver (scripts/ray/tq_ray.py): ray 2.60.0 and its dependencies.
+py_ray() { venv_python venv-ray ray.txt "$@"; }
+
 # llama_bin: the directory of llama.cpp's tools ($LLAMA_BIN, else the cached build, built if missing).
 llama_bin() {
   local bin="${LLAMA_BIN:-$TQ_CACHE/llama.cpp/build/bin}"

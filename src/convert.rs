@@ -272,25 +272,87 @@ pub fn execute_from_file(
         cp,
     };
     execute_with(&target, on_progress, &mut |p| {
-        let mut live = Hessians::default();
-        loop {
-            p.produce(&mut live, band, damp, &|e, hs| {
-                !e.ldlq || hs.for_tensor(&e.name).is_some()
-            })?;
-            live.groups
-                .retain(|_, g| g.tensors.iter().any(|t| p.pending_ldlq(t)));
-            let Some(e) = plan.entries.get(p.next) else {
-                return Ok(());
-            };
-            let key = file
-                .index
-                .for_tensor(&e.name)
-                .map(|g| g.tensors.join(","))
-                .expect("planner marked LDLQ from this file's index");
-            let g = file.load_group(&key)?;
-            live.groups.insert(key, g);
-        }
+        produce_from_file(p, file, band, damp)
     })
+}
+
+/// One shard's share of a conversion (`tq convert --shard`): the plan entries in `range`,
+/// quantized exactly as [`execute`] / [`execute_from_file`] would (same rows, same factors),
+/// their bytes handed to `sink` in order (tensor data only, no padding; any chunking). The
+/// caller frames them (`shard::fragment`); no GGUF header is written here.
+pub fn execute_range(
+    src: &dyn TensorSource,
+    plan: &Plan,
+    range: std::ops::Range<usize>,
+    hessians: Option<(&crate::quant::HessianFile, usize, f64)>,
+    sink: &mut (dyn FnMut(&[u8]) -> Result<()> + Send),
+    on_progress: &(dyn Fn(u64) + Sync),
+) -> Result<Stats> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Msg>(2);
+    let mut stats = Stats {
+        bytes_written: 0,
+        tensors_converted: 0,
+        tensors_copied: 0,
+    };
+    std::thread::scope(|scope| -> Result<()> {
+        let writer = scope.spawn(move || -> Result<u64> {
+            let mut done = 0u64;
+            for m in rx {
+                // A fragment is not resumable on its own: rerun the shard.
+                if let Msg::Data(chunk) = m {
+                    sink(&chunk)?;
+                    done += chunk.len() as u64;
+                    on_progress(done);
+                }
+            }
+            Ok(done)
+        });
+        let mut p = Producer::new(src, plan, tx, range.start.min(plan.entries.len()));
+        p.end = range.end.min(plan.entries.len());
+        let produced = match hessians {
+            None => p
+                .produce(&mut Hessians::default(), 0, 0.0, &|_, _| true)
+                .and_then(|()| p.finish()),
+            Some((file, band, damp)) => produce_from_file(&mut p, file, band, damp),
+        };
+        stats.tensors_converted = p.converted;
+        stats.tensors_copied = p.copied;
+        drop(p);
+        stats.bytes_written = writer
+            .join()
+            .map_err(|_| Error::Usage("writer thread panicked".into()))??;
+        produced
+    })?;
+    Ok(stats)
+}
+
+/// [`execute_from_file`]'s loop within the producer's range: each Hessian group is read when
+/// its first tensor in the range is due and dropped after its last.
+fn produce_from_file(
+    p: &mut Producer,
+    file: &crate::quant::HessianFile,
+    band: usize,
+    damp: f64,
+) -> Result<()> {
+    let mut live = Hessians::default();
+    loop {
+        p.produce(&mut live, band, damp, &|e, hs| {
+            !e.ldlq || hs.for_tensor(&e.name).is_some()
+        })?;
+        live.groups
+            .retain(|_, g| g.tensors.iter().any(|t| p.pending_ldlq(t)));
+        if p.next >= p.end {
+            return Ok(());
+        }
+        let e = &p.plan.entries[p.next];
+        let key = file
+            .index
+            .for_tensor(&e.name)
+            .map(|g| g.tensors.join(","))
+            .expect("planner marked LDLQ from this file's index");
+        let g = file.load_group(&key)?;
+        live.groups.insert(key, g);
+    }
 }
 
 struct Target<'a> {
@@ -508,6 +570,8 @@ struct Producer<'a> {
     tx: std::sync::mpsc::SyncSender<Msg>,
     /// The next plan entry to write.
     next: usize,
+    /// One past the last entry to write (the plan's length, or a shard's range end).
+    end: usize,
     /// Plan index of each LDLQ tensor, by name.
     ldlq_index: std::collections::HashMap<&'a str, usize>,
     /// LDLQ factors by (family, group), with the plan index of the last entry that uses each.
@@ -528,6 +592,7 @@ impl<'a> Producer<'a> {
             plan,
             tx,
             next,
+            end: plan.entries.len(),
             ldlq_index: plan
                 .entries
                 .iter()
@@ -548,7 +613,7 @@ impl<'a> Producer<'a> {
 
     /// Every entry was written; an LDLQ tensor whose Hessian never came is an error.
     fn finish(&self) -> Result<()> {
-        match self.plan.entries.get(self.next) {
+        match self.plan.entries.get(self.next).filter(|_| self.next < self.end) {
             None => Ok(()),
             Some(e) => Err(Error::Unsupported(format!(
                 "{}: the calibration pass produced no Hessian for this tensor (the runtime does not read it); convert with a Hessian file from tq calib, or without --calib",
@@ -557,9 +622,9 @@ impl<'a> Producer<'a> {
         }
     }
 
-    /// Write entries from `next` on while `ready(entry, hs)` holds; LDLQ tensors take their
-    /// Hessian from `hs` (a group's matrix is moved into its factor when no other type family
-    /// still needs it).
+    /// Write entries from `next` on (up to `end`) while `ready(entry, hs)` holds; LDLQ tensors
+    /// take their Hessian from `hs` (a group's matrix is moved into its factor when no other type
+    /// family still needs it).
     fn produce(
         &mut self,
         hs: &mut Hessians,
@@ -567,7 +632,12 @@ impl<'a> Producer<'a> {
         damp: f64,
         ready: &dyn Fn(&PlanEntry, &Hessians) -> bool,
     ) -> Result<()> {
-        while let Some(e) = self.plan.entries.get(self.next) {
+        while let Some(e) = self
+            .plan
+            .entries
+            .get(self.next)
+            .filter(|_| self.next < self.end)
+        {
             if !ready(e, hs) {
                 break;
             }

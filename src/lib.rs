@@ -17,7 +17,8 @@
 //! - Inputs: [`source`] (GGUF, safetensors, Hugging Face directories), [`tokenizer`].
 //! - Runtime: [`model`] (layer-streaming CPU runtime), [`numerics`] (CPU models of engine
 //!   arithmetic).
-//! - Pipeline: [`plan`], [`calib`], [`quant`], [`convert`], [`eval`].
+//! - Pipeline: [`plan`], [`calib`], [`quant`], [`convert`], [`eval`]; [`shard`] (work split
+//!   across machines: `--shard`, fragments, `tq assemble`, `tq calib merge`).
 //! - Products: [`codebook`] (tables for engines), [`gpu`] (decode kernels and their parity
 //!   harness), [`inspect`], [`validate`] (the CI gate), [`conformance`] (vector files through the
 //!   CPU references).
@@ -38,6 +39,7 @@ pub mod model;
 pub mod numerics;
 pub mod plan;
 pub mod quant;
+pub mod shard;
 pub mod source;
 pub mod tokenizer;
 pub mod types;

@@ -76,6 +76,10 @@ pub struct CalibArgs {
     /// since the last one (0: after every block; each checkpoint rewrites the whole file).
     #[arg(long, requires = "sequential", default_value_t = 60.0)]
     pub checkpoint_secs: f64,
+    /// Calibrate only shard I of N (0-based) of the windows, in whole --batch chunks; `tq calib
+    /// merge` sums a complete set (see docs/scale.md). Not with --sequential.
+    #[arg(long, value_name = "I/N", conflicts_with = "sequential")]
+    pub shard: Option<String>,
 }
 
 pub fn run(a: CalibArgs) -> Result<()> {
@@ -150,6 +154,10 @@ fn calibrate(a: &CalibArgs) -> Result<()> {
         );
         windows
     };
+    let windows = match &a.shard {
+        Some(s) => shard_windows(a, &f, s, windows, &mut extra_meta)?,
+        None => windows,
+    };
     let seq = if a.sequential {
         Some(SeqQuant::for_conversion(
             &f,
@@ -182,4 +190,32 @@ fn calibrate(a: &CalibArgs) -> Result<()> {
         a.output.display()
     );
     Ok(())
+}
+
+/// `--shard I/N`: this shard's windows (whole batches), with the whole run's fingerprint and
+/// the window range recorded for `tq calib merge`.
+fn shard_windows(
+    a: &CalibArgs,
+    f: &GgufFile,
+    s: &str,
+    windows: Vec<u32>,
+    meta: &mut BTreeMap<String, String>,
+) -> Result<Vec<u32>> {
+    let shard = tq::shard::Shard::parse(s)?;
+    let n_win = windows.len() / a.ctx;
+    let r = shard.window_range(n_win, a.batch).ok_or_else(|| {
+        Error::Usage(format!(
+            "tq calib --shard {shard}: {n_win} windows make {} batches of --batch {}; use at most that many shards",
+            n_win.div_ceil(a.batch),
+            a.batch
+        ))
+    })?;
+    let name = a
+        .model
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let fp = tq::shard::merge::fingerprint(&name, f.file_len(), &windows, a.ctx);
+    meta.extend(tq::shard::merge::shard_meta(shard, r.clone(), n_win, &fp));
+    Ok(windows[r.start * a.ctx..r.end * a.ctx].to_vec())
 }

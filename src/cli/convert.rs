@@ -92,6 +92,11 @@ pub struct ConvertArgs {
     /// No progress bar and no notices (errors are still printed).
     #[arg(short, long)]
     pub quiet: bool,
+    /// Convert only shard I of N (0-based) of the tensors, balanced by work, into a
+    /// fragment at -o; `tq assemble` joins a complete set into the GGUF this command writes
+    /// without --shard (see docs/scale.md). With --calib, only a Hessian file.
+    #[arg(long, value_name = "I/N", conflicts_with = "dry_run")]
+    pub shard: Option<String>,
     /// Do not add tq.* provenance keys (for byte-exact copies). general.file_type is still set
     /// from the plan when types change (it describes the tensors written).
     #[arg(long)]
@@ -104,6 +109,11 @@ pub fn run(a: ConvertArgs) -> Result<()> {
 
 fn convert(a: &ConvertArgs) -> Result<()> {
     super::check_damp(a.damp)?;
+    let calib_is_text = match &a.calib {
+        Some(p) if a.shard.is_some() => !is_hessian_file(p)?,
+        _ => false,
+    };
+    let shard = super::shard::check_convert_shard(a.shard.as_deref(), calib_is_text)?;
     let profile = Profile::select(a.target.as_deref(), a.type_map.as_deref())?;
     let out = match (&a.output, a.dry_run) {
         (Some(o), _) => Some(o.clone()),
@@ -178,6 +188,31 @@ fn convert(a: &ConvertArgs) -> Result<()> {
         report_fallbacks(&plan);
     }
     let out = out.expect("checked above");
+    if let Some(shard) = shard {
+        let hessians = match &ldlq {
+            Calib::File(file) => Some((file, a.ldlq_band, a.damp)),
+            Calib::None => None,
+            // Refused before calibrating (check_convert_shard); kept an error, not a panic.
+            _ => {
+                return Err(Error::Usage(
+                    "tq convert --shard: --calib must be a Hessian file".into(),
+                ))
+            }
+        };
+        let job = tq::shard::fragment::Job {
+            src: src.as_ref(),
+            plan: &plan,
+            metadata: &md,
+            version,
+            profile: &profile,
+            input: &a.input,
+            hash_input: prov.is_some(),
+            hessians,
+            shard,
+            out: &out,
+        };
+        return super::shard::convert_shard(&job, a.quiet);
+    }
     let pb = if a.quiet {
         indicatif::ProgressBar::hidden()
     } else {

@@ -8,6 +8,7 @@ pub mod eval;
 pub mod inspect;
 pub mod kernels;
 pub mod kv;
+pub mod shard;
 pub mod validate;
 
 use clap::{Parser, Subcommand};
@@ -31,8 +32,11 @@ enum Command {
     Convert(convert::ConvertArgs),
     /// Perplexity and KL divergence of a model on a text (llama-perplexity compatible).
     Eval(eval::EvalArgs),
-    /// Accumulate per-layer input Hessians (H = Σ x xᵀ) over calibration text, for LDLQ.
-    Calib(calib::CalibArgs),
+    /// Accumulate per-layer input Hessians (H = Σ x xᵀ) over calibration text, for LDLQ
+    /// (`tq calib merge` sums the shards of `tq calib --shard I/N`).
+    Calib(shard::CalibCmd),
+    /// Join the fragments of `tq convert --shard I/N` into the GGUF a one-process convert writes.
+    Assemble(shard::AssembleArgs),
     /// Compute Lloyd-Max codebooks for a head dim / bit width and emit them for an engine.
     Codebook(codebook::CodebookArgs),
     /// KV-cache presets for a model: recommended -ctk/-ctv, or measured with --measure.
@@ -109,7 +113,8 @@ pub fn main() -> i32 {
     let r = match cli.command {
         Command::Inspect(a) => inspect::run(a),
         Command::Convert(a) => convert::run(a),
-        Command::Calib(a) => calib::run(a),
+        Command::Calib(a) => shard::calib(a),
+        Command::Assemble(a) => shard::assemble(a),
         Command::Eval(a) => eval::run(a),
         Command::Codebook(a) => codebook::run(a),
         Command::Kernels(a) => kernels::run(a),

@@ -14,7 +14,7 @@
 use crate::error::{Error, Result};
 use crate::types::float::{f16_bits_to_f32, f32_to_f16_bits};
 use crate::types::tq::{self, BlockQ, QK};
-use crate::types::TensorType;
+use crate::types::{grid, TensorType};
 use faer::{Mat, Par, Side};
 use rayon::prelude::*;
 
@@ -24,6 +24,9 @@ use rayon::prelude::*;
 pub struct Factor {
     pub n: usize,
     pub u: Vec<f64>,
+    /// The damped Hessian's diagonal (in the factor's basis): the per-column importance that
+    /// stock block parameters are fitted with.
+    pub diag: Vec<f64>,
     /// Damping actually used (relative to mean(diag)), after escalation.
     pub damp: f64,
 }
@@ -112,7 +115,13 @@ pub fn factor(h: &[f64], n: usize, damp: f64, what: &str) -> Result<Factor> {
                 if attempt > 0 {
                     eprintln!("tq: {what}: Hessian not positive definite; damping raised to {lambda:.3e}·mean(diag)");
                 }
-                return Ok(Factor { n, u, damp: lambda });
+                let diag = (0..n).map(|i| h[i * n + i] + lambda * mean_diag).collect();
+                return Ok(Factor {
+                    n,
+                    u,
+                    diag,
+                    damp: lambda,
+                });
             }
             Err(_) => lambda *= 10.0,
         }
@@ -130,6 +139,9 @@ pub fn factor_hessian(
     damp: f64,
     what: &str,
 ) -> Result<Factor> {
+    if ty.ldlq_unrotated() {
+        return factor(&h.h, h.n, damp, what);
+    }
     let rotated = if ty.is_row_rotated() {
         super::ldlq2::rotate_hessian_rows(&h.h, h.n)?
     } else {
@@ -190,12 +202,14 @@ fn half_scale(v: &[f64], c: &[f32], t: &[f32]) -> f32 {
 /// Deterministic and independent of the thread count (rows are independent).
 pub fn quantize_ldlq(ty: TensorType, w: &[f32], n: usize, f: &Factor, band: usize) -> Vec<u8> {
     assert_eq!(f.n, n);
-    let bb = ty.block_bytes();
-    let mut out = vec![0u8; w.len() / QK * bb];
-    out.par_chunks_mut(n / QK * bb)
+    let (bs, bb) = (ty.block_size(), ty.block_bytes());
+    let mut out = vec![0u8; w.len() / bs * bb];
+    out.par_chunks_mut(n / bs * bb)
         .zip(w.par_chunks(n))
         .for_each(|(o, row)| {
-            if ty.is_row_rotated() {
+            if ty.ldlq_unrotated() {
+                quantize_row_stock(ty, row, f, band, o)
+            } else if ty.is_row_rotated() {
                 super::ldlq2::quantize_row(row, f, band, o)
             } else {
                 quantize_row(ty, row, f, band, o)
@@ -239,6 +253,46 @@ fn quantize_row(ty: TensorType, row: &[f32], f: &Factor, band: usize, out: &mut 
             TensorType::TQ4_1S => tq::pack_tq4(b, o),
             _ => tq::pack_tq3(b, o),
         }
+    }
+}
+
+/// One row of a stock type, in the weights' own basis: when the sweep reaches a block, the block's
+/// parameters are fitted to its current (error-fed) values weighted by the damped Hessian diagonal
+/// (`types::grid::fit`), then each value is rounded onto that fixed grid and its error fed into the
+/// next `band` columns.
+fn quantize_row_stock(ty: TensorType, row: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
+    let n = f.n;
+    let band = if band == 0 { n } else { band };
+    let (bs, bb) = (ty.block_size(), ty.block_bytes());
+    let mut x: Vec<f64> = row.iter().map(|&v| v as f64).collect();
+    let mut g = grid::BlockGrid::new(ty);
+    let mut codes = vec![0i32; bs];
+    let (mut xs, mut ws) = (vec![0f32; bs], vec![0f32; bs]);
+    for (blk, o) in out.chunks_exact_mut(bb).enumerate() {
+        let j0 = blk * bs;
+        // Relative weights: normalized by the block's mean so f32 never over/underflows.
+        let mean = f.diag[j0..j0 + bs].iter().sum::<f64>() / bs as f64;
+        for i in 0..bs {
+            xs[i] = x[j0 + i] as f32;
+            ws[i] = if mean > 0.0 {
+                (f.diag[j0 + i] / mean) as f32
+            } else {
+                1.0
+            };
+        }
+        grid::fit(ty, &xs, &ws, o, &mut g);
+        for (i, c) in codes.iter_mut().enumerate() {
+            let j = j0 + i;
+            *c = g.nearest(i, x[j]);
+            let q = g.value(i, *c) as f64;
+            let urow = &f.u[j * n..(j + 1) * n];
+            let err = (x[j] - q) / urow[j];
+            let end = (j + 1 + band).min(n);
+            for k in j + 1..end {
+                x[k] -= err * urow[k];
+            }
+        }
+        grid::pack(ty, &codes, o);
     }
 }
 
@@ -394,6 +448,61 @@ mod tests {
             .unwrap()
             .install(|| quantize_ldlq(TensorType::TQ4_1S, &w, n, &f, 0));
         assert_eq!(a, b);
+    }
+
+    /// Stock types: LDLQ in the weights' own basis writes ordinary blocks (decoded by the
+    /// registry's stock decoders) with a lower Hessian-weighted error than round-to-nearest, and
+    /// lower than importance-weighted round-to-nearest (the `--imatrix` path, diagonal only).
+    #[test]
+    fn stock_ldlq_beats_rtn_on_correlated_inputs() {
+        use TensorType::*;
+        let n = 256;
+        let rows = 24;
+        let h = hessian(n, 400, 7);
+        let mut s = 11;
+        let w: Vec<f32> = (0..rows * n).map(|_| lcg(&mut s) as f32 * 0.05).collect();
+        for ty in [Q8_0, Q4_0, Q5_0, Q4K, Q5K, Q6K] {
+            let f = factor(&h, n, 0.01, "w").unwrap();
+            let bytes = ty.bytes_for(w.len() as u64).unwrap() as usize;
+            let dec = |b: &[u8]| {
+                let mut q = vec![0f32; w.len()];
+                crate::types::dequantize(ty, b, &mut q, "w").unwrap();
+                q
+            };
+            let mut rtn = vec![0u8; bytes];
+            crate::types::quantize(ty, &w, &mut rtn, "w").unwrap();
+            let mut wrtn = vec![0u8; bytes];
+            let imp: Vec<f32> = (0..w.len()).map(|i| f.diag[i % n] as f32).collect();
+            grid::quantize_weighted(ty, &w, &imp, &mut wrtn);
+            let q = quantize_ldlq(ty, &w, n, &f, 0);
+            assert_eq!(q.len(), bytes);
+            let (l_rtn, l_w, l_q) = (
+                proxy_loss(&h, n, &w, &dec(&rtn)),
+                proxy_loss(&h, n, &w, &dec(&wrtn)),
+                proxy_loss(&h, n, &w, &dec(&q)),
+            );
+            eprintln!("{ty}: proxy loss rtn {l_rtn:.3e} weighted {l_w:.3e} ldlq {l_q:.3e}");
+            assert!(l_q < 0.8 * l_rtn && l_q < 0.8 * l_w, "{ty}: {l_q} vs {l_rtn} / {l_w}");
+        }
+    }
+
+    #[test]
+    fn stock_ldlq_is_deterministic_across_thread_counts() {
+        let n = 512;
+        let h = hessian(n, 60, 3);
+        let mut s = 4;
+        let w: Vec<f32> = (0..12 * n).map(|_| lcg(&mut s) as f32).collect();
+        let f = factor(&h, n, 0.01, "w").unwrap();
+        for ty in [TensorType::Q4K, TensorType::Q5_0] {
+            let run = |t: usize| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(t)
+                    .build()
+                    .unwrap()
+                    .install(|| quantize_ldlq(ty, &w, n, &f, 64))
+            };
+            assert_eq!(run(1), run(3), "{ty}");
+        }
     }
 
     #[test]

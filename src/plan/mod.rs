@@ -119,8 +119,12 @@ pub fn plan(tensors: &[SourceTensor], req: &Request, profile: &Profile) -> Resul
         .unwrap_or(0);
     let mut entries: Vec<PlanEntry> = tensors.iter().map(|t| choose(t, req, n_layers)).collect();
 
-    // Engine constraint: the attention projections of a layer share one type.
-    unify_attention(&mut entries);
+    // Fork constraint: the attention projections of a layer share one type. Upstream llama.cpp
+    // has none (its own Q4_K_M gives attn_v q8_0/q6_K beside q5_0/q4_K q/k/o), so the upstream
+    // profile keeps the types asked for.
+    if profile.name != "upstream" {
+        unify_attention(&mut entries);
+    }
 
     for e in &mut entries {
         // Every type must exist in the target engine, and tq must be able to produce it.

@@ -27,6 +27,9 @@ pub struct Factor {
     /// The damped Hessian's diagonal (in the factor's basis): the per-column importance that
     /// stock block parameters are fitted with.
     pub diag: Vec<f64>,
+    /// Column order of the sweep (`u` is the factor of the Hessian permuted to it), or `None`
+    /// for the natural order. Stock types sweep by decreasing diagonal (act-order).
+    pub perm: Option<Vec<usize>>,
     /// Damping actually used (relative to mean(diag)), after escalation.
     pub damp: f64,
 }
@@ -120,6 +123,7 @@ pub fn factor(h: &[f64], n: usize, damp: f64, what: &str) -> Result<Factor> {
                     n,
                     u,
                     diag,
+                    perm: None,
                     damp: lambda,
                 });
             }
@@ -131,6 +135,27 @@ pub fn factor(h: &[f64], n: usize, damp: f64, what: &str) -> Result<Factor> {
     )))
 }
 
+/// Damp and factor `h` permuted to decreasing diagonal (ties by index: deterministic), for the
+/// stock types' act-order sweep; `diag` stays in the natural order (it weights the block fits).
+pub fn factor_act_order(h: &[f64], n: usize, damp: f64, what: &str) -> Result<Factor> {
+    let mut perm: Vec<usize> = (0..n).collect();
+    perm.sort_by(|&a, &b| h[b * n + b].total_cmp(&h[a * n + a]).then(a.cmp(&b)));
+    let mut hp = vec![0f64; n * n];
+    for (i, &pi) in perm.iter().enumerate() {
+        for (j, &pj) in perm.iter().enumerate() {
+            hp[i * n + j] = h[pi * n + pj];
+        }
+    }
+    let mut f = factor(&hp, n, damp, what)?;
+    let mut diag = vec![0f64; n];
+    for (i, &pi) in perm.iter().enumerate() {
+        diag[pi] = f.diag[i];
+    }
+    f.diag = diag;
+    f.perm = Some(perm);
+    Ok(f)
+}
+
 /// Rotate (with the rotation of `ty`'s decoder), damp and factor one calibration Hessian (what
 /// `tq convert --calib` and sequential calibration do for every Hessian group).
 pub fn factor_hessian(
@@ -140,7 +165,7 @@ pub fn factor_hessian(
     what: &str,
 ) -> Result<Factor> {
     if ty.ldlq_unrotated() {
-        return factor(&h.h, h.n, damp, what);
+        return factor_act_order(&h.h, h.n, damp, what);
     }
     let rotated = if ty.is_row_rotated() {
         super::ldlq2::rotate_hessian_rows(&h.h, h.n)?
@@ -256,43 +281,52 @@ fn quantize_row(ty: TensorType, row: &[f32], f: &Factor, band: usize, out: &mut 
     }
 }
 
-/// One row of a stock type, in the weights' own basis: when the sweep reaches a block, the block's
-/// parameters are fitted to its current (error-fed) values weighted by the damped Hessian diagonal
-/// (`types::grid::fit`), then each value is rounded onto that fixed grid and its error fed into the
-/// next `band` columns.
+/// One row of a stock type, in the weights' own basis. Every block's parameters are fitted
+/// first, to the original values weighted by the damped Hessian diagonal (`types::grid::fit`, the
+/// same fit `--imatrix` uses), so every grid is fixed before the sweep; then the values are
+/// rounded onto their block's grid in the factor's column order (`f.perm`: decreasing Hessian
+/// diagonal, GPTQ's act-order, possible only because the grids are already fixed), each error fed
+/// into the next `band` columns of that order. Measured on SmolLM2 (docs/benchmarks.md): fitting
+/// each block when the sweep reaches it, in natural order, was no better than importance-weighted
+/// round-to-nearest, and worse with the full band.
 fn quantize_row_stock(ty: TensorType, row: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
     let n = f.n;
     let band = if band == 0 { n } else { band };
     let (bs, bb) = (ty.block_size(), ty.block_bytes());
-    let mut x: Vec<f64> = row.iter().map(|&v| v as f64).collect();
-    let mut g = grid::BlockGrid::new(ty);
-    let mut codes = vec![0i32; bs];
-    let (mut xs, mut ws) = (vec![0f32; bs], vec![0f32; bs]);
-    for (blk, o) in out.chunks_exact_mut(bb).enumerate() {
+    let mut grids: Vec<grid::BlockGrid> = (0..n / bs).map(|_| grid::BlockGrid::new(ty)).collect();
+    let mut ws = vec![0f32; bs];
+    for (blk, (o, g)) in out.chunks_exact_mut(bb).zip(grids.iter_mut()).enumerate() {
         let j0 = blk * bs;
         // Relative weights: normalized by the block's mean so f32 never over/underflows.
         let mean = f.diag[j0..j0 + bs].iter().sum::<f64>() / bs as f64;
         for i in 0..bs {
-            xs[i] = x[j0 + i] as f32;
             ws[i] = if mean > 0.0 {
                 (f.diag[j0 + i] / mean) as f32
             } else {
                 1.0
             };
         }
-        grid::fit(ty, &xs, &ws, o, &mut g);
-        for (i, c) in codes.iter_mut().enumerate() {
-            let j = j0 + i;
-            *c = g.nearest(i, x[j]);
-            let q = g.value(i, *c) as f64;
-            let urow = &f.u[j * n..(j + 1) * n];
-            let err = (x[j] - q) / urow[j];
-            let end = (j + 1 + band).min(n);
-            for k in j + 1..end {
-                x[k] -= err * urow[k];
-            }
+        grid::fit(ty, &row[j0..j0 + bs], &ws, o, g);
+    }
+    let order = |t: usize| f.perm.as_ref().map_or(t, |p| p[t]);
+    // x in the sweep's order.
+    let mut x: Vec<f64> = (0..n).map(|t| row[order(t)] as f64).collect();
+    let mut codes = vec![0i32; n];
+    for t in 0..n {
+        let j = order(t);
+        let (g, i) = (&grids[j / bs], j % bs);
+        let c = g.nearest(i, x[t]);
+        codes[j] = c;
+        let q = g.value(i, c) as f64;
+        let urow = &f.u[t * n..(t + 1) * n];
+        let err = (x[t] - q) / urow[t];
+        let end = (t + 1 + band).min(n);
+        for k in t + 1..end {
+            x[k] -= err * urow[k];
         }
-        grid::pack(ty, &codes, o);
+    }
+    for (o, c) in out.chunks_exact_mut(bb).zip(codes.chunks_exact(bs)) {
+        grid::pack(ty, c, o);
     }
 }
 
@@ -462,7 +496,7 @@ mod tests {
         let mut s = 11;
         let w: Vec<f32> = (0..rows * n).map(|_| lcg(&mut s) as f32 * 0.05).collect();
         for ty in [Q8_0, Q4_0, Q5_0, Q4K, Q5K, Q6K] {
-            let f = factor(&h, n, 0.01, "w").unwrap();
+            let f = factor_act_order(&h, n, 0.01, "w").unwrap();
             let bytes = ty.bytes_for(w.len() as u64).unwrap() as usize;
             let dec = |b: &[u8]| {
                 let mut q = vec![0f32; w.len()];
@@ -492,7 +526,7 @@ mod tests {
         let h = hessian(n, 60, 3);
         let mut s = 4;
         let w: Vec<f32> = (0..12 * n).map(|_| lcg(&mut s) as f32).collect();
-        let f = factor(&h, n, 0.01, "w").unwrap();
+        let f = factor_act_order(&h, n, 0.01, "w").unwrap();
         for ty in [TensorType::Q4K, TensorType::Q5_0] {
             let run = |t: usize| {
                 rayon::ThreadPoolBuilder::new()

@@ -92,7 +92,12 @@ pub fn load(path: &Path) -> Result<Imatrix> {
 
 fn load_gguf(path: &Path) -> Result<Imatrix> {
     let f = GgufFile::open(path)?;
-    let bad = |why: String| Error::Usage(format!("{}: not a llama.cpp imatrix: {why}", path.display()));
+    let bad = |why: String| {
+        Error::Usage(format!(
+            "{}: not a llama.cpp imatrix: {why}",
+            path.display()
+        ))
+    };
     if f.get_str("general.type") != Some("imatrix") {
         return Err(bad("general.type is not \"imatrix\"".into()));
     }
@@ -200,7 +205,10 @@ mod tests {
         write_gguf(&hs, &p, "text.txt", 512).unwrap();
         let im = load(&p).unwrap();
         assert_eq!(im.entries.len(), 2);
-        assert_eq!(im.for_tensor("blk.0.b.weight").unwrap(), &[2.0, 4.0, 6.0, 8.0]);
+        assert_eq!(
+            im.for_tensor("blk.0.b.weight").unwrap(),
+            &[2.0, 4.0, 6.0, 8.0]
+        );
         // Legacy .dat with one entry.
         let mut d = Vec::new();
         d.extend(1i32.to_le_bytes());

@@ -195,7 +195,10 @@ fn calibrate(a: &CalibArgs) -> Result<()> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "self-generated".into());
         tq::calib::imatrix::write_gguf(&hs, p, &dataset, a.ctx)?;
-        eprintln!("tq calib: wrote the imatrix (Hessian diagonals) to {}", p.display());
+        eprintln!(
+            "tq calib: wrote the imatrix (Hessian diagonals) to {}",
+            p.display()
+        );
     }
     Ok(())
 }

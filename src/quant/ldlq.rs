@@ -516,7 +516,10 @@ mod tests {
                 proxy_loss(&h, n, &w, &dec(&q)),
             );
             eprintln!("{ty}: proxy loss rtn {l_rtn:.3e} weighted {l_w:.3e} ldlq {l_q:.3e}");
-            assert!(l_q < 0.8 * l_rtn && l_q < 0.8 * l_w, "{ty}: {l_q} vs {l_rtn} / {l_w}");
+            assert!(
+                l_q < 0.8 * l_rtn && l_q < 0.8 * l_w,
+                "{ty}: {l_q} vs {l_rtn} / {l_w}"
+            );
         }
     }
 

@@ -243,7 +243,8 @@ pub(crate) fn pack(ty: TensorType, codes: &[i32], out: &mut [u8]) {
             let qs = &mut out[16..144];
             for g in 0..4 {
                 for k in 0..32 {
-                    qs[32 * g + k] = codes[64 * g + k] as u8 | ((codes[64 * g + k + 32] as u8) << 4);
+                    qs[32 * g + k] =
+                        codes[64 * g + k] as u8 | ((codes[64 * g + k + 32] as u8) << 4);
                 }
             }
         }
@@ -339,7 +340,13 @@ mod tests {
             let mut s = 17u64;
             for blk in 0..4 {
                 let mut out = vec![0u8; ty.block_bytes()];
-                fit(ty, &x[blk * bs..][..bs], &w[blk * bs..][..bs], &mut out, &mut g);
+                fit(
+                    ty,
+                    &x[blk * bs..][..bs],
+                    &w[blk * bs..][..bs],
+                    &mut out,
+                    &mut g,
+                );
                 let codes: Vec<i32> = (0..bs)
                     .map(|_| {
                         s = s.wrapping_mul(6364136223846793005).wrapping_add(99);
@@ -385,7 +392,9 @@ mod tests {
             eprintln!("{ty}: flat weights: reference {e_ref:.4e}, weighted {e_w:.4e}");
             assert!(e_w <= 1.02 * e_ref, "{ty}: {e_w} vs {e_ref}");
             // Strongly varying importance (a few columns matter 30x more).
-            let imp: Vec<f32> = (0..n).map(|i| if i % 7 == 0 { 30.0 } else { 1.0 }).collect();
+            let imp: Vec<f32> = (0..n)
+                .map(|i| if i % 7 == 0 { 30.0 } else { 1.0 })
+                .collect();
             let (e_ref, e_w) = (werr(&imp, &enc(None)), werr(&imp, &enc(Some(&imp))));
             eprintln!("{ty}: varied weights: reference {e_ref:.4e}, weighted {e_w:.4e}");
             assert!(e_w < 0.97 * e_ref, "{ty}: {e_w} vs {e_ref}");

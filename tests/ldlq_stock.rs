@@ -75,3 +75,65 @@ fn ldlq_beats_rtn_on_smollm2_tensors_in_stock_types() {
         }
     }
 }
+
+/// `tq calib --imatrix-out` writes llama.cpp's imatrix; `tq convert --imatrix` reads it back and
+/// fits the stock tensors' block parameters under it (recorded in `tq.tensor_methods`), which
+/// changes the bytes against round-to-nearest but not the size.
+#[test]
+fn imatrix_round_trip_through_calib_and_convert() {
+    let Some(smol) = fixtures::smollm2() else {
+        return;
+    };
+    let Some(text) = fixtures::botchan() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (hp, ip) = (dir.path().join("h.st"), dir.path().join("im.gguf"));
+    let (code, _, err) = fixtures::tq(&[
+        "calib",
+        s(&smol),
+        "--text",
+        s(&text),
+        "--tokens",
+        "256",
+        "--ctx",
+        "128",
+        "-o",
+        s(&hp),
+        "--imatrix-out",
+        s(&ip),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let im = tq::calib::imatrix::load(&ip).unwrap();
+    assert_eq!(im.entries.len(), 210, "every linear weight of SmolLM2");
+    let conv = |out: &std::path::Path, extra: &[&str]| {
+        let mut a = vec![
+            "convert",
+            s(&smol),
+            "--weights",
+            "q5_0",
+            "--target",
+            "upstream",
+            "-q",
+            "-o",
+            s(out),
+        ];
+        a.extend_from_slice(extra);
+        let (code, _, err) = fixtures::tq(&a);
+        assert_eq!(code, 0, "{err}");
+        GgufFile::open(out).unwrap()
+    };
+    let (a, b) = (dir.path().join("rtn.gguf"), dir.path().join("im.gguf.out"));
+    let fr = conv(&a, &[]);
+    let fi = conv(&b, &["--imatrix", s(&ip)]);
+    let methods = format!("{:?}", fi.get("tq.tensor_methods").unwrap());
+    // The source is Q4_1, so these are requantized.
+    assert!(
+        methods.contains("\"blk.3.attn_q.weight=q5_0:requant-imatrix\""),
+        "tq.tensor_methods lacks blk.3.attn_q.weight=q5_0:requant-imatrix"
+    );
+    let t = "blk.3.ffn_up.weight";
+    let (tr, ti) = (fr.tensor(t).unwrap(), fi.tensor(t).unwrap());
+    assert_eq!(fr.tensor_data(tr).len(), fi.tensor_data(ti).len());
+    assert_ne!(fr.tensor_data(tr), fi.tensor_data(ti));
+}

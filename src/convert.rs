@@ -79,6 +79,8 @@ pub fn output_metadata(
 pub fn method(e: &crate::plan::PlanEntry) -> &'static str {
     match (e.action, e.ldlq) {
         (Action::Copy, _) => "copy",
+        (Action::Quantize, false) if e.importance.is_some() => "imatrix",
+        (Action::Requantize, false) if e.importance.is_some() => "requant-imatrix",
         (Action::Quantize, false) => "rtn",
         (Action::Requantize, false) => "requant-rtn",
         (Action::Quantize, true) => "ldlq",
@@ -709,6 +711,15 @@ impl<'a> Producer<'a> {
                 continue;
             }
             let mut buf = vec![0u8; rows * row_bytes];
+            if let Some(imp) = &e.importance {
+                let x = read_finite_rows(src, i, &e.name, row0, rows, row_len)?;
+                buf.par_chunks_mut(row_bytes)
+                    .zip(x.par_chunks(row_len))
+                    .for_each(|(ob, row)| crate::quant::encode_row_weighted(e.dst, row, imp, ob));
+                tx.send(Msg::Data(buf)).map_err(|_| closed())?;
+                row0 += rows as u64;
+                continue;
+            }
             buf.par_chunks_mut(row_bytes)
                 .enumerate()
                 .try_for_each_init(

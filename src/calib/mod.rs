@@ -10,6 +10,7 @@
 //! [`run`] drives a calibration (batched or sequential); [`sequential`] is the GPTQ-order mode
 //! in which block i's Hessians come from the model whose earlier weights are already quantized.
 
+pub mod imatrix;
 pub mod input;
 pub mod run;
 pub mod selfgen;

@@ -50,6 +50,10 @@ pub struct CalibArgs {
     /// Output Hessian file (safetensors, F64).
     #[arg(short, long)]
     pub output: PathBuf,
+    /// Also write the Hessians' diagonals as a llama.cpp imatrix (GGUF, what `llama-imatrix`
+    /// writes), for `llama-quantize --imatrix` or `tq convert --imatrix`.
+    #[arg(long, value_name = "FILE")]
+    pub imatrix_out: Option<PathBuf>,
     /// Continue an interrupted run from its last checkpoint in --output.
     #[arg(long)]
     pub resume: bool,
@@ -92,6 +96,7 @@ pub fn run(a: CalibArgs) -> Result<()> {
         &[
             ("-o", Some(&a.output)),
             ("--save-tokens", a.save_tokens.as_deref()),
+            ("--imatrix-out", a.imatrix_out.as_deref()),
         ],
         &[Some(&a.model), a.text.as_deref(), a.token_file.as_deref()],
     )?;
@@ -189,6 +194,20 @@ fn calibrate(a: &CalibArgs) -> Result<()> {
         hs.groups.len(),
         a.output.display()
     );
+    if let Some(p) = &a.imatrix_out {
+        let dataset = a
+            .text
+            .as_deref()
+            .or(a.token_file.as_deref())
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "self-generated".into());
+        tq::calib::imatrix::write_gguf(&hs, p, &dataset, a.ctx)?;
+        eprintln!(
+            "tq calib: wrote the imatrix (Hessian diagonals) to {}",
+            p.display()
+        );
+    }
     Ok(())
 }
 

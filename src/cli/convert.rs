@@ -78,6 +78,11 @@ pub struct ConvertArgs {
     /// blocks than it was started with) as it is, instead of refusing it.
     #[arg(long, requires = "calib")]
     pub allow_partial_calib: bool,
+    /// llama.cpp imatrix (GGUF from `llama-imatrix` / `tq calib --imatrix-out`, or legacy .dat):
+    /// stock tensors without LDLQ get block parameters fitted under its per-column importance
+    /// (diagonal-only weighting; round-to-nearest values).
+    #[arg(long, value_name = "FILE")]
+    pub imatrix: Option<PathBuf>,
     /// LDLQ error-feedback band in columns (0 = full).
     #[arg(long, default_value_t = 0)]
     pub ldlq_band: usize,
@@ -129,6 +134,7 @@ fn convert(a: &ConvertArgs) -> Result<()> {
         &[
             Some(&a.input),
             a.calib.as_deref(),
+            a.imatrix.as_deref(),
             a.tensor_type_file.as_deref(),
             a.type_map.as_deref(),
         ],
@@ -148,6 +154,10 @@ fn convert(a: &ConvertArgs) -> Result<()> {
         a.damp,
     );
     let ldlq = resolve_ldlq(a, &profile, &mut plan, &now)?;
+    if let Some(p) = &a.imatrix {
+        let im = tq::calib::imatrix::load(p)?;
+        plan::assign_importance(&mut plan, &im.entries);
+    }
     let prov = if a.no_provenance {
         None
     } else {
@@ -223,12 +233,13 @@ fn convert(a: &ConvertArgs) -> Result<()> {
     let cp = convert::Checkpoints {
         resume: a.resume,
         key: format!(
-            "{} | --ldlq-band {} --damp {} | input {} | calib {} | tq {}",
+            "{} | --ldlq-band {} --damp {} | input {} | calib {} | imatrix {} | tq {}",
             canonical_flags(a, &req),
             a.ldlq_band,
             a.damp,
             file_identity(&a.input),
             a.calib.as_deref().map(file_identity).unwrap_or_default(),
+            a.imatrix.as_deref().map(file_identity).unwrap_or_default(),
             env!("CARGO_PKG_VERSION")
         ),
         quiet: a.quiet,
@@ -536,6 +547,13 @@ fn canonical_flags(a: &ConvertArgs, req: &Request) -> String {
             f.push("--allow-partial-calib".into());
         }
         f.push(format!("--ldlq-band {} --damp {}", a.ldlq_band, a.damp));
+    }
+    if let Some(c) = &a.imatrix {
+        let name = c
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        f.push(format!("--imatrix {name}"));
     }
     f.join(" ")
 }

@@ -39,6 +39,9 @@ pub struct PlanEntry {
     pub fallback: bool,
     /// Quantized with banded LDLQ from a calibration Hessian (else round-to-nearest).
     pub ldlq: bool,
+    /// Per-column importance from an imatrix (`--imatrix`): round-to-nearest with the block
+    /// parameters fitted under these weights (stock types with a grid encoder only).
+    pub importance: Option<std::sync::Arc<[f32]>>,
 }
 
 #[derive(Clone, Debug)]
@@ -116,8 +119,12 @@ pub fn plan(tensors: &[SourceTensor], req: &Request, profile: &Profile) -> Resul
         .unwrap_or(0);
     let mut entries: Vec<PlanEntry> = tensors.iter().map(|t| choose(t, req, n_layers)).collect();
 
-    // Engine constraint: the attention projections of a layer share one type.
-    unify_attention(&mut entries);
+    // Fork constraint: the attention projections of a layer share one type. Upstream llama.cpp
+    // has none (its own Q4_K_M gives attn_v q8_0/q6_K beside q5_0/q4_K q/k/o), so the upstream
+    // profile keeps the types asked for.
+    if profile.name != "upstream" {
+        unify_attention(&mut entries);
+    }
 
     for e in &mut entries {
         // Every type must exist in the target engine, and tq must be able to produce it.
@@ -206,6 +213,7 @@ fn choose(t: &SourceTensor, req: &Request, n_layers: u32) -> PlanEntry {
         reasons: vec![],
         fallback: false,
         ldlq: false,
+        importance: None,
     };
     if req.keep_types {
         e.reasons.push("kept as is".into());
@@ -328,6 +336,29 @@ fn unify_attention(entries: &mut [PlanEntry]) {
                     entries[i].fallback = true;
                 }
             }
+        }
+    }
+}
+
+/// Give each stock tensor with a grid encoder its imatrix importance (`--imatrix`; tensors that
+/// also have LDLQ keep LDLQ). The importance map is name → per-column weights.
+pub fn assign_importance(plan: &mut Plan, imatrix: &std::collections::BTreeMap<String, Vec<f32>>) {
+    for e in &mut plan.entries {
+        if e.action == Action::Copy || e.ldlq || !e.dst.ldlq_unrotated() {
+            continue;
+        }
+        match imatrix.get(&e.name) {
+            Some(v) if v.len() as u64 == row_len(&e.dims) => {
+                e.importance = Some(v.as_slice().into());
+                e.reasons
+                    .push("imatrix-weighted block parameters (diagonal only)".into());
+            }
+            Some(v) => e.reasons.push(format!(
+                "imatrix entry has {} columns but rows are {}: not weighted",
+                v.len(),
+                row_len(&e.dims)
+            )),
+            None => {}
         }
     }
 }

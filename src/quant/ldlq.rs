@@ -14,7 +14,7 @@
 use crate::error::{Error, Result};
 use crate::types::float::{f16_bits_to_f32, f32_to_f16_bits};
 use crate::types::tq::{self, BlockQ, QK};
-use crate::types::TensorType;
+use crate::types::{grid, TensorType};
 use faer::{Mat, Par};
 use rayon::prelude::*;
 
@@ -24,6 +24,12 @@ use rayon::prelude::*;
 pub struct Factor {
     pub n: usize,
     pub u: Vec<f64>,
+    /// The damped Hessian's diagonal (in the factor's basis): the per-column importance that
+    /// stock block parameters are fitted with.
+    pub diag: Vec<f64>,
+    /// Column order of the sweep (`u` is the factor of the Hessian permuted to it), or `None`
+    /// for the natural order. Stock types sweep by decreasing diagonal (act-order).
+    pub perm: Option<Vec<usize>>,
     /// Damping actually used (relative to mean(diag)), after escalation.
     pub damp: f64,
 }
@@ -116,6 +122,7 @@ pub fn factor_owned(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Fact
             lambda *= 10.0;
             continue;
         }
+        let diag = (0..n).map(|i| hh[i * n + i] + lambda * mean_diag).collect();
         drop(h.take());
         let mut linv = Mat::<f64>::zeros(n, n);
         faer::linalg::triangular_inverse::invert_lower_triangular(
@@ -136,11 +143,39 @@ pub fn factor_owned(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Fact
                 "tq: {what}: Hessian not positive definite; damping raised to {lambda:.3e}·mean(diag)"
             );
         }
-        return Ok(Factor { n, u, damp: lambda });
+        return Ok(Factor {
+            n,
+            u,
+            diag,
+            perm: None,
+            damp: lambda,
+        });
     }
     Err(Error::Unsupported(format!(
         "{what}: Hessian is not positive definite even with damping {lambda:.1e}; recalibrate with more tokens"
     )))
+}
+
+/// Damp and factor `h` permuted to decreasing diagonal (ties by index: deterministic), for the
+/// stock types' act-order sweep; `diag` stays in the natural order (it weights the block fits).
+pub fn factor_act_order(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Factor> {
+    let mut perm: Vec<usize> = (0..n).collect();
+    perm.sort_by(|&a, &b| h[b * n + b].total_cmp(&h[a * n + a]).then(a.cmp(&b)));
+    let mut hp = vec![0f64; n * n];
+    for (i, &pi) in perm.iter().enumerate() {
+        for (j, &pj) in perm.iter().enumerate() {
+            hp[i * n + j] = h[pi * n + pj];
+        }
+    }
+    drop(h);
+    let mut f = factor_owned(hp, n, damp, what)?;
+    let mut diag = vec![0f64; n];
+    for (i, &pi) in perm.iter().enumerate() {
+        diag[pi] = f.diag[i];
+    }
+    f.diag = diag;
+    f.perm = Some(perm);
+    Ok(f)
 }
 
 /// faer's `Mat::llt(Side::Lower)` without its copy of the input: the same kernel, parameters and
@@ -188,6 +223,9 @@ pub fn factor_hessian_owned(
     damp: f64,
     what: &str,
 ) -> Result<Factor> {
+    if ty.ldlq_unrotated() {
+        return factor_act_order(h, n, damp, what);
+    }
     if ty.is_row_rotated() {
         super::ldlq2::rotate_hessian_rows_in_place(&mut h, n)?;
     } else {
@@ -258,6 +296,14 @@ const LAZY: usize = 128;
 /// fixed [`ROWS`]).
 pub fn quantize_ldlq(ty: TensorType, w: &[f32], n: usize, f: &Factor, band: usize) -> Vec<u8> {
     assert_eq!(f.n, n);
+    if ty.ldlq_unrotated() {
+        let (bs, bb) = (ty.block_size(), ty.block_bytes());
+        let mut out = vec![0u8; w.len() / bs * bb];
+        out.par_chunks_mut(n / bs * bb)
+            .zip(w.par_chunks(n))
+            .for_each(|(o, row)| quantize_row_stock(ty, row, f, band, o));
+        return out;
+    }
     let bb = ty.block_bytes();
     let row_bytes = n / QK * bb;
     let mut out = vec![0u8; w.len() / QK * bb];
@@ -460,6 +506,55 @@ fn quantize_row(ty: TensorType, row: &[f32], f: &Factor, band: usize, out: &mut 
     }
 }
 
+/// One row of a stock type, in the weights' own basis. Every block's parameters are fitted
+/// first, to the original values weighted by the damped Hessian diagonal (`types::grid::fit`, the
+/// same fit `--imatrix` uses), so every grid is fixed before the sweep; then the values are
+/// rounded onto their block's grid in the factor's column order (`f.perm`: decreasing Hessian
+/// diagonal, GPTQ's act-order, possible only because the grids are already fixed), each error fed
+/// into the next `band` columns of that order. Measured on SmolLM2 (docs/benchmarks.md): fitting
+/// each block when the sweep reaches it, in natural order, was no better than importance-weighted
+/// round-to-nearest, and worse with the full band.
+fn quantize_row_stock(ty: TensorType, row: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
+    let n = f.n;
+    let band = if band == 0 { n } else { band };
+    let (bs, bb) = (ty.block_size(), ty.block_bytes());
+    let mut grids: Vec<grid::BlockGrid> = (0..n / bs).map(|_| grid::BlockGrid::new(ty)).collect();
+    let mut ws = vec![0f32; bs];
+    for (blk, (o, g)) in out.chunks_exact_mut(bb).zip(grids.iter_mut()).enumerate() {
+        let j0 = blk * bs;
+        // Relative weights: normalized by the block's mean so f32 never over/underflows.
+        let mean = f.diag[j0..j0 + bs].iter().sum::<f64>() / bs as f64;
+        for i in 0..bs {
+            ws[i] = if mean > 0.0 {
+                (f.diag[j0 + i] / mean) as f32
+            } else {
+                1.0
+            };
+        }
+        grid::fit(ty, &row[j0..j0 + bs], &ws, o, g);
+    }
+    let order = |t: usize| f.perm.as_ref().map_or(t, |p| p[t]);
+    // x in the sweep's order.
+    let mut x: Vec<f64> = (0..n).map(|t| row[order(t)] as f64).collect();
+    let mut codes = vec![0i32; n];
+    for t in 0..n {
+        let j = order(t);
+        let (g, i) = (&grids[j / bs], j % bs);
+        let c = g.nearest(i, x[t]);
+        codes[j] = c;
+        let q = g.value(i, c) as f64;
+        let urow = &f.u[t * n..(t + 1) * n];
+        let err = (x[t] - q) / urow[t];
+        let end = (t + 1 + band).min(n);
+        for k in t + 1..end {
+            x[k] -= err * urow[k];
+        }
+    }
+    for (o, c) in out.chunks_exact_mut(bb).zip(codes.chunks_exact(bs)) {
+        grid::pack(ty, c, o);
+    }
+}
+
 /// `Σ_rows (w − q) H (w − q)ᵀ / Σ_rows w H wᵀ`: the calibration-weighted relative error.
 pub fn proxy_loss(h: &[f64], n: usize, w: &[f32], q: &[f32]) -> f64 {
     let (mut num, mut den) = (0f64, 0f64);
@@ -612,6 +707,81 @@ mod tests {
             .unwrap()
             .install(|| quantize_ldlq(TensorType::TQ4_1S, &w, n, &f, 0));
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn bad_hessians_are_named_errors() {
+        let n = 32;
+        let mut h = vec![0f64; n * n];
+        h[5] = f64::NAN;
+        let e = factor(&h, n, 0.01, "blk.3.attn_q.weight")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("blk.3.attn_q.weight") && e.contains("non-finite"),
+            "{e}"
+        );
+        // An all-zero Hessian is rescued by damping (identity).
+        let z = vec![0f64; n * n];
+        assert!(factor(&z, n, 0.01, "x").is_ok());
+    }
+
+    /// Stock types: LDLQ in the weights' own basis writes ordinary blocks (decoded by the
+    /// registry's stock decoders) with a lower Hessian-weighted error than round-to-nearest, and
+    /// lower than importance-weighted round-to-nearest (the `--imatrix` path, diagonal only).
+    #[test]
+    fn stock_ldlq_beats_rtn_on_correlated_inputs() {
+        use TensorType::*;
+        let n = 256;
+        let rows = 24;
+        let h = hessian(n, 400, 7);
+        let mut s = 11;
+        let w: Vec<f32> = (0..rows * n).map(|_| lcg(&mut s) as f32 * 0.05).collect();
+        for ty in [Q8_0, Q4_0, Q5_0, Q4K, Q5K, Q6K] {
+            let f = factor_act_order(&h, n, 0.01, "w").unwrap();
+            let bytes = ty.bytes_for(w.len() as u64).unwrap() as usize;
+            let dec = |b: &[u8]| {
+                let mut q = vec![0f32; w.len()];
+                crate::types::dequantize(ty, b, &mut q, "w").unwrap();
+                q
+            };
+            let mut rtn = vec![0u8; bytes];
+            crate::types::quantize(ty, &w, &mut rtn, "w").unwrap();
+            let mut wrtn = vec![0u8; bytes];
+            let imp: Vec<f32> = (0..w.len()).map(|i| f.diag[i % n] as f32).collect();
+            grid::quantize_weighted(ty, &w, &imp, &mut wrtn);
+            let q = quantize_ldlq(ty, &w, n, &f, 0);
+            assert_eq!(q.len(), bytes);
+            let (l_rtn, l_w, l_q) = (
+                proxy_loss(&h, n, &w, &dec(&rtn)),
+                proxy_loss(&h, n, &w, &dec(&wrtn)),
+                proxy_loss(&h, n, &w, &dec(&q)),
+            );
+            eprintln!("{ty}: proxy loss rtn {l_rtn:.3e} weighted {l_w:.3e} ldlq {l_q:.3e}");
+            assert!(
+                l_q < 0.8 * l_rtn && l_q < 0.8 * l_w,
+                "{ty}: {l_q} vs {l_rtn} / {l_w}"
+            );
+        }
+    }
+
+    #[test]
+    fn stock_ldlq_is_deterministic_across_thread_counts() {
+        let n = 512;
+        let h = hessian(n, 60, 3);
+        let mut s = 4;
+        let w: Vec<f32> = (0..12 * n).map(|_| lcg(&mut s) as f32).collect();
+        let f = factor_act_order(&h, n, 0.01, "w").unwrap();
+        for ty in [TensorType::Q4K, TensorType::Q5_0] {
+            let run = |t: usize| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(t)
+                    .build()
+                    .unwrap()
+                    .install(|| quantize_ldlq(ty, &w, n, &f, 64))
+            };
+            assert_eq!(run(1), run(3), "{ty}");
+        }
     }
 
     #[test]

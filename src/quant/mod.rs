@@ -44,6 +44,18 @@ pub fn encode_rows(
     Ok(buf)
 }
 
+/// Encode one row of a stock type with a grid encoder (`TensorType::ldlq_unrotated`) by
+/// importance-weighted round-to-nearest: `importance` has one weight per column (an imatrix
+/// entry, or a Hessian diagonal). Diagonal-only: no error feedback.
+pub fn encode_row_weighted(
+    dst: crate::types::TensorType,
+    row: &[f32],
+    importance: &[f32],
+    out: &mut [u8],
+) {
+    crate::types::grid::quantize_weighted(dst, row, importance, out);
+}
+
 /// A non-finite weight is an error naming the tensor, row and column.
 pub fn check_finite(name: &str, row_index: u64, row: &[f32]) -> Result<()> {
     match row.iter().position(|v| !v.is_finite()) {

@@ -7,6 +7,7 @@
 mod carried;
 pub mod float;
 pub(crate) mod fp4;
+pub(crate) mod grid;
 pub(crate) mod iquants;
 pub(crate) mod kquants;
 pub(crate) mod legacy;
@@ -246,9 +247,16 @@ impl TensorType {
         self.family() == Family::TurboKv
     }
 
-    /// Banded LDLQ can round this type (`quant::ldlq`): the TQ weights and the row-rotated types.
+    /// Banded LDLQ can round this type (`quant::ldlq`): the TQ weights and the row-rotated types
+    /// (in their rotated domain), and the stock types with a fixed-grid encoder ([`grid`]:
+    /// q8_0, q4_0, q5_0, q4_K, q5_K, q6_K; no rotation, ordinary blocks).
     pub fn has_ldlq(self) -> bool {
-        matches!(self.family(), Family::TqWeight | Family::RowRotated)
+        matches!(self.family(), Family::TqWeight | Family::RowRotated) || grid::supports(self)
+    }
+
+    /// LDLQ rounds this type in the weights' own basis (a stock type: engines do not rotate).
+    pub fn ldlq_unrotated(self) -> bool {
+        grid::supports(self)
     }
 
     /// Blocks hold a whole-row rotated row (tq2_r): rows go through [`quantize_rows`] /

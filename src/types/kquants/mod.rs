@@ -31,6 +31,9 @@ mod q45_k;
 mod q6_k;
 mod search;
 
+pub(crate) use q45_k::{pack_scale_min_k4, scale_min_k4};
+pub(crate) use search::make_qkx2_quants;
+
 pub use q2_k::{dequantize_q2_k, quantize_q2_k};
 pub use q3_k::{dequantize_q3_k, quantize_q3_k};
 pub use q45_k::{dequantize_q4_k, dequantize_q5_k, quantize_q4_k, quantize_q5_k};
@@ -67,7 +70,7 @@ const GROUP_MAX_EPS: f32 = 1e-15;
 /// bits, then read them back. Exact for |v| <= 2^22 - 1; outside that range it returns the same
 /// (meaningless) bits as the C code does, so even degenerate inputs stay byte-identical.
 #[inline(always)]
-fn nearest_int(v: f32) -> i32 {
+pub(crate) fn nearest_int(v: f32) -> i32 {
     let t = v + 12_582_912.0f32;
     (t.to_bits() as i32 & 0x007f_ffff) - 0x0040_0000
 }
@@ -85,7 +88,7 @@ fn f16_ggml(v: f32) -> u16 {
 /// Write `v` as ggml's f16 at `b[i..i+2]` and return the f32 it decodes to (what the C code reads
 /// back with `GGML_FP16_TO_FP32(y[i].d)`).
 #[inline(always)]
-fn put_f16(b: &mut [u8], i: usize, v: f32) -> f32 {
+pub(crate) fn put_f16(b: &mut [u8], i: usize, v: f32) -> f32 {
     let h = f16_ggml(v);
     b[i..i + 2].copy_from_slice(&h.to_le_bytes());
     f16_bits_to_f32(h)

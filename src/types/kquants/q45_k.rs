@@ -6,7 +6,7 @@ use super::{f16_at, nearest_int, put_f16, Q4_K_BYTES, Q5_K_BYTES, QK_K};
 
 /// ggml's `get_scale_min_k4`: scale and min `j` (0..8) of a Q4_K/Q5_K block.
 #[inline(always)]
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
@@ -67,7 +67,7 @@ pub fn dequantize_q5_k(blocks: &[u8], out: &mut [f32]) {
 
 /// Pack the 8 six-bit scales and mins of a Q4_K/Q5_K block (inverse of `scale_min_k4`).
 #[inline(always)]
-fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8], q: &mut [u8]) {
+pub(crate) fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8], q: &mut [u8]) {
     for j in 0..8 {
         if j < 4 {
             q[j] = ls[j];

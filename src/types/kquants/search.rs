@@ -10,7 +10,7 @@ use super::{nearest_int, GROUP_MAX_EPS};
 /// `(scale, the_min)` with the levels in `l`; `the_min` is `-min` (>= 0).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub(super) fn make_qkx2_quants<const N: usize>(
+pub(crate) fn make_qkx2_quants<const N: usize>(
     nmax: i32,
     x: &[f32; N],
     weights: &[f32; N],

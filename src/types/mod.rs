@@ -16,6 +16,7 @@ pub mod seed2bit;
 pub(crate) mod ternary;
 pub mod tq;
 pub mod tq2r;
+pub mod tq2t;
 pub mod turbo;
 
 use crate::error::{Error, Result};

@@ -130,7 +130,7 @@ pub fn factor_hessian(
     damp: f64,
     what: &str,
 ) -> Result<Factor> {
-    let rotated = if ty.is_row_rotated() {
+    let rotated = if ty.rotates_rows() {
         super::ldlq2::rotate_hessian_rows(&h.h, h.n)?
     } else {
         rotate_hessian(&h.h, h.n)
@@ -190,12 +190,14 @@ fn half_scale(v: &[f64], c: &[f32], t: &[f32]) -> f32 {
 /// Deterministic and independent of the thread count (rows are independent).
 pub fn quantize_ldlq(ty: TensorType, w: &[f32], n: usize, f: &Factor, band: usize) -> Vec<u8> {
     assert_eq!(f.n, n);
-    let bb = ty.block_bytes();
-    let mut out = vec![0u8; w.len() / QK * bb];
-    out.par_chunks_mut(n / QK * bb)
+    let (bb, bs) = (ty.block_bytes(), ty.block_size());
+    let mut out = vec![0u8; w.len() / bs * bb];
+    out.par_chunks_mut(n / bs * bb)
         .zip(w.par_chunks(n))
         .for_each(|(o, row)| {
-            if ty.is_row_rotated() {
+            if ty == TensorType::TQ2T {
+                super::ldlq2::quantize_row_trellis(row, f, band, o)
+            } else if ty.is_row_rotated() {
                 super::ldlq2::quantize_row(row, f, band, o)
             } else {
                 quantize_row(ty, row, f, band, o)

@@ -52,7 +52,11 @@ fn convert_writes_registry_bytes_its_id_and_the_rotation() {
         assert!(f.tensor_data(t) == &want[..], "{}", t.name);
         assert_eq!(t.size as usize, x.len() / 64 * 17, "2.125 bpw");
         let y = f.tensor_f32(t).unwrap();
-        let e: f64 = x.iter().zip(&y).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+        let e: f64 = x
+            .iter()
+            .zip(&y)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
         let nmse = e / x.iter().map(|a| (*a as f64).powi(2)).sum::<f64>();
         assert!(nmse > 0.04 && nmse < 0.11, "{}: nmse {nmse}", t.name);
     }

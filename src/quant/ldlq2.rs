@@ -212,8 +212,8 @@ mod tests {
         }
         let w: Vec<f32> = (0..rows * n).map(|_| g.gauss() as f32).collect();
         let ty = TensorType::TQ2T;
-        let f = super::super::ldlq::factor(&rotate_hessian_rows(&h, n).unwrap(), n, 0.01, "t")
-            .unwrap();
+        let f =
+            super::super::ldlq::factor(&rotate_hessian_rows(&h, n).unwrap(), n, 0.01, "t").unwrap();
         let rtn = super::super::encode_rows(ty, "t", &w, n, None).unwrap();
         let ld = super::super::ldlq::quantize_ldlq(ty, &w, n, &f, 0);
         assert_eq!(ld.len(), rtn.len());
@@ -227,10 +227,14 @@ mod tests {
 
         let mut id = vec![0f64; n * n];
         (0..n).for_each(|i| id[i * n + i] = 1.0);
-        let fi = super::super::ldlq::factor(&rotate_hessian_rows(&id, n).unwrap(), n, 0.0, "t")
-            .unwrap();
+        let fi =
+            super::super::ldlq::factor(&rotate_hessian_rows(&id, n).unwrap(), n, 0.0, "t").unwrap();
         let li = super::super::ldlq::quantize_ldlq(ty, &w, n, &fi, 0);
         let same = rtn.iter().zip(&li).filter(|(a, b)| a == b).count();
-        assert!(same as f64 > 0.99 * rtn.len() as f64, "{same} of {}", rtn.len());
+        assert!(
+            same as f64 > 0.99 * rtn.len() as f64,
+            "{same} of {}",
+            rtn.len()
+        );
     }
 }

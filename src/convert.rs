@@ -43,7 +43,7 @@ pub fn output_metadata(
         None => md.push((k.to_string(), v)),
     };
     // A decoder of row-rotated tensors must know the rotation: recorded whatever --no-provenance.
-    if plan.entries.iter().any(|e| e.dst.is_row_rotated()) {
+    if plan.entries.iter().any(|e| e.dst.rotates_rows()) {
         set(
             crate::types::tq2r::META_ROTATION,
             Value::string(crate::types::tq2r::ROTATION_ID),

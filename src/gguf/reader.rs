@@ -477,7 +477,7 @@ fn parse(buf: &[u8], profile: &Profile) -> std::result::Result<Parsed, String> {
     }
     // Row-rotated tensors decode only with the rotation the file names: refuse a file that names
     // none, or one this tq does not know, before a wrong inverse rotation produces garbage.
-    if let Some(t) = tensors.iter().find(|t| t.ty.is_row_rotated()) {
+    if let Some(t) = tensors.iter().find(|t| t.ty.rotates_rows()) {
         use crate::types::tq2r::{META_ROTATION, ROTATION_ID};
         let got = metadata
             .iter()

@@ -96,6 +96,8 @@ fn row_fallback(t: TensorType) -> TensorType {
         Q5K => Q5_1,
         Q6K => Q8_0,
         TQ1_0 | TQ2_0 => Q4_0,
+        // Rows of 32·odd values: the scalar row-rotated 2-bit type.
+        TQ2T => TQ2R,
         _ => F16,
     }
 }
@@ -266,7 +268,7 @@ fn choose(t: &SourceTensor, req: &Request, n_layers: u32) -> PlanEntry {
 
 /// Engine constraints that can change a chosen type, each reported as a fallback.
 fn apply_constraints(e: &mut PlanEntry) {
-    if (e.dst.is_tq_weight() || e.dst.is_row_rotated()) && classify(&e.name).0 == Role::TokenEmbd {
+    if (e.dst.is_tq_weight() || e.dst.rotates_rows()) && classify(&e.name).0 == Role::TokenEmbd {
         e.reasons.push(format!("fallback {} -> q8_0: token_embd is never a TQ type (the fork's CUDA get_rows lacks TQ; a row-rotated row cannot be looked up without its inverse rotation)", e.dst));
         e.dst = TensorType::Q8_0;
         e.fallback = true;

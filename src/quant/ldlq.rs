@@ -226,7 +226,7 @@ pub fn factor_hessian_owned(
     if ty.ldlq_unrotated() {
         return factor_act_order(h, n, damp, what);
     }
-    if ty.is_row_rotated() {
+    if ty.rotates_rows() {
         super::ldlq2::rotate_hessian_rows_in_place(&mut h, n)?;
     } else {
         rotate_hessian_in_place(&mut h, n);
@@ -296,12 +296,18 @@ const LAZY: usize = 128;
 /// fixed [`ROWS`]).
 pub fn quantize_ldlq(ty: TensorType, w: &[f32], n: usize, f: &Factor, band: usize) -> Vec<u8> {
     assert_eq!(f.n, n);
-    if ty.ldlq_unrotated() {
+    if ty.ldlq_unrotated() || ty == TensorType::TQ2T {
         let (bs, bb) = (ty.block_size(), ty.block_bytes());
         let mut out = vec![0u8; w.len() / bs * bb];
         out.par_chunks_mut(n / bs * bb)
             .zip(w.par_chunks(n))
-            .for_each(|(o, row)| quantize_row_stock(ty, row, f, band, o));
+            .for_each(|(o, row)| {
+                if ty == TensorType::TQ2T {
+                    super::ldlq2::quantize_row_trellis(row, f, band, o)
+                } else {
+                    quantize_row_stock(ty, row, f, band, o)
+                }
+            });
         return out;
     }
     let bb = ty.block_bytes();

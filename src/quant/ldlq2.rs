@@ -146,6 +146,36 @@ pub(crate) fn quantize_row(row: &[f32], f: &Factor, band: usize, out: &mut [u8])
     }
 }
 
+/// One tq2_t row by block-LDLQ: each 64-value block is the trellis's vector quantizer. The block's
+/// target is its values after the feedback of every *earlier* block (QTIP's block LDL: with
+/// `H⁻¹ = UᵀU`, exactly the columns GPTQ's sweep has reached before the block); the Viterbi
+/// search picks the block's codes jointly, then the sweep runs through the block's columns with
+/// those codes fixed, so the error of every column feeds forward to the later blocks as LDLQ's does.
+pub(crate) fn quantize_row_trellis(row: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
+    use crate::types::tq2t;
+    let n = f.n;
+    let band = if band == 0 { n } else { band };
+    let r = tq2r::rotation(n).expect("planner checked the row length");
+    let mut x: Vec<f64> = r.forward(row).into_iter().map(|v| v as f64).collect();
+    let mut sc = tq2t::Scratch::new(tq2t::L, tq2t::QK);
+    let (mut xb, mut q) = ([0f32; tq2t::QK], [0f32; tq2t::QK]);
+    for (blk, b) in out.chunks_exact_mut(tq2t::TQ2T_BYTES).enumerate() {
+        let j0 = blk * tq2t::QK;
+        for (v, &s) in xb.iter_mut().zip(&x[j0..j0 + tq2t::QK]) {
+            *v = s as f32;
+        }
+        tq2t::quantize_block(&xb, &mut sc, b, &mut q);
+        for (jj, &qj) in q.iter().enumerate() {
+            let j = j0 + jj;
+            let urow = &f.u[j * n..(j + 1) * n];
+            let err = (x[j] - qj as f64) / urow[j];
+            for k in j + 1..(j + 1 + band).min(n) {
+                x[k] -= err * urow[k];
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,6 +257,54 @@ mod tests {
         // Rotated-Hessian round-off leaves tiny off-diagonal feedback: nearly every byte equal.
         assert!(
             same as f64 > 0.995 * rtn.len() as f64,
+            "{same} of {}",
+            rtn.len()
+        );
+    }
+
+    /// tq2_t: block-LDLQ (the trellis as each block's vector quantizer) beats the trellis's own
+    /// round-to-nearest (Viterbi per block) on the proxy loss at identical bytes, and with H = I
+    /// it gives the RTN bytes.
+    #[test]
+    fn trellis_block_ldlq_beats_rtn_and_is_rtn_at_identity() {
+        let (n, rows, samples) = (128usize, 8usize, 500usize);
+        let mut g = SplitMix64::new(6);
+        let mix: Vec<f64> = (0..n * 8).map(|_| g.gauss()).collect();
+        let mut h = vec![0f64; n * n];
+        for _ in 0..samples {
+            let z: Vec<f64> = (0..n).map(|_| g.gauss()).collect();
+            let x: Vec<f64> = (0..n)
+                .map(|i| (0..8).map(|t| mix[i * 8 + t] * z[t]).sum::<f64>() + 0.05 * z[i])
+                .collect();
+            for i in 0..n {
+                for j in 0..n {
+                    h[i * n + j] += x[i] * x[j];
+                }
+            }
+        }
+        let w: Vec<f32> = (0..rows * n).map(|_| g.gauss() as f32).collect();
+        let ty = TensorType::TQ2T;
+        let f =
+            super::super::ldlq::factor(&rotate_hessian_rows(&h, n).unwrap(), n, 0.01, "t").unwrap();
+        let rtn = super::super::encode_rows(ty, "t", &w, n, None).unwrap();
+        let ld = super::super::ldlq::quantize_ldlq(ty, &w, n, &f, 0);
+        assert_eq!(ld.len(), rtn.len());
+        let loss = |bytes: &[u8]| {
+            let mut q = vec![0f32; w.len()];
+            crate::types::dequantize_rows(ty, bytes, &mut q, n, "t").unwrap();
+            super::super::ldlq::proxy_loss(&h, n, &w, &q)
+        };
+        let (lr, ll) = (loss(&rtn), loss(&ld));
+        assert!(ll < 0.7 * lr, "block LDLQ {ll} vs RTN {lr}");
+
+        let mut id = vec![0f64; n * n];
+        (0..n).for_each(|i| id[i * n + i] = 1.0);
+        let fi =
+            super::super::ldlq::factor(&rotate_hessian_rows(&id, n).unwrap(), n, 0.0, "t").unwrap();
+        let li = super::super::ldlq::quantize_ldlq(ty, &w, n, &fi, 0);
+        let same = rtn.iter().zip(&li).filter(|(a, b)| a == b).count();
+        assert!(
+            same as f64 > 0.99 * rtn.len() as f64,
             "{same} of {}",
             rtn.len()
         );

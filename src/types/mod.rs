@@ -17,6 +17,7 @@ pub mod seed2bit;
 pub(crate) mod ternary;
 pub mod tq;
 pub mod tq2r;
+pub mod tq2t;
 pub mod turbo;
 
 use crate::error::{Error, Result};
@@ -74,6 +75,7 @@ pub enum TensorType {
     Turbo4,
     // tq's own (id assigned by a target profile)
     TQ2R,
+    TQ2T,
 }
 
 /// Where a type comes from, which decides whether it has a fixed GGUF id.
@@ -111,6 +113,9 @@ pub enum Family {
     /// Blocks of a whole-row rotated row (tq2_r): the registry's block functions are the
     /// rotated-domain codec; [`quantize_rows`] / [`dequantize_rows`] add the row rotation.
     RowRotated,
+    /// Trellis-coded blocks of a whole-row rotated row (tq2_t): read and written by rows like
+    /// [`Family::RowRotated`], with its own codec (no GPU kernels yet).
+    RowTrellis,
 }
 
 pub struct TypeInfo {
@@ -191,6 +196,7 @@ pub static TYPES: &[TypeInfo] = &[
     row!(Turbo3,  "turbo3",   TurboQuant,  TurboKv,   turbo::QK_TURBO,  turbo::TURBO3_BYTES,    Some(turbo::dequantize_turbo3),    Some(turbo::quantize_turbo3)),
     row!(Turbo4,  "turbo4",   TurboQuant,  TurboKv,   turbo::QK_TURBO,  turbo::TURBO4_BYTES,    Some(turbo::dequantize_turbo4),    Some(turbo::quantize_turbo4)),
     row!(TQ2R,    "tq2_r",    TurboQuant,  RowRotated, tq2r::QK,        tq2r::TQ2R_BYTES,       Some(tq2r::dequantize_tq2r_rotated), Some(tq2r::quantize_tq2r_rotated)),
+    row!(TQ2T,    "tq2_t",    TurboQuant,  RowTrellis, tq2t::QK,        tq2t::TQ2T_BYTES,       Some(tq2t::dequantize_tq2t_rotated), Some(tq2t::quantize_tq2t_rotated)),
 ];
 
 impl TensorType {
@@ -251,12 +257,22 @@ impl TensorType {
     /// (in their rotated domain), and the stock types with a fixed-grid encoder ([`grid`]:
     /// q8_0, q4_0, q5_0, q4_K, q5_K, q6_K; no rotation, ordinary blocks).
     pub fn has_ldlq(self) -> bool {
-        matches!(self.family(), Family::TqWeight | Family::RowRotated) || grid::supports(self)
+        matches!(
+            self.family(),
+            Family::TqWeight | Family::RowRotated | Family::RowTrellis
+        ) || grid::supports(self)
     }
 
     /// LDLQ rounds this type in the weights' own basis (a stock type: engines do not rotate).
     pub fn ldlq_unrotated(self) -> bool {
         grid::supports(self)
+    }
+
+    /// Blocks hold tq2_r's whole-row rotated row (tq2_r, tq2_t): rows go through
+    /// [`quantize_rows`] / [`dequantize_rows`] and the file records the rotation
+    /// (`tq2r::META_ROTATION`).
+    pub fn rotates_rows(self) -> bool {
+        matches!(self.family(), Family::RowRotated | Family::RowTrellis)
     }
 
     /// Blocks hold a whole-row rotated row (tq2_r): rows go through [`quantize_rows`] /
@@ -299,7 +315,7 @@ impl std::fmt::Display for TensorType {
 /// Row-rotated types need the row length: [`dequantize_rows`].
 pub fn dequantize(ty: TensorType, data: &[u8], out: &mut [f32], what: &str) -> Result<()> {
     let info = ty.info();
-    if ty.is_row_rotated() {
+    if ty.rotates_rows() {
         return Err(Error::Unsupported(format!(
             "{what}: {} rotates whole rows; tq reads it by rows (dequantize_rows)",
             info.name
@@ -320,7 +336,7 @@ pub fn dequantize(ty: TensorType, data: &[u8], out: &mut [f32], what: &str) -> R
 /// Row-rotated types need the row length: [`quantize_rows`].
 pub fn quantize(ty: TensorType, src: &[f32], out: &mut [u8], what: &str) -> Result<()> {
     let info = ty.info();
-    if ty.is_row_rotated() {
+    if ty.rotates_rows() {
         return Err(Error::Unsupported(format!(
             "{what}: {} rotates whole rows; tq writes it by rows (quantize_rows)",
             info.name
@@ -352,13 +368,18 @@ pub fn dequantize_rows(
     row_len: usize,
     what: &str,
 ) -> Result<()> {
-    if !ty.is_row_rotated() {
+    if !ty.rotates_rows() {
         return dequantize(ty, data, out, what);
     }
     check_sizes(ty, data.len(), out.len(), what)?;
     let rb = check_rows(ty, out.len(), row_len, what)?;
     for (b, o) in data.chunks_exact(rb).zip(out.chunks_exact_mut(row_len)) {
-        tq2r::dequantize_row(b, o).map_err(|e| Error::Unsupported(format!("{what}: {e}")))?;
+        let r = if ty == TensorType::TQ2T {
+            tq2t::dequantize_row(b, o)
+        } else {
+            tq2r::dequantize_row(b, o)
+        };
+        r.map_err(|e| Error::Unsupported(format!("{what}: {e}")))?;
     }
     Ok(())
 }
@@ -372,7 +393,7 @@ pub fn quantize_rows(
     row_len: usize,
     what: &str,
 ) -> Result<()> {
-    if !ty.is_row_rotated() {
+    if !ty.rotates_rows() {
         return quantize(ty, src, out, what);
     }
     check_sizes(ty, out.len(), src.len(), what)?;
@@ -384,7 +405,12 @@ pub fn quantize_rows(
         )));
     }
     for (x, o) in src.chunks_exact(row_len).zip(out.chunks_exact_mut(rb)) {
-        tq2r::quantize_row(x, o).map_err(|e| Error::Unsupported(format!("{what}: {e}")))?;
+        let r = if ty == TensorType::TQ2T {
+            tq2t::quantize_row(x, o)
+        } else {
+            tq2r::quantize_row(x, o)
+        };
+        r.map_err(|e| Error::Unsupported(format!("{what}: {e}")))?;
     }
     Ok(())
 }
@@ -481,6 +507,7 @@ mod tests {
         assert_eq!(of(Family::TqWeight), [TQ3_1S, TQ4_1S]);
         assert_eq!(of(Family::TurboKv), [Turbo2, Turbo3, Turbo4]);
         assert_eq!(of(Family::RowRotated), [TQ2R]);
+        assert_eq!(of(Family::RowTrellis), [TQ2T]);
         for t in TYPES {
             assert_eq!(
                 t.ty.is_quantized(),

@@ -120,6 +120,8 @@ const FORK_IDS: &[(TensorType, u32)] = &[
     (TQ4_1S, 46),
     // tq2_r is tq's own: 120 is far above every id upstream or the fork has assigned (≤ 46).
     (TQ2R, 120),
+    // tq2_t (issue 19) is tq's own too: the next id.
+    (TQ2T, 121),
 ];
 
 /// Built-in profiles. `fork` is the default: TheTom/llama-cpp-turboquant as of June 2026 (type
@@ -128,14 +130,14 @@ const FORK_IDS: &[(TensorType, u32)] = &[
 const BUILT_IN: &[BuiltIn] = &[
     BuiltIn {
         name: "fork",
-        description: "TurboQuant llama.cpp fork (June 2026 and later): TQ3_1S=45, TQ4_1S=46; KV turbo2/3/4=42/43/44, June turbo4 table (66 bytes), heads padded to 128, no KV rotation; tq's tq2_r=120",
+        description: "TurboQuant llama.cpp fork (June 2026 and later): TQ3_1S=45, TQ4_1S=46; KV turbo2/3/4=42/43/44, June turbo4 table (66 bytes), heads padded to 128, no KV rotation; tq's tq2_r=120, tq2_t=121",
         extra: FORK_IDS,
         file_types: &[(TQ3_1S, 43), (TQ4_1S, 44)],
         kv: KV_FORK_JUNE,
     },
     BuiltIn {
         name: "fork-69d8e4be4",
-        description: "TurboQuant fork at commit 69d8e4be4 (2026-05-04): ids as `fork` (tq2_r=120 is tq's own); May KV tables (68-byte turbo4), heads padded to 128, no KV rotation",
+        description: "TurboQuant fork at commit 69d8e4be4 (2026-05-04): ids as `fork` (tq2_r=120 and tq2_t=121 are tq's own); May KV tables (68-byte turbo4), heads padded to 128, no KV rotation",
         extra: FORK_IDS,
         file_types: &[(TQ3_1S, 43), (TQ4_1S, 44)],
         kv: KV_FORK_MAY,
@@ -340,6 +342,21 @@ mod tests {
         // In the fork, 40/41 are still the stock NVFP4 / Q1_0; 42.. are turbo.
         assert_eq!(p.type_of(42), Some(Turbo2));
         p.check().unwrap();
+    }
+
+    /// tq's own ids: every earlier one kept (files written with them must still load), tq2_t
+    /// its own, in both fork profiles.
+    #[test]
+    fn own_type_ids_are_kept_and_distinct() {
+        for name in ["fork", "fork-69d8e4be4"] {
+            let p = Profile::built_in(name).unwrap();
+            assert_eq!(p.id_of(TQ2R), Some(120), "{name}");
+            assert_eq!(p.type_of(120), Some(TQ2R), "{name}");
+            assert_eq!(p.id_of(TQ2T), Some(121), "{name}");
+            assert_eq!(p.type_of(121), Some(TQ2T), "{name}");
+            p.check().unwrap();
+        }
+        assert_eq!(Profile::built_in("upstream").unwrap().id_of(TQ2T), None);
     }
 
     /// KV behaviour per engine (FORMATS.md §3): the May fork pads, keeps the May tables and does

@@ -110,9 +110,19 @@ pub fn dequantize_row(blocks: &[u8], out: &mut [f32]) -> Result<()> {
 
 /// Reference mat-vec: dequantize every row to the original basis and dot with `x` (f64 sums).
 pub fn matvec_ref(blocks: &[u8], x: &[f32], y: &mut [f32]) -> Result<()> {
-    let k = x.len();
-    let row_bytes = k / QK * TQ2R_BYTES;
-    let mut w = vec![0f32; k];
+    matvec_ref_by(blocks, x, y, x.len() / QK * TQ2R_BYTES, dequantize_row)
+}
+
+/// The reference mat-vec of any row-decoded type (tq2_r, tq2_t): rows of `row_bytes` decoded by
+/// `dequantize_row`, each dotted with `x` in f64.
+pub(crate) fn matvec_ref_by(
+    blocks: &[u8],
+    x: &[f32],
+    y: &mut [f32],
+    row_bytes: usize,
+    dequantize_row: impl Fn(&[u8], &mut [f32]) -> Result<()>,
+) -> Result<()> {
+    let mut w = vec![0f32; x.len()];
     for (yn, b) in y.iter_mut().zip(blocks.chunks_exact(row_bytes)) {
         dequantize_row(b, &mut w)?;
         *yn = w

@@ -513,18 +513,7 @@ fn check_len(k: usize) -> Result<()> {
 
 /// Reference mat-vec: dequantize every row to the original basis and dot with `x` (f64 sums).
 pub fn matvec_ref(blocks: &[u8], x: &[f32], y: &mut [f32]) -> Result<()> {
-    let k = x.len();
-    let row_bytes = k / QK * TQ2T_BYTES;
-    let mut w = vec![0f32; k];
-    for (yn, b) in y.iter_mut().zip(blocks.chunks_exact(row_bytes)) {
-        dequantize_row(b, &mut w)?;
-        *yn = w
-            .iter()
-            .zip(x)
-            .map(|(&a, &b)| a as f64 * b as f64)
-            .sum::<f64>() as f32;
-    }
-    Ok(())
+    tq2r::matvec_ref_by(blocks, x, y, x.len() / QK * TQ2T_BYTES, dequantize_row)
 }
 
 /// Fast mat-vec: rotate the activation once (`w·x = (R·w)·(R·x)`), then decode each block's

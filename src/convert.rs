@@ -137,34 +137,16 @@ pub struct Stats {
 /// (rows in parallel) while a writer thread writes chunk k. Peak memory: ~3 chunks of output plus
 /// one f32 row per worker, plus the LDLQ factor of the Hessian group being written (a factor is
 /// dropped after the last tensor that uses it).
-#[allow(clippy::too_many_arguments)] // the plan's inputs, each a plain value resolved by the caller
 pub fn execute(
-    src: &dyn TensorSource,
-    plan: &Plan,
-    metadata: &[(String, Value)],
-    version: u32,
-    profile: &Profile,
-    out: &Path,
+    target: &Target,
     ldlq: Option<Ldlq>,
-    hash_input: Option<&Path>,
     on_progress: &(dyn Fn(u64) + Sync),
-    cp: &Checkpoints,
 ) -> Result<Stats> {
-    let target = Target {
-        src,
-        plan,
-        metadata,
-        version,
-        profile,
-        out,
-        hash_input,
-        cp,
-    };
     let (mut hs, band, damp) = match ldlq {
         Some(l) => (l.hessians, l.band, l.damp),
         None => (Hessians::default(), 0, 0.0),
     };
-    execute_with(&target, on_progress, &mut |p| {
+    execute_with(target, on_progress, &mut |p| {
         p.produce(&mut hs, band, damp, &|_, _| true)?;
         p.finish()
     })
@@ -190,31 +172,14 @@ pub struct StreamCalib<'a> {
 /// must have been marked with [`crate::calib::stream::expected`]. Output bytes are those of
 /// [`execute`] with the batched Hessians of the same windows; peak memory no longer grows with
 /// the number of blocks.
-#[allow(clippy::too_many_arguments)] // as execute, plus the calibration
 pub fn execute_calibrating(
-    src: &dyn TensorSource,
-    plan: &Plan,
-    metadata: &[(String, Value)],
-    version: u32,
-    profile: &Profile,
-    out: &Path,
-    hash_input: Option<&Path>,
+    target: &Target,
     on_progress: &(dyn Fn(u64) + Sync),
     c: &StreamCalib,
-    cp: &Checkpoints,
 ) -> Result<Stats> {
-    let target = Target {
-        src,
-        plan,
-        metadata,
-        version,
-        profile,
-        out,
-        hash_input,
-        cp,
-    };
+    let plan = target.plan;
     let ready = |e: &PlanEntry, hs: &Hessians| !e.ldlq || hs.for_tensor(&e.name).is_some();
-    execute_with(&target, on_progress, &mut |p| {
+    execute_with(target, on_progress, &mut |p| {
         // Everything before the first calibrated tensor (token_embd, …) goes out first.
         p.produce(&mut Hessians::default(), c.band, c.damp, &ready)?;
         // Resumed: blocks whose tensors are all written still run forward, but their Hessians
@@ -248,32 +213,14 @@ pub fn execute_calibrating(
 /// `tq convert --calib H.safetensors`: as [`execute`], reading each Hessian group from the file
 /// when its first tensor is due and dropping it after its last, so a file of any size costs one
 /// group (and its factor) in memory. The plan must have been marked with the file's index.
-#[allow(clippy::too_many_arguments)] // as execute, with the file in place of in-memory Hessians
 pub fn execute_from_file(
-    src: &dyn TensorSource,
-    plan: &Plan,
-    metadata: &[(String, Value)],
-    version: u32,
-    profile: &Profile,
-    out: &Path,
-    hash_input: Option<&Path>,
+    target: &Target,
     on_progress: &(dyn Fn(u64) + Sync),
     file: &crate::quant::HessianFile,
     band: usize,
     damp: f64,
-    cp: &Checkpoints,
 ) -> Result<Stats> {
-    let target = Target {
-        src,
-        plan,
-        metadata,
-        version,
-        profile,
-        out,
-        hash_input,
-        cp,
-    };
-    execute_with(&target, on_progress, &mut |p| {
+    execute_with(target, on_progress, &mut |p| {
         produce_from_file(p, file, band, damp)
     })
 }
@@ -357,15 +304,19 @@ fn produce_from_file(
     }
 }
 
-struct Target<'a> {
-    src: &'a dyn TensorSource,
-    plan: &'a Plan,
-    metadata: &'a [(String, Value)],
-    version: u32,
-    profile: &'a Profile,
-    out: &'a Path,
-    hash_input: Option<&'a Path>,
-    cp: &'a Checkpoints,
+/// What a conversion writes and from what: the source, its plan, the output's metadata (GGUF
+/// `version`, ids from `profile`), the output path, the input to hash for provenance (`None`:
+/// no provenance) and the checkpoint settings. Resolved once by the caller and shared by
+/// [`execute`], [`execute_calibrating`] and [`execute_from_file`].
+pub struct Target<'a> {
+    pub src: &'a dyn TensorSource,
+    pub plan: &'a Plan,
+    pub metadata: &'a [(String, Value)],
+    pub version: u32,
+    pub profile: &'a Profile,
+    pub out: &'a Path,
+    pub hash_input: Option<&'a Path>,
+    pub cp: &'a Checkpoints,
 }
 
 /// What the writer thread receives: tensor bytes, or "plan entries before this index are

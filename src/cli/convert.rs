@@ -244,16 +244,21 @@ fn convert(a: &ConvertArgs) -> Result<()> {
         ),
         quiet: a.quiet,
     };
+    let target = convert::Target {
+        src: src.as_ref(),
+        plan: &plan,
+        metadata: &md,
+        version,
+        profile: &profile,
+        out: &out,
+        hash_input,
+        cp: &cp,
+    };
+    let progress = |d| pb.set_position(d);
     let stats = match ldlq {
         Calib::Stream { file, windows } => convert::execute_calibrating(
-            src.as_ref(),
-            &plan,
-            &md,
-            version,
-            &profile,
-            &out,
-            hash_input,
-            &|d| pb.set_position(d),
+            &target,
+            &progress,
             &convert::StreamCalib {
                 model: &a.input,
                 file: &file,
@@ -264,46 +269,12 @@ fn convert(a: &ConvertArgs) -> Result<()> {
                 damp: a.damp,
                 quiet: a.quiet,
             },
-            &cp,
         )?,
-        Calib::Hessians(l) => convert::execute(
-            src.as_ref(),
-            &plan,
-            &md,
-            version,
-            &profile,
-            &out,
-            Some(l),
-            hash_input,
-            &|d| pb.set_position(d),
-            &cp,
-        )?,
-        Calib::File(file) => convert::execute_from_file(
-            src.as_ref(),
-            &plan,
-            &md,
-            version,
-            &profile,
-            &out,
-            hash_input,
-            &|d| pb.set_position(d),
-            &file,
-            a.ldlq_band,
-            a.damp,
-            &cp,
-        )?,
-        Calib::None => convert::execute(
-            src.as_ref(),
-            &plan,
-            &md,
-            version,
-            &profile,
-            &out,
-            None,
-            hash_input,
-            &|d| pb.set_position(d),
-            &cp,
-        )?,
+        Calib::Hessians(l) => convert::execute(&target, Some(l), &progress)?,
+        Calib::File(file) => {
+            convert::execute_from_file(&target, &progress, &file, a.ldlq_band, a.damp)?
+        }
+        Calib::None => convert::execute(&target, None, &progress)?,
     };
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();

@@ -34,8 +34,10 @@ pub struct Factor {
     pub damp: f64,
 }
 
-/// `R H Rᵀ` with `R` the block-diagonal 32-point forward rotation of the TQ formats (exact, f64).
-pub fn rotate_hessian(h: &[f64], n: usize) -> Vec<f64> {
+/// `R H Rᵀ` with `R` the block-diagonal 32-point forward rotation of the TQ formats (exact, f64):
+/// [`rotate_hessian_in_place`] on a copy (tests).
+#[cfg(test)]
+pub(crate) fn rotate_hessian(h: &[f64], n: usize) -> Vec<f64> {
     let mut a = h.to_vec();
     rotate_hessian_in_place(&mut a, n);
     a
@@ -401,7 +403,6 @@ pub(crate) fn sweep(
 }
 
 /// The scalar sweep [`sweep`] reorders (one column at a time, every row): the reference.
-#[cfg(test)]
 pub(crate) fn sweep_scalar(
     x: &mut [f64],
     n: usize,
@@ -458,7 +459,6 @@ fn quantize_rows_with(
         c[i] as f64 * d[r] as f64
     };
     if scalar {
-        #[cfg(test)]
         sweep_scalar(&mut x, n, f, band, round);
     } else {
         sweep(&mut x, n, f, band, round);

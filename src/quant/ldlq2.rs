@@ -111,7 +111,6 @@ pub(crate) fn quantize_rows_with(
         level(q, d[ri])
     };
     if scalar {
-        #[cfg(test)]
         super::ldlq::sweep_scalar(&mut x, n, f, band, round);
     } else {
         super::ldlq::sweep(&mut x, n, f, band, round);

@@ -23,6 +23,14 @@
 //!   harness), [`inspect`], [`validate`] (the CI gate), [`conformance`] (vector files through the
 //!   CPU references).
 
+// Unit tests include the integration tests' fixture generator, which names the crate `tq`.
+#[cfg(test)]
+extern crate self as tq;
+#[cfg(test)]
+#[path = "../fixtures/gguf_gen.rs"]
+#[allow(dead_code)] // the integration tests' generator: unit tests use a few of its models
+mod gguf_gen;
+
 pub mod arch;
 pub mod calib;
 pub mod codebook;

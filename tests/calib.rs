@@ -33,16 +33,20 @@ fn calib_resume_equals_uninterrupted() {
     };
     let (code, err) = run(args(&full), None);
     assert_eq!(code, 0, "{err}");
-    // Interrupted after 2 of 4 batches, then resumed.
+    assert!(err.contains("block 2/2"), "{err}");
+    // Killed (no cleanup, as kill -9) after block 1 of 2, then resumed.
     let part = dir.path().join("part.safetensors");
-    let (code, err) = run(args(&part), Some("2"));
-    assert_eq!(code, 2, "{err}");
+    let partial = dir.path().join(".part.safetensors.tq-partial");
+    let (code, err) = run(args(&part), Some("1"));
+    assert_eq!(code, 137, "{err}");
     assert!(err.contains("--resume"), "{err}");
+    assert!(!part.exists() && partial.exists());
     let mut a = args(&part);
     a.push("--resume".into());
     let (code, err) = run(a, None);
     assert_eq!(code, 0, "{err}");
-    assert!(err.contains("resuming after 4 of 8 windows"), "{err}");
+    assert!(err.contains("resuming after 1 of 2 blocks"), "{err}");
+    assert!(!partial.exists());
     assert_eq!(
         std::fs::read(&full).unwrap(),
         std::fs::read(&part).unwrap(),
@@ -57,27 +61,93 @@ fn calib_resume_equals_uninterrupted() {
     assert_eq!(qkv.n, 64);
     assert_eq!(qkv.tokens, 256);
     assert_eq!(hs.for_tensor("blk.0.ffn_down.weight").unwrap().n, 128);
-    // A resume against another configuration is refused.
+    // A resume against another configuration is refused, and leaves the partial file.
+    let (code, err) = run(args(&part), Some("1"));
+    assert_eq!(code, 137, "{err}");
     let mut a = args(&part);
     a[7] = "16".into();
     a.push("--resume".into());
     let (code, err) = run(a, None);
     assert_eq!(code, 2);
     assert!(err.contains("checkpoint is for another"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    // So does another store; the same command finishes it.
+    let (code, err) = run(
+        calib_args(&model, &toks, &part, &["--store", "f32", "--resume"]),
+        None,
+    );
+    assert_eq!(code, 2, "{err}");
+    let (code, err) = run(calib_args(&model, &toks, &part, &["--resume"]), None);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read(&full).unwrap(), std::fs::read(&part).unwrap());
 }
 
-/// An interrupted checkpoint (`tq.complete = "false"`) is refused by `convert --calib`, naming
-/// how many windows it holds and how to finish it, unless --allow-partial-calib is given.
+/// `--store f32` / `f32-upper` keep every matrix to f32 precision (upper: mirrored), a half /
+/// a quarter of the bytes, and `--imatrix-out` writes the same diagonals from any store.
+#[test]
+fn hessian_stores_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, toks) = setup(dir.path());
+    let p = |n: &str| dir.path().join(n);
+    let (code, err) = run_tq(&calib_args(&model, &toks, &p("f64.safetensors"), &[]), None);
+    assert_eq!(code, 0, "{err}");
+    let (exact, _) = tq::quant::Hessians::load(&p("f64.safetensors")).unwrap();
+    let data: u64 = exact.groups.values().map(|g| (g.n * g.n * 8) as u64).sum();
+    for (store, bytes) in [("f32", data / 2), ("f32-upper", 0)] {
+        let out = p(&format!("{store}.safetensors"));
+        let (code, err) = run_tq(&calib_args(&model, &toks, &out, &["--store", store]), None);
+        assert_eq!(code, 0, "{err}");
+        let (file, meta) = tq::quant::HessianFile::open(&out).unwrap();
+        assert_eq!(meta["tq.hessian_store"], store);
+        let len = std::fs::metadata(&out).unwrap().len();
+        let upper: u64 = exact
+            .groups
+            .values()
+            .map(|g| (g.n * (g.n + 1) / 2 * 4) as u64)
+            .sum();
+        let want = if bytes == 0 { upper } else { bytes };
+        assert!(
+            len > want && len < want + 4096,
+            "{store}: {len} bytes vs {want} of data"
+        );
+        for (k, g) in &exact.groups {
+            let h = file.load_group(k).unwrap();
+            assert_eq!((h.n, h.tokens), (g.n, g.tokens));
+            for i in 0..g.n {
+                for j in 0..g.n {
+                    // f32 rounding of the f64 sum; the upper store mirrors (i, j) for i > j.
+                    let v = g.h[i.min(j) * g.n + i.max(j)] as f32 as f64;
+                    let v = if store == "f32" {
+                        g.h[i * g.n + j] as f32 as f64
+                    } else {
+                        v
+                    };
+                    assert_eq!(
+                        h.h[i * g.n + j].to_bits(),
+                        v.to_bits(),
+                        "{store} {k} ({i},{j})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// An incomplete Hessian file (`tq.complete = "false"`: a window-major checkpoint of tq before
+/// 0.x streamed block by block, or a hand-made file) is refused by `convert --calib`, naming how
+/// many windows it holds and how to finish it, unless --allow-partial-calib is given.
 #[test]
 fn convert_refuses_an_interrupted_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let (model, toks) = setup(dir.path());
+    let full = dir.path().join("full.safetensors");
+    let (code, err) = run_tq(&calib_args(&model, &toks, &full, &[]), None);
+    assert_eq!(code, 0, "{err}");
+    let (hs, mut meta) = tq::quant::Hessians::load(&full).unwrap();
+    meta.insert("tq.complete".into(), "false".into());
+    meta.insert("tq.windows_done".into(), "2".into());
     let part = dir.path().join("part.safetensors");
-    let (code, err) = run_tq(
-        &calib_args(&model, &toks, &part, &[]),
-        Some(("TQ_CALIB_ABORT_AFTER", "1")),
-    );
-    assert_eq!(code, 2, "{err}");
+    hs.save(&part, &meta, tq::quant::Store::F64).unwrap();
     let out = dir.path().join("out.gguf");
     let conv = |extra: &[&str]| {
         let mut a = vec![
@@ -393,11 +463,13 @@ fn sequential_resume_equals_uninterrupted() {
         &calib_args(&model, &toks, &part, &seq),
         Some(("TQ_CALIB_ABORT_AFTER", "1")),
     );
-    assert_eq!(code, 2, "{err}");
+    assert_eq!(code, 137, "{err}");
     assert!(err.contains("--resume"), "{err}");
-    let (_, meta) = tq::quant::Hessians::load(&part).unwrap();
-    assert_eq!(meta["tq.layers_done"], "1");
-    assert_eq!(meta["tq.complete"], "false");
+    assert!(!part.exists());
+    assert!(dir
+        .path()
+        .join(".part.safetensors.tq-partial.json")
+        .exists());
     let mut resume: Vec<&str> = seq.to_vec();
     resume.push("--resume");
     let (code, err) = run_tq(&calib_args(&model, &toks, &part, &resume), None);
@@ -416,6 +488,11 @@ fn sequential_resume_equals_uninterrupted() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(std::fs::read(&full).unwrap(), std::fs::read(&one).unwrap());
     // A checkpoint of another quantization, or of the batched mode, is refused.
+    let (code, err) = run_tq(
+        &calib_args(&model, &toks, &part, &seq),
+        Some(("TQ_CALIB_ABORT_AFTER", "1")),
+    );
+    assert_eq!(code, 137, "{err}");
     let (code, err) = run_tq(
         &calib_args(
             &model,
@@ -838,77 +915,4 @@ fn self_generate_is_deterministic_in_range_and_calibrates_on_its_tokens() {
     ]);
     assert_eq!(code, 2, "--tokens conflicts with --self-generate: {err}");
     assert!(!p("x.safetensors").exists());
-}
-
-/// The streaming pipeline plans LDLQ from the Hessians a pass *will* produce
-/// (`calib::stream::expected`): they must be exactly the groups a calibration fills, with the same
-/// dimensions and token counts; and the block-by-block pass must fill them bit for bit as the
-/// batched pass does, for any `--batch`.
-#[test]
-fn streamed_hessians_are_the_batched_ones() {
-    let dir = tempfile::tempdir().unwrap();
-    let (model, _) = setup(dir.path());
-    let f = tq::gguf::GgufFile::open(&model).unwrap();
-    let ctx = 16;
-    let windows: Vec<u32> = (0..6 * ctx as u32)
-        .map(|i| (i * i + 7 * (i / 5)) % 96)
-        .collect();
-    for batch in [1, 4] {
-        let opts = tq::calib::run::Options {
-            ctx,
-            batch,
-            output: None,
-            resume: false,
-            sequential: None,
-            checkpoint_secs: 0.0,
-            extra_meta: Default::default(),
-            quiet: true,
-        };
-        let (batched, _) = tq::calib::run::calibrate(&model, &f, &windows, &opts).unwrap();
-        let expected = tq::calib::stream::expected(&f, windows.len() as u64).unwrap();
-        let shape = |h: &tq::quant::Hessians| -> Vec<(String, usize, u64)> {
-            h.groups
-                .iter()
-                .map(|(k, g)| (k.clone(), g.n, g.tokens))
-                .collect()
-        };
-        assert_eq!(shape(&batched), shape(&expected));
-        let mut streamed = tq::quant::Hessians::default();
-        let mut blocks = Vec::new();
-        tq::calib::stream::run_blocks(
-            &model,
-            &f,
-            &windows,
-            ctx,
-            batch,
-            true,
-            &|_| true,
-            &mut |l, hs| {
-                blocks.push(l);
-                // Each block's groups are complete when it ends: move them out (as convert drops them).
-                let done: Vec<String> = hs.groups.keys().cloned().collect();
-                for k in done {
-                    let g = hs.groups.remove(&k).unwrap();
-                    assert!(
-                        g.tensors[0].starts_with(&format!("blk.{l}.")),
-                        "{k} at block {l}"
-                    );
-                    streamed.groups.insert(k, g);
-                }
-                Ok(())
-            },
-        )
-        .unwrap();
-        assert_eq!(blocks, vec![0, 1]);
-        assert_eq!(shape(&streamed), shape(&batched));
-        for (k, g) in &batched.groups {
-            let s = &streamed.groups[k];
-            assert!(
-                g.h.iter()
-                    .zip(&s.h)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "batch {batch}: {k} differs"
-            );
-        }
-    }
 }

@@ -12,7 +12,7 @@
 use crate::error::{Error, Result};
 use crate::gguf::writer::{GgufWriter, TensorSpec};
 use crate::gguf::{GgufFile, Value};
-use crate::quant::Hessians;
+use crate::quant::Diagonal;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -28,20 +28,19 @@ impl Imatrix {
     }
 }
 
-/// Write `h` as a GGUF imatrix (see the module comment). `chunk_size` is the window length.
-pub fn write_gguf(h: &Hessians, path: &Path, dataset: &str, chunk_size: usize) -> Result<()> {
+/// Write Hessian diagonals (one per group) as a GGUF imatrix (see the module comment).
+/// `chunk_size` is the window length.
+pub fn write_gguf(diag: &[Diagonal], path: &Path, dataset: &str, chunk_size: usize) -> Result<()> {
     let mut specs = Vec::new();
     let mut data: Vec<Vec<u8>> = Vec::new();
     let mut max_tokens = 0u64;
-    for g in h.groups.values() {
-        let sum2: Vec<u8> = (0..g.n)
-            .flat_map(|i| (g.h[i * g.n + i] as f32).to_le_bytes())
-            .collect();
+    for g in diag {
+        let sum2: Vec<u8> = g.d.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect();
         max_tokens = max_tokens.max(g.tokens);
         for t in &g.tensors {
             specs.push(TensorSpec {
                 name: format!("{t}.in_sum2"),
-                dims: vec![g.n as u64, 1],
+                dims: vec![g.d.len() as u64, 1],
                 type_id: 0,
                 size: sum2.len() as u64,
             });
@@ -186,7 +185,7 @@ mod tests {
     #[test]
     fn gguf_round_trip_gives_the_mean_square() {
         let dir = tempfile::tempdir().unwrap();
-        let mut hs = Hessians::default();
+        let mut hs = crate::quant::Hessians::default();
         let n = 4;
         let mut h = vec![0f64; n * n];
         for i in 0..n {
@@ -202,7 +201,7 @@ mod tests {
             },
         );
         let p = dir.path().join("i.gguf");
-        write_gguf(&hs, &p, "text.txt", 512).unwrap();
+        write_gguf(&hs.diagonals(), &p, "text.txt", 512).unwrap();
         let im = load(&p).unwrap();
         assert_eq!(im.entries.len(), 2);
         assert_eq!(

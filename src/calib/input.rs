@@ -108,7 +108,7 @@ pub fn calibrate_text(
     o: &TextOptions,
 ) -> Result<Hessians> {
     let (f, windows) = text_windows(model, profile, text, o)?;
-    let (hs, _) = run::calibrate(
+    let c = run::calibrate(
         model,
         &f,
         &windows,
@@ -116,6 +116,7 @@ pub fn calibrate_text(
             ctx: o.ctx,
             batch: o.batch,
             output: None,
+            store: Default::default(),
             resume: false,
             sequential: o.sequential,
             checkpoint_secs: 0.0,
@@ -123,7 +124,7 @@ pub fn calibrate_text(
             quiet: o.quiet,
         },
     )?;
-    Ok(hs)
+    Ok(c.hessians)
 }
 
 #[cfg(test)]

@@ -7,26 +7,36 @@ use super::Hessians;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::model::runtime::{Model, Numerics};
+use crate::quant::{Diagonal, Hessian, HessianWriter, Store, WriteMode};
 use std::collections::BTreeMap;
 use std::path::Path;
 
 pub struct Options<'a> {
     /// Window length (every window starts at position 0).
     pub ctx: usize,
-    /// Windows per forward pass and per checkpoint (batched mode); windows per `XᵀX` chunk
-    /// (both modes).
+    /// Windows per `XᵀX` chunk (both modes: the f32 tile products, so the Hessians, depend on it).
     pub batch: usize,
-    /// Checkpoint / output file (None: in memory only, no checkpoints).
+    /// Output file, written block by block (None: in memory only, no checkpoints).
     pub output: Option<&'a Path>,
+    /// How the output stores each matrix.
+    pub store: Store,
     pub resume: bool,
     /// Sequential mode: what the converted model will be.
     pub sequential: Option<&'a SeqQuant>,
-    /// Sequential mode: write a checkpoint after a block when at least this many seconds passed
-    /// since the last one (0: after every block).
+    /// Make a checkpoint after a block when at least this many seconds passed since the last
+    /// one (0: after every block).
     pub checkpoint_secs: f64,
     /// Extra `__metadata__` keys (e.g. where the tokens came from).
     pub extra_meta: BTreeMap<String, String>,
     pub quiet: bool,
+}
+
+/// What a calibration produced: the Hessians (in memory mode; empty when they went to the
+/// output file block by block), every group's diagonal, and the file's metadata.
+pub struct Calibrated {
+    pub hessians: Hessians,
+    pub diagonals: Vec<Diagonal>,
+    pub meta: BTreeMap<String, String>,
 }
 
 /// The first `n_win` windows of `ctx` tokens, with `bos` written at the start of each.
@@ -46,16 +56,11 @@ fn file_name(p: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// Calibrate the model at `path` (opened as `f`) on `windows` (`n × ctx` tokens, BOS in place).
-/// Returns the Hessians and the metadata written with them.
-// One function on purpose: batches, checkpoints and resume share state (the Hessians, the
-// window cursor, the checkpoint clock) that splitting would have to thread through every piece.
-pub fn calibrate(
-    path: &Path,
-    f: &GgufFile,
-    windows: &[u32],
-    o: &Options,
-) -> Result<(Hessians, BTreeMap<String, String>)> {
+/// Calibrate the model at `path` (opened as `f`) on `windows` (`n × ctx` tokens, BOS in place),
+/// block by block over all windows: each block's Hessians are complete when the block ends, and
+/// with an output they are appended to the file then and dropped, so memory holds one block's
+/// Hessians whatever the depth; `--resume` continues after the last checkpointed block.
+pub fn calibrate(path: &Path, f: &GgufFile, windows: &[u32], o: &Options) -> Result<Calibrated> {
     if o.ctx < 2 || o.batch == 0 || windows.is_empty() || windows.len() % o.ctx != 0 {
         return Err(Error::Usage(
             "calibration: --ctx must be >= 2, --batch >= 1, and the input at least one window"
@@ -81,12 +86,17 @@ pub fn calibrate(
         let types = blake3::hash(q.metadata()["tq.tensor_types"].as_bytes()).to_hex();
         fingerprint.push_str(&format!(":sequential {}:{types}", q.describe()));
     }
-    let mut base_meta = o.extra_meta.clone();
-    base_meta.extend([
+    let layers = super::stream::layout(f, windows.len() as u64)?;
+    let n_layer = layers.len();
+    let mut meta = o.extra_meta.clone();
+    meta.extend([
         ("tq.fingerprint".to_string(), fingerprint.clone()),
         ("tq.batch".to_string(), o.batch.to_string()),
         ("tq.ctx".to_string(), o.ctx.to_string()),
         ("tq.windows_total".to_string(), n_win.to_string()),
+        ("tq.windows_done".to_string(), n_win.to_string()),
+        ("tq.layers_done".to_string(), n_layer.to_string()),
+        ("tq.complete".to_string(), "true".to_string()),
         ("tq.model".to_string(), file_name(path)),
         (
             "tq.sequential".to_string(),
@@ -94,149 +104,149 @@ pub fn calibrate(
         ),
     ]);
     if let Some(q) = o.sequential {
-        base_meta.extend(q.metadata());
+        meta.extend(q.metadata());
     }
-    let checkpoint = match (o.resume, o.output) {
-        (true, Some(p)) if p.exists() => {
-            let (h, meta) = Hessians::load(p)?;
-            if meta.get("tq.fingerprint") != Some(&fingerprint)
-                || meta.get("tq.batch") != Some(&o.batch.to_string())
-            {
-                return Err(Error::Usage(format!(
-                    "{}: checkpoint is for another model, text, --ctx, --batch or quantization (--sequential, --weights, --recipe, --ldlq-band, --damp); remove it or drop --resume",
-                    p.display()
-                )));
-            }
-            Some((h, meta))
-        }
-        _ => None,
-    };
-    let model = Model::new(f, Numerics::F32)?;
-    let abort_after: Option<usize> = std::env::var("TQ_CALIB_ABORT_AFTER")
-        .ok()
-        .and_then(|v| v.parse().ok());
-    let t0 = std::time::Instant::now();
     let say = |s: String| {
         if !o.quiet {
             eprintln!("{s}");
         }
     };
-
-    let Some(q) = o.sequential else {
-        // Batched: every block sees the original model's activations.
-        let (mut hs, mut done) = (Hessians::default(), 0usize);
-        if let Some((h, meta)) = checkpoint {
-            done = meta
-                .get("tq.windows_done")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            hs = h;
-            say(format!(
-                "tq calib: resuming after {done} of {n_win} windows"
-            ));
+    let mut writer = match o.output {
+        Some(p) => {
+            let index: Vec<&Hessian> = layers.iter().flatten().collect();
+            Some(HessianWriter::create(
+                p,
+                &index,
+                &meta,
+                o.store,
+                WriteMode::Resumable {
+                    resume: o.resume,
+                    quiet: o.quiet,
+                },
+            )?)
         }
-        let mut meta = base_meta.clone();
-        let mut batches = 0usize;
-        while done < n_win {
-            let end = (done + o.batch).min(n_win);
-            hs.seq = o.ctx;
-            hs.window0 = done;
-            model.forward(
-                &windows[done * o.ctx..end * o.ctx],
-                o.ctx,
-                o.ctx - 1,
-                Some(&mut hs),
-            )?;
-            if let Some(e) = hs.non_finite.take() {
-                return Err(Error::Unsupported(format!("{}: {e}", path.display())));
-            }
-            done = end;
-            meta.insert("tq.windows_done".into(), done.to_string());
-            meta.insert("tq.complete".into(), (done == n_win).to_string());
-            if let Some(p) = o.output {
-                hs.save(p, &meta)?;
-            }
-            say(format!(
-                "tq calib: {done}/{n_win} windows ({} tokens) in {:.1} s",
-                done * o.ctx,
-                t0.elapsed().as_secs_f64()
-            ));
-            batches += 1;
-            if abort_after == Some(batches) && done < n_win {
-                return Err(Error::Usage(
-                    "tq calib: stopped by TQ_CALIB_ABORT_AFTER (test hook); rerun with --resume"
-                        .into(),
-                ));
-            }
-        }
-        return Ok((hs, meta));
+        None => None,
     };
-
-    // Sequential: one forward pass over all windows, block by block.
-    let n_layer = model.cfg.n_layer;
-    let (mut hs, mut done) = (Hessians::default(), 0usize);
-    if let Some((h, meta)) = checkpoint {
-        done = meta
-            .get("tq.layers_done")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        hs = h;
-        if done >= n_layer {
-            say(format!("tq calib: {} is already complete", path.display()));
-            return Ok((hs, meta));
+    // Blocks whose groups are all in the file (a resumed run): a prefix, since checkpoints
+    // fall between blocks.
+    let done = match &writer {
+        Some(w) => {
+            let mut groups = 0;
+            let mut done = 0;
+            for l in &layers {
+                if groups + l.len() > w.written() {
+                    break;
+                }
+                groups += l.len();
+                done += 1;
+            }
+            done
         }
+        None => 0,
+    };
+    if done > 0 {
         say(format!(
-            "tq calib: resuming after {done} of {n_layer} blocks (replaying the quantization of blocks 0..{done})"
+            "tq calib: resuming after {done} of {n_layer} blocks{}",
+            if o.sequential.is_some() {
+                format!(" (replaying the quantization of blocks 0..{done})")
+            } else {
+                String::new()
+            }
         ));
     }
-    hs.seq = o.ctx;
-    hs.window0 = 0;
-    hs.rows_per_accum = o.batch * o.ctx;
-    let meta_at = |layers: usize| {
-        let mut m = base_meta.clone();
-        m.insert("tq.layers_done".into(), layers.to_string());
-        m.insert("tq.windows_done".into(), n_win.to_string());
-        m.insert("tq.complete".into(), (layers == n_layer).to_string());
-        m
-    };
-    let mut last_save = std::time::Instant::now();
-    let mut on_layer = |hs: &Hessians, layers: usize| -> Result<()> {
-        let abort = abort_after == Some(layers) && layers < n_layer;
-        say(format!(
-            "tq calib: block {layers}/{n_layer} ({} windows, {} tokens) in {:.1} s",
-            n_win,
-            windows.len(),
-            t0.elapsed().as_secs_f64()
-        ));
-        if let Some(p) = o.output {
-            if layers < n_layer && (abort || last_save.elapsed().as_secs_f64() >= o.checkpoint_secs)
-            {
-                hs.save(p, &meta_at(layers))?;
-                last_save = std::time::Instant::now();
-            }
+    // Sequential replay reads finished blocks back from the partial file.
+    let reader = writer.as_ref().map(|w| w.reader());
+    let t0 = std::time::Instant::now();
+    let mut last_checkpoint = std::time::Instant::now();
+    // After block `l` (0-based): append its groups to the file, drop them, checkpoint.
+    let mut on_block = |l: usize, hs: &mut Hessians| -> Result<()> {
+        let Some(w) = writer.as_mut() else {
+            return Ok(());
+        };
+        if l < done {
+            return Ok(());
         }
-        if abort {
-            return Err(Error::Usage(
-                "tq calib: stopped by TQ_CALIB_ABORT_AFTER (test hook); rerun with --resume".into(),
-            ));
+        for g in &layers[l] {
+            let key = g.tensors.join(",");
+            let h = hs.groups.remove(&key).ok_or_else(|| {
+                Error::Unsupported(format!(
+                    "{}: the calibration pass produced no Hessian for {key} (the runtime does not read it)",
+                    path.display()
+                ))
+            })?;
+            w.write(&h)?;
+        }
+        if l + 1 == n_layer || last_checkpoint.elapsed().as_secs_f64() >= o.checkpoint_secs {
+            w.checkpoint()?;
+            last_checkpoint = std::time::Instant::now();
         }
         Ok(())
     };
-    let mut obs = Sequential::new(hs, q, done, path.display().to_string(), &mut on_layer);
-    model.forward(windows, o.ctx, o.ctx - 1, Some(&mut obs))?;
-    let [n_ldlq, n_rtn, n_kept] = obs.counts;
-    let quant_secs = obs.quant_secs;
-    let mut hs = obs.hs;
-    if let Some(e) = hs.non_finite.take() {
-        return Err(Error::Unsupported(format!("{}: {e}", path.display())));
-    }
-    let meta = meta_at(n_layer);
-    if let Some(p) = o.output {
-        hs.save(p, &meta)?;
-    }
-    say(format!(
-        "tq calib: sequential: {n_ldlq} tensors quantized with LDLQ, {n_rtn} round-to-nearest, {n_kept} kept as stored ({quant_secs:.1} s quantizing); {:.1} s in all",
-        t0.elapsed().as_secs_f64()
-    ));
-    Ok((hs, meta))
+
+    let hessians = match o.sequential {
+        None => {
+            // Batched: every block sees the original model's activations.
+            let skip: std::collections::HashSet<&str> = layers[..done]
+                .iter()
+                .flatten()
+                .flat_map(|g| g.tensors.iter().map(String::as_str))
+                .collect();
+            super::stream::run_blocks(
+                path,
+                f,
+                windows,
+                o.ctx,
+                o.batch,
+                o.quiet,
+                &|t| !skip.contains(t),
+                &mut on_block,
+            )?
+        }
+        Some(q) => {
+            // Sequential: blocks < done replay their quantization from the file's Hessians.
+            let model = Model::new(f, Numerics::F32)?;
+            let hs = Hessians {
+                seq: o.ctx,
+                rows_per_accum: o.batch * o.ctx,
+                ..Default::default()
+            };
+            let mut on_layer = |hs: &mut Hessians, layers_done: usize| -> Result<()> {
+                on_block(layers_done - 1, hs)?;
+                let t = t0.elapsed().as_secs_f64();
+                let eta = t / (layers_done - done) as f64 * (n_layer - layers_done) as f64;
+                say(format!(
+                    "tq calib: block {layers_done}/{n_layer} ({n_win} windows, {} tokens) in {t:.1} s, ETA {eta:.0} s",
+                    windows.len(),
+                ));
+                Ok(())
+            };
+            let mut obs = Sequential::new(hs, q, done, path.display().to_string(), &mut on_layer);
+            obs.load = reader.as_ref();
+            model.forward(windows, o.ctx, o.ctx - 1, Some(&mut obs))?;
+            let [n_ldlq, n_rtn, n_kept] = obs.counts;
+            let quant_secs = obs.quant_secs;
+            let mut hs = obs.hs;
+            if let Some(e) = hs.non_finite.take() {
+                return Err(Error::Unsupported(format!("{}: {e}", path.display())));
+            }
+            say(format!(
+                "tq calib: sequential: {n_ldlq} tensors quantized with LDLQ, {n_rtn} round-to-nearest, {n_kept} kept as stored ({quant_secs:.1} s quantizing); {:.1} s in all",
+                t0.elapsed().as_secs_f64()
+            ));
+            hs
+        }
+    };
+    let diagonals = match writer {
+        Some(w) => {
+            let d = w.diagonals().to_vec();
+            w.finish()?;
+            d
+        }
+        None => hessians.diagonals(),
+    };
+    Ok(Calibrated {
+        hessians,
+        diagonals,
+        meta,
+    })
 }

@@ -180,9 +180,11 @@ pub struct Sequential<'q, 'c> {
     /// Blocks below this come from the checkpoint being resumed: their Hessians are loaded and
     /// only used to quantize (the same weights as the interrupted run), not accumulated again.
     pub replay_until: usize,
-    /// Called after each block `>= replay_until` with the number of blocks done (checkpoints,
-    /// progress); an error stops the run.
-    on_layer: &'c mut dyn FnMut(&Hessians, usize) -> Result<()>,
+    /// Called after each block `>= replay_until` with the number of blocks done (writing the
+    /// block's Hessians, which it may remove; progress); an error stops the run.
+    on_layer: &'c mut dyn FnMut(&mut Hessians, usize) -> Result<()>,
+    /// Where the Hessians of blocks `< replay_until` come from (the resumed file), by group key.
+    pub load: Option<&'c crate::quant::HessianReader>,
     /// For messages.
     model: String,
     factors: HashMap<String, Arc<Factor>>,
@@ -197,13 +199,14 @@ impl<'q, 'c> Sequential<'q, 'c> {
         q: &'q SeqQuant,
         replay_until: usize,
         model: String,
-        on_layer: &'c mut dyn FnMut(&Hessians, usize) -> Result<()>,
+        on_layer: &'c mut dyn FnMut(&mut Hessians, usize) -> Result<()>,
     ) -> Self {
         Sequential {
             hs,
             q,
             replay_until,
             on_layer,
+            load: None,
             model,
             factors: HashMap::new(),
             counts: [0; 3],
@@ -272,9 +275,22 @@ impl Observer for Sequential<'_, '_> {
         self.hs.linear_input(layer, tensors, x, rows, cols);
     }
 
-    fn transform_weights(&mut self, _layer: usize, set: &mut LinearSet) -> Result<()> {
+    fn transform_weights(&mut self, layer: usize, set: &mut LinearSet) -> Result<()> {
         if let Some(e) = &self.hs.non_finite {
             return Err(Error::Unsupported(format!("{}: {e}", self.model)));
+        }
+        if let (true, Some(load)) = (layer < self.replay_until, self.load) {
+            let key = set
+                .segments
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>()
+                .join(",");
+            if let std::collections::btree_map::Entry::Vacant(e) = self.hs.groups.entry(key) {
+                if let Some(h) = load.read_back(e.key())? {
+                    e.insert(h);
+                }
+            }
         }
         let t0 = std::time::Instant::now();
         let r = self.quantize_set(set);
@@ -285,7 +301,10 @@ impl Observer for Sequential<'_, '_> {
     fn layer_end(&mut self, layer: usize) -> Result<()> {
         self.factors.clear();
         if layer >= self.replay_until {
-            (self.on_layer)(&self.hs, layer + 1)?;
+            (self.on_layer)(&mut self.hs, layer + 1)?;
+        } else {
+            // A replayed block's Hessians came from the file and are done with.
+            self.hs.groups.clear();
         }
         Ok(())
     }

@@ -17,23 +17,31 @@ use crate::model::runtime::{Model, Numerics, Observer};
 use crate::quant::Hessian;
 use std::path::Path;
 
-/// The Hessian groups a calibration of `f` will produce, with their dimensions and the token
-/// count, but no data (`h` empty): the planner marks LDLQ tensors from it before any block runs.
-pub fn expected(f: &GgufFile, tokens: u64) -> Result<Hessians> {
+/// The Hessian groups a calibration of `f` will produce, block by block in the order the
+/// runtime completes them, with their dimensions and the token count but no data (`h` empty):
+/// the layout of a Hessian file written as calibration goes.
+pub fn layout(f: &GgufFile, tokens: u64) -> Result<Vec<Vec<Hessian>>> {
     let n_layer = crate::model::Config::from_gguf(f)?.n_layer;
-    let mut hs = Hessians::default();
-    for l in 0..n_layer {
-        for (names, n) in LayerWeights::linear_groups(f, l)? {
-            hs.groups.insert(
-                names.join(","),
-                Hessian {
+    (0..n_layer)
+        .map(|l| {
+            Ok(LayerWeights::linear_groups(f, l)?
+                .into_iter()
+                .map(|(names, n)| Hessian {
                     tensors: names,
                     n,
                     h: Vec::new(),
                     tokens,
-                },
-            );
-        }
+                })
+                .collect())
+        })
+        .collect()
+}
+
+/// [`layout`] as one index: the planner marks LDLQ tensors from it before any block runs.
+pub fn expected(f: &GgufFile, tokens: u64) -> Result<Hessians> {
+    let mut hs = Hessians::default();
+    for g in layout(f, tokens)?.into_iter().flatten() {
+        hs.groups.insert(g.tensors.join(","), g);
     }
     Ok(hs)
 }
@@ -71,12 +79,14 @@ impl Observer for Blocks<'_> {
         }
         (self.on_block)(layer, &mut self.hs)?;
         if !self.quiet {
+            let t = self.t0.elapsed().as_secs_f64();
+            // ETA from the blocks this process has run (a resumed run skips XᵀX before it).
+            let eta = t / (layer + 1) as f64 * (self.n_layer - layer - 1) as f64;
             eprintln!(
-                "tq calib: block {}/{} ({} windows) in {:.1} s",
+                "tq calib: block {}/{} ({} windows) in {t:.1} s, ETA {eta:.0} s",
                 layer + 1,
                 self.n_layer,
                 self.n_win,
-                self.t0.elapsed().as_secs_f64()
             );
         }
         Ok(())
@@ -86,7 +96,7 @@ impl Observer for Blocks<'_> {
 /// Calibrate `f` (at `path`) on `windows` (`n × ctx` tokens, BOS in place) block by block:
 /// `on_block(l, hs)` is called when block `l`'s Hessians are complete; it may remove groups from
 /// `hs` (they are not touched again). Only inputs of linear sets with a tensor `needed` are
-/// accumulated (a resumed run skips what it has written).
+/// accumulated (a resumed run skips what it has written). Returns the groups left in `hs`.
 #[allow(clippy::too_many_arguments)] // the calibration's plain inputs
 pub fn run_blocks(
     path: &Path,
@@ -97,7 +107,7 @@ pub fn run_blocks(
     quiet: bool,
     needed: &dyn Fn(&str) -> bool,
     on_block: &mut dyn FnMut(usize, &mut Hessians) -> Result<()>,
-) -> Result<()> {
+) -> Result<Hessians> {
     if ctx < 2 || batch == 0 || windows.is_empty() || windows.len() % ctx != 0 {
         return Err(Error::Usage(
             "calibration: --ctx must be >= 2, --batch >= 1, and the input at least one window"
@@ -124,5 +134,87 @@ pub fn run_blocks(
     if let Some(e) = obs.hs.non_finite.take() {
         return Err(Error::Unsupported(format!("{}: {e}", path.display())));
     }
-    Ok(())
+    Ok(obs.hs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::gguf_gen;
+
+    /// The streaming pipeline plans LDLQ from the Hessians a pass *will* produce
+    /// (`calib::stream::expected`): they must be exactly the groups a calibration fills, with the same
+    /// dimensions and token counts; and the block-by-block pass must fill them bit for bit as the
+    /// batched pass does, for any `--batch`.
+    #[test]
+    fn streamed_hessians_are_the_batched_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let fx = gguf_gen::tiny_llama(2, 64, 128, 96);
+        let model = dir.path().join("tiny.gguf");
+        std::fs::write(&model, &fx.bytes).unwrap();
+        let f = crate::gguf::GgufFile::open(&model).unwrap();
+        let ctx = 16;
+        let windows: Vec<u32> = (0..6 * ctx as u32)
+            .map(|i| (i * i + 7 * (i / 5)) % 96)
+            .collect();
+        for batch in [1, 4] {
+            // The window-major oracle: one forward pass of all blocks per batch of windows, each
+            // adding its XᵀX tiles (what `tq calib` did before it streamed block by block).
+            let model_rt = Model::new(&f, Numerics::F32).unwrap();
+            let mut batched = crate::quant::Hessians::default();
+            for (i, chunk) in windows.chunks(batch * ctx).enumerate() {
+                batched.seq = ctx;
+                batched.window0 = i * batch;
+                model_rt
+                    .forward(chunk, ctx, ctx - 1, Some(&mut batched))
+                    .unwrap();
+            }
+            let expected = super::expected(&f, windows.len() as u64).unwrap();
+            let shape = |h: &crate::quant::Hessians| -> Vec<(String, usize, u64)> {
+                h.groups
+                    .iter()
+                    .map(|(k, g)| (k.clone(), g.n, g.tokens))
+                    .collect()
+            };
+            assert_eq!(shape(&batched), shape(&expected));
+            let mut streamed = crate::quant::Hessians::default();
+            let mut blocks = Vec::new();
+            super::run_blocks(
+                &model,
+                &f,
+                &windows,
+                ctx,
+                batch,
+                true,
+                &|_| true,
+                &mut |l, hs| {
+                    blocks.push(l);
+                    // Each block's groups are complete when it ends: move them out (as convert drops them).
+                    let done: Vec<String> = hs.groups.keys().cloned().collect();
+                    for k in done {
+                        let g = hs.groups.remove(&k).unwrap();
+                        assert!(
+                            g.tensors[0].starts_with(&format!("blk.{l}.")),
+                            "{k} at block {l}"
+                        );
+                        streamed.groups.insert(k, g);
+                    }
+                    Ok(())
+                },
+            )
+            .unwrap();
+            assert_eq!(blocks, vec![0, 1]);
+            assert_eq!(shape(&streamed), shape(&batched));
+            for (k, g) in &batched.groups {
+                let s = &streamed.groups[k];
+                assert!(
+                    g.h.iter()
+                        .zip(&s.h)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "batch {batch}: {k} differs"
+                );
+            }
+        }
+    }
 }

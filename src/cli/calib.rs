@@ -44,12 +44,16 @@ pub struct CalibArgs {
     /// Window length.
     #[arg(long, default_value_t = 512)]
     pub ctx: usize,
-    /// Windows per forward pass and per checkpoint (with --sequential: per XᵀX chunk only).
+    /// Windows per XᵀX chunk (the Hessians' f32 tile products depend on it).
     #[arg(long, default_value_t = 4)]
     pub batch: usize,
-    /// Output Hessian file (safetensors, F64).
+    /// Output Hessian file (safetensors), written block by block as calibration goes.
     #[arg(short, long)]
     pub output: PathBuf,
+    /// How the file stores each Hessian: f64 (exact, 8n² bytes), f32 (half), f32-upper (the
+    /// upper triangle in f32: a quarter; a Llama-2-7B file is 11 GB instead of 44 GB).
+    #[arg(long, default_value = "f64", value_parser = ["f64", "f32", "f32-upper"])]
+    pub store: String,
     /// Also write the Hessians' diagonals as a llama.cpp imatrix (GGUF, what `llama-imatrix`
     /// writes), for `llama-quantize --imatrix` or `tq convert --imatrix`.
     #[arg(long, value_name = "FILE")]
@@ -76,9 +80,9 @@ pub struct CalibArgs {
     /// With --sequential: the LDLQ damping convert will use.
     #[arg(long, requires = "sequential", default_value_t = 0.01)]
     pub damp: f64,
-    /// With --sequential: write a checkpoint after a block only when this many seconds passed
-    /// since the last one (0: after every block; each checkpoint rewrites the whole file).
-    #[arg(long, requires = "sequential", default_value_t = 60.0)]
+    /// Make a checkpoint (fsync + a small JSON) after a block only when this many seconds
+    /// passed since the last one (0: after every block).
+    #[arg(long, default_value_t = 0.0)]
     pub checkpoint_secs: f64,
     /// Calibrate only shard I of N (0-based) of the windows, in whole --batch chunks; `tq calib
     /// merge` sums a complete set (see docs/scale.md). Not with --sequential.
@@ -174,7 +178,7 @@ fn calibrate(a: &CalibArgs) -> Result<()> {
     } else {
         None
     };
-    let (hs, _) = run::calibrate(
+    let c = run::calibrate(
         &a.model,
         &f,
         &windows,
@@ -182,6 +186,7 @@ fn calibrate(a: &CalibArgs) -> Result<()> {
             ctx: a.ctx,
             batch: a.batch,
             output: Some(&a.output),
+            store: tq::quant::Store::parse(&a.store)?,
             resume: a.resume,
             sequential: seq.as_ref(),
             checkpoint_secs: a.checkpoint_secs,
@@ -190,9 +195,10 @@ fn calibrate(a: &CalibArgs) -> Result<()> {
         },
     )?;
     eprintln!(
-        "tq calib: wrote {} Hessians to {}",
-        hs.groups.len(),
-        a.output.display()
+        "tq calib: wrote {} Hessians to {} ({})",
+        c.diagonals.len(),
+        a.output.display(),
+        a.store
     );
     if let Some(p) = &a.imatrix_out {
         let dataset = a
@@ -202,7 +208,7 @@ fn calibrate(a: &CalibArgs) -> Result<()> {
             .and_then(|p| p.file_name())
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "self-generated".into());
-        tq::calib::imatrix::write_gguf(&hs, p, &dataset, a.ctx)?;
+        tq::calib::imatrix::write_gguf(&c.diagonals, p, &dataset, a.ctx)?;
         eprintln!(
             "tq calib: wrote the imatrix (Hessian diagonals) to {}",
             p.display()

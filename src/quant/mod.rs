@@ -10,7 +10,9 @@ pub(crate) mod hessian;
 pub mod ldlq;
 mod ldlq2;
 
-pub use hessian::{Hessian, HessianFile, Hessians};
+pub use hessian::{
+    Diagonal, Hessian, HessianFile, HessianReader, HessianWriter, Hessians, Store, WriteMode,
+};
 
 use crate::error::{Error, Result};
 use rayon::prelude::*;

@@ -6,13 +6,13 @@
 //! order of the files on the command line. f64 addition is not associative, so this differs
 //! from the one-process sum `(((0 + T₀) + T₁) + …)` over the batch tiles `Tₖ` at the level of
 //! rounding (measured: docs/benchmarks.md); one shard (`0/1`) gives the one-process file's
-//! values exactly. The output is written group by group: memory is two groups, not the file.
+//! values exactly. The output is written group by group, in shard 0's order and store: memory
+//! is two groups, not the file.
 
 use super::Shard;
 use crate::error::{Error, Result};
 use crate::quant::HessianFile;
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Metadata keys a shard carries besides a one-process file's.
@@ -190,68 +190,49 @@ pub fn merge(paths: &[PathBuf], out: &Path) -> Result<Merged> {
             .sum();
         tokens.insert(key.clone(), t);
     }
-    write_streaming(out, &meta, first, &tokens, |key| {
-        let mut acc = opened[order[0]].2.load_group(key)?.h;
+    // Written in shard 0's group order and store, one group's matrix at a time.
+    let f0 = &opened[order[0]].2;
+    let store = f0
+        .order
+        .first()
+        .and_then(|k| f0.store(k))
+        .unwrap_or_default();
+    let index: Vec<crate::quant::Hessian> = f0
+        .order
+        .iter()
+        .map(|k| crate::quant::Hessian {
+            tokens: tokens[k],
+            ..first.groups[k].clone()
+        })
+        .collect();
+    let refs: Vec<&crate::quant::Hessian> = index.iter().collect();
+    let mut w = crate::quant::HessianWriter::create(
+        out,
+        &refs,
+        &meta,
+        store,
+        crate::quant::WriteMode::Once,
+    )?;
+    for g in &index {
+        let key = g.tensors.join(",");
+        let mut acc = f0.load_group(&key)?.h;
         for &k in &order[1..] {
-            let g = opened[k].2.load_group(key)?;
-            for (a, b) in acc.iter_mut().zip(&g.h) {
+            let h = opened[k].2.load_group(&key)?;
+            for (a, b) in acc.iter_mut().zip(&h.h) {
                 *a += *b;
             }
         }
-        Ok(acc)
-    })?;
+        w.write(&crate::quant::Hessian {
+            h: acc,
+            ..g.clone()
+        })?;
+    }
+    w.finish()?;
     Ok(Merged {
         shards: n,
         groups: first.groups.len(),
         windows: total,
     })
-}
-
-/// Write a Hessian file in [`crate::quant::Hessians::save`]'s layout (same header JSON, same
-/// order), one group's matrix at a time from `data(key)`.
-fn write_streaming(
-    path: &Path,
-    meta: &BTreeMap<String, String>,
-    index: &crate::quant::Hessians,
-    tokens: &BTreeMap<String, u64>,
-    mut data: impl FnMut(&str) -> Result<Vec<f64>>,
-) -> Result<()> {
-    let mut header = serde_json::Map::new();
-    let mut m: serde_json::Map<String, serde_json::Value> = meta
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone().into()))
-        .collect();
-    let mut off = 0usize;
-    for (k, g) in &index.groups {
-        m.insert(format!("tokens:{k}"), tokens[k].to_string().into());
-        let len = g.n * g.n * 8;
-        header.insert(
-            k.clone(),
-            serde_json::json!({"dtype": "F64", "shape": [g.n, g.n], "data_offsets": [off, off + len]}),
-        );
-        off += len;
-    }
-    header.insert("__metadata__".into(), serde_json::Value::Object(m));
-    let mut js = serde_json::to_vec(&serde_json::Value::Object(header))
-        .map_err(|e| Error::Usage(e.to_string()))?;
-    while js.len() % 8 != 0 {
-        js.push(b' ');
-    }
-    let (target, f) = crate::io::TempOutput::create(path)?;
-    let tmp = target.tmp_path().to_path_buf();
-    let io = |e| Error::io(&tmp, e);
-    let mut w = std::io::BufWriter::new(f);
-    w.write_all(&(js.len() as u64).to_le_bytes()).map_err(io)?;
-    w.write_all(&js).map_err(io)?;
-    for (k, g) in &index.groups {
-        let h = data(k)?;
-        debug_assert_eq!(h.len(), g.n * g.n);
-        for v in &h {
-            w.write_all(&v.to_le_bytes()).map_err(io)?;
-        }
-    }
-    let f = w.into_inner().map_err(|e| io(e.into_error()))?;
-    target.commit(f)
 }
 
 #[cfg(test)]
@@ -277,7 +258,7 @@ mod tests {
             meta.insert("tq.complete".into(), "true".into());
             meta.insert("tq.batch".into(), "2".into());
             let p = dir.path().join(format!("s{i}.safetensors"));
-            hs.save(&p, &meta).unwrap();
+            hs.save(&p, &meta, crate::quant::Store::F64).unwrap();
             parts.push(hs.groups["a.weight,b.weight"].h.clone());
             paths.push(p);
         }
@@ -306,7 +287,7 @@ mod tests {
         let (hs, mut meta) = Hessians::load(&paths[1]).unwrap();
         meta.insert(META_FINGERPRINT.into(), "other".into());
         let other = dir.path().join("other.safetensors");
-        hs.save(&other, &meta).unwrap();
+        hs.save(&other, &meta, crate::quant::Store::F64).unwrap();
         let e = err(&[paths[0].clone(), other.clone(), paths[2].clone()]);
         assert!(
             e.contains("other.safetensors") && e.contains("another calibration"),

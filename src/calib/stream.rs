@@ -93,6 +93,44 @@ impl Observer for Blocks<'_> {
     }
 }
 
+/// Floating-point operations of the calibration forward pass over `tokens` (windows of `ctx`):
+/// every block's linear layers (`2 · tokens · rows · cols`) and causal attention
+/// (`QKᵀ` and `PV`: `2 · ctx² · n_head · head_dim` per window and block, half of the square).
+/// Norms, RoPE and activations are left out (a few per cent).
+pub fn forward_flops(
+    f: &GgufFile,
+    cfg: &crate::model::Config,
+    tokens: usize,
+    ctx: usize,
+) -> Result<f64> {
+    let mut fl = 0.0;
+    for l in 0..cfg.n_layer {
+        for (names, _) in LayerWeights::linear_groups(f, l)? {
+            for n in names {
+                let t = f
+                    .tensor(&n)
+                    .ok_or_else(|| Error::bad_input(&f.path, format!("missing tensor {n}")))?;
+                fl += 2.0 * tokens as f64 * t.n_elements() as f64;
+            }
+        }
+        let windows = (tokens / ctx.max(1)) as f64;
+        fl += windows * 2.0 * (ctx * ctx) as f64 * (cfg.n_head * cfg.head_dim) as f64;
+    }
+    Ok(fl)
+}
+
+/// One line: where a calibration pass's time went and the rates it reached.
+pub fn flops_report(fwd_flops: f64, total_secs: f64, xtx_flops: f64, xtx_secs: f64) -> String {
+    let fwd_secs = (total_secs - xtx_secs).max(1e-9);
+    format!(
+        "tq calib: forward {:.2} TFLOP in {fwd_secs:.1} s ({:.1} GFLOP/s); XᵀX (symmetric, half) {:.2} TFLOP in {xtx_secs:.1} s ({:.1} GFLOP/s)",
+        fwd_flops / 1e12,
+        fwd_flops / fwd_secs / 1e9,
+        xtx_flops / 1e12,
+        xtx_flops / xtx_secs.max(1e-9) / 1e9,
+    )
+}
+
 /// Calibrate `f` (at `path`) on `windows` (`n × ctx` tokens, BOS in place) block by block:
 /// `on_block(l, hs)` is called when block `l`'s Hessians are complete; it may remove groups from
 /// `hs` (they are not touched again). Only inputs of linear sets with a tensor `needed` are
@@ -130,9 +168,15 @@ pub fn run_blocks(
         on_block,
     };
     // The logits of the last position only: the output projection is not calibrated.
+    let t0 = std::time::Instant::now();
     model.forward(windows, ctx, ctx - 1, Some(&mut obs))?;
     if let Some(e) = obs.hs.non_finite.take() {
         return Err(Error::Unsupported(format!("{}: {e}", path.display())));
+    }
+    if !quiet {
+        let total = t0.elapsed().as_secs_f64();
+        let fwd = forward_flops(f, &model.cfg, windows.len(), ctx)?;
+        eprintln!("{}", flops_report(fwd, total, obs.hs.accum_flops, obs.hs.accum_secs));
     }
     Ok(obs.hs)
 }

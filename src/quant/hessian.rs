@@ -35,6 +35,9 @@ pub struct Hessians {
     /// f32 tile products depend on the chunking, so sequential calibration (one forward pass
     /// over all windows) uses `--batch` windows per chunk, as the batched mode does.
     pub rows_per_accum: usize,
+    /// Time spent in, and floating-point operations done by, `XᵀX` (the FLOP/s report).
+    pub accum_secs: f64,
+    pub accum_flops: f64,
 }
 
 const TILE: usize = 64;
@@ -62,12 +65,16 @@ impl Hessians {
             h: vec![0f64; cols * cols],
             tokens: 0,
         });
+        let t_start = std::time::Instant::now();
         let xm = MatRef::from_row_major_slice(x, rows, cols);
         // Column tiles of H = XᵀX, each computed single-threaded: deterministic for any pool size.
-        // Tiles are computed a few per thread at a time and added before the next ones, so the
-        // transient f32 products are `2 · threads · 64 · cols` values, not a whole `cols²` matrix
-        // (3.3 GB for a 70B model's FFN input). Each element of H is added to once per call, so
-        // the batching does not change a bit.
+        // H is symmetric, so tile t (columns c0..c0+w) computes only rows c0.. (the diagonal
+        // block and what lies below it): a symmetric rank-k update, half the flops of XᵀX; the
+        // lower values are mirrored above the diagonal. Tiles are computed a few per thread at a
+        // time and added before the next ones, so the transient f32 products are
+        // `2 · threads · 64 · cols` values, not a whole `cols²` matrix (3.3 GB for a 70B
+        // model's FFN input). Each element of H is added to once per call, so the batching does
+        // not change a bit.
         let n_tiles = cols.div_ceil(TILE);
         let batch = 2 * rayon::current_num_threads().max(1);
         let mut t0 = 0;
@@ -78,17 +85,18 @@ impl Hessians {
                 .map(|t| {
                     let c0 = t * TILE;
                     let w = TILE.min(cols - c0);
-                    let mut out = faer::Mat::<f32>::zeros(cols, w);
+                    let m = cols - c0;
+                    let mut out = faer::Mat::<f32>::zeros(m, w);
                     faer::linalg::matmul::matmul(
                         out.as_mut(),
                         Accum::Replace,
-                        xm.transpose(),
+                        xm.subcols(c0, m).transpose(),
                         xm.subcols(c0, w),
                         1.0f32,
                         Par::Seq,
                     );
-                    let mut v = vec![0f32; cols * w];
-                    for i in 0..cols {
+                    let mut v = vec![0f32; m * w];
+                    for i in 0..m {
                         for j in 0..w {
                             v[i * w + j] = out[(i, j)];
                         }
@@ -97,15 +105,29 @@ impl Hessians {
                 })
                 .collect();
             for (c0, v) in tiles {
-                let w = v.len() / cols;
-                for i in 0..cols {
-                    for j in 0..w {
-                        g.h[i * cols + c0 + j] += v[i * w + j] as f64;
+                let w = TILE.min(cols - c0);
+                let m = cols - c0;
+                for i in 0..m {
+                    // Row c0 + i, columns c0..c0+w: on or below the diagonal when j <= i.
+                    for j in 0..w.min(i + 1) {
+                        let d = v[i * w + j] as f64;
+                        let (r, c) = (c0 + i, c0 + j);
+                        g.h[r * cols + c] += d;
+                        if r != c {
+                            g.h[c * cols + r] += d;
+                        }
                     }
                 }
             }
             t0 = t1;
         }
+        self.accum_secs += t_start.elapsed().as_secs_f64();
+        self.accum_flops += (0..n_tiles)
+            .map(|t| {
+                let c0 = t * TILE;
+                2.0 * rows as f64 * (cols - c0) as f64 * TILE.min(cols - c0) as f64
+            })
+            .sum::<f64>();
         g.tokens += rows as u64;
     }
 
@@ -724,6 +746,12 @@ mod tests {
             }
         }
         assert_eq!(g.tokens, 2 * rows as u64);
+        // Symmetric by construction (the upper triangle mirrors the lower).
+        for i in 0..cols {
+            for j in 0..i {
+                assert_eq!(g.h[i * cols + j].to_bits(), g.h[j * cols + i].to_bits());
+            }
+        }
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("h.safetensors");
         let meta = BTreeMap::from([("tq.ctx".to_string(), "8".to_string())]);

@@ -165,10 +165,13 @@ pub struct StreamCalib<'a> {
     pub band: usize,
     pub damp: f64,
     pub quiet: bool,
+    /// `--calib-sequential`: GPTQ order, simulating exactly this conversion's plan.
+    pub sequential: Option<&'a crate::calib::sequential::SeqQuant>,
 }
 
-/// `tq convert --calib TEXT`, streaming: calibrate block by block ([`crate::calib::stream`])
-/// and write each block's tensors as soon as its Hessians are complete, then drop them. The plan
+/// `tq convert --calib TEXT`, streaming: calibrate block by block ([`crate::calib::stream`],
+/// batched or sequential) and write each block's tensors as soon as its Hessians are complete,
+/// then drop them. The plan
 /// must have been marked with [`crate::calib::stream::expected`]. Output bytes are those of
 /// [`execute`] with the batched Hessians of the same windows; peak memory no longer grows with
 /// the number of blocks.
@@ -189,22 +192,38 @@ pub fn execute_calibrating(
             .filter(|e| e.ldlq)
             .map(|e| e.name.clone())
             .collect();
-        crate::calib::stream::run_blocks(
-            c.model,
-            c.file,
-            c.windows,
-            c.ctx,
-            c.batch,
-            c.quiet,
-            &|t| pending.contains(t),
-            &mut |_, hs| {
-                p.produce(hs, c.band, c.damp, &ready)?;
-                // A block's Hessians are dropped once its tensors are written.
-                hs.groups
-                    .retain(|_, g| g.tensors.iter().any(|t| p.pending_ldlq(t)));
-                Ok(())
-            },
-        )?;
+        let mut on_block = |_: usize, hs: &mut Hessians| -> Result<()> {
+            p.produce(hs, c.band, c.damp, &ready)?;
+            // A block's Hessians are dropped once its tensors are written.
+            hs.groups
+                .retain(|_, g| g.tensors.iter().any(|t| p.pending_ldlq(t)));
+            Ok(())
+        };
+        match c.sequential {
+            // Sequential: every block is accumulated, also on a resumed run (the blocks
+            // written before must be quantized again to rebuild the residual stream).
+            Some(q) => crate::calib::stream::run_blocks_sequential(
+                c.model,
+                c.file,
+                c.windows,
+                c.ctx,
+                c.batch,
+                c.quiet,
+                q,
+                None,
+                &mut on_block,
+            )?,
+            None => crate::calib::stream::run_blocks(
+                c.model,
+                c.file,
+                c.windows,
+                c.ctx,
+                c.batch,
+                c.quiet,
+                &|t| pending.contains(t),
+                &mut on_block,
+            )?,
+        };
         p.produce(&mut Hessians::default(), c.band, c.damp, &ready)?;
         p.finish()
     })

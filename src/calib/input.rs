@@ -1,15 +1,13 @@
 //! What a calibration runs on, decided once for `tq calib` and `tq convert --calib`: whether a
 //! `--calib` path is a Hessian file or text ([`is_hessian_file`]), the windows of a token stream
-//! ([`first_windows`]), and calibration on a text inside a conversion ([`calibrate_text`]).
+//! ([`first_windows`]), and the windows of a text inside a conversion ([`text_windows`]).
 
 use std::io::Read;
 use std::path::Path;
 
-use super::run::{self, make_windows};
-use super::sequential::SeqQuant;
+use super::run::make_windows;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
-use crate::quant::Hessians;
 use crate::tokenizer::input::Input;
 use crate::types::profile::Profile;
 
@@ -49,13 +47,11 @@ pub fn first_windows(
 }
 
 /// `tq convert --calib TEXT`: how to calibrate on the text first.
-pub struct TextOptions<'a> {
+pub struct TextOptions {
     /// Calibration tokens (rounded down to whole windows), window length, windows per pass.
     pub tokens: usize,
     pub ctx: usize,
     pub batch: usize,
-    /// Sequential (GPTQ-order) calibration of exactly this conversion.
-    pub sequential: Option<&'a SeqQuant>,
     pub quiet: bool,
 }
 
@@ -97,34 +93,6 @@ pub fn text_windows(
         ))
     })?;
     Ok((f, windows))
-}
-
-/// Calibrate the GGUF model at `model` on the UTF-8 `text`, as `tq calib` does but in memory and
-/// without checkpoints.
-pub fn calibrate_text(
-    model: &Path,
-    profile: &Profile,
-    text: &Path,
-    o: &TextOptions,
-) -> Result<Hessians> {
-    let (f, windows) = text_windows(model, profile, text, o)?;
-    let c = run::calibrate(
-        model,
-        &f,
-        &windows,
-        &run::Options {
-            ctx: o.ctx,
-            batch: o.batch,
-            output: None,
-            store: Default::default(),
-            resume: false,
-            sequential: o.sequential,
-            checkpoint_secs: 0.0,
-            extra_meta: Default::default(),
-            quiet: o.quiet,
-        },
-    )?;
-    Ok(c.hessians)
 }
 
 #[cfg(test)]

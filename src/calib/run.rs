@@ -2,11 +2,10 @@
 //! Hessians, batched (every block sees the original model's activations) or sequential (GPTQ
 //! order, [`super::sequential`]), with checkpoints and `--resume`.
 
-use super::sequential::{SeqQuant, Sequential};
+use super::sequential::SeqQuant;
 use super::Hessians;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
-use crate::model::runtime::{Model, Numerics};
 use crate::quant::{Diagonal, Hessian, HessianWriter, Store, WriteMode};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -156,7 +155,6 @@ pub fn calibrate(path: &Path, f: &GgufFile, windows: &[u32], o: &Options) -> Res
     }
     // Sequential replay reads finished blocks back from the partial file.
     let reader = writer.as_ref().map(|w| w.reader());
-    let t0 = std::time::Instant::now();
     let mut last_checkpoint = std::time::Instant::now();
     // After block `l` (0-based): append its groups to the file, drop them, checkpoint.
     let mut on_block = |l: usize, hs: &mut Hessians| -> Result<()> {
@@ -204,36 +202,17 @@ pub fn calibrate(path: &Path, f: &GgufFile, windows: &[u32], o: &Options) -> Res
         }
         Some(q) => {
             // Sequential: blocks < done replay their quantization from the file's Hessians.
-            let model = Model::new(f, Numerics::F32)?;
-            let hs = Hessians {
-                seq: o.ctx,
-                rows_per_accum: o.batch * o.ctx,
-                ..Default::default()
-            };
-            let mut on_layer = |hs: &mut Hessians, layers_done: usize| -> Result<()> {
-                on_block(layers_done - 1, hs)?;
-                let t = t0.elapsed().as_secs_f64();
-                let eta = t / (layers_done - done) as f64 * (n_layer - layers_done) as f64;
-                say(format!(
-                    "tq calib: block {layers_done}/{n_layer} ({n_win} windows, {} tokens) in {t:.1} s, ETA {eta:.0} s",
-                    windows.len(),
-                ));
-                Ok(())
-            };
-            let mut obs = Sequential::new(hs, q, done, path.display().to_string(), &mut on_layer);
-            obs.load = reader.as_ref();
-            model.forward(windows, o.ctx, o.ctx - 1, Some(&mut obs))?;
-            let [n_ldlq, n_rtn, n_kept] = obs.counts;
-            let quant_secs = obs.quant_secs;
-            let mut hs = obs.hs;
-            if let Some(e) = hs.non_finite.take() {
-                return Err(Error::Unsupported(format!("{}: {e}", path.display())));
-            }
-            say(format!(
-                "tq calib: sequential: {n_ldlq} tensors quantized with LDLQ, {n_rtn} round-to-nearest, {n_kept} kept as stored ({quant_secs:.1} s quantizing); {:.1} s in all",
-                t0.elapsed().as_secs_f64()
-            ));
-            hs
+            super::stream::run_blocks_sequential(
+                path,
+                f,
+                windows,
+                o.ctx,
+                o.batch,
+                o.quiet,
+                q,
+                reader.as_ref().map(|r| (done, r)),
+                &mut on_block,
+            )?
         }
     };
     let diagonals = match writer {

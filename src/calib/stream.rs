@@ -93,6 +93,76 @@ impl Observer for Blocks<'_> {
     }
 }
 
+/// [`run_blocks`] in GPTQ order (`--sequential`, [`super::sequential`]): block `l`'s Hessians come
+/// from the model whose earlier blocks and sub-blocks are already quantized as `q` says;
+/// `on_block(l, hs)` gets them when block `l` ends and may remove them. Blocks below
+/// `replay_until` only replay their quantization from the Hessians `load` reads back (a resumed
+/// run); without `load`, every block is accumulated (a resumed conversion recomputes them).
+#[allow(clippy::too_many_arguments)] // the calibration's plain inputs
+pub fn run_blocks_sequential(
+    path: &Path,
+    f: &GgufFile,
+    windows: &[u32],
+    ctx: usize,
+    batch: usize,
+    quiet: bool,
+    q: &super::sequential::SeqQuant,
+    resumed: Option<(usize, &crate::quant::HessianReader)>,
+    on_block: &mut dyn FnMut(usize, &mut Hessians) -> Result<()>,
+) -> Result<Hessians> {
+    if ctx < 2 || batch == 0 || windows.is_empty() || windows.len() % ctx != 0 {
+        return Err(Error::Usage(
+            "calibration: --ctx must be >= 2, --batch >= 1, and the input at least one window"
+                .into(),
+        ));
+    }
+    let model = Model::new(f, Numerics::F32)?;
+    let n_layer = model.cfg.n_layer;
+    let done = resumed.map_or(0, |(d, _)| d);
+    let t0 = std::time::Instant::now();
+    let n_win = windows.len() / ctx;
+    let mut on_layer = |hs: &mut Hessians, layers_done: usize| -> Result<()> {
+        on_block(layers_done - 1, hs)?;
+        if !quiet {
+            let t = t0.elapsed().as_secs_f64();
+            let eta = t / (layers_done - done) as f64 * (n_layer - layers_done) as f64;
+            eprintln!(
+                "tq calib: block {layers_done}/{n_layer} ({n_win} windows, {} tokens) in {t:.1} s, ETA {eta:.0} s",
+                windows.len(),
+            );
+        }
+        Ok(())
+    };
+    let hs = Hessians {
+        seq: ctx,
+        rows_per_accum: batch * ctx,
+        ..Default::default()
+    };
+    let mut obs =
+        super::sequential::Sequential::new(hs, q, done, path.display().to_string(), &mut on_layer);
+    obs.load = resumed.map(|(_, r)| r);
+    model.forward(windows, ctx, ctx - 1, Some(&mut obs))?;
+    let [n_ldlq, n_rtn, n_kept] = obs.counts;
+    let quant_secs = obs.quant_secs;
+    let mut hs = obs.hs;
+    if let Some(e) = hs.non_finite.take() {
+        return Err(Error::Unsupported(format!("{}: {e}", path.display())));
+    }
+    if !quiet {
+        let total = t0.elapsed().as_secs_f64() - quant_secs;
+        let fwd = forward_flops(f, &model.cfg, windows.len(), ctx)?;
+        eprintln!(
+            "{}",
+            flops_report(fwd, total, hs.accum_flops, hs.accum_secs)
+        );
+        eprintln!(
+            "tq calib: sequential: {n_ldlq} tensors quantized with LDLQ, {n_rtn} round-to-nearest, {n_kept} kept as stored ({quant_secs:.1} s quantizing); {:.1} s in all",
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    Ok(hs)
+}
+
 /// Floating-point operations of the calibration forward pass over `tokens` (windows of `ctx`):
 /// every block's linear layers (`2 · tokens · rows · cols`) and causal attention
 /// (`QKᵀ` and `PV`: `2 · ctx² · n_head · head_dim` per window and block, half of the square).
@@ -176,7 +246,10 @@ pub fn run_blocks(
     if !quiet {
         let total = t0.elapsed().as_secs_f64();
         let fwd = forward_flops(f, &model.cfg, windows.len(), ctx)?;
-        eprintln!("{}", flops_report(fwd, total, obs.hs.accum_flops, obs.hs.accum_secs));
+        eprintln!(
+            "{}",
+            flops_report(fwd, total, obs.hs.accum_flops, obs.hs.accum_secs)
+        );
     }
     Ok(obs.hs)
 }

@@ -1,6 +1,6 @@
 //! `tq convert INPUT -o OUT.gguf [--weights TYPE] [--recipe R] ...`
 use std::path::PathBuf;
-use tq::calib::input::{calibrate_text, is_hessian_file, text_windows, TextOptions};
+use tq::calib::input::{is_hessian_file, text_windows, TextOptions};
 use tq::calib::sequential::SeqQuant;
 use tq::convert::{self, Provenance};
 use tq::error::{Error, Result};
@@ -256,7 +256,11 @@ fn convert(a: &ConvertArgs) -> Result<()> {
     };
     let progress = |d| pb.set_position(d);
     let stats = match ldlq {
-        Calib::Stream { file, windows } => convert::execute_calibrating(
+        Calib::Stream {
+            file,
+            windows,
+            sequential,
+        } => convert::execute_calibrating(
             &target,
             &progress,
             &convert::StreamCalib {
@@ -268,9 +272,9 @@ fn convert(a: &ConvertArgs) -> Result<()> {
                 band: a.ldlq_band,
                 damp: a.damp,
                 quiet: a.quiet,
+                sequential: sequential.as_ref(),
             },
         )?,
-        Calib::Hessians(l) => convert::execute(&target, Some(l), &progress)?,
         Calib::File(file) => {
             convert::execute_from_file(&target, &progress, &file, a.ldlq_band, a.damp)?
         }
@@ -305,14 +309,14 @@ fn convert(a: &ConvertArgs) -> Result<()> {
 /// Where LDLQ's Hessians come from.
 enum Calib {
     None,
-    /// A sequential calibration run before writing.
-    Hessians(convert::Ldlq),
     /// A Hessian file from `tq calib`, read group by group while writing.
     File(tq::quant::HessianFile),
-    /// `--calib TEXT` (batched): calibrated block by block while writing.
+    /// `--calib TEXT`: calibrated block by block while writing (batched, or sequential with
+    /// this conversion's plan).
     Stream {
         file: tq::gguf::GgufFile,
         windows: Vec<u32>,
+        sequential: Option<SeqQuant>,
     },
 }
 
@@ -345,34 +349,21 @@ fn resolve_ldlq(
             }
             Calib::None
         }
-        Some(p) if calib_text && !a.calib_sequential => {
-            let o = TextOptions {
-                tokens: a.calib_tokens,
-                ctx: a.calib_ctx,
-                batch: a.calib_batch,
-                sequential: None,
-                quiet: a.quiet,
-            };
-            let (file, windows) = text_windows(&a.input, profile, p, &o)?;
-            let expected = tq::calib::stream::expected(&file, windows.len() as u64)?;
-            plan::assign_ldlq(plan, &expected, a.ldlq_band);
-            Calib::Stream { file, windows }
-        }
         Some(p) if calib_text => {
             let o = TextOptions {
                 tokens: a.calib_tokens,
                 ctx: a.calib_ctx,
                 batch: a.calib_batch,
-                sequential: a.calib_sequential.then_some(now),
                 quiet: a.quiet,
             };
-            let hessians = calibrate_text(&a.input, profile, p, &o)?;
-            plan::assign_ldlq(plan, &hessians, a.ldlq_band);
-            Calib::Hessians(convert::Ldlq {
-                hessians,
-                band: a.ldlq_band,
-                damp: a.damp,
-            })
+            let (file, windows) = text_windows(&a.input, profile, p, &o)?;
+            let expected = tq::calib::stream::expected(&file, windows.len() as u64)?;
+            plan::assign_ldlq(plan, &expected, a.ldlq_band);
+            Calib::Stream {
+                file,
+                windows,
+                sequential: a.calib_sequential.then(|| now.clone()),
+            }
         }
         Some(p) => {
             let (file, meta) = tq::quant::HessianFile::open(p)?;

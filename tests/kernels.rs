@@ -154,8 +154,14 @@ fn harness_covers_tq2t() {
     for (kind, data) in [
         (KernelKind::Dequantize, "random-bytes (every scale byte)"),
         (KernelKind::RowDecode, "random-bytes, rows of 576"),
-        (KernelKind::Dequantize, "gaussian 2x576, CPU Viterbi encoder"),
-        (KernelKind::MatVec, "gaussian 2x1536, CPU Viterbi encoder [GEMV alone]"),
+        (
+            KernelKind::Dequantize,
+            "gaussian 2x576, CPU Viterbi encoder",
+        ),
+        (
+            KernelKind::MatVec,
+            "gaussian 2x1536, CPU Viterbi encoder [GEMV alone]",
+        ),
         (KernelKind::MatVec, "smollm2.ffn_down 576x1536"),
         (KernelKind::MatVec, "one block per row 7x64 [GEMV alone]"),
         (KernelKind::RowDecode, "odd 13x192"),

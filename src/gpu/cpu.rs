@@ -477,10 +477,18 @@ mod tests {
     fn tq2t_kernel_arithmetic_is_the_format() {
         assert_eq!(TQ2T_INV_STD_BITS, tq2t::MAD_INV_STD.to_bits());
         for e in 0..=255u8 {
-            assert_eq!(tq2t_scale(e).to_bits(), tq2t::scale_of(e).to_bits(), "e={e}");
+            assert_eq!(
+                tq2t_scale(e).to_bits(),
+                tq2t::scale_of(e).to_bits(),
+                "e={e}"
+            );
         }
         for s in 0..1u32 << tq2t::L {
-            assert_eq!(tq2t_codeword(s).to_bits(), tq2t::codeword(s).to_bits(), "s={s}");
+            assert_eq!(
+                tq2t_codeword(s).to_bits(),
+                tq2t::codeword(s).to_bits(),
+                "s={s}"
+            );
         }
         let mut g = crate::math::splitmix::SplitMix64::new(5);
         let bytes = g.bytes(40 * tq2t::TQ2T_BYTES);

@@ -229,7 +229,11 @@ mod tests {
         for ty in KERNEL_TYPES {
             assert!(kernel(ty, Op::Dequantize).is_ok(), "{ty}");
             let (tq, rr) = (ty.is_tq_weight(), ty.is_row_rotated());
-            assert_eq!(kernel(ty, Op::MatVec).is_ok(), tq || ty.rotates_rows(), "{ty}");
+            assert_eq!(
+                kernel(ty, Op::MatVec).is_ok(),
+                tq || ty.rotates_rows(),
+                "{ty}"
+            );
             assert_eq!(kernel(ty, Op::MatMul).is_ok(), tq, "{ty}");
             assert_eq!(has_matmul(ty), tq, "{ty}");
             assert_eq!(kernel(ty, Op::TurboQk).is_ok(), ty.is_turbo(), "{ty}");

@@ -84,12 +84,19 @@ mod tests {
         use crate::types::tq2t;
         let inv = format!("0x{:08x}u", tq2t::MAD_INV_STD.to_bits());
         for src in [WGSL_TQ2R, CUDA_TQ2R, METAL_TQ2R] {
-            assert!(src.contains(&format!("TQ2T_INV_STD{}", if src == WGSL_TQ2R { ": u32 = " } else { " " })));
+            assert!(src.contains(&format!(
+                "TQ2T_INV_STD{}",
+                if src == WGSL_TQ2R { ": u32 = " } else { " " }
+            )));
             assert!(src.contains(&inv), "{inv}");
             assert!(src.contains(&format!("{}u", tq2t::MAD_A)));
             assert!(src.contains(&format!("{}u", tq2t::MAD_B)));
             assert!(src.contains(&format!("{}", tq2t::MAD_MEAN)));
-            assert!(src.contains(&format!("TQ2T_BYTES{}{}u", if src == WGSL_TQ2R { ": u32 = " } else { " " }, tq2t::TQ2T_BYTES)));
+            assert!(src.contains(&format!(
+                "TQ2T_BYTES{}{}u",
+                if src == WGSL_TQ2R { ": u32 = " } else { " " },
+                tq2t::TQ2T_BYTES
+            )));
         }
     }
 }

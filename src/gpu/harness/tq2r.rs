@@ -321,7 +321,15 @@ fn conformance(
             let mut bytes = vec![0u8; c.rows * c.cols / tq2r::QK * tq2r::TQ2R_BYTES];
             quantize_rows(TY, &c.w, &mut bytes, c.cols, "seed2bit inputs")?;
             let inputs_as = "seed2bit.json inputs";
-            for r in blocks_through(b, TwoBitLayout::Tq2r, &bytes, c.rows, c.cols, inputs_as, rng)? {
+            for r in blocks_through(
+                b,
+                TwoBitLayout::Tq2r,
+                &bytes,
+                c.rows,
+                c.cols,
+                inputs_as,
+                rng,
+            )? {
                 let i = inputs.get_or_insert_with(Vec::new);
                 match i.iter().position(|x: &KernelResult| {
                     x.kind == r.kind && x.data == r.data && x.tolerance == r.tolerance
@@ -458,16 +466,15 @@ fn shapes(b: &mut dyn Backend, quick: bool, rng: &mut Rng, rep: &mut Report) -> 
     }
     for s in list.into_iter().chain(wide) {
         let bytes = super::data::random_weights(TY, s.rows, s.cols, rng)?;
-        rep.results
-            .extend(blocks_through(
-                b,
-                TwoBitLayout::Tq2r,
-                &bytes,
-                s.rows,
-                s.cols,
-                s.name,
-                rng,
-            )?);
+        rep.results.extend(blocks_through(
+            b,
+            TwoBitLayout::Tq2r,
+            &bytes,
+            s.rows,
+            s.cols,
+            s.name,
+            rng,
+        )?);
     }
     Ok(())
 }

@@ -121,14 +121,16 @@ pub(super) fn check(
         let mut bytes = vec![0u8; enc_rows * cols / tq2t::QK * tq2t::TQ2T_BYTES];
         quantize_rows(TY, &src, &mut bytes, cols, "gaussian rows")?;
         let data = format!("gaussian {enc_rows}x{cols}, CPU Viterbi encoder");
-        rep.results
-            .extend(blocks_through(b, LAYOUT, &bytes, enc_rows, cols, &data, rng)?);
+        rep.results.extend(blocks_through(
+            b, LAYOUT, &bytes, enc_rows, cols, &data, rng,
+        )?);
     }
     // 3. Random-code rows at real and odd shapes.
     for s in shapes(opts.quick) {
         let bytes = random_blocks(s.rows, s.cols, rng);
-        rep.results
-            .extend(blocks_through(b, LAYOUT, &bytes, s.rows, s.cols, s.name, rng)?);
+        rep.results.extend(blocks_through(
+            b, LAYOUT, &bytes, s.rows, s.cols, s.name, rng,
+        )?);
     }
     Ok(())
 }

@@ -261,7 +261,8 @@ extern "C" __global__ void tq2r_matvec(const unsigned char * __restrict__ w,
 //
 //   tq2t_dequant    rotated-domain decode, one thread per value; 256 threads = 4 blocks of 64.
 //   tq2t_matvec     GEMV over the rotated activation: one warp per row, lane l takes values 2l,
-//                   2l+1 of every block, warp xor-sum; 4 rows per 128-thread block.
+//                   2l+1 of every block (both states from one window of codes), warp xor-sum;
+//                   4 rows per 128-thread block.
 // Both take the four tq2_r scalars last (unused), like every kernel of this file.
 
 #define TQ2T_BYTES 17u
@@ -297,6 +298,32 @@ __device__ __forceinline__ float tq2t_scale(unsigned int e) {
     return __uint_as_float((((e >> 3) + 103u) << 23) | ((e & 7u) << 20));
 }
 
+// The states of values j = 2l and j + 1 from one 14-bit window of the code stream (codes
+// j − 5 .. j + 1; at j < 5 it wraps to the block's end), 2-bit digits reversed: digit k of r is
+// code j + 1 − k. Three byte reads inside the block (the WGSL kernel's tq2t_states).
+__device__ __forceinline__ void tq2t_states(const unsigned char * __restrict__ blk, unsigned int j,
+                                            unsigned int * s0, unsigned int * s1) {
+    const unsigned char * q = blk + 1;
+    unsigned int w;
+    if (j >= 5u) {
+        const unsigned int c0 = j - 5u;
+        const unsigned int k = c0 >> 2;
+        const unsigned int v = (unsigned int)q[k] | ((unsigned int)q[k + 1u] << 8) |
+                               ((unsigned int)q[min(k + 2u, 15u)] << 16);
+        w = (v >> (2u * (c0 & 3u))) & 0x3fffu;
+    } else {
+        const unsigned int n1 = 5u - j;
+        const unsigned int hi = ((unsigned int)q[14] | ((unsigned int)q[15] << 8)) >> (2u * (3u + j));
+        const unsigned int lo =
+            ((unsigned int)q[0] | ((unsigned int)q[1] << 8)) & ((1u << (2u * (j + 2u))) - 1u);
+        w = hi | (lo << (2u * n1));
+    }
+    const unsigned int b = __brev(w) >> 18;
+    const unsigned int r = ((b >> 1) & 0x1555u) | ((b & 0x1555u) << 1);
+    *s0 = (r >> 2) & 0xfffu;
+    *s1 = r & 0xfffu;
+}
+
 extern "C" __global__ void tq2t_dequant(const unsigned char * __restrict__ src,
                                         float * __restrict__ dst, unsigned int n_blocks,
                                         unsigned int flags, unsigned int h, unsigned int scale,
@@ -324,8 +351,8 @@ extern "C" __global__ void tq2t_matvec(const unsigned char * __restrict__ w,
     float acc = 0.0f;
     for (unsigned int b = 0; b < bpr; ++b) {
         const unsigned char * blk = w + ((size_t)row * bpr + b) * TQ2T_BYTES;
-        const unsigned int s0 = tq2t_state(blk, j);
-        const unsigned int s1 = ((s0 << 2) | tq2t_code(blk, j + 1u)) & 0xfffu;
+        unsigned int s0, s1;
+        tq2t_states(blk, j, &s0, &s1);
         const float * xs = xr + (size_t)b * 64u + j;
         const float p = tq2t_codeword(s0) * xs[0] + tq2t_codeword(s1) * xs[1];
         acc = acc + tq2t_scale(blk[0]) * p;

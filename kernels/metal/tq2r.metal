@@ -297,6 +297,27 @@ static inline float tq2t_scale(uint e) {
     return as_type<float>((((e >> 3) + 103u) << 23) | ((e & 7u) << 20));
 }
 
+// The states of values j = 2l and j + 1 from one 14-bit window of codes (the WGSL kernel's
+// tq2t_states): digit k of r is code j + 1 − k.
+static inline uint2 tq2t_states(device const uchar * blk, uint j) {
+    device const uchar * q = blk + 1;
+    uint w;
+    if (j >= 5u) {
+        const uint c0 = j - 5u;
+        const uint k = c0 >> 2;
+        const uint v = uint(q[k]) | (uint(q[k + 1u]) << 8) | (uint(q[min(k + 2u, 15u)]) << 16);
+        w = (v >> (2u * (c0 & 3u))) & 0x3fffu;
+    } else {
+        const uint n1 = 5u - j;
+        const uint hi = (uint(q[14]) | (uint(q[15]) << 8)) >> (2u * (3u + j));
+        const uint lo = (uint(q[0]) | (uint(q[1]) << 8)) & ((1u << (2u * (j + 2u))) - 1u);
+        w = hi | (lo << (2u * n1));
+    }
+    const uint b = reverse_bits(w) >> 18;
+    const uint r = ((b >> 1) & 0x1555u) | ((b & 0x1555u) << 1);
+    return uint2((r >> 2) & 0xfffu, r & 0xfffu);
+}
+
 kernel void tq2t_dequant(device const uchar * src [[buffer(0)]],
                          device float * dst [[buffer(1)]],
                          constant uint & n_blocks [[buffer(2)]],
@@ -328,8 +349,9 @@ kernel void tq2t_matvec(device const uchar * w [[buffer(0)]],
     float acc = 0.0f;
     for (uint b = 0; b < bpr; ++b) {
         device const uchar * blk = w + (row * bpr + b) * TQ2T_BYTES;
-        const uint s0 = tq2t_state(blk, j);
-        const uint s1 = ((s0 << 2) | tq2t_code(blk, j + 1u)) & 0xfffu;
+        const uint2 st = tq2t_states(blk, j);
+        const uint s0 = st.x;
+        const uint s1 = st.y;
         device const float * xs = xr + b * 64u + j;
         const float q = tq2t_codeword(s0) * xs[0] + tq2t_codeword(s1) * xs[1];
         acc = acc + tq2t_scale(uint(blk[0])) * q;

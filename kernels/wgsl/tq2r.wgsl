@@ -308,8 +308,8 @@ fn tq2r_matvec(@builtin(local_invocation_index) t: u32,
 //
 //   tq2t_dequant    rotated-domain decode, one thread per value; 256 threads = 4 blocks of 64.
 //   tq2t_matvec     GEMV over the rotated activation x' (vec_in): 32 lanes per row, lane l takes
-//                   values 2l and 2l+1 of every block of the row (state of 2l from 6 codes, of
-//                   2l+1 by shifting one more in), acc += d_b·(c(s_2l)·x'_2l + c(s_2l+1)·x'_2l+1);
+//                   values 2l and 2l+1 of every block of the row (both states from one 14-bit
+//                   window of codes, tq2t_states), acc += d_b·(c(s_2l)·x'_2l + c(s_2l+1)·x'_2l+1);
 //                   tree sum; 8 rows per 256-thread workgroup.
 // Rows back to the original domain, and the activation's R·x, are the tq2r rotation kernels
 // above (the same R): the host launches them around these two.
@@ -367,6 +367,31 @@ fn tq2t_dequant(@builtin(local_invocation_index) t: u32,
     }
 }
 
+// The states of values j = 2l and j + 1 of the block at `base`, from one 14-bit window of the
+// code stream (codes j − 5 .. j + 1, code c at bits 2c; at j < 5 it wraps to the block's end)
+// with its 2-bit digits reversed: digit k of r is code j + 1 − k, so s_{j+1} = r & 0xfff and
+// s_j = (r >> 2) & 0xfff. Three byte reads inside the block instead of seven.
+fn tq2t_states(base: u32, j: u32) -> vec2<u32> {
+    let q = base + 1u; // code byte 0
+    var w: u32;
+    if (j >= 5u) {
+        let c0 = j - 5u; // odd: at bit 2 or 6 of its byte; the window ends within 3 bytes
+        let k = c0 >> 2u;
+        let v = rd_byte(q + k) | (rd_byte(q + k + 1u) << 8u) | (rd_byte(q + min(k + 2u, 15u)) << 16u);
+        w = (v >> (2u * (c0 & 3u))) & 0x3fffu;
+    } else {
+        // Codes 59 + j .. 63 (5 − j of them) from code bytes 14, 15 (codes 56 .. 63), then
+        // codes 0 .. j + 1 from code bytes 0, 1.
+        let n1 = 5u - j;
+        let hi = (rd_byte(q + 14u) | (rd_byte(q + 15u) << 8u)) >> (2u * (3u + j));
+        let lo = (rd_byte(q) | (rd_byte(q + 1u) << 8u)) & ((1u << (2u * (j + 2u))) - 1u);
+        w = hi | (lo << (2u * n1));
+    }
+    let b = reverseBits(w) >> 18u;
+    let r = ((b >> 1u) & 0x1555u) | ((b & 0x1555u) << 1u);
+    return vec2<u32>((r >> 2u) & 0xfffu, r & 0xfffu);
+}
+
 // params.n = rows, params.cols = K (a multiple of 64); vec_in = x' (rotated activation); dst = y.
 @compute @workgroup_size(256)
 fn tq2t_matvec(@builtin(local_invocation_index) t: u32,
@@ -380,8 +405,9 @@ fn tq2t_matvec(@builtin(local_invocation_index) t: u32,
         let j = 2u * lane;
         for (var b = 0u; b < bpr; b = b + 1u) {
             let base = (row * bpr + b) * TQ2T_BYTES;
-            let s0 = tq2t_state(base, j);
-            let s1 = ((s0 << 2u) | tq2t_code(base, j + 1u)) & 0xfffu;
+            let st = tq2t_states(base, j);
+            let s0 = st.x;
+            let s1 = st.y;
             let x = b * 64u + j;
             let p = tq2t_codeword(s0) * vec_in[x] + tq2t_codeword(s1) * vec_in[x + 1u];
             acc = acc + tq2t_scale(rd_byte(base)) * p;

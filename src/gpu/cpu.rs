@@ -183,6 +183,27 @@ pub(crate) fn tq2t_state(blk: &[u8], j: usize) -> u32 {
     })
 }
 
+/// The GEMV's two states, of values `j` (even) and `j + 1`, from one 14-bit window of the code
+/// stream (codes `j − 5 ..= j + 1`; for `j < 5` it wraps to the block's end) with its 2-bit digits
+/// reversed: digit `k` of `r` is code `j + 1 − k`. Three byte reads inside the block where
+/// [`tq2t_state`] makes six; a test holds the two equal for every `j`.
+pub(crate) fn tq2t_states(blk: &[u8], j: usize) -> (u32, u32) {
+    let q = |k: usize| blk[1 + k] as u32;
+    let w = if j >= 5 {
+        let c0 = j - 5;
+        let k = c0 / 4;
+        let v = q(k) | q(k + 1) << 8 | q((k + 2).min(15)) << 16;
+        (v >> (2 * (c0 % 4))) & 0x3fff
+    } else {
+        let hi = (q(14) | q(15) << 8) >> (2 * (3 + j));
+        let lo = (q(0) | q(1) << 8) & ((1 << (2 * (j + 2))) - 1);
+        hi | lo << (2 * (5 - j))
+    };
+    let b = w.reverse_bits() >> 18;
+    let r = ((b >> 1) & 0x1555) | ((b & 0x1555) << 1);
+    ((r >> 2) & 0xfff, r & 0xfff)
+}
+
 /// The 1MAD codeword as the kernels write it: wrapping u32 multiply-add, the byte sum, then one
 /// f32 product with the constant's bits (equals `tq2t::codeword`, a test checks every state).
 pub(crate) fn tq2t_codeword(s: u32) -> f32 {
@@ -315,8 +336,8 @@ impl Device for CpuEmulation {
                     .collect()
             }
             (Op::MatVec, Some(TensorType::TQ2T)) => {
-                // 32 lanes per row, lane l on values 2l, 2l+1 of every block (the second state
-                // shifted on from the first), acc += d·(c0·x0 + c1·x1); tree sum (the WGSL order).
+                // 32 lanes per row, lane l on values 2l, 2l+1 of every block (both states from one
+                // window of codes), acc += d·(c0·x0 + c1·x1); tree sum (the WGSL order).
                 let (src, xr) = (blocks.unwrap(), vec_in.unwrap());
                 let bpr = cols / tq2t::QK;
                 (0..n)
@@ -327,8 +348,7 @@ impl Device for CpuEmulation {
                             for b in 0..bpr {
                                 let o = (r * bpr + b) * tq2t::TQ2T_BYTES;
                                 let blk = &src[o..o + tq2t::TQ2T_BYTES];
-                                let s0 = tq2t_state(blk, j);
-                                let s1 = ((s0 << 2) | tq2t_code(blk, j + 1)) & 0xfff;
+                                let (s0, s1) = tq2t_states(blk, j);
                                 let x = b * tq2t::QK + j;
                                 let p = tq2t_codeword(s0) * xr[x] + tq2t_codeword(s1) * xr[x + 1];
                                 *acc += tq2t_scale(blk[0]) * p;
@@ -498,6 +518,14 @@ mod tests {
             let blk = &bytes[i / 64 * 17..][..17];
             let got = tq2t_scale(blk[0]) * tq2t_codeword(tq2t_state(blk, i % 64));
             assert_eq!(got.to_bits(), w.to_bits(), "value {i}");
+        }
+        // The GEMV's windowed pair of states is the per-value state, for every even j (the
+        // wrapping ones included) of every block.
+        for blk in bytes.chunks_exact(tq2t::TQ2T_BYTES) {
+            for j in (0..tq2t::QK).step_by(2) {
+                let want = (tq2t_state(blk, j), tq2t_state(blk, j + 1));
+                assert_eq!(tq2t_states(blk, j), want, "j={j}");
+            }
         }
     }
 

@@ -483,7 +483,7 @@ impl<D: Device> Backend for D {
 }
 
 fn no_twobit(kind: BackendKind) -> Error {
-    Error::Unsupported(format!("{}: no 2-bit (tq2_r) kernels", kind.name()))
+    Error::Unsupported(format!("{}: no 2-bit (tq2_r, tq2_t) kernels", kind.name()))
 }
 
 pub(crate) fn f32_bytes(v: &[f32]) -> Vec<u8> {

@@ -316,9 +316,9 @@ fn tq2r_matvec(@builtin(local_invocation_index) t: u32,
 //
 // Exactness: the state and the codeword's byte sum are integer arithmetic; the value is the
 // CPU's two f32 products (f32(sum − 510)·INV_STD, then ·scale) with no addition to contract
-// with. The scale byte decodes to a normal f32 (≥ 2^-24) built from bits and |c| ≥ 1/147.8, so
-// no product is subnormal and flush-to-zero cannot change it: the decode is bit-exact. The GEMV
-// sums in its own order and is held to the relative bound, like tq2r_matvec.
+// with. The scale byte decodes to a normal f32 (≥ 2^-24) built from bits and a nonzero |c| is
+// ≥ 1/147.8, so no product is subnormal and flush-to-zero cannot change it: the decode is
+// bit-exact. The GEMV sums in its own order and is held to the relative bound, like tq2r_matvec.
 
 const TQ2T_BYTES: u32 = 17u;
 const TQ2T_MAD_A: u32 = 34038481u;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU decode kernels in CI (issue 8; tq2_r's in issue 17), on a machine with no GPU:
+# GPU decode kernels in CI (issue 8; tq2_r's in issue 17, tq2_t's in issue 19), on a machine with no GPU:
 #  1. WGSL kernels run for real on Mesa's lavapipe (software Vulkan): the parity harness
 #     (tests/kernels.rs with TQ_REQUIRE_GPU=1), `tq kernels check --backend wgpu` (every type,
 #     tq2_r included) and `tq conformance --backend wgpu` on the six shared vector files.
@@ -57,12 +57,20 @@ TARGET="${CARGO_TARGET_DIR:-target}"
 echo "== kernels: parity harness on wgpu (lavapipe) + CUDA NVRTC compile =="
 # TQ_REQUIRE_GPU / TQ_REQUIRE_NVRTC: no adapter / no libnvrtc is a failure here, not a skip.
 TQ_REQUIRE_GPU=1 TQ_REQUIRE_NVRTC=1 TQ_REQUIRE_DATA=1 cargo test --locked --features wgpu,cuda --test kernels -- --nocapture
-echo "== tq kernels check --backend wgpu (tq4_1s, tq3_1s, turbo2/3/4, tq2_r) =="
+echo "== tq kernels check --backend wgpu (tq4_1s, tq3_1s, turbo2/3/4, tq2_r, tq2_t) =="
 "$TARGET/debug/tq" kernels check --backend wgpu | tee "$TQ_CACHE/ci-gpu-kernels.txt"
 # tq2_r (issue 17): its decode, rotation (both paths) and GEMV lines must be there and pass.
 for want in "tq2_r    dequantize seed2bit.json, design layout" "tq2_r    rotate     K=8192" \
             "tq2_r    matvec     smollm2.ffn_down"; do
   grep "$want" "$TQ_CACHE/ci-gpu-kernels.txt" | grep -q PASS \
+    || { echo "FAIL: no passing '$want' line in tq kernels check" >&2; exit 1; }
+done
+# tq2_t (issue 19): decode (every scale byte, the CPU encoder's rows), row decode through the
+# multi-pass rotation, the GEMV at SmolLM2's shape.
+for want in "tq2_t    dequantize random-bytes (every scale byte)" \
+            "tq2_t    dequantize gaussian 8x576, CPU Viterbi encoder" \
+            "tq2_t    row-decode llama3-8b.ffn_down 14336" "tq2_t    matvec     smollm2.ffn_down"; do
+  grep -F "$want" "$TQ_CACHE/ci-gpu-kernels.txt" | grep -q PASS \
     || { echo "FAIL: no passing '$want' line in tq kernels check" >&2; exit 1; }
 done
 echo "== tq conformance --backend wgpu: the shared vectors through the kernels (issue 17) =="
@@ -126,3 +134,10 @@ echo "== tq validate --kernels wgpu: a tq2_r artifact's own blocks through the t
 "$TARGET/debug/tq" validate "$TQ_CACHE/ci-gpu-tq2_r.gguf" --kernels wgpu --gen-prompts 0 -q \
   | tee "$TQ_CACHE/ci-gpu-validate-tq2r.txt"
 grep -q "kernels/wgpu  *pass" "$TQ_CACHE/ci-gpu-validate-tq2r.txt"
+echo "== tq validate --kernels wgpu: a tq2_t artifact's own blocks through the tq2_t kernels (issue 19) =="
+# Layer 0 only in tq2_t (the Viterbi encoder is slow in a debug build), the rest q8_0.
+"$TARGET/debug/tq" convert "$smol" --weights q8_0 --tensor-type '^blk\.0\.=tq2_t' -q \
+  -o "$TQ_CACHE/ci-gpu-tq2_t.gguf"
+"$TARGET/debug/tq" validate "$TQ_CACHE/ci-gpu-tq2_t.gguf" --kernels wgpu --gen-prompts 0 -q \
+  | tee "$TQ_CACHE/ci-gpu-validate-tq2t.txt"
+grep -q "kernels/wgpu  *pass" "$TQ_CACHE/ci-gpu-validate-tq2t.txt"

@@ -42,6 +42,9 @@ py_tf() { venv_python venv-tf oracle-transformers.txt "$@"; }
 # The Ray venv for the distributed driver (scripts/ray/tq_ray.py): ray 2.60.0 and its dependencies.
 py_ray() { venv_python venv-ray ray.txt "$@"; }
 
+# The plot venv (scripts/plot-2bit.py): matplotlib 3.10.7 and its dependencies.
+py_plot() { venv_python venv-plot plot.txt "$@"; }
+
 # llama_bin: the directory of llama.cpp's tools ($LLAMA_BIN, else the cached build, built if missing).
 llama_bin() {
   local bin="${LLAMA_BIN:-$TQ_CACHE/llama.cpp/build/bin}"

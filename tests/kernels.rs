@@ -63,6 +63,9 @@ fn harness_passes_on_cpu_emulation() {
         assert_eq!(of(KernelKind::MatMul) >= 2, ty.is_tq_weight(), "{ty}");
         let conf = if ty.is_row_rotated() {
             "seed2bit.json, design layout"
+        } else if ty == TensorType::TQ2T {
+            // No vector file for tq2_t: random bytes with every scale byte.
+            "random-bytes (every scale byte)"
         } else {
             "conformance"
         };
@@ -128,6 +131,114 @@ fn harness_covers_tq2r() {
         let exact = r.tolerance == gpu::Tolerance::BitExact;
         assert_eq!(exact, !r.data.contains("dct"), "{}", r.data);
     }
+}
+
+/// tq2_t goes through every kernel and data set: random bytes with every scale byte (decode,
+/// and rows of 576 through the inverse rotation), rows from the CPU's Viterbi encoder, random
+/// codes at real and odd shapes (one-block rows, 3-block rows, multi-pass and DCT rotations),
+/// the GEMV alone and end to end. Decode bit-exact; row decode bit-exact except the DCT length.
+#[test]
+fn harness_covers_tq2t() {
+    let opts = CheckOptions {
+        types: vec![TensorType::TQ2T],
+        ..quick_opts()
+    };
+    let rep = gpu::check(&mut CpuEmulation, &opts).unwrap();
+    assert!(rep.pass(), "{}", gpu::format_report(&rep));
+    assert!(rep.results.iter().all(|r| r.ty == TensorType::TQ2T));
+    let has = |kind: KernelKind, data: &str| {
+        rep.results
+            .iter()
+            .any(|r| r.kind == kind && r.data.contains(data) && r.values > 0)
+    };
+    for (kind, data) in [
+        (KernelKind::Dequantize, "random-bytes (every scale byte)"),
+        (KernelKind::RowDecode, "random-bytes, rows of 576"),
+        (
+            KernelKind::Dequantize,
+            "gaussian 2x576, CPU Viterbi encoder",
+        ),
+        (
+            KernelKind::MatVec,
+            "gaussian 2x1536, CPU Viterbi encoder [GEMV alone]",
+        ),
+        (KernelKind::MatVec, "smollm2.ffn_down 576x1536"),
+        (KernelKind::MatVec, "one block per row 7x64 [GEMV alone]"),
+        (KernelKind::RowDecode, "odd 13x192"),
+        (KernelKind::MatVec, "pow2 8192"),
+        (KernelKind::RowDecode, "llama3-8b.ffn_down 14336"),
+        (KernelKind::RowDecode, "dct 4672"),
+    ] {
+        assert!(
+            has(kind, data),
+            "{kind:?} {data}\n{}",
+            gpu::format_report(&rep)
+        );
+    }
+    for r in rep.results.iter() {
+        let exact = r.tolerance == gpu::Tolerance::BitExact;
+        match r.kind {
+            KernelKind::Dequantize => assert!(exact, "{}", r.data),
+            KernelKind::RowDecode => assert_eq!(exact, !r.data.contains("dct"), "{}", r.data),
+            _ => assert!(!exact, "{}", r.data),
+        }
+    }
+}
+
+/// tq2_t: a one-bit error in the decode or a dot off by 1e-4 fails the checks of that kernel
+/// and only those; hostile shapes are errors.
+#[test]
+fn harness_fails_wrong_tq2t_kernels() {
+    let opts = CheckOptions {
+        types: vec![TensorType::TQ2T],
+        ..quick_opts()
+    };
+    let failing = |mut b: Broken| {
+        let rep = gpu::check(&mut b, &opts).unwrap();
+        assert!(!rep.pass());
+        let mut kinds: Vec<KernelKind> = rep
+            .results
+            .iter()
+            .filter(|r| !r.pass)
+            .map(|r| r.kind)
+            .collect();
+        kinds.sort_by_key(|k| format!("{k:?}"));
+        kinds.dedup();
+        kinds
+    };
+    let k = failing(Broken {
+        flip_one_bit: true,
+        ..Broken::default()
+    });
+    assert!(k.contains(&KernelKind::Dequantize), "{k:?}");
+    assert!(!k.contains(&KernelKind::MatVec), "{k:?}");
+    let k = failing(Broken {
+        dot_scale: 1.0 + 1e-4,
+        ..Broken::default()
+    });
+    assert_eq!(k, [KernelKind::MatVec]);
+    let k = failing(Broken {
+        flip_rotation: true,
+        ..Broken::default()
+    });
+    assert_eq!(k, [KernelKind::RowDecode]);
+    let mut b = CpuEmulation;
+    let blk = [0u8; 17];
+    fn w(data: &[u8], cols: usize) -> TwoBit<'_> {
+        TwoBit {
+            layout: TwoBitLayout::Tq2t,
+            data,
+            rows: 1,
+            cols,
+            rotated: true,
+        }
+    }
+    assert!(b.twobit_decode(&w(&blk, 64), true).is_ok());
+    assert!(b.twobit_decode(&w(&blk, 32), false).is_err());
+    assert!(b.twobit_decode(&w(&blk[..16], 64), false).is_err());
+    assert!(b.twobit_matvec(&w(&blk, 64), &[0.0; 32], false).is_err());
+    assert!(b.matvec(TensorType::TQ2T, &blk, 1, 96, &[0.0; 96]).is_err());
+    assert!(b.dequantize(TensorType::TQ2T, &blk[..10]).is_err());
 }
 
 /// The GPU path of `tq conformance` on the CPU emulation: every pack2bit case's reconstruction
@@ -785,6 +896,82 @@ fn cuda_kernels_match_the_cpu_reference() {
     let rep = gpu::check(b.as_mut(), &quick_opts()).unwrap();
     println!("{}", gpu::format_report(&rep));
     assert!(rep.pass(), "{}", gpu::format_report(&rep));
+}
+
+/// A tq2_t kernel with one wrong operation (through `TQ_KERNELS_DIR`) fails `tq kernels check`:
+/// the codeword's centring, the state's wrap-around, the GEMV's per-block scale.
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_wrong_tq2t_kernels_fail() {
+    if let Err(e) = gpu::open_backend(BackendKind::Wgpu) {
+        if require_gpu() {
+            panic!("TQ_REQUIRE_GPU=1 but {e}");
+        }
+        eprintln!("SKIP: {e}");
+        return;
+    }
+    let edits = [
+        (
+            "return f32(i32(sum) - 510) * bitcast<f32>(TQ2T_INV_STD);",
+            "return f32(i32(sum) - 509) * bitcast<f32>(TQ2T_INV_STD);",
+            "dequantize random-bytes",
+        ),
+        (
+            "(j + 64u - t) & 63u",
+            "min(j + 64u - t, 127u) & 127u",
+            "dequantize random-bytes",
+        ),
+        (
+            "acc = acc + tq2t_scale(rd_byte(base)) * p;",
+            "acc = acc + tq2t_scale(rd_byte(base)) * p * 1.001;",
+            "matvec",
+        ),
+    ];
+    for (i, (from, to, shows)) in edits.into_iter().enumerate() {
+        let dir = std::env::temp_dir().join(format!("tq-wrong-tq2t-{}-{i}", std::process::id()));
+        for (lang, files) in [
+            ("cuda", &["common.cuh", "tq.cu", "turbo.cu", "tq2r.cu"][..]),
+            (
+                "metal",
+                &["common.metal", "tq.metal", "turbo.metal", "tq2r.metal"][..],
+            ),
+            (
+                "wgsl",
+                &["common.wgsl", "tq.wgsl", "turbo.wgsl", "tq2r.wgsl"][..],
+            ),
+        ] {
+            std::fs::create_dir_all(dir.join(lang)).unwrap();
+            for f in files {
+                let mut text = gpu::sources::text(lang, f).unwrap();
+                if *f == "tq2r.wgsl" {
+                    assert!(text.contains(from), "{from}");
+                    text = text.replace(from, to);
+                }
+                std::fs::write(dir.join(lang).join(f), text).unwrap();
+            }
+        }
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_tq"))
+            .args([
+                "kernels",
+                "check",
+                "--backend",
+                "wgpu",
+                "--quick",
+                "--types",
+                "tq2_t",
+            ])
+            .env("TQ_KERNELS_DIR", &dir)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(o.status.code(), Some(2), "{shows}: {text}");
+        assert!(
+            text.lines()
+                .any(|l| l.contains("FAIL") && l.contains("tq2_t") && l.contains(shows)),
+            "{shows}: {text}"
+        );
+    }
 }
 
 /// `--backend auto` skips absent backends but counts a backend whose kernels do not compile as a

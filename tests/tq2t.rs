@@ -89,3 +89,33 @@ fn short_rows_fall_back_and_dry_run_sizes() {
     assert!(l.contains("tq2_r"), "{l}");
     assert!(o.contains("fallback tq2_t -> tq2_r: row length 96"), "{o}");
 }
+
+/// `tq validate --kernels cpu`: every tq2_t tensor's sampled rows through the tq2_t kernels (the
+/// CPU statement of their arithmetic: trellis decode, tq2_r's inverse row rotation, rotation +
+/// GEMV) against the CPU reference, every row of rows of 128 (power of two) and 192 (Paley).
+#[test]
+fn validate_runs_the_kernels_on_tq2t_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let inp = model(dir.path(), 128);
+    let out = dir.path().join("out.gguf");
+    convert(&inp, &out, &[]);
+    let (code, o, err) = tq(&[
+        "validate",
+        s(&out),
+        "--kernels",
+        "cpu",
+        "--full",
+        "--gen-prompts",
+        "0",
+        "-q",
+    ]);
+    assert_eq!(code, 0, "{o}\n{err}");
+    let line = o
+        .lines()
+        .find(|l| l.contains("kernels/cpu-emulation"))
+        .unwrap_or_else(|| panic!("{o}"));
+    assert!(line.contains(" pass "), "{line}");
+    assert!(line.contains("15 tensors"), "{line}");
+    assert!(line.contains("every row"), "{line}");
+    assert!(line.contains("dequantize bit-exact"), "{line}");
+}

@@ -253,3 +253,112 @@ extern "C" __global__ void tq2r_matvec(const unsigned char * __restrict__ w,
         y[row] = acc;
     }
 }
+
+// ---- tq2_t (issue 19): trellis-coded 2-bit weights on the same whole-row rotation ----------
+// The algorithms of the tq2_t section of kernels/wgsl/tq2r.wgsl (format, exactness argument
+// there): 17-byte blocks of 64 rotated values, value j = scale(e)·c(s_j), tail-biting L = 12
+// state, 1MAD codeword. The rotation kernels above do R·x and Rᵀ.
+//
+//   tq2t_dequant    rotated-domain decode, one thread per value; 256 threads = 4 blocks of 64.
+//   tq2t_matvec     GEMV over the rotated activation: one warp per row, lane l takes values 2l,
+//                   2l+1 of every block (both states from one window of codes), warp xor-sum;
+//                   4 rows per 128-thread block.
+// Both take the four tq2_r scalars last (unused), like every kernel of this file.
+
+#define TQ2T_BYTES 17u
+#define TQ2T_MAD_A 34038481u
+#define TQ2T_MAD_B 76625530u
+#define TQ2T_INV_STD 0x3bddb447u
+
+__device__ __forceinline__ unsigned int tq2t_code(const unsigned char * __restrict__ blk,
+                                                  unsigned int j) {
+    return (blk[1u + (j >> 2)] >> (2u * (j & 3u))) & 3u;
+}
+
+__device__ __forceinline__ unsigned int tq2t_state(const unsigned char * __restrict__ blk,
+                                                   unsigned int j) {
+    unsigned int s = 0u;
+#pragma unroll
+    for (unsigned int t = 0; t < 6u; ++t) {
+        s |= tq2t_code(blk, (j + 64u - t) & 63u) << (2u * t);
+    }
+    return s;
+}
+
+__device__ __forceinline__ float tq2t_codeword(unsigned int s) {
+    const unsigned int x = TQ2T_MAD_A * s + TQ2T_MAD_B;
+    const unsigned int sum = (x & 255u) + ((x >> 8) & 255u) + ((x >> 16) & 255u) + (x >> 24);
+    return __fmul_rn((float)((int)sum - 510), __uint_as_float(TQ2T_INV_STD));
+}
+
+__device__ __forceinline__ float tq2t_scale(unsigned int e) {
+    if (e == 0u) {
+        return 0.0f;
+    }
+    return __uint_as_float((((e >> 3) + 103u) << 23) | ((e & 7u) << 20));
+}
+
+// The states of values j = 2l and j + 1 from one 14-bit window of the code stream (codes
+// j − 5 .. j + 1; at j < 5 it wraps to the block's end), 2-bit digits reversed: digit k of r is
+// code j + 1 − k. Three byte reads inside the block (the WGSL kernel's tq2t_states).
+__device__ __forceinline__ void tq2t_states(const unsigned char * __restrict__ blk, unsigned int j,
+                                            unsigned int * s0, unsigned int * s1) {
+    const unsigned char * q = blk + 1;
+    unsigned int w;
+    if (j >= 5u) {
+        const unsigned int c0 = j - 5u;
+        const unsigned int k = c0 >> 2;
+        const unsigned int v = (unsigned int)q[k] | ((unsigned int)q[k + 1u] << 8) |
+                               ((unsigned int)q[min(k + 2u, 15u)] << 16);
+        w = (v >> (2u * (c0 & 3u))) & 0x3fffu;
+    } else {
+        const unsigned int n1 = 5u - j;
+        const unsigned int hi = ((unsigned int)q[14] | ((unsigned int)q[15] << 8)) >> (2u * (3u + j));
+        const unsigned int lo =
+            ((unsigned int)q[0] | ((unsigned int)q[1] << 8)) & ((1u << (2u * (j + 2u))) - 1u);
+        w = hi | (lo << (2u * n1));
+    }
+    const unsigned int b = __brev(w) >> 18;
+    const unsigned int r = ((b >> 1) & 0x1555u) | ((b & 0x1555u) << 1);
+    *s0 = (r >> 2) & 0xfffu;
+    *s1 = r & 0xfffu;
+}
+
+extern "C" __global__ void tq2t_dequant(const unsigned char * __restrict__ src,
+                                        float * __restrict__ dst, unsigned int n_blocks,
+                                        unsigned int flags, unsigned int h, unsigned int scale,
+                                        unsigned int step) {
+    const size_t gb = (size_t)blockIdx.x * 4u + (threadIdx.x >> 6);
+    const unsigned int j = threadIdx.x & 63u;
+    if (gb >= n_blocks) {
+        return;
+    }
+    const unsigned char * blk = src + gb * TQ2T_BYTES;
+    dst[gb * 64u + j] = __fmul_rn(tq2t_scale(blk[0]), tq2t_codeword(tq2t_state(blk, j)));
+}
+
+extern "C" __global__ void tq2t_matvec(const unsigned char * __restrict__ w,
+                                       const float * __restrict__ xr, float * __restrict__ y,
+                                       unsigned int rows, unsigned int cols, unsigned int flags,
+                                       unsigned int h, unsigned int scale, unsigned int step) {
+    const unsigned int row = blockIdx.x * 4u + (threadIdx.x >> 5);
+    const unsigned int lane = threadIdx.x & 31u;
+    if (row >= rows) {
+        return;   // the whole warp leaves together
+    }
+    const unsigned int bpr = cols / 64u;
+    const unsigned int j = 2u * lane;
+    float acc = 0.0f;
+    for (unsigned int b = 0; b < bpr; ++b) {
+        const unsigned char * blk = w + ((size_t)row * bpr + b) * TQ2T_BYTES;
+        unsigned int s0, s1;
+        tq2t_states(blk, j, &s0, &s1);
+        const float * xs = xr + (size_t)b * 64u + j;
+        const float p = tq2t_codeword(s0) * xs[0] + tq2t_codeword(s1) * xs[1];
+        acc = acc + tq2t_scale(blk[0]) * p;
+    }
+    acc = tq_warp_sum(acc);
+    if (lane == 0) {
+        y[row] = acc;
+    }
+}

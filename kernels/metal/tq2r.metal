@@ -260,3 +260,104 @@ kernel void tq2r_matvec(device const uchar * w [[buffer(0)]],
         y[row] = acc;
     }
 }
+
+// ---- tq2_t (issue 19): trellis-coded 2-bit weights on the same whole-row rotation ----------
+// The algorithms of kernels/cuda/tq2r.cu's tq2_t section (format and exactness argument in
+// kernels/wgsl/tq2r.wgsl): tq2t_dequant one thread per value (256 threads = 4 blocks of 64),
+// tq2t_matvec one SIMD group per row, lane l on values 2l, 2l+1 of every block. Buffers as the
+// tq2_r kernels (7 is bound and unused).
+
+#define TQ2T_BYTES 17u
+#define TQ2T_MAD_A 34038481u
+#define TQ2T_MAD_B 76625530u
+#define TQ2T_INV_STD 0x3bddb447u
+
+static inline uint tq2t_code(device const uchar * blk, uint j) {
+    return (uint(blk[1u + (j >> 2)]) >> (2u * (j & 3u))) & 3u;
+}
+
+static inline uint tq2t_state(device const uchar * blk, uint j) {
+    uint s = 0u;
+    for (uint t = 0; t < 6u; ++t) {
+        s |= tq2t_code(blk, (j + 64u - t) & 63u) << (2u * t);
+    }
+    return s;
+}
+
+static inline float tq2t_codeword(uint s) {
+    const uint x = TQ2T_MAD_A * s + TQ2T_MAD_B;
+    const uint sum = (x & 255u) + ((x >> 8) & 255u) + ((x >> 16) & 255u) + (x >> 24);
+    return float(int(sum) - 510) * as_type<float>(TQ2T_INV_STD);
+}
+
+static inline float tq2t_scale(uint e) {
+    if (e == 0u) {
+        return 0.0f;
+    }
+    return as_type<float>((((e >> 3) + 103u) << 23) | ((e & 7u) << 20));
+}
+
+// The states of values j = 2l and j + 1 from one 14-bit window of codes (the WGSL kernel's
+// tq2t_states): digit k of r is code j + 1 − k.
+static inline uint2 tq2t_states(device const uchar * blk, uint j) {
+    device const uchar * q = blk + 1;
+    uint w;
+    if (j >= 5u) {
+        const uint c0 = j - 5u;
+        const uint k = c0 >> 2;
+        const uint v = uint(q[k]) | (uint(q[k + 1u]) << 8) | (uint(q[min(k + 2u, 15u)]) << 16);
+        w = (v >> (2u * (c0 & 3u))) & 0x3fffu;
+    } else {
+        const uint n1 = 5u - j;
+        const uint hi = (uint(q[14]) | (uint(q[15]) << 8)) >> (2u * (3u + j));
+        const uint lo = (uint(q[0]) | (uint(q[1]) << 8)) & ((1u << (2u * (j + 2u))) - 1u);
+        w = hi | (lo << (2u * n1));
+    }
+    const uint b = reverse_bits(w) >> 18;
+    const uint r = ((b >> 1) & 0x1555u) | ((b & 0x1555u) << 1);
+    return uint2((r >> 2) & 0xfffu, r & 0xfffu);
+}
+
+kernel void tq2t_dequant(device const uchar * src [[buffer(0)]],
+                         device float * dst [[buffer(1)]],
+                         constant uint & n_blocks [[buffer(2)]],
+                         constant Tq2rParams & p [[buffer(7)]],
+                         uint tid [[thread_position_in_grid]]) {
+    const uint gb = tid >> 6;
+    const uint j = tid & 63u;
+    if (gb >= n_blocks) {
+        return;
+    }
+    device const uchar * blk = src + gb * TQ2T_BYTES;
+    dst[gb * 64u + j] = tq2t_scale(uint(blk[0])) * tq2t_codeword(tq2t_state(blk, j));
+}
+
+kernel void tq2t_matvec(device const uchar * w [[buffer(0)]],
+                        device float * y [[buffer(1)]],
+                        constant uint & rows [[buffer(2)]],
+                        constant uint & cols [[buffer(3)]],
+                        device const float * xr [[buffer(4)]],
+                        constant Tq2rParams & p [[buffer(7)]],
+                        uint tid [[thread_position_in_grid]]) {
+    const uint row = tid >> 5;
+    const uint lane = tid & 31u;
+    if (row >= rows) {
+        return;   // the whole SIMD group leaves together
+    }
+    const uint bpr = cols / 64u;
+    const uint j = 2u * lane;
+    float acc = 0.0f;
+    for (uint b = 0; b < bpr; ++b) {
+        device const uchar * blk = w + (row * bpr + b) * TQ2T_BYTES;
+        const uint2 st = tq2t_states(blk, j);
+        const uint s0 = st.x;
+        const uint s1 = st.y;
+        device const float * xs = xr + b * 64u + j;
+        const float q = tq2t_codeword(s0) * xs[0] + tq2t_codeword(s1) * xs[1];
+        acc = acc + tq2t_scale(uint(blk[0])) * q;
+    }
+    acc = tq_simd_sum(acc);
+    if (lane == 0) {
+        y[row] = acc;
+    }
+}

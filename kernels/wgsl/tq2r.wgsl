@@ -298,3 +298,130 @@ fn tq2r_matvec(@builtin(local_invocation_index) t: u32,
         dst[row] = red[t];
     }
 }
+
+// ---- tq2_t (issue 19): trellis-coded 2-bit weights on the same whole-row rotation ----------
+//
+// Block (17 bytes per 64 rotated values): scale byte e, then 16 code bytes, code j at bits
+// 2·(j mod 4) of byte 1 + j/4. Value j = scale(e) · c(s_j) with the tail-biting L = 12 state
+// s_j = Σ_{t<6} code((j − t) mod 64) << 2t and the 1MAD codeword c(s) = (Σ bytes of
+// (A·s + B mod 2³²) − 510) · INV_STD (src/types/tq2t.rs, docs/formats.md).
+//
+//   tq2t_dequant    rotated-domain decode, one thread per value; 256 threads = 4 blocks of 64.
+//   tq2t_matvec     GEMV over the rotated activation x' (vec_in): 32 lanes per row, lane l takes
+//                   values 2l and 2l+1 of every block of the row (both states from one 14-bit
+//                   window of codes, tq2t_states), acc += d_b·(c(s_2l)·x'_2l + c(s_2l+1)·x'_2l+1);
+//                   tree sum; 8 rows per 256-thread workgroup.
+// Rows back to the original domain, and the activation's R·x, are the tq2r rotation kernels
+// above (the same R): the host launches them around these two.
+//
+// Exactness: the state and the codeword's byte sum are integer arithmetic; the value is the
+// CPU's two f32 products (f32(sum − 510)·INV_STD, then ·scale) with no addition to contract
+// with. The scale byte decodes to a normal f32 (≥ 2^-24) built from bits and a nonzero |c| is
+// ≥ 1/147.8, so no product is subnormal and flush-to-zero cannot change it: the decode is
+// bit-exact. The GEMV sums in its own order and is held to the relative bound, like tq2r_matvec.
+
+const TQ2T_BYTES: u32 = 17u;
+const TQ2T_MAD_A: u32 = 34038481u;
+const TQ2T_MAD_B: u32 = 76625530u;
+const TQ2T_INV_STD: u32 = 0x3bddb447u; // f32 bits of 1/147.80054 (tq2t::MAD_INV_STD)
+
+// Code j (0..63) of the block whose first byte is at `base`.
+fn tq2t_code(base: u32, j: u32) -> u32 {
+    return (rd_byte(base + 1u + (j >> 2u)) >> (2u * (j & 3u))) & 3u;
+}
+
+// The 12-bit tail-biting state of value j: its code in the low bits, the five before it above.
+fn tq2t_state(base: u32, j: u32) -> u32 {
+    var s = 0u;
+    for (var t = 0u; t < 6u; t = t + 1u) {
+        s = s | (tq2t_code(base, (j + 64u - t) & 63u) << (2u * t));
+    }
+    return s;
+}
+
+// The 1MAD codeword of state s (u32 arithmetic wraps, as the CPU's wrapping_mul/add).
+fn tq2t_codeword(s: u32) -> f32 {
+    let x = TQ2T_MAD_A * s + TQ2T_MAD_B;
+    let sum = (x & 255u) + ((x >> 8u) & 255u) + ((x >> 16u) & 255u) + (x >> 24u);
+    return f32(i32(sum) - 510) * bitcast<f32>(TQ2T_INV_STD);
+}
+
+// The scale byte: 0, or (8 + m)·2^(E − 27) = (1 + m/8)·2^(E − 24), E = e >> 3, m = e & 7.
+fn tq2t_scale(e: u32) -> f32 {
+    if (e == 0u) {
+        return 0.0;
+    }
+    return bitcast<f32>((((e >> 3u) + 103u) << 23u) | ((e & 7u) << 20u));
+}
+
+// params.n = blocks; dst = the rotated values.
+@compute @workgroup_size(256)
+fn tq2t_dequant(@builtin(local_invocation_index) t: u32,
+                @builtin(workgroup_id) wid: vec3<u32>,
+                @builtin(num_workgroups) nwg: vec3<u32>) {
+    let gb = group_index(wid, nwg) * 4u + (t >> 6u);
+    if (gb < params.n) {
+        let j = t & 63u;
+        let base = gb * TQ2T_BYTES;
+        dst[gb * 64u + j] = tq2t_scale(rd_byte(base)) * tq2t_codeword(tq2t_state(base, j));
+    }
+}
+
+// The states of values j = 2l and j + 1 of the block at `base`, from one 14-bit window of the
+// code stream (codes j − 5 .. j + 1, code c at bits 2c; at j < 5 it wraps to the block's end)
+// with its 2-bit digits reversed: digit k of r is code j + 1 − k, so s_{j+1} = r & 0xfff and
+// s_j = (r >> 2) & 0xfff. Three byte reads inside the block instead of seven.
+fn tq2t_states(base: u32, j: u32) -> vec2<u32> {
+    let q = base + 1u; // code byte 0
+    var w: u32;
+    if (j >= 5u) {
+        let c0 = j - 5u; // odd: at bit 2 or 6 of its byte; the window ends within 3 bytes
+        let k = c0 >> 2u;
+        let v = rd_byte(q + k) | (rd_byte(q + k + 1u) << 8u) | (rd_byte(q + min(k + 2u, 15u)) << 16u);
+        w = (v >> (2u * (c0 & 3u))) & 0x3fffu;
+    } else {
+        // Codes 59 + j .. 63 (5 − j of them) from code bytes 14, 15 (codes 56 .. 63), then
+        // codes 0 .. j + 1 from code bytes 0, 1.
+        let n1 = 5u - j;
+        let hi = (rd_byte(q + 14u) | (rd_byte(q + 15u) << 8u)) >> (2u * (3u + j));
+        let lo = (rd_byte(q) | (rd_byte(q + 1u) << 8u)) & ((1u << (2u * (j + 2u))) - 1u);
+        w = hi | (lo << (2u * n1));
+    }
+    let b = reverseBits(w) >> 18u;
+    let r = ((b >> 1u) & 0x1555u) | ((b & 0x1555u) << 1u);
+    return vec2<u32>((r >> 2u) & 0xfffu, r & 0xfffu);
+}
+
+// params.n = rows, params.cols = K (a multiple of 64); vec_in = x' (rotated activation); dst = y.
+@compute @workgroup_size(256)
+fn tq2t_matvec(@builtin(local_invocation_index) t: u32,
+               @builtin(workgroup_id) wid: vec3<u32>,
+               @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = group_index(wid, nwg) * 8u + (t >> 5u);
+    let lane = t & 31u;
+    var acc = 0.0;
+    if (row < params.n) {
+        let bpr = params.cols / 64u;
+        let j = 2u * lane;
+        for (var b = 0u; b < bpr; b = b + 1u) {
+            let base = (row * bpr + b) * TQ2T_BYTES;
+            let st = tq2t_states(base, j);
+            let s0 = st.x;
+            let s1 = st.y;
+            let x = b * 64u + j;
+            let p = tq2t_codeword(s0) * vec_in[x] + tq2t_codeword(s1) * vec_in[x + 1u];
+            acc = acc + tq2t_scale(rd_byte(base)) * p;
+        }
+    }
+    red[t] = acc;
+    for (var s = 16u; s > 0u; s = s >> 1u) {
+        workgroupBarrier();
+        if (lane < s) {
+            red[t] = red[t] + red[t + s];
+        }
+    }
+    workgroupBarrier();
+    if (lane == 0u && row < params.n) {
+        dst[row] = red[t];
+    }
+}

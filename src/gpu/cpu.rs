@@ -12,6 +12,7 @@ use super::BackendKind;
 use crate::error::Result;
 use crate::math::hadamard::fwht;
 use crate::types::tq as tqs;
+use crate::types::tq2t;
 use crate::types::turbo;
 use crate::types::{dequantize as cpu_dequantize, TensorType};
 use std::cell::RefCell;
@@ -159,6 +160,61 @@ pub(crate) fn tq2r_block(src: &[u8], gb: usize, nblk: usize, flags: u32) -> ([u3
     }
 }
 
+/// tq2_t's scale byte as the kernels build it, from bits: 0, or `(1 + m/8)·2^(E − 24)` with
+/// `E = e >> 3`, `m = e & 7` (equals `tq2t::scale_of`, a test checks every byte).
+pub(crate) fn tq2t_scale(e: u8) -> f32 {
+    if e == 0 {
+        return 0.0;
+    }
+    let (ex, m) = ((e >> 3) as u32, (e & 7) as u32);
+    f32::from_bits(((ex + 103) << 23) | (m << 20))
+}
+
+/// Code `j` of a tq2_t block (`blk` = its 17 bytes).
+fn tq2t_code(blk: &[u8], j: usize) -> u32 {
+    ((blk[1 + j / 4] >> (2 * (j % 4))) & 3) as u32
+}
+
+/// The tail-biting state of value `j`, read from its block as one GPU thread does: its code in
+/// the low bits, the five before it (wrapping inside the block) above.
+pub(crate) fn tq2t_state(blk: &[u8], j: usize) -> u32 {
+    (0..6).fold(0, |s, t| {
+        s | tq2t_code(blk, (j + tq2t::QK - t) % tq2t::QK) << (2 * t)
+    })
+}
+
+/// The GEMV's two states, of values `j` (even) and `j + 1`, from one 14-bit window of the code
+/// stream (codes `j − 5 ..= j + 1`; for `j < 5` it wraps to the block's end) with its 2-bit digits
+/// reversed: digit `k` of `r` is code `j + 1 − k`. Three byte reads inside the block where
+/// [`tq2t_state`] makes six; a test holds the two equal for every `j`.
+pub(crate) fn tq2t_states(blk: &[u8], j: usize) -> (u32, u32) {
+    let q = |k: usize| blk[1 + k] as u32;
+    let w = if j >= 5 {
+        let c0 = j - 5;
+        let k = c0 / 4;
+        let v = q(k) | q(k + 1) << 8 | q((k + 2).min(15)) << 16;
+        (v >> (2 * (c0 % 4))) & 0x3fff
+    } else {
+        let hi = (q(14) | q(15) << 8) >> (2 * (3 + j));
+        let lo = (q(0) | q(1) << 8) & ((1 << (2 * (j + 2))) - 1);
+        hi | lo << (2 * (5 - j))
+    };
+    let b = w.reverse_bits() >> 18;
+    let r = ((b >> 1) & 0x1555) | ((b & 0x1555) << 1);
+    ((r >> 2) & 0xfff, r & 0xfff)
+}
+
+/// The 1MAD codeword as the kernels write it: wrapping u32 multiply-add, the byte sum, then one
+/// f32 product with the constant's bits (equals `tq2t::codeword`, a test checks every state).
+pub(crate) fn tq2t_codeword(s: u32) -> f32 {
+    let x = tq2t::MAD_A.wrapping_mul(s).wrapping_add(tq2t::MAD_B);
+    let sum = (x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24);
+    (sum as i32 - 510) as f32 * f32::from_bits(TQ2T_INV_STD_BITS)
+}
+
+/// `tq2t::MAD_INV_STD`'s bits, as every kernel source spells it.
+pub(crate) const TQ2T_INV_STD_BITS: u32 = 0x3bdd_b447;
+
 /// The tq2_r rotation kernels' last step for output `i` of a row `v` (after the segment
 /// butterflies, and for a DCT factor after the scale): the dense factor (skipped when `h = 1`),
 /// the Hadamard scale, the inverse's sign.
@@ -263,6 +319,39 @@ impl Device for CpuEmulation {
                                     s += lev * xr[wi * 16 + i];
                                 }
                                 *acc += f32::from_bits(sbits) * s;
+                            }
+                        }
+                        tree_sum(part)
+                    })
+                    .collect()
+            }
+            (Op::Dequantize, Some(TensorType::TQ2T)) => {
+                // One thread per value: its state from its block, codeword × scale.
+                let src = blocks.unwrap();
+                (0..n * tq2t::QK)
+                    .map(|i| {
+                        let blk = &src[i / tq2t::QK * tq2t::TQ2T_BYTES..][..tq2t::TQ2T_BYTES];
+                        tq2t_scale(blk[0]) * tq2t_codeword(tq2t_state(blk, i % tq2t::QK))
+                    })
+                    .collect()
+            }
+            (Op::MatVec, Some(TensorType::TQ2T)) => {
+                // 32 lanes per row, lane l on values 2l, 2l+1 of every block (both states from one
+                // window of codes), acc += d·(c0·x0 + c1·x1); tree sum (the WGSL order).
+                let (src, xr) = (blocks.unwrap(), vec_in.unwrap());
+                let bpr = cols / tq2t::QK;
+                (0..n)
+                    .map(|r| {
+                        let mut part = vec![0f32; 32];
+                        for (l, acc) in part.iter_mut().enumerate() {
+                            let j = 2 * l;
+                            for b in 0..bpr {
+                                let o = (r * bpr + b) * tq2t::TQ2T_BYTES;
+                                let blk = &src[o..o + tq2t::TQ2T_BYTES];
+                                let (s0, s1) = tq2t_states(blk, j);
+                                let x = b * tq2t::QK + j;
+                                let p = tq2t_codeword(s0) * xr[x] + tq2t_codeword(s1) * xr[x + 1];
+                                *acc += tq2t_scale(blk[0]) * p;
                             }
                         }
                         tree_sum(part)
@@ -400,6 +489,45 @@ impl Device for CpuEmulation {
 mod tests {
     use super::*;
     use crate::types::seed2bit::level;
+
+    /// The kernels' tq2_t pieces are the format's: the scale from bits for every byte, the
+    /// codeword for every state, and the state read from the block for every position of
+    /// random blocks (against the reference decoder).
+    #[test]
+    fn tq2t_kernel_arithmetic_is_the_format() {
+        assert_eq!(TQ2T_INV_STD_BITS, tq2t::MAD_INV_STD.to_bits());
+        for e in 0..=255u8 {
+            assert_eq!(
+                tq2t_scale(e).to_bits(),
+                tq2t::scale_of(e).to_bits(),
+                "e={e}"
+            );
+        }
+        for s in 0..1u32 << tq2t::L {
+            assert_eq!(
+                tq2t_codeword(s).to_bits(),
+                tq2t::codeword(s).to_bits(),
+                "s={s}"
+            );
+        }
+        let mut g = crate::math::splitmix::SplitMix64::new(5);
+        let bytes = g.bytes(40 * tq2t::TQ2T_BYTES);
+        let mut want = vec![0f32; 40 * tq2t::QK];
+        tq2t::dequantize_tq2t_rotated_ref(&bytes, &mut want);
+        for (i, w) in want.iter().enumerate() {
+            let blk = &bytes[i / 64 * 17..][..17];
+            let got = tq2t_scale(blk[0]) * tq2t_codeword(tq2t_state(blk, i % 64));
+            assert_eq!(got.to_bits(), w.to_bits(), "value {i}");
+        }
+        // The GEMV's windowed pair of states is the per-value state, for every even j (the
+        // wrapping ones included) of every block.
+        for blk in bytes.chunks_exact(tq2t::TQ2T_BYTES) {
+            for j in (0..tq2t::QK).step_by(2) {
+                let want = (tq2t_state(blk, j), tq2t_state(blk, j + 1));
+                assert_eq!(tq2t_states(blk, j), want, "j={j}");
+            }
+        }
+    }
 
     /// The kernels' product equals the design's f64 product rounded once, for every code and
     /// subnormal scales (both halves of the `3m < 2^24` split, ties included), and for normal,

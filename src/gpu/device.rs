@@ -11,7 +11,7 @@
 use super::kernels::{self, Dialect, Kernel, Op, Unit, MATMUL_TOKENS, ROTATE_MAX};
 use super::{BackendKind, TurboSpec};
 use crate::error::{Error, Result};
-use crate::types::{tq2r, TensorType};
+use crate::types::{tq2r, tq2t, TensorType};
 
 /// A turbo layout as the kernels take it: CUDA arguments, Metal's `lay` buffer, WGSL params.
 #[derive(Clone, Copy, Debug)]
@@ -121,9 +121,40 @@ pub enum TwoBitLayout {
     /// The seed design's own arrays (FORMATS.md §6) in one buffer: the u32 code words (16 codes
     /// per word over the whole tensor), then one f32 scale per 32 values; little-endian.
     Seed,
+    /// tq2_t GGUF blocks (issue 19): scale byte + 16 code bytes per 64 values (17 bytes), decoded
+    /// by the tail-biting trellis; rows consecutive, on tq2_r's rotation.
+    Tq2t,
 }
 
-/// A 2-bit weight matrix for the tq2_r kernels: `rows × cols` values, `cols` a multiple of 32.
+impl TwoBitLayout {
+    /// The layout of a GGUF type's blocks: tq2_t's, else tq2_r's.
+    pub fn of(ty: TensorType) -> TwoBitLayout {
+        if ty == TensorType::TQ2T {
+            TwoBitLayout::Tq2t
+        } else {
+            TwoBitLayout::Tq2r
+        }
+    }
+
+    /// Values per block.
+    pub fn block_values(self) -> usize {
+        match self {
+            TwoBitLayout::Tq2r | TwoBitLayout::Seed => tq2r::QK,
+            TwoBitLayout::Tq2t => tq2t::QK,
+        }
+    }
+
+    /// The GGUF type whose kernels decode this layout.
+    pub(crate) fn kernel_type(self) -> TensorType {
+        match self {
+            TwoBitLayout::Tq2r | TwoBitLayout::Seed => TensorType::TQ2R,
+            TwoBitLayout::Tq2t => TensorType::TQ2T,
+        }
+    }
+}
+
+/// A 2-bit weight matrix for the tq2_r / tq2_t kernels: `rows × cols` values, `cols` a multiple of
+/// the layout's block (32; tq2_t 64).
 #[derive(Clone, Copy, Debug)]
 pub struct TwoBit<'a> {
     pub layout: TwoBitLayout,
@@ -136,11 +167,12 @@ pub struct TwoBit<'a> {
 }
 
 impl TwoBit<'_> {
-    /// Bytes per 32 values.
+    /// Bytes per block of [`TwoBitLayout::block_values`] values.
     pub fn block_bytes(layout: TwoBitLayout) -> usize {
         match layout {
             TwoBitLayout::Tq2r => tq2r::TQ2R_BYTES,
             TwoBitLayout::Seed => 12,
+            TwoBitLayout::Tq2t => tq2t::TQ2T_BYTES,
         }
     }
 
@@ -152,20 +184,21 @@ impl TwoBit<'_> {
             .collect()
     }
 
-    /// The number of 32-value blocks, after checking the shape against the data.
+    /// The number of blocks (of [`TwoBitLayout::block_values`]), after checking the shape
+    /// against the data.
     pub fn blocks(&self) -> Result<usize> {
         let bad = |why: String| Err(Error::Unsupported(format!("2-bit matrix: {why}")));
-        if self.cols == 0 || self.cols % tq2r::QK != 0 {
+        let qk = self.layout.block_values();
+        if self.cols == 0 || self.cols % qk != 0 {
             return bad(format!(
-                "row length {} is not a positive multiple of {}",
-                self.cols,
-                tq2r::QK
+                "row length {} is not a positive multiple of {qk}",
+                self.cols
             ));
         }
         let Some(n) = self.rows.checked_mul(self.cols) else {
             return bad(format!("{} x {} values overflow", self.rows, self.cols));
         };
-        let nblk = n / tq2r::QK;
+        let nblk = n / qk;
         let want = nblk.checked_mul(Self::block_bytes(self.layout));
         if want != Some(self.data.len()) {
             return bad(format!(
@@ -187,7 +220,7 @@ impl TwoBit<'_> {
 
     fn flags(&self) -> u32 {
         match self.layout {
-            TwoBitLayout::Tq2r => 0,
+            TwoBitLayout::Tq2r | TwoBitLayout::Tq2t => 0,
             TwoBitLayout::Seed => TQ2R_SEED_LAYOUT,
         }
     }
@@ -450,7 +483,7 @@ impl<D: Device> Backend for D {
 }
 
 fn no_twobit(kind: BackendKind) -> Error {
-    Error::Unsupported(format!("{}: no 2-bit (tq2_r) kernels", kind.name()))
+    Error::Unsupported(format!("{}: no 2-bit (tq2_r, tq2_t) kernels", kind.name()))
 }
 
 pub(crate) fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -495,14 +528,14 @@ fn dequantize<D: Device>(d: &mut D, ty: TensorType, blocks: &[u8]) -> Result<Vec
     if let Ok(spec) = TurboSpec::stock(ty) {
         return turbo_dequantize(d, &spec, blocks);
     }
-    if ty.is_row_rotated() {
+    if ty.rotates_rows() {
         // Blocks alone: the rotated-domain values (the registry's per-block decoder).
         let nblk = whole_blocks(ty, blocks.len(), ty.block_bytes())?;
         let w = TwoBit {
-            layout: TwoBitLayout::Tq2r,
+            layout: TwoBitLayout::of(ty),
             data: blocks,
             rows: nblk,
-            cols: tq2r::QK,
+            cols: ty.block_size(),
             rotated: false,
         };
         return twobit_decode(d, &w, false);
@@ -563,18 +596,18 @@ fn matvec<D: Device>(
     x: &[f32],
 ) -> Result<Vec<f32>> {
     let k = kernels::kernel(ty, Op::MatVec)?;
-    if ty.is_row_rotated() {
-        let rb = cols / tq2r::QK * ty.block_bytes();
+    if ty.rotates_rows() {
+        let rb = cols / ty.block_size() * ty.block_bytes();
         let need = rows
             .checked_mul(rb)
-            .filter(|&n| n <= w.len() && cols % tq2r::QK == 0);
+            .filter(|&n| n <= w.len() && cols % ty.block_size() == 0);
         let Some(need) = need else {
             return Err(Error::Unsupported(format!(
                 "{ty}: mat-vec {rows}x{cols} does not match its buffers"
             )));
         };
         let m = TwoBit {
-            layout: TwoBitLayout::Tq2r,
+            layout: TwoBitLayout::of(ty),
             data: &w[..need],
             rows,
             cols,
@@ -725,9 +758,15 @@ fn tq2r_args<'a, B>(
     Some(Tq2rArgs { signs, mat, p })
 }
 
+/// The layout's decode or GEMV kernel (tq2_t's decode its trellis blocks; both share tq2_r's
+/// rotation kernels).
+fn twobit_kernel(layout: TwoBitLayout, op: Op) -> Result<&'static Kernel> {
+    kernels::kernel(layout.kernel_type(), op)
+}
+
 fn twobit_decode<D: Device>(d: &mut D, w: &TwoBit, original: bool) -> Result<Vec<f32>> {
     let nblk = w.blocks()?;
-    let n = nblk * tq2r::QK;
+    let n = nblk * w.layout.block_values();
     if n == 0 {
         return Ok(vec![]);
     }
@@ -740,7 +779,7 @@ fn twobit_decode<D: Device>(d: &mut D, w: &TwoBit, original: bool) -> Result<Vec
     let mut args = Args::new(&out, count_u32("blocks", nblk)?);
     args.blocks = Some(&src);
     args.tq2r = tq2r_args(None, None, p);
-    run(d, tq2r_kernel(Op::Dequantize)?, &args)?;
+    run(d, twobit_kernel(w.layout, Op::Dequantize)?, &args)?;
     if original && w.rotated {
         let y = rotate_launches(d, &out, w.rows, w.cols, true, RotatePath::Auto)?;
         return d.download(&y, n);
@@ -773,7 +812,8 @@ fn twobit_matvec<D: Device>(
     } else {
         None
     };
-    // 2. y[r] = Σ_b d_b · Σ_j (2q_j − 3)·x'_j, 16 codes per u32 word.
+    // 2. y[r] = Σ_b d_b · Σ_j v_j·x'_j (tq2_r: v = 2q − 3, 16 codes per u32 word; tq2_t: the
+    //    trellis codeword of each value's state).
     let y = d.alloc_f32(w.rows)?;
     let p = Tq2rParams {
         flags: w.flags(),
@@ -784,7 +824,7 @@ fn twobit_matvec<D: Device>(
     args.vec_in = Some(xr.as_ref().unwrap_or(&xd));
     args.cols = Some(count_u32("columns", w.cols)?);
     args.tq2r = tq2r_args(None, None, p);
-    run(d, tq2r_kernel(Op::MatVec)?, &args)?;
+    run(d, twobit_kernel(w.layout, Op::MatVec)?, &args)?;
     d.download(&y, w.rows)
 }
 
@@ -1029,8 +1069,9 @@ fn time_matvec<D: Device>(
     iters: usize,
 ) -> Result<f64> {
     let k = kernels::kernel(ty, Op::MatVec)?;
-    let need = cols / 32 * rows * ty.block_bytes();
-    if rows == 0 || cols == 0 || cols % 32 != 0 || w.len() < need {
+    let bs = ty.block_size();
+    let need = cols / bs * rows * ty.block_bytes();
+    if rows == 0 || cols == 0 || cols % bs != 0 || w.len() < need {
         return Err(Error::Unsupported(format!(
             "{ty}: mat-vec {rows}x{cols} does not match its buffers"
         )));
@@ -1041,7 +1082,7 @@ fn time_matvec<D: Device>(
     let xr = d.alloc_f32(cols)?;
     let y = d.alloc_f32(rows)?;
     let (r, c) = (count_u32("rows", rows)?, count_u32("columns", cols)?);
-    let plan = if ty.is_row_rotated() {
+    let plan = if ty.rotates_rows() {
         Some(rot_plan(d, 1, cols, false, RotatePath::Auto)?)
     } else {
         None
@@ -1100,7 +1141,7 @@ fn time_dequantize<D: Device>(
             .as_ref()
             .zip(cb.as_ref())
             .map(|(s, cb)| (cb, TurboParams::of(s))),
-        tq2r: ty.is_row_rotated().then_some(Tq2rArgs {
+        tq2r: ty.rotates_rows().then_some(Tq2rArgs {
             signs: None,
             mat: None,
             p: Tq2rParams::default(),

@@ -149,6 +149,7 @@ const T2: Option<TensorType> = Some(TensorType::Turbo2);
 const T3: Option<TensorType> = Some(TensorType::Turbo3);
 const T4: Option<TensorType> = Some(TensorType::Turbo4);
 const TQ2R: Option<TensorType> = Some(TensorType::TQ2R);
+const TQ2T: Option<TensorType> = Some(TensorType::TQ2T);
 const QK_GEO: Geometry = geo(TURBO_QK_THREADS as u32, 1);
 
 /// Every kernel. Dequantize: 256 threads = 8 blocks of 32 (TQ, tq2_r), or one thread per value,
@@ -159,9 +160,11 @@ const QK_GEO: Geometry = geo(TURBO_QK_THREADS as u32, 1);
 /// per 128 threads (CUDA, Metal), or one thread per 2 rows, 128 rows per workgroup (WGSL). Q·K:
 /// one 128-thread workgroup per key row ([`TURBO_QK_THREADS`]). tq2_r rotation: one 256-thread
 /// workgroup per row (≤ [`ROTATE_MAX`]) or per sub-block, then one thread per butterfly pair /
-/// output value.
+/// output value. tq2_t (in the tq2_r files: same bindings and scalars, and it rotates with tq2_r's
+/// rotation kernels): decode one thread per value, 256 threads = 4 blocks of 64; mat-vec one warp /
+/// 32 lanes per row, as tq2_r's.
 #[rustfmt::skip]
-pub(crate) static KERNELS: [Kernel; 19] = [
+pub(crate) static KERNELS: [Kernel; 21] = [
     //  type  op              entry             module          unit         simt            wgsl
     k(TQ4,  Op::Dequantize, "tq4_dequant",    Module::Tq,    Unit::Block, geo(256, 8),    geo(256, 8)),
     k(TQ3,  Op::Dequantize, "tq3_dequant",    Module::Tq,    Unit::Block, geo(256, 8),    geo(256, 8)),
@@ -182,6 +185,8 @@ pub(crate) static KERNELS: [Kernel; 19] = [
     k(TQ2R, Op::RotateLocal,"tq2r_rot_local", Module::Tq2r,  Unit::Block, geo(256, 1),    geo(256, 1)),
     k(TQ2R, Op::RotateStage,"tq2r_rot_stage", Module::Tq2r,  Unit::Value, geo(256, 256),  geo(256, 256)),
     k(TQ2R, Op::RotateMix,  "tq2r_rot_mix",   Module::Tq2r,  Unit::Value, geo(256, 256),  geo(256, 256)),
+    k(TQ2T, Op::Dequantize, "tq2t_dequant",   Module::Tq2r,  Unit::Block, geo(256, 4),    geo(256, 4)),
+    k(TQ2T, Op::MatVec,     "tq2t_matvec",    Module::Tq2r,  Unit::Row,   geo(128, 4),    geo(256, 8)),
 ];
 
 /// The kernel for `op` on `ty` (`ty` is ignored for the prerotate), or why there is none.
@@ -224,10 +229,15 @@ mod tests {
         for ty in KERNEL_TYPES {
             assert!(kernel(ty, Op::Dequantize).is_ok(), "{ty}");
             let (tq, rr) = (ty.is_tq_weight(), ty.is_row_rotated());
-            assert_eq!(kernel(ty, Op::MatVec).is_ok(), tq || rr, "{ty}");
+            assert_eq!(
+                kernel(ty, Op::MatVec).is_ok(),
+                tq || ty.rotates_rows(),
+                "{ty}"
+            );
             assert_eq!(kernel(ty, Op::MatMul).is_ok(), tq, "{ty}");
             assert_eq!(has_matmul(ty), tq, "{ty}");
             assert_eq!(kernel(ty, Op::TurboQk).is_ok(), ty.is_turbo(), "{ty}");
+            // tq2_t rotates with tq2_r's kernels (the same R).
             for op in [Op::Rotate, Op::RotateLocal, Op::RotateStage, Op::RotateMix] {
                 assert_eq!(kernel(ty, op).is_ok(), rr, "{ty} {op:?}");
             }

@@ -16,6 +16,9 @@
 //!   (`R·x` for the mat-vec's input, `Rᵀ` to decode rows: one workgroup per row up to
 //!   [`ROTATE_MAX`], a multi-pass path above) and a word-oriented 2-bit GEMV over the rotated
 //!   input.
+//! - tq2_t (issue 19, trellis-coded 2-bit on the same rotation): block decode in the rotated
+//!   domain (each value's tail-biting state read from its block, the 1MAD codeword, × the scale
+//!   byte) and a GEMV over the rotated input; the rotation is tq2_r's kernels.
 //!
 //! Layout of the room:
 //! - `kernels.rs`: the one table of kernel entries (entry point, file, launch geometry per type
@@ -73,13 +76,14 @@ use crate::error::Error;
 use crate::types::TensorType;
 
 /// The TurboQuant types that have GPU kernels.
-pub const KERNEL_TYPES: [TensorType; 6] = [
+pub const KERNEL_TYPES: [TensorType; 7] = [
     TensorType::TQ4_1S,
     TensorType::TQ3_1S,
     TensorType::Turbo2,
     TensorType::Turbo3,
     TensorType::Turbo4,
     TensorType::TQ2R,
+    TensorType::TQ2T,
 ];
 
 /// Why a backend could not be opened: absent (not built in, library or device not found: `auto`

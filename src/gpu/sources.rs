@@ -76,4 +76,27 @@ mod tests {
         assert!(!WGSL_TURBO.contains("var<private> CB"));
         assert!(WGSL_TQ.contains(&format!("0x{:08x}u", 0.176_776_695_296_636_88f32.to_bits())));
     }
+
+    /// tq2_t's 1MAD constants are the format's in every kernel language (the tq2_t kernels live
+    /// in the tq2r files: same bindings, scalars and rotation kernels).
+    #[test]
+    fn tq2t_constants_match_the_format() {
+        use crate::types::tq2t;
+        let inv = format!("0x{:08x}u", tq2t::MAD_INV_STD.to_bits());
+        for src in [WGSL_TQ2R, CUDA_TQ2R, METAL_TQ2R] {
+            assert!(src.contains(&format!(
+                "TQ2T_INV_STD{}",
+                if src == WGSL_TQ2R { ": u32 = " } else { " " }
+            )));
+            assert!(src.contains(&inv), "{inv}");
+            assert!(src.contains(&format!("{}u", tq2t::MAD_A)));
+            assert!(src.contains(&format!("{}u", tq2t::MAD_B)));
+            assert!(src.contains(&format!("{}", tq2t::MAD_MEAN)));
+            assert!(src.contains(&format!(
+                "TQ2T_BYTES{}{}u",
+                if src == WGSL_TQ2R { ": u32 = " } else { " " },
+                tq2t::TQ2T_BYTES
+            )));
+        }
+    }
 }

@@ -30,11 +30,12 @@ const _: () = assert!(TQ2T_BYTES == 17);
 pub const L: u32 = 12;
 
 /// The 1MAD multiplier and increment (QTIP, "1MAD" codebook).
-const MAD_A: u32 = 34_038_481;
-const MAD_B: u32 = 76_625_530;
+pub(crate) const MAD_A: u32 = 34_038_481;
+pub(crate) const MAD_B: u32 = 76_625_530;
 /// Four uniform bytes sum to mean 510 and variance 4·(256²−1)/12 = 21845.
-const MAD_MEAN: i32 = 510;
-const MAD_INV_STD: f32 = 1.0 / 147.800_54;
+pub(crate) const MAD_MEAN: i32 = 510;
+/// The GPU kernels write it as its f32 bits (a test holds them to it).
+pub(crate) const MAD_INV_STD: f32 = 1.0 / 147.800_54;
 
 /// Codeword of state `s`: `(Σ bytes of (A·s + B mod 2³²) − 510) / 147.8`, ≈ N(0, 1) over the states.
 #[inline]

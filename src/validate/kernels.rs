@@ -1,8 +1,8 @@
 //! The bundled GPU kernels on the artifact's own tensors: for every tensor of a type with kernels
-//! (TQ4_1S, TQ3_1S, tq2_r), a deterministic sample of rows (every row with `full`) is decoded and
+//! (TQ4_1S, TQ3_1S, tq2_r, tq2_t), a deterministic sample of rows (every row with `full`) is decoded and
 //! multiplied by each requested backend and held to the CPU reference with `tq kernels check`'s
-//! tolerances: dequantize bit-exact (tq2_r: decode + the device's inverse row rotation, bit-exact
-//! for Hadamard rotations), mat-vec within `DOT_REL_BOUND · Σ|w·x|` per output. A backend that is
+//! tolerances: dequantize bit-exact (tq2_r, tq2_t: decode + the device's inverse row rotation,
+//! bit-exact for Hadamard rotations), mat-vec within `DOT_REL_BOUND · Σ|w·x|` per output. A backend that is
 //! not built in or has no device is skipped with the reason.
 
 use super::{Check, Status};
@@ -45,9 +45,9 @@ fn tensor(
     for &r in &rows {
         w.extend_from_slice(&data[r as usize * row_bytes..(r as usize + 1) * row_bytes]);
     }
-    let d = if t.ty.is_row_rotated() {
+    let d = if t.ty.rotates_rows() {
         let m = TwoBit {
-            layout: TwoBitLayout::Tq2r,
+            layout: TwoBitLayout::of(t.ty),
             data: &w,
             rows: rows.len(),
             cols,
@@ -97,7 +97,7 @@ pub(super) fn checks(file: &GgufFile, backends: &[BackendKind], full: bool) -> R
         .iter()
         .enumerate()
         .filter(|(_, t)| {
-            (t.ty.is_tq_weight() || t.ty.is_row_rotated()) && KERNEL_TYPES.contains(&t.ty)
+            (t.ty.is_tq_weight() || t.ty.rotates_rows()) && KERNEL_TYPES.contains(&t.ty)
         })
         .collect();
     let mut out = vec![];
@@ -108,7 +108,7 @@ pub(super) fn checks(file: &GgufFile, backends: &[BackendKind], full: bool) -> R
                 "kernels",
                 name,
                 Status::Skipped,
-                "no tensor of a type with bundled GPU kernels (tq4_1s, tq3_1s, tq2_r)",
+                "no tensor of a type with bundled GPU kernels (tq4_1s, tq3_1s, tq2_r, tq2_t)",
             ));
             continue;
         }
@@ -131,7 +131,7 @@ pub(super) fn checks(file: &GgufFile, backends: &[BackendKind], full: bool) -> R
         let (mut blocks, mut worst) = (0usize, 0f64);
         let mut bounded = 0;
         for &(_, t) in &tensors {
-            if t.ty.is_row_rotated() && !is_hadamard(t.row_len() as usize)? {
+            if t.ty.rotates_rows() && !is_hadamard(t.row_len() as usize)? {
                 bounded += 1;
             }
         }
@@ -161,7 +161,7 @@ pub(super) fn checks(file: &GgufFile, backends: &[BackendKind], full: bool) -> R
                     tensors.len(),
                     if full { "every row" } else { "8 rows per tensor" },
                     if bounded > 0 {
-                        format!(" ({bounded} tq2_r tensors with a DCT rotation: within the bound)")
+                        format!(" ({bounded} tq2_r/tq2_t tensors with a DCT rotation: within the bound)")
                     } else {
                         String::new()
                     }

@@ -23,6 +23,18 @@ enum class mem_flags { mem_none, mem_threadgroup, mem_device };
 inline void threadgroup_barrier(mem_flags) {}
 inline float simd_shuffle_xor(float v, ushort) { return v; }
 inline uint clz(uint x) { return x ? (uint)__builtin_clz(x) : 32u; }
+inline uint reverse_bits(uint x) {
+    uint r = 0;
+    for (int i = 0; i < 32; ++i) {
+        r = (r << 1) | ((x >> i) & 1u);
+    }
+    return r;
+}
+template <typename T> inline T min(T a, T b) { return b < a ? b : a; }
+struct uint2 {
+    uint x, y;
+    uint2(uint a, uint b) : x(a), y(b) {}
+};
 template <typename T, typename U> inline T as_type(U u) {
     static_assert(sizeof(T) == sizeof(U), "as_type size");
     T t;

@@ -6,6 +6,7 @@ pub mod compare;
 pub mod data;
 pub mod report;
 pub mod tq2r;
+pub mod tq2t;
 
 use self::compare::{compare_dots, compare_exact, merge, KernelKind, KernelResult, DOT_REL_BOUND};
 use self::data::*;
@@ -96,12 +97,15 @@ pub fn check(backend: &mut dyn Backend, opts: &CheckOptions) -> Result<Report> {
     for &ty in &opts.types {
         if !KERNEL_TYPES.contains(&ty) {
             return Err(Error::Unsupported(format!(
-                "{ty}: no GPU kernel (kernels exist for tq4_1s, tq3_1s, turbo2, turbo3, turbo4, tq2_r)"
+                "{ty}: no GPU kernel (kernels exist for tq4_1s, tq3_1s, turbo2, turbo3, turbo4, tq2_r, tq2_t)"
             )));
         }
         if ty.is_row_rotated() {
             // Row-rotated 2-bit weights: their own data sets (seed2bit.json, rotations).
             tq2r::check(backend, opts, &mut rng, &mut rep)?;
+        } else if ty == TensorType::TQ2T {
+            // Trellis-coded 2-bit weights on the same rotation (issue 19).
+            tq2t::check(backend, opts, &mut rng, &mut rep)?;
         } else {
             check_blocks(backend, ty, opts, &mut rng, &mut rep)?;
         }
@@ -117,7 +121,7 @@ pub fn check(backend: &mut dyn Backend, opts: &CheckOptions) -> Result<Report> {
                 seconds: secs,
                 gbs: moved / secs / 1e9,
             });
-            if ty.is_tq_weight() || ty.is_row_rotated() {
+            if ty.is_tq_weight() || ty.rotates_rows() {
                 // The mat-vec (TQ: prerotate + mat-vec; tq2_r: rotation + GEMV) at SmolLM2's
                 // FFN shapes, weights resident.
                 for s in smollm2_weight_shapes().into_iter().skip(2) {
@@ -371,6 +375,10 @@ fn check_turbo_variant(
 /// Blocks for the throughput run: random indices with sane (finite, normal) scales; quantizing
 /// 16 Mi values with the reference would take longer than the benchmark.
 fn random_weights_fast(ty: TensorType, values: usize, rng: &mut Rng) -> Vec<u8> {
+    if ty == TensorType::TQ2T {
+        let cols = crate::types::tq2t::QK;
+        return tq2t::random_blocks(values / cols, cols, rng);
+    }
     let nb = values / ty.block_size();
     let bb = ty.block_bytes();
     let mut out = rng.bytes(nb * bb);

@@ -21,7 +21,7 @@ use super::{CheckOptions, Report};
 use crate::error::Result;
 use crate::gpu::{Backend, RotatePath, TwoBit, TwoBitLayout, ROTATE_MAX};
 use crate::math::rotation::Rotation;
-use crate::types::{dequantize_rows, quantize_rows, seed2bit, tq2r, TensorType};
+use crate::types::{dequantize_rows, quantize_rows, seed2bit, tq2r, tq2t, TensorType};
 
 const TY: TensorType = TensorType::TQ2R;
 
@@ -29,7 +29,7 @@ const TY: TensorType = TensorType::TQ2R;
 /// multi-pass rotation (a global butterfly stage at 8192; Llama-3-8B's FFN width 14336 = 28·512,
 /// Paley), and two without a Paley order (DCT factor: 1376 = 43·32 in one workgroup, 4672 = 73·64
 /// multi-pass).
-fn wide_shapes() -> Vec<Shape> {
+pub(super) fn wide_shapes() -> Vec<Shape> {
     vec![
         Shape {
             name: "llama.attn 4096",
@@ -67,12 +67,14 @@ pub(crate) fn is_hadamard(cols: usize) -> Result<bool> {
         .is_some_and(|f| f.mix_then_scale))
 }
 
-/// The CPU reference of the rotated-domain decode.
-fn rotated_values(w: &TwoBit) -> Result<Vec<f32>> {
+/// The CPU reference of the rotated-domain decode (tq2_t: the reference trellis decoder, every
+/// value's state read from its block on its own).
+pub(super) fn rotated_values(w: &TwoBit) -> Result<Vec<f32>> {
     let nblk = w.blocks()?;
-    let mut out = vec![0f32; nblk * tq2r::QK];
+    let mut out = vec![0f32; nblk * w.layout.block_values()];
     match w.layout {
         TwoBitLayout::Tq2r => tq2r::dequantize_tq2r_rotated(w.data, &mut out),
+        TwoBitLayout::Tq2t => tq2t::dequantize_tq2t_rotated_ref(w.data, &mut out),
         TwoBitLayout::Seed => {
             let rd = |o: usize| {
                 u32::from_le_bytes([w.data[o], w.data[o + 1], w.data[o + 2], w.data[o + 3]])
@@ -129,7 +131,7 @@ fn gemv_reference(vals: &[f32], cols: usize, xr: &[f64]) -> (Vec<f64>, Vec<f64>)
         .unzip()
 }
 
-fn tagged(mut r: KernelResult, kind: KernelKind) -> KernelResult {
+pub(super) fn tagged(mut r: KernelResult, kind: KernelKind) -> KernelResult {
     r.kind = kind;
     r
 }
@@ -143,7 +145,7 @@ fn add(acc: &mut Option<KernelResult>, r: KernelResult) {
 
 /// GEMV of `w` with `x`: end to end (the device rotates `x`) against `R·x` in f64, and alone over
 /// the CPU-rotated `x`. `vals` are the rotated-domain weights (finite).
-fn gemv(
+pub(super) fn gemv(
     b: &mut dyn Backend,
     w: &TwoBit,
     vals: &[f32],
@@ -155,10 +157,11 @@ fn gemv(
     } else {
         x.iter().map(|&v| v as f64).collect()
     };
+    let ty = w.layout.kernel_type();
     let (dots, sums) = gemv_reference(vals, w.cols, &xr64);
     let y = b.twobit_matvec(w, x, false)?;
     let full = compare_dots(
-        TY,
+        ty,
         KernelKind::MatVec,
         data,
         &y,
@@ -175,7 +178,7 @@ fn gemv(
     let (dots, sums) = gemv_reference(vals, w.cols, &xr64);
     let y = b.twobit_matvec(w, &xr, true)?;
     let alone = compare_dots(
-        TY,
+        ty,
         KernelKind::MatVec,
         &format!("{data} [GEMV alone]"),
         &y,
@@ -186,21 +189,22 @@ fn gemv(
     Ok([full, alone])
 }
 
-/// Rows decoded to the original domain against the CPU's `dequantize_rows` (tq2_r blocks):
-/// bit-exact for Hadamard rotations, else bounded against the f64 inverse.
+/// Rows decoded to the original domain against the CPU's `dequantize_rows` (tq2_r or tq2_t
+/// blocks): bit-exact for Hadamard rotations, else bounded against the f64 inverse.
 pub(crate) fn row_decode(b: &mut dyn Backend, w: &TwoBit, data: &str) -> Result<KernelResult> {
+    let ty = w.layout.kernel_type();
     let got = b.twobit_decode(w, true)?;
     if is_hadamard(w.cols)? {
         let mut want = vec![0f32; w.rows * w.cols];
-        dequantize_rows(TY, w.data, &mut want, w.cols, "reference")?;
+        dequantize_rows(ty, w.data, &mut want, w.cols, "reference")?;
         return Ok(tagged(
-            compare_exact(TY, data, &got, &want),
+            compare_exact(ty, data, &got, &want),
             KernelKind::RowDecode,
         ));
     }
     let (want, sums) = rotate_f64(w.cols, &rotated_values(w)?, true)?;
     Ok(compare_dots(
-        TY,
+        ty,
         KernelKind::RowDecode,
         data,
         &got,
@@ -210,9 +214,11 @@ pub(crate) fn row_decode(b: &mut dyn Backend, w: &TwoBit, data: &str) -> Result<
     ))
 }
 
-/// tq2_r blocks of `rows × cols` Gaussian-or-given weights through decode, row decode and GEMV.
-fn blocks_through(
+/// Blocks (tq2_r's or tq2_t's `layout`) of `rows × cols` Gaussian-or-given weights through
+/// decode, row decode and GEMV.
+pub(super) fn blocks_through(
     b: &mut dyn Backend,
+    layout: TwoBitLayout,
     bytes: &[u8],
     rows: usize,
     cols: usize,
@@ -220,7 +226,7 @@ fn blocks_through(
     rng: &mut Rng,
 ) -> Result<Vec<KernelResult>> {
     let w = TwoBit {
-        layout: TwoBitLayout::Tq2r,
+        layout,
         data: bytes,
         rows,
         cols,
@@ -228,7 +234,7 @@ fn blocks_through(
     };
     let vals = rotated_values(&w)?;
     let got = b.twobit_decode(&w, false)?;
-    let mut out = vec![compare_exact(TY, data, &got, &vals)];
+    let mut out = vec![compare_exact(layout.kernel_type(), data, &got, &vals)];
     out.push(row_decode(b, &w, data)?);
     let x = random_activation(cols, rng);
     out.extend(gemv(b, &w, &vals, &x, data)?);
@@ -314,7 +320,16 @@ fn conformance(
         if !c.w.is_empty() {
             let mut bytes = vec![0u8; c.rows * c.cols / tq2r::QK * tq2r::TQ2R_BYTES];
             quantize_rows(TY, &c.w, &mut bytes, c.cols, "seed2bit inputs")?;
-            for r in blocks_through(b, &bytes, c.rows, c.cols, "seed2bit.json inputs", rng)? {
+            let inputs_as = "seed2bit.json inputs";
+            for r in blocks_through(
+                b,
+                TwoBitLayout::Tq2r,
+                &bytes,
+                c.rows,
+                c.cols,
+                inputs_as,
+                rng,
+            )? {
                 let i = inputs.get_or_insert_with(Vec::new);
                 match i.iter().position(|x: &KernelResult| {
                     x.kind == r.kind && x.data == r.data && x.tolerance == r.tolerance
@@ -451,8 +466,15 @@ fn shapes(b: &mut dyn Backend, quick: bool, rng: &mut Rng, rep: &mut Report) -> 
     }
     for s in list.into_iter().chain(wide) {
         let bytes = super::data::random_weights(TY, s.rows, s.cols, rng)?;
-        rep.results
-            .extend(blocks_through(b, &bytes, s.rows, s.cols, s.name, rng)?);
+        rep.results.extend(blocks_through(
+            b,
+            TwoBitLayout::Tq2r,
+            &bytes,
+            s.rows,
+            s.cols,
+            s.name,
+            rng,
+        )?);
     }
     Ok(())
 }

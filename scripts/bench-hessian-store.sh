@@ -17,17 +17,19 @@ w="$TQ_CACHE/hstore"; mkdir -p "$w"
 f16="$w/smollm2-f16.gguf"
 [ -f "$f16" ] || "$tq" convert "$smol" --weights f16 -q -o "$f16"
 [ -f "$w/ref.logits" ] || "$tq" eval "$f16" -f "$wiki" --chunks "$chunks" --save-logits "$w/ref.logits" -q --json > "$w/eval-f16.json"
+# Each store's file is named H.safetensors in its own folder, so the outputs' provenance (which
+# records the --calib name) is the same length and `cmp` counts tensor bytes only.
 echo "| store | Hessian file bytes | weights | output bytes differing from f64's | mean KLD vs F16 | same top-1 % |"
 echo "|---|---|---|---|---|---|"
 for store in f64 f32 f32-upper; do
-  h="$w/H-$store.safetensors"
+  mkdir -p "$w/$store"; h="$w/$store/H.safetensors"
   [ -f "$h" ] || "$tq" calib "$f16" --text "$botchan" --tokens 4096 --store "$store" -o "$h" 2> "$w/calib-$store.log"
   for wt in tq4_1s q4_K; do
-    o="$w/$wt-$store.gguf"
+    o="$w/$store/$wt.gguf"
     [ -f "$o" ] || "$tq" convert "$f16" --weights "$wt" --calib "$h" -q -o "$o"
-    [ -s "$w/eval-$wt-$store.json" ] || "$tq" eval "$o" --ref-logits "$w/ref.logits" -q --json > "$w/eval-$wt-$store.json"
-    diff=$( (cmp -l "$w/$wt-f64.gguf" "$o" 2>/dev/null || true) | wc -l)
-    py - "$store" "$h" "$wt" "$diff" "$w/eval-$wt-$store.json" <<'PY'
+    [ -s "$w/$store/eval-$wt.json" ] || "$tq" eval "$o" --ref-logits "$w/ref.logits" -q --json > "$w/$store/eval-$wt.json"
+    diff=$( (cmp -l "$w/f64/$wt.gguf" "$o" 2>/dev/null || true) | wc -l)
+    py - "$store" "$h" "$wt" "$diff" "$w/$store/eval-$wt.json" <<'PY'
 import json, os, sys
 store, h, wt, diff, r = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], json.load(open(sys.argv[5]))["result"]
 k = r["kld"]

@@ -1,7 +1,8 @@
 //! `tq convert --resume`: a conversion stopped abruptly after any tensor (the
 //! `TQ_CONVERT_ABORT_AFTER` hook exits as `kill -9` would: no cleanup, buffered bytes lost) and
 //! then rerun with `--resume` writes exactly the bytes of an uninterrupted run — without
-//! calibration, with a Hessian file, and calibrating block by block on text.
+//! calibration, with a Hessian file, and calibrating block by block on text (batched and
+//! sequential).
 
 #[path = "../fixtures/mod.rs"]
 mod fixtures;
@@ -82,7 +83,7 @@ fn setup() -> Setup {
 #[test]
 fn killed_then_resumed_is_byte_identical() {
     let st = setup();
-    let modes: [(&str, Vec<&str>); 3] = [
+    let modes: [(&str, Vec<&str>); 4] = [
         ("rtn", vec![]),
         ("file", vec!["--calib", s(&st.hessians)]),
         (
@@ -94,6 +95,19 @@ fn killed_then_resumed_is_byte_identical() {
                 "256",
                 "--calib-ctx",
                 "32",
+            ],
+        ),
+        // Sequential: a resumed run quantizes the written blocks again to rebuild the stream.
+        (
+            "sequential",
+            vec![
+                "--calib",
+                s(&st.text),
+                "--calib-tokens",
+                "256",
+                "--calib-ctx",
+                "32",
+                "--calib-sequential",
             ],
         ),
     ];

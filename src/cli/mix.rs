@@ -1,0 +1,525 @@
+//! `tq convert --target-bpw X | --target-size SIZE`: measure each tensor's sensitivity to each
+//! candidate type, map it to KLD with a per-model fit against measured single-tensor KLDs, solve
+//! the knapsack (`tq::plan::mix`) and set the plan's types; `--verify` measures the written file.
+use std::path::{Path, PathBuf};
+use tq::convert;
+use tq::error::{Error, Result};
+use tq::eval::logits_file::Format;
+use tq::eval::{evaluate, session, Reference};
+use tq::gguf::GgufFile;
+use tq::model::{Model, Numerics};
+use tq::plan::mix::{self, Calibration};
+use tq::plan::{self, Action, Plan, Request};
+use tq::quant::sensitivity::Estimate;
+use tq::source::TensorSource;
+use tq::tokenizer::input::Input;
+use tq::types::profile::Profile;
+use tq::types::TensorType;
+
+/// The byte budget asked for.
+#[derive(Clone, Copy, Debug)]
+pub enum Budget {
+    Bpw(f64),
+    Bytes(u64),
+}
+
+/// `100MB` (10⁶), `100MiB` (2²⁰), `1.5GB`, `105466560` (bytes).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" | "k" => 1e3,
+        "mb" | "m" => 1e6,
+        "gb" | "g" => 1e9,
+        "kib" => 1024.0,
+        "mib" => 1048576.0,
+        "gib" => 1073741824.0,
+        _ => f64::NAN,
+    };
+    match num.parse::<f64>() {
+        Ok(v) if v > 0.0 && mult.is_finite() && (v * mult) < 1e18 => Ok((v * mult).floor() as u64),
+        _ => Err(Error::Usage(format!(
+            "--target-size '{s}': expected bytes or a size like 100MB, 95MiB, 1.5GB"
+        ))),
+    }
+}
+
+pub struct MixOpts<'a> {
+    pub budget: Budget,
+    pub types: Option<&'a str>,
+    pub rows: usize,
+    /// Text for the KLD fit (and `--verify`); None: no KLD prediction.
+    pub kld_text: Option<&'a Path>,
+    pub kld_windows: usize,
+    pub probes: usize,
+    pub band: usize,
+    pub damp: f64,
+    pub quiet: bool,
+}
+
+/// One measured single-tensor KLD of the fit.
+pub struct Probe {
+    pub tensor: String,
+    pub ty: TensorType,
+    pub err: f64,
+    pub kld: f64,
+}
+
+pub struct MixReport {
+    pub target: u64,
+    pub min_file: u64,
+    pub file: u64,
+    pub weighting: &'static str,
+    pub types: Vec<TensorType>,
+    pub err: f64,
+    /// Standard error of `err` from the row sample.
+    pub err_se: f64,
+    pub alpha: Option<f64>,
+    pub r2: Option<f64>,
+    pub probes: Vec<Probe>,
+    pub kld_windows: usize,
+    pub grid: u64,
+    pub slack: u64,
+    pub rows: usize,
+    pub sens_s: f64,
+    pub fit_s: f64,
+    pub dp_s: f64,
+    /// The reference logits of the fit windows (kept for `--verify`).
+    pub ref_logits: Option<PathBuf>,
+}
+
+impl MixReport {
+    pub fn predicted_kld(&self) -> Option<f64> {
+        self.alpha.map(|a| a * self.err)
+    }
+
+    pub fn provenance(&self) -> Vec<(String, String)> {
+        let fit = match (self.alpha, self.r2) {
+            (Some(a), Some(r)) => format!(
+                "kld = {a:.6e} x error; R2 {r:.3} over {} single-tensor KLDs on {} windows",
+                self.probes.len(),
+                self.kld_windows
+            ),
+            _ => "none (no --kld-text): the mix minimizes the summed weighted error".into(),
+        };
+        vec![
+            ("tq.mix.target_bytes".into(), self.target.to_string()),
+            ("tq.mix.weighting".into(), self.weighting.into()),
+            (
+                "tq.mix.types".into(),
+                self.types
+                    .iter()
+                    .map(|t| t.name())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            ("tq.mix.error".into(), format!("{:.6e}", self.err)),
+            ("tq.mix.fit".into(), fit),
+            (
+                "tq.mix.predicted_kld".into(),
+                self.predicted_kld()
+                    .map_or("none".into(), |k| format!("{k:.5}")),
+            ),
+        ]
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "target_bytes": self.target, "min_bytes": self.min_file, "file_bytes": self.file,
+            "weighting": self.weighting, "types": self.types.iter().map(|t| t.name()).collect::<Vec<_>>(),
+            "error": self.err, "error_se": self.err_se, "alpha": self.alpha, "r2": self.r2,
+            "predicted_kld": self.predicted_kld(), "kld_windows": self.kld_windows,
+            "probes": self.probes.iter().map(|p| serde_json::json!({"tensor": p.tensor, "type": p.ty.name(), "error": p.err, "kld": p.kld})).collect::<Vec<_>>(),
+            "grid_bytes": self.grid, "slack_bytes": self.slack, "rows_sampled": self.rows,
+            "sensitivity_seconds": self.sens_s, "fit_seconds": self.fit_s, "dp_seconds": self.dp_s,
+        })
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        let mut v = vec![format!(
+            "mix: {} bytes for a target of {} (cheapest candidate mix {}); grid {} bytes, worst-case slack {} bytes",
+            self.file, self.target, self.min_file, self.grid, self.slack
+        )];
+        v.push(format!(
+            "mix: weighting {}; summed error {:.4e} ± {:.1e} (row sample of {} per tensor)",
+            self.weighting, self.err, self.err_se, self.rows
+        ));
+        match (self.alpha, self.r2) {
+            (Some(a), Some(r)) => {
+                v.push(format!(
+                    "mix: predicted KLD {:.5} (fit KLD = {a:.4e} x error, R2 {r:.3}, {} single-tensor KLDs on {} windows)",
+                    a * self.err,
+                    self.probes.len(),
+                    self.kld_windows
+                ));
+                for p in &self.probes {
+                    v.push(format!(
+                        "mix:   probe {} {}: error {:.4e}, KLD {:.5} (fit {:.5})",
+                        p.tensor,
+                        p.ty,
+                        p.err,
+                        p.kld,
+                        a * p.err
+                    ));
+                }
+            }
+            _ => v.push(
+                "mix: no KLD prediction (give --kld-text for the fit); the types minimize the summed weighted error"
+                    .into(),
+            ),
+        }
+        v.push(format!(
+            "mix: sensitivity {:.1} s, KLD fit {:.1} s, DP {:.2} s",
+            self.sens_s, self.fit_s, self.dp_s
+        ));
+        v
+    }
+}
+
+/// Choose the plan's types for the budget. `size_of(plan)` is the file size the plan gives with
+/// its metadata (provenance included): the budget counts the whole file.
+#[allow(clippy::too_many_arguments)]
+pub fn choose(
+    input: &Path,
+    src: &dyn TensorSource,
+    plan: &mut Plan,
+    profile: &Profile,
+    o: &MixOpts,
+    calib: &Calibration,
+    size_of: &dyn Fn(&Plan, &MixReport) -> Result<u64>,
+) -> Result<MixReport> {
+    let types = match o.types {
+        Some(l) => mix::parse_types(l, profile)?,
+        None => mix::default_candidates(profile),
+    };
+    let items = mix::items(plan, &types, profile);
+    if let Some((idx, _)) = items.iter().find(|(_, t)| t.is_empty()) {
+        return Err(Error::Usage(format!(
+            "{}: none of the candidate types ({}) can hold its shape {:?}; add one with --types (e.g. f16)",
+            plan.entries[idx[0]].name,
+            types.iter().map(|t| t.name()).collect::<Vec<_>>().join(","),
+            plan.entries[idx[0]].dims
+        )));
+    }
+    let weighting = match calib {
+        Calibration::File(_) | Calibration::Memory(_) => "hessian (tr(dW H dW^T), LDLQ as convert)",
+        Calibration::Imatrix(_) => "imatrix diagonal (weighted block fit as convert)",
+        Calibration::None => "identity: plain squared error (no --calib/--imatrix)",
+    };
+    let t0 = std::time::Instant::now();
+    let pb = bar(o.quiet, items.len() as u64, "sensitivity");
+    let table = mix::measure(src, plan, &items, calib, o.band, o.damp, o.rows, &|d, _| {
+        pb.set_position(d as u64)
+    })?;
+    pb.finish_and_clear();
+    let sens_s = t0.elapsed().as_secs_f64();
+
+    let mut rep = MixReport {
+        target: 0,
+        min_file: 0,
+        file: 0,
+        weighting,
+        types: types.clone(),
+        err: 0.0,
+        err_se: 0.0,
+        alpha: None,
+        r2: None,
+        probes: vec![],
+        kld_windows: o.kld_windows,
+        grid: 0,
+        slack: 0,
+        rows: o.rows,
+        sens_s,
+        fit_s: 0.0,
+        dp_s: 0.0,
+        ref_logits: None,
+    };
+    let t1 = std::time::Instant::now();
+    if let Some(text) = o.kld_text {
+        fit(
+            input, src, plan, profile, &items, &table, calib, o, text, &mut rep,
+        )?;
+    }
+    rep.fit_s = t1.elapsed().as_secs_f64();
+
+    let t2 = std::time::Instant::now();
+    let opts = mix::options(plan, &items, &table, rep.alpha.unwrap_or(1.0));
+    let params: u64 = plan
+        .entries
+        .iter()
+        .map(|e| e.dims.iter().product::<u64>())
+        .sum();
+    // The whole file: fixed tensors, metadata and padding are what the plan's size adds to the
+    // mixed tensors' bytes (measured on the cheapest mix, then corrected until it fits).
+    let cheapest: Vec<usize> = opts
+        .iter()
+        .map(|o| (0..o.len()).min_by_key(|&k| o[k].0).unwrap_or(0))
+        .collect();
+    mix::apply(plan, &items, &cheapest, "mix")?;
+    rep.min_file = size_of(plan, &rep)?;
+    rep.target = match o.budget {
+        Budget::Bytes(b) => b,
+        Budget::Bpw(x) => (x * params as f64 / 8.0).floor() as u64,
+    };
+    if rep.target < rep.min_file {
+        return Err(Error::Usage(format!(
+            "--target: {} bytes is below the smallest file the candidate types give ({} bytes = {:.3} bpw); raise the target or add smaller types with --types",
+            rep.target,
+            rep.min_file,
+            rep.min_file as f64 * 8.0 / params as f64
+        )));
+    }
+    let mixed_min = mix::min_bytes(&opts);
+    let mut budget = rep.target - (rep.min_file - mixed_min);
+    let mut sol;
+    let mut tries = 0;
+    loop {
+        sol = mix::solve(&opts, budget, mix::GRID_CELLS).ok_or_else(|| {
+            Error::Usage(format!(
+                "--target: {} bytes leaves no room once metadata is counted; raise the target",
+                rep.target
+            ))
+        })?;
+        mix::apply(plan, &items, &sol.choice, "mix")?;
+        rep.err = sol.cost / rep.alpha.unwrap_or(1.0);
+        rep.file = size_of(plan, &rep)?;
+        if rep.file <= rep.target {
+            break;
+        }
+        // Metadata grew with longer type names: take the excess off and solve again.
+        tries += 1;
+        if tries > 8 {
+            return Err(Error::Usage(format!(
+                "--target: could not fit {} bytes (file {}); raise the target",
+                rep.target, rep.file
+            )));
+        }
+        budget -= (rep.file - rep.target).min(budget);
+    }
+    rep.err_se = items
+        .iter()
+        .zip(&table)
+        .zip(&sol.choice)
+        .map(|((_, per), &k)| per.iter().map(|m| m[k].se * m[k].se).sum::<f64>())
+        .sum::<f64>()
+        .sqrt();
+    rep.grid = sol.grid;
+    rep.slack = sol.slack;
+    rep.dp_s = t2.elapsed().as_secs_f64();
+    Ok(rep)
+}
+
+/// The KLD fit: `probes` tensors spread over the model, each quantized alone (the convert path)
+/// into an otherwise unchanged copy of the input, evaluated against the input on `kld_windows`
+/// windows of `text`; `KLD ≈ α × error` by least squares through the origin.
+#[allow(clippy::too_many_arguments)]
+fn fit(
+    input: &Path,
+    src: &dyn TensorSource,
+    plan: &Plan,
+    profile: &Profile,
+    items: &[(Vec<usize>, Vec<TensorType>)],
+    table: &mix::Table,
+    calib: &Calibration,
+    o: &MixOpts,
+    text: &Path,
+    rep: &mut MixReport,
+) -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("tq-mix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    let ref_path = dir.join("ref.logits");
+    reference_logits(input, text, o.kld_windows, &ref_path)?;
+    rep.ref_logits = Some(ref_path.clone());
+    // Probes: members spread evenly over the items, alternately at the cheapest candidate and
+    // the one in the middle, so the fit spans small and large errors.
+    let flat: Vec<(usize, usize)> = items
+        .iter()
+        .enumerate()
+        .flat_map(|(it, (idx, _))| (0..idx.len()).map(move |m| (it, m)))
+        .collect();
+    let k = o.probes.min(flat.len());
+    let pb = bar(o.quiet, k as u64, "KLD fit");
+    for j in 0..k {
+        let (it, m) = flat[(2 * j + 1) * flat.len() / (2 * k)];
+        let (idx, tys) = &items[it];
+        let est: &Vec<Estimate> = &table[it][m];
+        let mut order: Vec<usize> = (0..tys.len()).collect();
+        order.sort_by(|&a, &b| est[b].err.total_cmp(&est[a].err));
+        let opt = if j % 2 == 0 {
+            order[0]
+        } else {
+            order[order.len() / 3]
+        };
+        let i = idx[m];
+        let out = dir.join(format!("probe-{j}.gguf"));
+        write_single(src, plan, profile, i, tys[opt], calib, o, &out)?;
+        let kld = kld_of(&out, &ref_path, o.kld_windows)?;
+        let _ = std::fs::remove_file(&out);
+        rep.probes.push(Probe {
+            tensor: plan.entries[i].name.clone(),
+            ty: tys[opt],
+            err: est[opt].err,
+            kld,
+        });
+        pb.set_position(j as u64 + 1);
+    }
+    pb.finish_and_clear();
+    let (sxy, sxx): (f64, f64) = rep.probes.iter().fold((0.0, 0.0), |(a, b), p| {
+        (a + p.err * p.kld, b + p.err * p.err)
+    });
+    if sxx > 0.0 {
+        let alpha = sxy / sxx;
+        let mean = rep.probes.iter().map(|p| p.kld).sum::<f64>() / rep.probes.len() as f64;
+        let ss_res: f64 = rep
+            .probes
+            .iter()
+            .map(|p| (p.kld - alpha * p.err).powi(2))
+            .sum();
+        let ss_tot: f64 = rep.probes.iter().map(|p| (p.kld - mean).powi(2)).sum();
+        rep.alpha = Some(alpha);
+        rep.r2 = Some(if ss_tot > 0.0 {
+            1.0 - ss_res / ss_tot
+        } else {
+            0.0
+        });
+    }
+    Ok(())
+}
+
+/// The input model's logits on the first `windows` windows of `text` (ctx 512).
+pub fn reference_logits(input: &Path, text: &Path, windows: usize, out: &Path) -> Result<()> {
+    let file = GgufFile::open(input).map_err(|e| {
+        Error::Usage(format!(
+            "--kld-text / --verify evaluate the input model, which must be a GGUF file ({e})"
+        ))
+    })?;
+    let model = Model::new(&file, Numerics::Ggml)?;
+    let (win, _) = session::windows_and_reference(
+        &file,
+        Some(Input::Text(text)),
+        512,
+        Some(windows),
+        None,
+        None,
+    )?;
+    let nv = model.cfg.n_vocab;
+    let mut w = session::logits_writer(out, Format::Tq, input, "ggml", &win, nv)?;
+    let batch = session::default_batch(&win, nv, false);
+    evaluate(
+        &model,
+        &win,
+        Reference::None,
+        Some(&mut w),
+        batch,
+        &|_, _| {},
+    )?;
+    w.finish()
+}
+
+/// Mean KLD of `model` against the saved reference logits.
+pub fn kld_of(model: &Path, ref_logits: &Path, windows: usize) -> Result<f64> {
+    let file = GgufFile::open(model)?;
+    let m = Model::new(&file, Numerics::Ggml)?;
+    let (win, r) =
+        session::windows_and_reference(&file, None, 512, Some(windows), Some(ref_logits), None)?;
+    let batch = session::default_batch(&win, m.cfg.n_vocab, false);
+    let res = evaluate(&m, &win, r, None, batch, &|_, _| {})?;
+    res.kld
+        .map(|k| k.kld.value)
+        .ok_or_else(|| Error::Usage("no KLD was computed against the reference".into()))
+}
+
+/// A copy of the input with only entry `i` quantized to `ty`, the way convert would.
+#[allow(clippy::too_many_arguments)]
+fn write_single(
+    src: &dyn TensorSource,
+    plan: &Plan,
+    profile: &Profile,
+    i: usize,
+    ty: TensorType,
+    calib: &Calibration,
+    o: &MixOpts,
+    out: &Path,
+) -> Result<()> {
+    let keep = Request {
+        weights: TensorType::Q8_0,
+        recipe: &plan::recipe::RECIPES[0],
+        overrides: vec![],
+        output_type: None,
+        token_embd_type: None,
+        keep_types: true,
+        strict: false,
+    };
+    let mut p = plan::plan(src.tensors(), &keep, profile)?;
+    let e = &mut p.entries[i];
+    debug_assert_eq!(e.name, plan.entries[i].name);
+    e.dst = ty;
+    e.action = if e.src.is_float() {
+        Action::Quantize
+    } else {
+        Action::Requantize
+    };
+    e.bytes = ty
+        .bytes_for(e.dims.iter().product())
+        .ok_or_else(|| Error::Unsupported(format!("{}: does not fit {ty}", e.name)))?;
+    let name = e.name.clone();
+    match calib {
+        Calibration::File(f) => plan::assign_ldlq(&mut p, &f.index, o.band),
+        Calibration::Memory(h) => plan::assign_ldlq(&mut p, h, o.band),
+        Calibration::Imatrix(m) => plan::assign_importance(&mut p, m),
+        Calibration::None => {}
+    }
+    let md = convert::output_metadata(src.metadata(), &p, None, false);
+    let cp = convert::Checkpoints {
+        resume: false,
+        key: String::new(),
+        quiet: true,
+    };
+    let target = convert::Target {
+        src,
+        plan: &p,
+        metadata: &md,
+        version: src.gguf_version(),
+        profile,
+        out,
+        hash_input: None,
+        cp: &cp,
+    };
+    let none = |_| {};
+    match calib {
+        Calibration::File(f) => convert::execute_from_file(&target, &none, f, o.band, o.damp)?,
+        Calibration::Memory(hs) => {
+            // Only this tensor's Hessian group goes along (a copy of all would be the model's).
+            let mut one = tq::quant::Hessians::default();
+            if let Some(g) = hs.for_tensor(&name) {
+                one.groups.insert(g.tensors.join(","), g.clone());
+            }
+            let l = convert::Ldlq {
+                hessians: one,
+                band: o.band,
+                damp: o.damp,
+            };
+            convert::execute(&target, Some(l), &none)?
+        }
+        _ => convert::execute(&target, None, &none)?,
+    };
+    Ok(())
+}
+
+fn bar(quiet: bool, len: u64, what: &str) -> indicatif::ProgressBar {
+    if quiet {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(len);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{what} {{bar:40}} {{pos}}/{{len}} eta {{eta}}"
+        ))
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    pb
+}

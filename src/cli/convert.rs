@@ -242,6 +242,9 @@ fn convert(a: &ConvertArgs) -> Result<()> {
         }
     }
     if a.dry_run {
+        if let Some(m) = &mix {
+            m.cleanup();
+        }
         print_plan(&plan, a, size, &profile, mix.as_ref())?;
         return Ok(());
     }
@@ -348,8 +351,8 @@ fn convert(a: &ConvertArgs) -> Result<()> {
         }
         _ => None,
     };
-    if let Some(r) = mix.as_ref().and_then(|m| m.ref_logits.as_ref()) {
-        let _ = std::fs::remove_file(r);
+    if let Some(m) = &mix {
+        m.cleanup();
     }
     if a.json {
         let j = serde_json::json!({

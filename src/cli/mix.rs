@@ -79,6 +79,13 @@ pub struct MixReport {
     /// Standard error of `err` from the row sample.
     pub err_se: f64,
     pub alpha: Option<f64>,
+    /// Predicted KLD of the chosen mix: `α × error` plus the measured KLDs of direct items.
+    pub predicted: Option<f64>,
+    /// Tensors without calibration data (token_embd, which SmolLM2-like models also use as
+    /// the output head): their candidates' KLDs measured one by one, `(tensor, type, KLD)`.
+    pub direct: Vec<(String, TensorType, f64)>,
+    /// Tensors without calibration data kept at one type because there was no fit.
+    pub pinned: Vec<(String, TensorType)>,
     pub r2: Option<f64>,
     pub probes: Vec<Probe>,
     pub kld_windows: usize,
@@ -93,8 +100,18 @@ pub struct MixReport {
 }
 
 impl MixReport {
+    /// Remove the fit's temporary folder (reference logits).
+    pub fn cleanup(&self) {
+        if let Some(r) = &self.ref_logits {
+            let _ = std::fs::remove_file(r);
+            if let Some(d) = r.parent() {
+                let _ = std::fs::remove_dir(d);
+            }
+        }
+    }
+
     pub fn predicted_kld(&self) -> Option<f64> {
-        self.alpha.map(|a| a * self.err)
+        self.predicted
     }
 
     pub fn provenance(&self) -> Vec<(String, String)> {
@@ -134,6 +151,8 @@ impl MixReport {
             "error": self.err, "error_se": self.err_se, "alpha": self.alpha, "r2": self.r2,
             "predicted_kld": self.predicted_kld(), "kld_windows": self.kld_windows,
             "probes": self.probes.iter().map(|p| serde_json::json!({"tensor": p.tensor, "type": p.ty.name(), "error": p.err, "kld": p.kld})).collect::<Vec<_>>(),
+            "direct": self.direct.iter().map(|(n, t, k)| serde_json::json!({"tensor": n, "type": t.name(), "kld": k})).collect::<Vec<_>>(),
+            "pinned": self.pinned.iter().map(|(n, t)| serde_json::json!({"tensor": n, "type": t.name()})).collect::<Vec<_>>(),
             "grid_bytes": self.grid, "slack_bytes": self.slack, "rows_sampled": self.rows,
             "sensitivity_seconds": self.sens_s, "fit_seconds": self.fit_s, "dp_seconds": self.dp_s,
         })
@@ -152,7 +171,7 @@ impl MixReport {
             (Some(a), Some(r)) => {
                 v.push(format!(
                     "mix: predicted KLD {:.5} (fit KLD = {a:.4e} x error, R2 {r:.3}, {} single-tensor KLDs on {} windows)",
-                    a * self.err,
+                    self.predicted.unwrap_or(a * self.err),
                     self.probes.len(),
                     self.kld_windows
                 ));
@@ -171,6 +190,14 @@ impl MixReport {
                 "mix: no KLD prediction (give --kld-text for the fit); the types minimize the summed weighted error"
                     .into(),
             ),
+        }
+        for (n, t, k) in &self.direct {
+            v.push(format!("mix:   measured {n} {t}: KLD {k:.5}"));
+        }
+        for (n, t) in &self.pinned {
+            v.push(format!(
+                "mix:   {n} kept {t}: no calibration data for it and no KLD fit (--kld-text) to weigh it"
+            ));
         }
         v.push(format!(
             "mix: sensitivity {:.1} s, KLD fit {:.1} s, DP {:.2} s",
@@ -196,7 +223,7 @@ pub fn choose(
         Some(l) => mix::parse_types(l, profile)?,
         None => mix::default_candidates(profile),
     };
-    let items = mix::items(plan, &types, profile);
+    let mut items = mix::items(plan, &types, profile);
     if let Some((idx, _)) = items.iter().find(|(_, t)| t.is_empty()) {
         return Err(Error::Usage(format!(
             "{}: none of the candidate types ({}) can hold its shape {:?}; add one with --types (e.g. f16)",
@@ -212,7 +239,7 @@ pub fn choose(
     };
     let t0 = std::time::Instant::now();
     let pb = bar(o.quiet, items.len() as u64, "sensitivity");
-    let table = mix::measure(src, plan, &items, calib, o.band, o.damp, o.rows, &|d, _| {
+    let mut table = mix::measure(src, plan, &items, calib, o.band, o.damp, o.rows, &|d, _| {
         pb.set_position(d as u64)
     })?;
     pb.finish_and_clear();
@@ -227,6 +254,9 @@ pub fn choose(
         err: 0.0,
         err_se: 0.0,
         alpha: None,
+        predicted: None,
+        direct: vec![],
+        pinned: vec![],
         r2: None,
         probes: vec![],
         kld_windows: o.kld_windows,
@@ -238,16 +268,64 @@ pub fn choose(
         dp_s: 0.0,
         ref_logits: None,
     };
+    // Items none of whose tensors have calibration data (while others do): their errors are
+    // not in the units of the rest, so their KLDs are measured per candidate (with a fit), or
+    // they keep q8_0 (without).
+    let calibrated = !matches!(calib, Calibration::None);
+    let uncal: Vec<bool> = items
+        .iter()
+        .map(|(idx, _)| {
+            calibrated
+                && idx
+                    .iter()
+                    .all(|&i| !mix::has_weights(calib, &plan.entries[i]))
+        })
+        .collect();
     let t1 = std::time::Instant::now();
+    let mut direct: Vec<Option<Vec<f64>>> = vec![None; items.len()];
     if let Some(text) = o.kld_text {
         fit(
-            input, src, plan, profile, &items, &table, calib, o, text, &mut rep,
+            input,
+            src,
+            plan,
+            profile,
+            &items,
+            &table,
+            &uncal,
+            calib,
+            o,
+            text,
+            &mut rep,
+            &mut direct,
         )?;
+    }
+    if rep.alpha.is_none() {
+        direct.iter_mut().for_each(|d| *d = None);
+        rep.direct.clear();
+        for (it, (idx, tys)) in items.iter_mut().enumerate() {
+            if !uncal[it] {
+                continue;
+            }
+            let keep = if tys.contains(&TensorType::Q8_0) {
+                TensorType::Q8_0
+            } else {
+                *tys.last().expect("non-empty")
+            };
+            let k = tys.iter().position(|t| *t == keep).unwrap_or(0);
+            table[it].iter_mut().for_each(|m| *m = vec![m[k]]);
+            *tys = vec![keep];
+            rep.pinned.push((plan.entries[idx[0]].name.clone(), keep));
+        }
     }
     rep.fit_s = t1.elapsed().as_secs_f64();
 
     let t2 = std::time::Instant::now();
-    let opts = mix::options(plan, &items, &table, rep.alpha.unwrap_or(1.0));
+    let mut opts = mix::options(plan, &items, &table, rep.alpha.unwrap_or(1.0));
+    for (o, d) in opts.iter_mut().zip(&direct) {
+        if let Some(d) = d {
+            o.iter_mut().zip(d).for_each(|(x, k)| x.1 = *k);
+        }
+    }
     let params: u64 = plan
         .entries
         .iter()
@@ -285,7 +363,16 @@ pub fn choose(
             ))
         })?;
         mix::apply(plan, &items, &sol.choice, "mix")?;
-        rep.err = sol.cost / rep.alpha.unwrap_or(1.0);
+        // The calibrated tensors' summed error (direct items are in KLD already).
+        rep.err = items
+            .iter()
+            .zip(&table)
+            .zip(&sol.choice)
+            .zip(&direct)
+            .filter(|(_, d)| d.is_none())
+            .map(|(((_, per), &k), _)| per.iter().map(|m| m[k].err).sum::<f64>())
+            .sum();
+        rep.predicted = rep.alpha.map(|_| sol.cost);
         rep.file = size_of(plan, &rep)?;
         if rep.file <= rep.target {
             break;
@@ -324,10 +411,12 @@ fn fit(
     profile: &Profile,
     items: &[(Vec<usize>, Vec<TensorType>)],
     table: &mix::Table,
+    uncal: &[bool],
     calib: &Calibration,
     o: &MixOpts,
     text: &Path,
     rep: &mut MixReport,
+    direct: &mut [Option<Vec<f64>>],
 ) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("tq-mix-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
@@ -339,6 +428,7 @@ fn fit(
     let flat: Vec<(usize, usize)> = items
         .iter()
         .enumerate()
+        .filter(|(it, _)| !uncal[*it])
         .flat_map(|(it, (idx, _))| (0..idx.len()).map(move |m| (it, m)))
         .collect();
     let k = o.probes.min(flat.len());
@@ -356,7 +446,7 @@ fn fit(
         };
         let i = idx[m];
         let out = dir.join(format!("probe-{j}.gguf"));
-        write_single(src, plan, profile, i, tys[opt], calib, o, &out)?;
+        write_group(src, plan, profile, &[i], tys[opt], calib, o, &out)?;
         let kld = kld_of(&out, &ref_path, o.kld_windows)?;
         let _ = std::fs::remove_file(&out);
         rep.probes.push(Probe {
@@ -368,6 +458,28 @@ fn fit(
         pb.set_position(j as u64 + 1);
     }
     pb.finish_and_clear();
+    // Tensors without calibration data: every candidate measured (the source type costs 0).
+    for (it, (idx, tys)) in items.iter().enumerate() {
+        if !uncal[it] {
+            continue;
+        }
+        let mut d = vec![];
+        for &t in tys {
+            let i = idx[0];
+            let k = if t == plan.entries[i].src && idx.len() == 1 {
+                0.0
+            } else {
+                let out = dir.join("direct.gguf");
+                write_group(src, plan, profile, idx, t, calib, o, &out)?;
+                let k = kld_of(&out, &ref_path, o.kld_windows)?;
+                let _ = std::fs::remove_file(&out);
+                k
+            };
+            rep.direct.push((plan.entries[i].name.clone(), t, k));
+            d.push(k);
+        }
+        direct[it] = Some(d);
+    }
     let (sxy, sxx): (f64, f64) = rep.probes.iter().fold((0.0, 0.0), |(a, b), p| {
         (a + p.err * p.kld, b + p.err * p.err)
     });
@@ -380,12 +492,15 @@ fn fit(
             .map(|p| (p.kld - alpha * p.err).powi(2))
             .sum();
         let ss_tot: f64 = rep.probes.iter().map(|p| (p.kld - mean).powi(2)).sum();
-        rep.alpha = Some(alpha);
-        rep.r2 = Some(if ss_tot > 0.0 {
-            1.0 - ss_res / ss_tot
-        } else {
-            0.0
-        });
+        // A non-positive slope predicts nothing (the DP would then prefer errors): no fit.
+        if alpha > 0.0 && alpha.is_finite() {
+            rep.alpha = Some(alpha);
+            rep.r2 = Some(if ss_tot > 0.0 {
+                1.0 - ss_res / ss_tot
+            } else {
+                0.0
+            });
+        }
     }
     Ok(())
 }
@@ -433,13 +548,13 @@ pub fn kld_of(model: &Path, ref_logits: &Path, windows: usize) -> Result<f64> {
         .ok_or_else(|| Error::Usage("no KLD was computed against the reference".into()))
 }
 
-/// A copy of the input with only entry `i` quantized to `ty`, the way convert would.
+/// A copy of the input with only the entries `idx` quantized to `ty`, the way convert would.
 #[allow(clippy::too_many_arguments)]
-fn write_single(
+fn write_group(
     src: &dyn TensorSource,
     plan: &Plan,
     profile: &Profile,
-    i: usize,
+    idx: &[usize],
     ty: TensorType,
     calib: &Calibration,
     o: &MixOpts,
@@ -455,18 +570,20 @@ fn write_single(
         strict: false,
     };
     let mut p = plan::plan(src.tensors(), &keep, profile)?;
-    let e = &mut p.entries[i];
-    debug_assert_eq!(e.name, plan.entries[i].name);
-    e.dst = ty;
-    e.action = if e.src.is_float() {
-        Action::Quantize
-    } else {
-        Action::Requantize
-    };
-    e.bytes = ty
-        .bytes_for(e.dims.iter().product())
-        .ok_or_else(|| Error::Unsupported(format!("{}: does not fit {ty}", e.name)))?;
-    let name = e.name.clone();
+    for &i in idx {
+        let e = &mut p.entries[i];
+        debug_assert_eq!(e.name, plan.entries[i].name);
+        e.dst = ty;
+        e.action = if e.src.is_float() {
+            Action::Quantize
+        } else {
+            Action::Requantize
+        };
+        e.bytes = ty
+            .bytes_for(e.dims.iter().product())
+            .ok_or_else(|| Error::Unsupported(format!("{}: does not fit {ty}", e.name)))?;
+    }
+    let names: Vec<String> = idx.iter().map(|&i| p.entries[i].name.clone()).collect();
     match calib {
         Calibration::File(f) => plan::assign_ldlq(&mut p, &f.index, o.band),
         Calibration::Memory(h) => plan::assign_ldlq(&mut p, h, o.band),
@@ -495,8 +612,10 @@ fn write_single(
         Calibration::Memory(hs) => {
             // Only this tensor's Hessian group goes along (a copy of all would be the model's).
             let mut one = tq::quant::Hessians::default();
-            if let Some(g) = hs.for_tensor(&name) {
-                one.groups.insert(g.tensors.join(","), g.clone());
+            for name in &names {
+                if let Some(g) = hs.for_tensor(name) {
+                    one.groups.insert(g.tensors.join(","), g.clone());
+                }
             }
             let l = convert::Ldlq {
                 hessians: one,

@@ -323,6 +323,17 @@ pub fn measure(
     Ok(table)
 }
 
+/// `e` has calibration data in `calib` of its row length (a Hessian, or an imatrix entry).
+pub fn has_weights(calib: &Calibration, e: &PlanEntry) -> bool {
+    let n = row_len(&e.dims) as usize;
+    match calib {
+        Calibration::File(f) => f.index.for_tensor(&e.name).is_some_and(|h| h.n == n),
+        Calibration::Memory(h) => h.for_tensor(&e.name).is_some_and(|h| h.n == n),
+        Calibration::Imatrix(m) => m.get(&e.name).is_some_and(|v| v.len() == n),
+        Calibration::None => false,
+    }
+}
+
 /// Each item's options as `(bytes, cost)`: the members' bytes and `α ×` their errors summed.
 pub fn options(
     plan: &Plan,

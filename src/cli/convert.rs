@@ -121,10 +121,11 @@ pub struct ConvertArgs {
     #[arg(long, value_name = "FILE")]
     pub kld_text: Option<PathBuf>,
     /// Windows of 512 tokens of --kld-text for the fit and --verify.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 1)]
     pub kld_windows: usize,
-    /// Single-tensor KLDs measured for the mix's fit.
-    #[arg(long, default_value_t = 6)]
+    /// Single-tensor KLDs measured for the mix's fit (round-robin over the roles: 14 = two
+    /// per role of a llama block).
+    #[arg(long, default_value_t = 14)]
     pub kld_probes: usize,
     /// After writing, measure the output's KLD against the input on --kld-text.
     #[arg(long)]
@@ -534,12 +535,9 @@ fn provenance(a: &ConvertArgs, req: &Request, extra: Vec<(String, String)>) -> O
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
-        // Filled in by execute, which hashes the input while converting.
-        input_blake3: if a.dry_run {
-            String::new()
-        } else {
-            convert::HASH_PLACEHOLDER.to_string()
-        },
+        // Filled in by execute, which hashes the input while converting; a dry run counts
+        // the placeholder too, so its size is the written file's (a mix's budget depends on it).
+        input_blake3: convert::HASH_PLACEHOLDER.to_string(),
         extra,
     })
 }

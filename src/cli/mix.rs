@@ -79,6 +79,10 @@ pub struct MixReport {
     /// Standard error of `err` from the row sample.
     pub err_se: f64,
     pub alpha: Option<f64>,
+    /// Per-role slopes (`attn_v.weight` → α), from that role's probes; other roles use `alpha`.
+    pub role_alpha: std::collections::BTreeMap<String, f64>,
+    /// R² of the per-role predictions over the probes (in-sample).
+    pub r2_roles: Option<f64>,
     /// Predicted KLD of the chosen mix: `α × error` plus the measured KLDs of direct items.
     pub predicted: Option<f64>,
     /// Tensors without calibration data (token_embd, which SmolLM2-like models also use as
@@ -148,7 +152,7 @@ impl MixReport {
         serde_json::json!({
             "target_bytes": self.target, "min_bytes": self.min_file, "file_bytes": self.file,
             "weighting": self.weighting, "types": self.types.iter().map(|t| t.name()).collect::<Vec<_>>(),
-            "error": self.err, "error_se": self.err_se, "alpha": self.alpha, "r2": self.r2,
+            "error": self.err, "error_se": self.err_se, "alpha": self.alpha, "r2": self.r2, "role_alpha": self.role_alpha, "r2_roles": self.r2_roles,
             "predicted_kld": self.predicted_kld(), "kld_windows": self.kld_windows,
             "probes": self.probes.iter().map(|p| serde_json::json!({"tensor": p.tensor, "type": p.ty.name(), "error": p.err, "kld": p.kld})).collect::<Vec<_>>(),
             "direct": self.direct.iter().map(|(n, t, k)| serde_json::json!({"tensor": n, "type": t.name(), "kld": k})).collect::<Vec<_>>(),
@@ -170,8 +174,10 @@ impl MixReport {
         match (self.alpha, self.r2) {
             (Some(a), Some(r)) => {
                 v.push(format!(
-                    "mix: predicted KLD {:.5} (fit KLD = {a:.4e} x error, R2 {r:.3}, {} single-tensor KLDs on {} windows)",
+                    "mix: predicted KLD {:.5} (fit KLD = alpha x error per role, {} roles; one alpha for all: {a:.4e}, R2 {r:.3}; per role R2 {}; {} single-tensor KLDs on {} windows)",
                     self.predicted.unwrap_or(a * self.err),
+                    self.role_alpha.len(),
+                    self.r2_roles.map_or("-".into(), |x| format!("{x:.3}")),
                     self.probes.len(),
                     self.kld_windows
                 ));
@@ -254,6 +260,8 @@ pub fn choose(
         err: 0.0,
         err_se: 0.0,
         alpha: None,
+        role_alpha: Default::default(),
+        r2_roles: None,
         predicted: None,
         direct: vec![],
         pinned: vec![],
@@ -320,7 +328,10 @@ pub fn choose(
     rep.fit_s = t1.elapsed().as_secs_f64();
 
     let t2 = std::time::Instant::now();
-    let mut opts = mix::options(plan, &items, &table, rep.alpha.unwrap_or(1.0));
+    let global = rep.alpha.unwrap_or(1.0);
+    let role_alpha = rep.role_alpha.clone();
+    let alpha_of = |name: &str| *role_alpha.get(mix::role_of(name)).unwrap_or(&global);
+    let mut opts = mix::options(plan, &items, &table, &alpha_of);
     for (o, d) in opts.iter_mut().zip(&direct) {
         if let Some(d) = d {
             o.iter_mut().zip(d).for_each(|(x, k)| x.1 = *k);
@@ -337,53 +348,60 @@ pub fn choose(
         .iter()
         .map(|o| (0..o.len()).min_by_key(|&k| o[k].0).unwrap_or(0))
         .collect();
-    mix::apply(plan, &items, &cheapest, "mix")?;
-    rep.min_file = size_of(plan, &rep)?;
     rep.target = match o.budget {
         Budget::Bytes(b) => b,
         Budget::Bpw(x) => (x * params as f64 / 8.0).floor() as u64,
     };
-    if rep.target < rep.min_file {
-        return Err(Error::Usage(format!(
+    // Set a choice on the plan and the report (its provenance strings count in the size).
+    let set = |plan: &mut Plan, rep: &mut MixReport, choice: &[usize]| -> Result<u64> {
+        mix::apply(plan, &items, choice, "mix")?;
+        // The calibrated tensors' summed error (direct items are in KLD already).
+        rep.err = items
+            .iter()
+            .zip(&table)
+            .zip(choice)
+            .zip(&direct)
+            .filter(|(_, d)| d.is_none())
+            .map(|(((_, per), &k), _)| per.iter().map(|m| m[k].err).sum::<f64>())
+            .sum();
+        let cost: f64 = opts.iter().zip(choice).map(|(o, &k)| o[k].1).sum();
+        rep.predicted = rep.alpha.map(|_| cost);
+        size_of(plan, rep)
+    };
+    rep.min_file = set(plan, &mut rep, &cheapest)?;
+    let too_small = |rep: &MixReport| {
+        Error::Usage(format!(
             "--target: {} bytes is below the smallest file the candidate types give ({} bytes = {:.3} bpw); raise the target or add smaller types with --types",
             rep.target,
             rep.min_file,
             rep.min_file as f64 * 8.0 / params as f64
-        )));
+        ))
+    };
+    if rep.target < rep.min_file {
+        return Err(too_small(&rep));
     }
     let mixed_min = mix::min_bytes(&opts);
     let mut budget = rep.target - (rep.min_file - mixed_min);
     let mut sol;
     let mut tries = 0;
     loop {
-        sol = mix::solve(&opts, budget, mix::GRID_CELLS).ok_or_else(|| {
-            Error::Usage(format!(
-                "--target: {} bytes leaves no room once metadata is counted; raise the target",
-                rep.target
-            ))
-        })?;
-        mix::apply(plan, &items, &sol.choice, "mix")?;
-        // The calibrated tensors' summed error (direct items are in KLD already).
-        rep.err = items
-            .iter()
-            .zip(&table)
-            .zip(&sol.choice)
-            .zip(&direct)
-            .filter(|(_, d)| d.is_none())
-            .map(|(((_, per), &k), _)| per.iter().map(|m| m[k].err).sum::<f64>())
-            .sum();
-        rep.predicted = rep.alpha.map(|_| sol.cost);
-        rep.file = size_of(plan, &rep)?;
+        sol = match mix::solve(&opts, budget, mix::GRID_CELLS) {
+            Some(s) => s,
+            None => {
+                // Metadata took the room: the cheapest mix (measured to fit) it is.
+                rep.min_file = set(plan, &mut rep, &cheapest)?;
+                let b = opts.iter().zip(&cheapest).map(|(o, &k)| o[k].0).sum();
+                mix::solve(&opts, b, 1).ok_or_else(|| too_small(&rep))?
+            }
+        };
+        rep.file = set(plan, &mut rep, &sol.choice)?;
         if rep.file <= rep.target {
             break;
         }
-        // Metadata grew with longer type names: take the excess off and solve again.
+        // Metadata grew with longer type names or numbers: take the excess off and solve again.
         tries += 1;
-        if tries > 8 {
-            return Err(Error::Usage(format!(
-                "--target: could not fit {} bytes (file {}); raise the target",
-                rep.target, rep.file
-            )));
+        if tries > 8 || budget < mixed_min {
+            return Err(too_small(&rep));
         }
         budget -= (rep.file - rep.target).min(budget);
     }
@@ -431,15 +449,29 @@ fn fit(
         .filter(|(it, _)| !uncal[*it])
         .flat_map(|(it, (idx, _))| (0..idx.len()).map(move |m| (it, m)))
         .collect();
+    // Probes round-robin over the roles (attn_q, attn_v, ffn_down, …), spread over the layers
+    // within a role.
+    let mut roles: Vec<(&str, Vec<(usize, usize)>)> = vec![];
+    for &(it, m) in &flat {
+        let r = mix::role_of(&plan.entries[items[it].0[m]].name);
+        match roles.iter_mut().find(|(x, _)| *x == r) {
+            Some((_, v)) => v.push((it, m)),
+            None => roles.push((r, vec![(it, m)])),
+        }
+    }
     let k = o.probes.min(flat.len());
+    let per_role = k.div_ceil(roles.len().max(1));
     let pb = bar(o.quiet, k as u64, "KLD fit");
     for j in 0..k {
-        let (it, m) = flat[(2 * j + 1) * flat.len() / (2 * k)];
+        let (_, members) = &roles[j % roles.len()];
+        let q = j / roles.len();
+        let (it, m) =
+            members[((2 * q + 1) * members.len() / (2 * per_role)).min(members.len() - 1)];
         let (idx, tys) = &items[it];
         let est: &Vec<Estimate> = &table[it][m];
         let mut order: Vec<usize> = (0..tys.len()).collect();
         order.sort_by(|&a, &b| est[b].err.total_cmp(&est[a].err));
-        let opt = if j % 2 == 0 {
+        let opt = if (j + q) % 2 == 0 {
             order[0]
         } else {
             order[order.len() / 3]
@@ -500,6 +532,26 @@ fn fit(
             } else {
                 0.0
             });
+            // Per role: the slope of its own probes (errors of different roles reach the
+            // output through different paths).
+            let mut by: std::collections::BTreeMap<String, (f64, f64)> = Default::default();
+            for p in &rep.probes {
+                let e = by.entry(mix::role_of(&p.tensor).to_string()).or_default();
+                e.0 += p.err * p.kld;
+                e.1 += p.err * p.err;
+            }
+            for (r, (xy, xx)) in by {
+                if xx > 0.0 && xy > 0.0 {
+                    rep.role_alpha.insert(r, xy / xx);
+                }
+            }
+            let a = |t: &str| *rep.role_alpha.get(mix::role_of(t)).unwrap_or(&alpha);
+            let ss: f64 = rep
+                .probes
+                .iter()
+                .map(|p| (p.kld - a(&p.tensor) * p.err).powi(2))
+                .sum();
+            rep.r2_roles = (ss_tot > 0.0).then(|| 1.0 - ss / ss_tot);
         }
     }
     Ok(())

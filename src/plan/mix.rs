@@ -334,12 +334,21 @@ pub fn has_weights(calib: &Calibration, e: &PlanEntry) -> bool {
     }
 }
 
-/// Each item's options as `(bytes, cost)`: the members' bytes and `α ×` their errors summed.
+/// A tensor's role for the KLD fit: its name without the block prefix (`attn_v.weight`).
+pub fn role_of(name: &str) -> &str {
+    match name.strip_prefix("blk.") {
+        Some(r) => r.split_once('.').map_or(r, |(_, rest)| rest),
+        None => name,
+    }
+}
+
+/// Each item's options as `(bytes, cost)`: the members' bytes and their errors, each times the
+/// `alpha` of its tensor, summed.
 pub fn options(
     plan: &Plan,
     items: &[(Vec<usize>, Vec<TensorType>)],
     table: &Table,
-    alpha: f64,
+    alpha: &dyn Fn(&str) -> f64,
 ) -> Vec<Vec<(u64, f64)>> {
     items
         .iter()
@@ -355,8 +364,12 @@ pub fn options(
                                 .unwrap_or(u64::MAX / 4)
                         })
                         .sum();
-                    let err: f64 = per.iter().map(|m| m[k].err).sum();
-                    (bytes, alpha * err)
+                    let cost: f64 = per
+                        .iter()
+                        .zip(idx)
+                        .map(|(m, &i)| alpha(&plan.entries[i].name) * m[k].err)
+                        .sum();
+                    (bytes, cost)
                 })
                 .collect()
         })
@@ -462,6 +475,12 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn roles() {
+        assert_eq!(role_of("blk.12.attn_v.weight"), "attn_v.weight");
+        assert_eq!(role_of("token_embd.weight"), "token_embd.weight");
     }
 
     #[test]

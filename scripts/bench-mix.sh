@@ -26,7 +26,8 @@ out="$w/mix.tsv"; touch "$out"
 evalrow() { # NAME FILE EXTRA_JSON
   local j="$w/eval-$1.json"
   [ -s "$j" ] && [ "$j" -nt "$2" ] || "$tq" eval "$2" --ref-logits "$w/ref.logits" -q --json > "$j"
-  py - "$1" "$2" "$j" "${3:-}" "$out" <<'PY'
+  # flock: two runs of this script may share the table.
+  flock "$out.lock" bash -c 'source "$0"/scripts/common.sh; py - "$@"' "$TQ_ROOT" "$1" "$2" "$j" "${3:-}" "$out" <<'PY'
 import json, os, sys
 name, path, r, extra, out = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3]))["result"], sys.argv[4], sys.argv[5]
 k = r["kld"]

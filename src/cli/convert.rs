@@ -120,8 +120,8 @@ pub struct ConvertArgs {
     /// Text for the mix's KLD fit and for --verify (default: --calib when it is a text file).
     #[arg(long, value_name = "FILE")]
     pub kld_text: Option<PathBuf>,
-    /// Windows of 512 tokens of --kld-text for the fit and --verify.
-    #[arg(long, default_value_t = 1)]
+    /// Windows of 512 tokens of --kld-text for the fit and --verify (at least 2).
+    #[arg(long, default_value_t = 2)]
     pub kld_windows: usize,
     /// Single-tensor KLDs measured for the mix's fit (round-robin over the roles: 14 = two
     /// per role of a llama block).
@@ -412,6 +412,12 @@ fn mix_budget(a: &ConvertArgs) -> Result<Option<super::mix::Budget>> {
         (None, Some(s)) => Some(Budget::Bytes(super::mix::parse_size(s)?)),
         (None, None) => None,
     };
+    if a.kld_windows < 2 {
+        return Err(Error::Usage(format!(
+            "--kld-windows {}: at least 2 windows (the evaluator's minimum)",
+            a.kld_windows
+        )));
+    }
     if b.is_none() && a.types.is_some() {
         return Err(Error::Usage(
             "tq convert: --types lists the candidates of a mix; give --target-bpw or --target-size"
@@ -481,7 +487,7 @@ fn run_mix(
         types: a.types.as_deref(),
         rows: a.mix_rows.max(1),
         kld_text,
-        kld_windows: a.kld_windows.max(1),
+        kld_windows: a.kld_windows,
         probes: a.kld_probes,
         band: a.ldlq_band,
         damp: a.damp,

@@ -438,6 +438,31 @@ fn fit(
 ) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("tq-mix-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    let r = fit_in(
+        &dir, input, src, plan, profile, items, table, uncal, calib, o, text, rep, direct,
+    );
+    if r.is_err() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    r
+}
+
+#[allow(clippy::too_many_arguments)]
+fn fit_in(
+    dir: &Path,
+    input: &Path,
+    src: &dyn TensorSource,
+    plan: &Plan,
+    profile: &Profile,
+    items: &[(Vec<usize>, Vec<TensorType>)],
+    table: &mix::Table,
+    uncal: &[bool],
+    calib: &Calibration,
+    o: &MixOpts,
+    text: &Path,
+    rep: &mut MixReport,
+    direct: &mut [Option<Vec<f64>>],
+) -> Result<()> {
     let ref_path = dir.join("ref.logits");
     reference_logits(input, text, o.kld_windows, &ref_path)?;
     rep.ref_logits = Some(ref_path.clone());

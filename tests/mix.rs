@@ -143,7 +143,7 @@ fn same_plan_and_bytes_for_any_thread_count() {
     assert!(got[0].1 == got[1].1, "bytes differ");
     // The fork profile's default candidates include TQ types, and its attention q/k/v/o of a
     // layer share one type.
-    let f = GgufFile::open(&dir.path().join("out1.gguf")).unwrap();
+    let f = GgufFile::open(dir.path().join("out1.gguf")).unwrap();
     for l in 0..2 {
         let ty = |n: &str| {
             f.tensors

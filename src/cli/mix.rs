@@ -174,7 +174,7 @@ impl MixReport {
         match (self.alpha, self.r2) {
             (Some(a), Some(r)) => {
                 v.push(format!(
-                    "mix: predicted KLD {:.5} (fit KLD = alpha x error per role, {} roles; one alpha for all: {a:.4e}, R2 {r:.3}; per role R2 {}; {} single-tensor KLDs on {} windows)",
+                    "mix: predicted KLD {:.5} (fit ln KLD = ln alpha + ln error, alpha per role ({} roles), R2 of ln KLD {}; one alpha for all: {a:.4e}, R2 {r:.3}; {} single-tensor KLDs on {} windows)",
                     self.predicted.unwrap_or(a * self.err),
                     self.role_alpha.len(),
                     self.r2_roles.map_or("-".into(), |x| format!("{x:.3}")),
@@ -484,6 +484,10 @@ fn fit_in(
             None => roles.push((r, vec![(it, m)])),
         }
     }
+    // Members in layer order (the file's order may be 0, 1, 10, 11, …).
+    for (_, v) in roles.iter_mut() {
+        v.sort_by_key(|&(it, m)| tq::arch::layer_of(&plan.entries[items[it].0[m]].name));
+    }
     let k = o.probes.min(flat.len());
     let per_role = k.div_ceil(roles.len().max(1));
     let pb = bar(o.quiet, k as u64, "KLD fit");
@@ -496,10 +500,12 @@ fn fit_in(
         let est: &Vec<Estimate> = &table[it][m];
         let mut order: Vec<usize> = (0..tys.len()).collect();
         order.sort_by(|&a, &b| est[b].err.total_cmp(&est[a].err));
+        // Near the operating range (4–5 bits), not the extremes: KLD grows faster than
+        // linearly at large errors, and q8_0's KLD is lost in the noise of two windows.
         let opt = if (j + q) % 2 == 0 {
-            order[0]
+            order[order.len() / 4]
         } else {
-            order[order.len() / 3]
+            order[(order.len() / 4).saturating_sub(1)]
         };
         let i = idx[m];
         let out = dir.join(format!("probe-{j}.gguf"));
@@ -537,48 +543,50 @@ fn fit_in(
         }
         direct[it] = Some(d);
     }
-    let (sxy, sxx): (f64, f64) = rep.probes.iter().fold((0.0, 0.0), |(a, b), p| {
-        (a + p.err * p.kld, b + p.err * p.err)
-    });
-    if sxx > 0.0 {
-        let alpha = sxy / sxx;
-        let mean = rep.probes.iter().map(|p| p.kld).sum::<f64>() / rep.probes.len() as f64;
-        let ss_res: f64 = rep
-            .probes
-            .iter()
-            .map(|p| (p.kld - alpha * p.err).powi(2))
-            .sum();
-        let ss_tot: f64 = rep.probes.iter().map(|p| (p.kld - mean).powi(2)).sum();
-        // A non-positive slope predicts nothing (the DP would then prefer errors): no fit.
-        if alpha > 0.0 && alpha.is_finite() {
-            rep.alpha = Some(alpha);
-            rep.r2 = Some(if ss_tot > 0.0 {
-                1.0 - ss_res / ss_tot
-            } else {
-                0.0
-            });
-            // Per role: the slope of its own probes (errors of different roles reach the
-            // output through different paths).
-            let mut by: std::collections::BTreeMap<String, (f64, f64)> = Default::default();
-            for p in &rep.probes {
-                let e = by.entry(mix::role_of(&p.tensor).to_string()).or_default();
-                e.0 += p.err * p.kld;
-                e.1 += p.err * p.err;
-            }
-            for (r, (xy, xx)) in by {
-                if xx > 0.0 && xy > 0.0 {
-                    rep.role_alpha.insert(r, xy / xx);
-                }
-            }
-            let a = |t: &str| *rep.role_alpha.get(mix::role_of(t)).unwrap_or(&alpha);
-            let ss: f64 = rep
-                .probes
-                .iter()
-                .map(|p| (p.kld - a(&p.tensor) * p.err).powi(2))
-                .sum();
-            rep.r2_roles = (ss_tot > 0.0).then(|| 1.0 - ss / ss_tot);
-        }
+    // Fit in log space: ln KLD = ln α + ln error, i.e. α is the geometric mean of the
+    // probes' KLD/error ratios (a least-squares slope would be set by the one largest probe).
+    // R² of ln KLD, for one α and for one α per role.
+    let pts: Vec<(String, f64)> = rep
+        .probes
+        .iter()
+        .filter(|p| p.err > 0.0 && p.kld > 0.0)
+        .map(|p| (mix::role_of(&p.tensor).to_string(), (p.kld / p.err).ln()))
+        .collect();
+    if pts.is_empty() {
+        return Ok(());
     }
+    let ln_k: Vec<f64> = rep
+        .probes
+        .iter()
+        .filter(|p| p.err > 0.0 && p.kld > 0.0)
+        .map(|p| p.kld.ln())
+        .collect();
+    let ln_e: Vec<f64> = rep
+        .probes
+        .iter()
+        .filter(|p| p.err > 0.0 && p.kld > 0.0)
+        .map(|p| p.err.ln())
+        .collect();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let ln_a = mean(&pts.iter().map(|(_, r)| *r).collect::<Vec<_>>());
+    let mut by: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
+    for (r, x) in &pts {
+        by.entry(r.clone()).or_default().push(*x);
+    }
+    let role_ln: std::collections::BTreeMap<String, f64> =
+        by.iter().map(|(r, v)| (r.clone(), mean(v))).collect();
+    let mk = mean(&ln_k);
+    let ss_tot: f64 = ln_k.iter().map(|k| (k - mk).powi(2)).sum();
+    let r2 = |f: &dyn Fn(usize) -> f64| {
+        let ss: f64 = (0..ln_k.len())
+            .map(|i| (ln_k[i] - f(i) - ln_e[i]).powi(2))
+            .sum();
+        (ss_tot > 0.0).then(|| 1.0 - ss / ss_tot)
+    };
+    rep.alpha = Some(ln_a.exp());
+    rep.r2 = r2(&|_| ln_a);
+    rep.r2_roles = r2(&|i| role_ln[&pts[i].0]);
+    rep.role_alpha = role_ln.into_iter().map(|(r, l)| (r, l.exp())).collect();
     Ok(())
 }
 

@@ -34,7 +34,7 @@ k = r["kld"]
 m = json.load(open(extra)).get("mix") if extra else None
 pred = f"{m['predicted_kld']:.5f}" if m and m.get("predicted_kld") is not None else "-"
 t = f"{m['sensitivity_seconds'] + m['fit_seconds'] + m['dp_seconds']:.1f}" if m else "-"
-r2 = f"{m['r2']:.3f}" if m and m.get("r2") is not None else "-"
+r2 = f"{m['r2_roles']:.3f}" if m and m.get("r2_roles") is not None else "-"
 size = os.path.getsize(path)
 row = [name, size, f"{size * 8 / 134515008:.3f}", f"{r['ppl']['value']:.3f}", f"{k['kld']['value']:.5f}", f"{k['kld']['err']:.5f}", f"{100 * k['same_top']['value']:.2f}", pred, r2, t]
 lines = [l for l in open(out).read().splitlines() if l and not l.startswith(name + "\t")]
@@ -69,7 +69,7 @@ if [ ${#points[@]} = 0 ]; then
   for t in Q3_K_M Q4_K_M Q5_K_M Q6_K Q8_0; do points+=("llama:$t" "llama:$t:imatrix"); done
   for b in 3.0 3.5 4.0 4.5 5.0 6.0; do points+=("fork:$b"); done
 fi
-echo "| model | bytes | bpw | PPL | mean KLD | ± | same top-1 % | predicted KLD | fit R2 | mix s |"
+echo "| model | bytes | bpw | PPL | mean KLD | ± | same top-1 % | predicted KLD | fit R² (per role, ln) | mix s |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
 for p in "${points[@]}"; do
   IFS=: read -r a b c <<< "$p"

@@ -222,7 +222,7 @@ fn bad_requests_are_one_line_errors() {
 }
 
 /// SmolLM2 (the Q4_1 file, requantized), calibrated on Botchan: the mix at a size fits it, and
-/// the predicted KLD (fit on 4 single-tensor KLDs) is reported beside the measured one.
+/// the predicted KLD (fit on 7 single-tensor KLDs, one per role) is reported beside the measured one.
 #[test]
 fn smollm2_mix_predicts_and_verifies_its_kld() {
     let Some(smol) = fixtures::smollm2() else {
@@ -252,7 +252,7 @@ fn smollm2_mix_predicts_and_verifies_its_kld() {
         "--kld-windows",
         "2",
         "--kld-probes",
-        "4",
+        "7",
         "--verify",
         "--json",
         "-o",
@@ -269,10 +269,11 @@ fn smollm2_mix_predicts_and_verifies_its_kld() {
         "SmolLM2 mix at 80 MB: {size} bytes, predicted KLD {pred:.5}, measured {got:.5} (2 windows of Botchan; fit R2 {})",
         m["r2"]
     );
-    assert_eq!(m["probes"].as_array().unwrap().len(), 4);
-    assert!(pred > 0.0 && got > 0.0);
-    // A prediction is useful within a factor of 3 here (two windows, 4 probes).
-    assert!(pred / got < 3.0 && got / pred < 3.0, "{pred} vs {got}");
+    assert_eq!(m["probes"].as_array().unwrap().len(), 7);
+    assert!(pred > 0.0 && got > 0.0 && got < 1.0, "{pred} vs {got}");
+    // The fit ranks tensors; its absolute KLD is known to be off by up to ~4x either way
+    // (single-tensor KLDs do not add up to the whole mix's; docs/benchmarks.md).
+    assert!(pred / got < 5.0 && got / pred < 5.0, "{pred} vs {got}");
     let f = GgufFile::open(&o).unwrap();
     assert!(f
         .get_str("tq.mix.predicted_kld")

@@ -26,6 +26,7 @@ for line in open(src):
     if name.startswith("tq-"):
         key = "tq --target-bpw, " + name.split("-")[1] + " profile"
         label = name.split("-")[2]
+        label = label if label == "q4km" else label + " bpw"
     elif name.endswith("-imatrix"):
         key, label = "llama.cpp + imatrix", name[len("llama-"):-len("-imatrix")]
     else:

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// How errors are weighted, and with it how the convert path quantizes.
-pub enum Weighting<'a> {
+pub(crate) enum Weighting<'a> {
     /// The calibration Hessian `Σ x xᵀ`: full `Δ H Δᵀ` (per token), LDLQ where the type has it.
     Hessian {
         h: &'a Hessian,
@@ -36,18 +36,18 @@ pub struct Estimate {
 }
 
 /// The rows sampled from a tensor of `n_rows` rows: `k` evenly spaced (all when `k ≥ n_rows`).
-pub fn sample_rows(n_rows: u64, k: usize) -> Vec<u64> {
+pub(crate) fn sample_rows(n_rows: u64, k: usize) -> Vec<u64> {
     let k = (k as u64).min(n_rows);
     (0..k).map(|j| (2 * j + 1) * n_rows / (2 * k)).collect()
 }
 
 /// LDLQ factors by type family for the Hessian being measured (the caller clears it when the
 /// Hessian changes).
-pub type Factors = HashMap<String, Arc<Factor>>;
+pub(crate) type Factors = HashMap<String, Arc<Factor>>;
 
 /// Errors of `rows` (`k × n`, sampled from a tensor of `n_rows` rows) for each of `types`.
 /// Deterministic: per-row errors are computed in parallel and summed in row order.
-pub fn errors(
+pub(crate) fn errors(
     name: &str,
     rows: &[f32],
     n: usize,
@@ -70,7 +70,7 @@ pub fn errors(
 
 /// Per-row errors of `q` against `a` (`k × n`): `Δ H Δᵀ` as one product `(Δ H) ∘ Δ` summed by
 /// row (faer, sequential), the diagonal forms directly. Same values as [`row_error`] (tested).
-pub fn row_errors(a: &[f32], q: &[f32], n: usize, w: &Weighting) -> Vec<f64> {
+pub(crate) fn row_errors(a: &[f32], q: &[f32], n: usize, w: &Weighting) -> Vec<f64> {
     let Weighting::Hessian { h, .. } = w else {
         return a
             .chunks(n)
@@ -93,7 +93,7 @@ pub fn row_errors(a: &[f32], q: &[f32], n: usize, w: &Weighting) -> Vec<f64> {
 
 /// Scale a sample's per-row errors to the tensor, with the standard error of that estimate
 /// (finite-population corrected).
-pub fn estimate(per_row: &[f64], n_rows: u64, k: usize) -> Estimate {
+pub(crate) fn estimate(per_row: &[f64], n_rows: u64, k: usize) -> Estimate {
     if k == 0 {
         return Estimate { err: 0.0, se: 0.0 };
     }

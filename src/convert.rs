@@ -23,6 +23,8 @@ pub struct Provenance {
     pub flags: String,
     pub input_name: String,
     pub input_blake3: String,
+    /// More `tq.*` keys (string values), e.g. a `--target-bpw` mix's choice and prediction.
+    pub extra: Vec<(String, String)>,
 }
 
 /// Output metadata: the input's KV pairs in order (old `tq.*` keys dropped), `general.file_type`
@@ -72,6 +74,9 @@ pub fn output_metadata(
             "tq.tensor_methods".into(),
             Value::Array(ValueType::String, methods.collect()),
         ));
+        for (k, v) in &p.extra {
+            md.push((k.clone(), Value::string(v)));
+        }
     }
     md
 }

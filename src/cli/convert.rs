@@ -102,6 +102,34 @@ pub struct ConvertArgs {
     /// without --shard (see docs/scale.md). With --calib, only a Hessian file.
     #[arg(long, value_name = "I/N", conflicts_with = "dry_run")]
     pub shard: Option<String>,
+    /// Choose a type per tensor for a file of at most X bits per parameter (the whole file:
+    /// metadata and unquantized tensors count), minimizing the predicted KLD (see
+    /// docs/user-guide.md, "A mix for a target size").
+    #[arg(long, value_name = "X")]
+    pub target_bpw: Option<f64>,
+    /// As --target-bpw, for a file of at most SIZE (bytes, or 100MB, 95MiB, 1.5GB).
+    #[arg(long, value_name = "SIZE")]
+    pub target_size: Option<String>,
+    /// Candidate types of the mix, comma-separated (default: what --target loads: stock types,
+    /// plus tq3_1s/tq4_1s for the fork).
+    #[arg(long, value_name = "LIST")]
+    pub types: Option<String>,
+    /// Rows sampled per tensor for the mix's error estimate.
+    #[arg(long, default_value_t = 64)]
+    pub mix_rows: usize,
+    /// Text for the mix's KLD fit and for --verify (default: --calib when it is a text file).
+    #[arg(long, value_name = "FILE")]
+    pub kld_text: Option<PathBuf>,
+    /// Windows of 512 tokens of --kld-text for the fit and --verify (at least 2).
+    #[arg(long, default_value_t = 2)]
+    pub kld_windows: usize,
+    /// Single-tensor KLDs measured for the mix's fit (round-robin over the roles: 14 = two
+    /// per role of a llama block).
+    #[arg(long, default_value_t = 14)]
+    pub kld_probes: usize,
+    /// After writing, measure the output's KLD against the input on --kld-text.
+    #[arg(long)]
+    pub verify: bool,
     /// Do not add tq.* provenance keys (for byte-exact copies). general.file_type is still set
     /// from the plan when types change (it describes the tensors written).
     #[arg(long)]
@@ -139,6 +167,7 @@ fn convert(a: &ConvertArgs) -> Result<()> {
             a.type_map.as_deref(),
         ],
     )?;
+    let budget = mix_budget(a)?;
     let src = tq::source::open(&a.input, &profile)?;
     let req = request(a)?;
     let mut plan = plan::plan(src.tensors(), &req, &profile)?;
@@ -146,6 +175,33 @@ fn convert(a: &ConvertArgs) -> Result<()> {
     // Printed under --quiet too: a warning, not a notice.
     let issues = plan::check_engine(src.as_ref(), a.strict)?;
     report_engine_issues(&src.name(), &issues);
+    let kld_text = a.kld_text.clone().or_else(|| {
+        a.calib
+            .clone()
+            .filter(|p| !is_hessian_file(p).unwrap_or(true))
+    });
+    if a.verify && (kld_text.is_none() || a.dry_run) {
+        return Err(Error::Usage(
+            "tq convert --verify: give --kld-text FILE (or --calib TEXT) to measure on, and -o (not --dry-run)".into(),
+        ));
+    }
+    let mut pre_hessians = None;
+    let mix = match budget {
+        None => None,
+        Some(b) => {
+            let (rep, h) = run_mix(
+                a,
+                b,
+                src.as_ref(),
+                &mut plan,
+                &profile,
+                &req,
+                kld_text.as_deref(),
+            )?;
+            pre_hessians = h;
+            Some(rep)
+        }
+    };
     let now = SeqQuant::from_plan(
         &plan,
         req.weights.name(),
@@ -153,34 +209,16 @@ fn convert(a: &ConvertArgs) -> Result<()> {
         a.ldlq_band,
         a.damp,
     );
-    let ldlq = resolve_ldlq(a, &profile, &mut plan, &now)?;
+    let ldlq = resolve_ldlq(a, &profile, &mut plan, &now, pre_hessians)?;
     if let Some(p) = &a.imatrix {
         let im = tq::calib::imatrix::load(p)?;
         plan::assign_importance(&mut plan, &im.entries);
     }
-    let prov = if a.no_provenance {
-        None
-    } else {
-        Some(Provenance {
-            recipe: if req.keep_types {
-                "keep".into()
-            } else {
-                req.recipe.name.into()
-            },
-            flags: canonical_flags(a, &req),
-            input_name: a
-                .input
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            // Filled in by execute, which hashes the input while converting.
-            input_blake3: if a.dry_run {
-                String::new()
-            } else {
-                convert::HASH_PLACEHOLDER.to_string()
-            },
-        })
-    };
+    let prov = provenance(
+        a,
+        &req,
+        mix.as_ref().map(|m| m.provenance()).unwrap_or_default(),
+    );
     let md = convert::output_metadata(
         src.metadata(),
         &plan,
@@ -190,8 +228,25 @@ fn convert(a: &ConvertArgs) -> Result<()> {
     );
     let version = src.gguf_version();
     let size = tq::gguf::writer::file_size(version, &md, &convert::tensor_specs(&plan, &profile))?;
+    if let Some(m) = &mix {
+        // The mix measured this size; a difference is a bug, caught before writing.
+        if size > m.target {
+            return Err(Error::Usage(format!(
+                "tq convert: the mix came to {size} bytes, over the target {}; this is a bug, please report it",
+                m.target
+            )));
+        }
+        if !a.quiet && !a.json {
+            for l in m.lines() {
+                eprintln!("{l}");
+            }
+        }
+    }
     if a.dry_run {
-        print_plan(&plan, a, size, &profile)?;
+        if let Some(m) = &mix {
+            m.cleanup();
+        }
+        print_plan(&plan, a, size, &profile, mix.as_ref())?;
         return Ok(());
     }
     if !a.quiet {
@@ -283,12 +338,35 @@ fn convert(a: &ConvertArgs) -> Result<()> {
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     let (params, bpw, bpw2d) = totals(&plan);
+    let verified = match (&kld_text, a.verify) {
+        (Some(text), true) => {
+            let t = std::time::Instant::now();
+            let r = match mix.as_ref().and_then(|m| m.ref_logits.clone()) {
+                Some(r) => r,
+                None => {
+                    let r = std::env::temp_dir()
+                        .join(format!("tq-verify-{}.logits", std::process::id()));
+                    super::mix::reference_logits(&a.input, text, a.kld_windows, &r)?;
+                    r
+                }
+            };
+            let k = super::mix::kld_of(&out, &r, a.kld_windows)?;
+            let _ = std::fs::remove_file(&r);
+            Some((k, t.elapsed().as_secs_f64()))
+        }
+        _ => None,
+    };
+    if let Some(m) = &mix {
+        m.cleanup();
+    }
     if a.json {
         let j = serde_json::json!({
             "input": a.input.display().to_string(), "output": out.display().to_string(),
             "bytes": stats.bytes_written, "seconds": secs, "parameters": params,
             "bpw": bpw, "bpw_2d": bpw2d, "converted": stats.tensors_converted, "copied": stats.tensors_copied,
             "fallbacks": plan.entries.iter().filter(|e| e.fallback).count(),
+            "mix": mix.as_ref().map(|m| m.json()),
+            "verify": verified.map(|(k, s)| serde_json::json!({"kld": k, "windows": a.kld_windows, "seconds": s})),
         });
         println!("{j}");
     } else if !a.quiet {
@@ -302,8 +380,176 @@ fn convert(a: &ConvertArgs) -> Result<()> {
             stats.tensors_copied,
             secs
         );
+        if let Some((k, s)) = verified {
+            let pred = mix
+                .as_ref()
+                .and_then(|m| m.predicted_kld())
+                .map_or(String::new(), |p| format!(" (predicted {p:.5})"));
+            eprintln!(
+                "verify: mean KLD {k:.5} vs the input on {} windows of {}{pred}, in {s:.1} s",
+                a.kld_windows,
+                kld_text
+                    .as_deref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            );
+        }
     }
     Ok(())
+}
+
+/// `--target-bpw` / `--target-size`, checked: one of them, a positive finite value.
+fn mix_budget(a: &ConvertArgs) -> Result<Option<super::mix::Budget>> {
+    use super::mix::Budget;
+    let b = match (a.target_bpw, &a.target_size) {
+        (Some(_), Some(_)) => {
+            return Err(Error::Usage(
+                "tq convert: give --target-bpw or --target-size, not both".into(),
+            ))
+        }
+        (Some(x), None) if x.is_finite() && x > 0.0 && x <= 64.0 => Some(Budget::Bpw(x)),
+        (Some(x), None) => {
+            return Err(Error::Usage(format!(
+                "--target-bpw {x}: expected bits per parameter in (0, 64], e.g. 4.5"
+            )))
+        }
+        (None, Some(s)) => Some(Budget::Bytes(super::mix::parse_size(s)?)),
+        (None, None) => None,
+    };
+    if a.kld_windows < 2 {
+        return Err(Error::Usage(format!(
+            "--kld-windows {}: at least 2 windows (the evaluator's minimum)",
+            a.kld_windows
+        )));
+    }
+    if b.is_none() && a.types.is_some() {
+        return Err(Error::Usage(
+            "tq convert: --types lists the candidates of a mix; give --target-bpw or --target-size"
+                .into(),
+        ));
+    }
+    if b.is_some() && a.shard.is_some() {
+        return Err(Error::Usage(
+            "tq convert: a mix (--target-bpw/--target-size) cannot be sharded yet; convert without --shard".into(),
+        ));
+    }
+    if b.is_some() && a.calib_sequential {
+        return Err(Error::Usage(
+            "tq convert: --calib-sequential with a mix is not supported; use tq calib --sequential and --calib H.safetensors".into(),
+        ));
+    }
+    Ok(b)
+}
+
+/// Choose the mix: calibration data loaded as convert will use it (a text is calibrated on
+/// here, in memory, and the Hessians handed on to the conversion), sensitivity, fit, DP.
+fn run_mix(
+    a: &ConvertArgs,
+    budget: super::mix::Budget,
+    src: &dyn tq::source::TensorSource,
+    plan: &mut Plan,
+    profile: &Profile,
+    req: &Request,
+    kld_text: Option<&std::path::Path>,
+) -> Result<(super::mix::MixReport, Option<tq::quant::Hessians>)> {
+    use tq::plan::mix::Calibration;
+    let mut file = None;
+    let mut mem = None;
+    let mut im = None;
+    match &a.calib {
+        Some(p) if is_hessian_file(p)? => file = Some(tq::quant::HessianFile::open(p)?.0),
+        Some(p) if !a.dry_run => {
+            let o = TextOptions {
+                tokens: a.calib_tokens,
+                ctx: a.calib_ctx,
+                batch: a.calib_batch,
+                sequential: None,
+                quiet: a.quiet,
+            };
+            mem = Some(calibrate_text(&a.input, profile, p, &o)?);
+        }
+        Some(p) => {
+            return Err(Error::Usage(format!(
+                "tq convert --dry-run with a mix: calibrate first (tq calib {} --text {} -o H.safetensors) and give --calib H.safetensors",
+                a.input.display(),
+                p.display()
+            )))
+        }
+        None => {}
+    }
+    if let Some(p) = &a.imatrix {
+        im = Some(tq::calib::imatrix::load(p)?.entries);
+    }
+    let calib = match (&file, &mem, &im) {
+        (Some(f), _, _) => Calibration::File(f),
+        (_, Some(h), _) => Calibration::Memory(h),
+        (_, _, Some(m)) => Calibration::Imatrix(m),
+        _ => Calibration::None,
+    };
+    let o = super::mix::MixOpts {
+        budget,
+        types: a.types.as_deref(),
+        rows: a.mix_rows.max(1),
+        kld_text,
+        kld_windows: a.kld_windows,
+        probes: a.kld_probes,
+        band: a.ldlq_band,
+        damp: a.damp,
+        quiet: a.quiet,
+    };
+    let version = src.gguf_version();
+    // The file the plan gives: provenance and the marks convert will add (ldlq / imatrix)
+    // change the metadata's length, so they are counted.
+    let size_of = |p: &Plan, rep: &super::mix::MixReport| -> Result<u64> {
+        let mut p = p.clone();
+        match &calib {
+            Calibration::File(f) => plan::assign_ldlq(&mut p, &f.index, a.ldlq_band),
+            Calibration::Memory(h) => plan::assign_ldlq(&mut p, h, a.ldlq_band),
+            Calibration::Imatrix(_) | Calibration::None => {}
+        }
+        if let Some(m) = &im {
+            plan::assign_importance(&mut p, m);
+        }
+        let prov = provenance(a, req, rep.provenance());
+        let md = convert::output_metadata(src.metadata(), &p, prov.as_ref(), true);
+        tq::gguf::writer::file_size(version, &md, &convert::tensor_specs(&p, profile))
+    };
+    let rep = super::mix::choose(&a.input, src, plan, profile, &o, &calib, &size_of)?;
+    // The base type (general.file_type) of a mix: its most common type by elements.
+    let mut by: std::collections::BTreeMap<TensorType, u64> = Default::default();
+    for e in plan.entries.iter().filter(|e| e.dims.len() >= 2) {
+        *by.entry(e.dst).or_default() += e.dims.iter().product::<u64>();
+    }
+    if let Some((t, _)) = by.into_iter().max_by_key(|(_, n)| *n) {
+        plan.base_type = t;
+        plan.file_type = profile.file_type_of(t);
+    }
+    Ok((rep, mem))
+}
+
+fn provenance(a: &ConvertArgs, req: &Request, extra: Vec<(String, String)>) -> Option<Provenance> {
+    if a.no_provenance {
+        return None;
+    }
+    Some(Provenance {
+        recipe: if req.keep_types {
+            "keep".into()
+        } else if a.target_bpw.is_some() || a.target_size.is_some() {
+            "mix".into()
+        } else {
+            req.recipe.name.into()
+        },
+        flags: canonical_flags(a, req),
+        input_name: a
+            .input
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        // Filled in by execute, which hashes the input while converting; a dry run counts
+        // the placeholder too, so its size is the written file's (a mix's budget depends on it).
+        input_blake3: convert::HASH_PLACEHOLDER.to_string(),
+        extra,
+    })
 }
 
 /// Where LDLQ's Hessians come from.
@@ -329,7 +575,17 @@ fn resolve_ldlq(
     profile: &Profile,
     plan: &mut Plan,
     now: &SeqQuant,
+    pre: Option<tq::quant::Hessians>,
 ) -> Result<Calib> {
+    if let Some(hessians) = pre {
+        // A mix calibrated on the text already: the same Hessians, not a second run.
+        plan::assign_ldlq(plan, &hessians, a.ldlq_band);
+        return Ok(Calib::Hessians(convert::Ldlq {
+            hessians,
+            band: a.ldlq_band,
+            damp: a.damp,
+        }));
+    }
     let calib_text = match &a.calib {
         Some(p) => !is_hessian_file(p)?,
         None => false,
@@ -432,13 +688,20 @@ fn request(a: &ConvertArgs) -> Result<Request<'static>> {
         .as_deref()
         .map(TensorType::parse)
         .transpose()?;
-    let keep_types = weights.is_none()
+    let mixing = a.target_bpw.is_some() || a.target_size.is_some();
+    let keep_types = !mixing
+        && weights.is_none()
         && recipe.is_none()
         && overrides.is_empty()
         && output_type.is_none()
         && token_embd_type.is_none();
     Ok(Request {
-        weights: weights.unwrap_or(TensorType::TQ4_1S),
+        // A mix sets every matrix's type; its starting plan needs a type every profile loads.
+        weights: weights.unwrap_or(if mixing {
+            TensorType::Q8_0
+        } else {
+            TensorType::TQ4_1S
+        }),
         recipe: recipe.unwrap_or(&recipe::RECIPES[0]),
         overrides,
         output_type,
@@ -509,6 +772,29 @@ fn canonical_flags(a: &ConvertArgs, req: &Request) -> String {
             f.push("--allow-partial-calib".into());
         }
         f.push(format!("--ldlq-band {} --damp {}", a.ldlq_band, a.damp));
+    }
+    if let Some(x) = a.target_bpw {
+        f.push(format!("--target-bpw {x}"));
+    }
+    if let Some(x) = &a.target_size {
+        f.push(format!("--target-size {x}"));
+    }
+    if a.target_bpw.is_some() || a.target_size.is_some() {
+        if let Some(t) = &a.types {
+            f.push(format!("--types {t}"));
+        }
+        f.push(format!("--mix-rows {}", a.mix_rows));
+        if let Some(t) = &a.kld_text {
+            let name = t
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            f.push(format!("--kld-text {name}"));
+        }
+        f.push(format!(
+            "--kld-windows {} --kld-probes {}",
+            a.kld_windows, a.kld_probes
+        ));
     }
     if let Some(c) = &a.imatrix {
         let name = c
@@ -601,7 +887,13 @@ fn progress_bar(total: u64) -> indicatif::ProgressBar {
     pb
 }
 
-fn print_plan(plan: &Plan, a: &ConvertArgs, size: u64, profile: &Profile) -> Result<()> {
+fn print_plan(
+    plan: &Plan,
+    a: &ConvertArgs,
+    size: u64,
+    profile: &Profile,
+    mix: Option<&super::mix::MixReport>,
+) -> Result<()> {
     let (params, bpw, bpw2d) = totals(plan);
     let fallbacks = plan.entries.iter().filter(|e| e.fallback).count();
     if a.json {
@@ -619,6 +911,7 @@ fn print_plan(plan: &Plan, a: &ConvertArgs, size: u64, profile: &Profile) -> Res
             "input": a.input.display().to_string(), "target": profile.name, "file_type": plan.file_type,
             "base_type": plan.base_type.name(), "file_bytes": size, "parameters": params,
             "bpw": bpw, "bpw_2d": bpw2d, "fallbacks": fallbacks, "tensors": tensors,
+            "mix": mix.map(|m| m.json()),
         });
         println!(
             "{}",

@@ -8,6 +8,7 @@ pub mod eval;
 pub mod inspect;
 pub mod kernels;
 pub mod kv;
+pub mod mix;
 pub mod shard;
 pub mod validate;
 

@@ -3,6 +3,7 @@
 //! share exactly the same plan.
 
 mod engine;
+pub mod mix;
 pub mod recipe;
 
 pub use engine::{check_engine, engine_checks, GGML_MAX_NAME};

@@ -9,6 +9,7 @@
 pub(crate) mod hessian;
 pub mod ldlq;
 mod ldlq2;
+pub mod sensitivity;
 
 pub use hessian::{
     Diagonal, Hessian, HessianFile, HessianReader, HessianWriter, Hessians, Store, WriteMode,

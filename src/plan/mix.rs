@@ -1,0 +1,498 @@
+//! `--target-bpw` / `--target-size`: one type per tensor (or per group of tensors that must
+//! share a type) chosen to minimize the predicted output error under a byte budget.
+//!
+//! The choice is an exact multiple-choice knapsack solved by dynamic programming over a byte
+//! grid: each item's bytes above its cheapest option are rounded *up* to whole grid cells, so a
+//! solution is always within the budget, and it is optimal for the rounded sizes. The bytes
+//! given away by rounding are at most `items × (grid − 1)` (reported as `slack`). The DP is one
+//! thread, with ties broken by the first option in the caller's order: the plan does not depend
+//! on the thread count.
+
+use super::{fits, row_len, Plan, PlanEntry};
+use crate::arch::{attention_group, classify, Role};
+use crate::error::{Error, Result};
+use crate::types::profile::Profile;
+use crate::types::TensorType;
+
+/// Default number of grid cells the budget above the cheapest mix is divided into.
+pub const GRID_CELLS: u64 = 1 << 18;
+
+/// The DP's answer: one option index per item.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Solution {
+    pub choice: Vec<usize>,
+    pub bytes: u64,
+    pub cost: f64,
+    /// Bytes per grid cell.
+    pub grid: u64,
+    /// Worst-case bytes lost to rounding sizes up to the grid: `items × (grid − 1)`.
+    pub slack: u64,
+}
+
+/// The cheapest bytes of `items` (each item's smallest option).
+pub fn min_bytes(items: &[Vec<(u64, f64)>]) -> u64 {
+    items
+        .iter()
+        .map(|o| o.iter().map(|x| x.0).min().unwrap_or(0))
+        .sum()
+}
+
+/// Minimize `Σ cost` subject to `Σ bytes ≤ budget`, one option `(bytes, cost)` per item, with the
+/// budget above the cheapest mix split into at most `cells` grid cells. `None`: even the cheapest
+/// mix is over the budget (or an item has no option).
+pub fn solve(items: &[Vec<(u64, f64)>], budget: u64, cells: u64) -> Option<Solution> {
+    if items.iter().any(|o| o.is_empty()) {
+        return None;
+    }
+    let base = min_bytes(items);
+    if base > budget {
+        return None;
+    }
+    let room = budget - base;
+    let grid = room.div_ceil(cells.max(1)).max(1);
+    let cap = (room / grid) as usize;
+    // Cells of each option above its item's cheapest (rounded up: never over the budget).
+    let w: Vec<Vec<usize>> = items
+        .iter()
+        .map(|o| {
+            let lo = o.iter().map(|x| x.0).min().unwrap_or(0);
+            o.iter()
+                .map(|x| ((x.0 - lo).div_ceil(grid)).min(cap as u64 + 1) as usize)
+                .collect()
+        })
+        .collect();
+    // dp[c]: least cost of the items so far in at most c cells.
+    let mut dp = vec![0f64; cap + 1];
+    let mut next = vec![f64::INFINITY; cap + 1];
+    let mut pick: Vec<Vec<u8>> = Vec::with_capacity(items.len());
+    for (o, wo) in items.iter().zip(&w) {
+        assert!(o.len() <= 255, "at most 255 options per item");
+        let mut p = vec![u8::MAX; cap + 1];
+        next.fill(f64::INFINITY);
+        for (k, (&(_, cost), &wk)) in o.iter().zip(wo).enumerate() {
+            if wk > cap {
+                continue;
+            }
+            for c in wk..=cap {
+                let v = dp[c - wk] + cost;
+                if v < next[c] {
+                    next[c] = v;
+                    p[c] = k as u8;
+                }
+            }
+        }
+        std::mem::swap(&mut dp, &mut next);
+        pick.push(p);
+    }
+    // dp is non-increasing in c (at most c cells), so the whole budget is the best.
+    let mut c = cap;
+    let mut choice = vec![0usize; items.len()];
+    for i in (0..items.len()).rev() {
+        let k = pick[i][c] as usize;
+        choice[i] = k;
+        c -= w[i][k];
+    }
+    let bytes = items.iter().zip(&choice).map(|(o, &k)| o[k].0).sum();
+    let cost = items.iter().zip(&choice).map(|(o, &k)| o[k].1).sum();
+    Some(Solution {
+        choice,
+        bytes,
+        cost,
+        grid,
+        slack: items.len() as u64 * (grid - 1),
+    })
+}
+
+/// The stock and TQ types tq can write that `profile` loads: the default candidates of a mix
+/// (`--types` replaces them). Stock only for `upstream`.
+pub fn default_candidates(profile: &Profile) -> Vec<TensorType> {
+    use TensorType::*;
+    let mut v = vec![Q2K, Q3K, Q4_0, Q4K, Q5_0, Q5K, Q6K, Q8_0, F16];
+    if profile.name != "upstream" {
+        v.extend([TQ3_1S, TQ4_1S]);
+    }
+    v.retain(|t| profile.id_of(*t).is_some());
+    v
+}
+
+/// Parse `--types a,b,c`; a type the target engine cannot load, or tq cannot write, is a usage
+/// error naming it.
+pub fn parse_types(list: &str, profile: &Profile) -> Result<Vec<TensorType>> {
+    let mut v = vec![];
+    for s in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let t = TensorType::parse(s).map_err(|e| Error::Usage(format!("--types: {e}")))?;
+        if profile.id_of(t).is_none() {
+            return Err(Error::Usage(format!(
+                "--types: type {t} does not load in target profile '{}'; choose another --target or drop it",
+                profile.name
+            )));
+        }
+        if t.info().quantize.is_none() {
+            return Err(Error::Usage(format!(
+                "--types: tq cannot write type {t}; drop it"
+            )));
+        }
+        if !v.contains(&t) {
+            v.push(t);
+        }
+    }
+    if v.is_empty() {
+        return Err(Error::Usage("--types: give at least one type".into()));
+    }
+    Ok(v)
+}
+
+/// The candidates a tensor can take: its row holds whole blocks, a token embedding is never a
+/// TQ or row-rotated type (the fork's get_rows lacks them), and the source can be decoded.
+pub fn candidates_for(e: &PlanEntry, types: &[TensorType]) -> Vec<TensorType> {
+    let row = row_len(&e.dims);
+    let embd = classify(&e.name).0 == Role::TokenEmbd;
+    types
+        .iter()
+        .copied()
+        .filter(|&t| fits(t, row))
+        .filter(|&t| !(embd && (t.is_tq_weight() || t.rotates_rows())))
+        .filter(|&t| t == e.src || e.src.info().dequantize.is_some())
+        .collect()
+}
+
+/// Plan entries the mix chooses a type for: the matrices (2-D or more) tq can decode. Vectors
+/// (norms, biases) keep the planner's f32.
+pub fn mixable(e: &PlanEntry) -> bool {
+    e.dims.iter().filter(|&&d| d > 1).count() >= 2 && e.src.info().dequantize.is_some()
+}
+
+/// The mix's items: plan entry indices that take one type together, and the types they may take.
+/// The fork's attention q/k/v/o of a layer share a type (one item); upstream has no such rule.
+pub fn items(
+    plan: &Plan,
+    types: &[TensorType],
+    profile: &Profile,
+) -> Vec<(Vec<usize>, Vec<TensorType>)> {
+    let mut out: Vec<(Vec<usize>, Vec<TensorType>)> = vec![];
+    let mut group_of: std::collections::BTreeMap<u32, usize> = Default::default();
+    for (i, e) in plan.entries.iter().enumerate() {
+        if !mixable(e) {
+            continue;
+        }
+        let c = candidates_for(e, types);
+        let grp = (profile.name != "upstream")
+            .then(|| attention_group(&e.name))
+            .flatten();
+        match grp.and_then(|g| group_of.get(&g).copied()) {
+            Some(k) => {
+                out[k].0.push(i);
+                out[k].1.retain(|t| c.contains(t));
+            }
+            None => {
+                if let Some(g) = grp {
+                    group_of.insert(g, out.len());
+                }
+                out.push((vec![i], c));
+            }
+        }
+    }
+    out
+}
+
+/// Set the chosen types on the plan (bytes, action and reasons), as the planner would have.
+pub fn apply(
+    plan: &mut Plan,
+    items: &[(Vec<usize>, Vec<TensorType>)],
+    choice: &[usize],
+    why: &str,
+) -> Result<()> {
+    for ((idx, tys), &k) in items.iter().zip(choice) {
+        for &i in idx {
+            let e = &mut plan.entries[i];
+            e.dst = tys[k];
+            e.fallback = false;
+            e.reasons = vec![format!("{why}: {}", tys[k])];
+            e.action = if e.dst == e.src {
+                super::Action::Copy
+            } else if e.src.is_float() {
+                super::Action::Quantize
+            } else {
+                super::Action::Requantize
+            };
+            let n: u64 = e.dims.iter().product();
+            e.bytes = e.dst.bytes_for(n).ok_or_else(|| {
+                Error::Unsupported(format!("{}: {n} elements do not fit {}", e.name, e.dst))
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Where the error weights come from (and with them how convert will quantize).
+pub enum Calibration<'a> {
+    /// Hessians in a file from `tq calib`, read one group at a time.
+    File(&'a crate::quant::HessianFile),
+    /// Hessians in memory (`--calib TEXT`, calibrated before the mix).
+    Memory(&'a crate::quant::Hessians),
+    /// `--imatrix`: per-column importance by tensor name.
+    Imatrix(&'a std::collections::BTreeMap<String, Vec<f32>>),
+    /// Nothing: plain squared error.
+    None,
+}
+
+/// Per item, per member, per candidate: the tensor's weighted error estimate.
+pub type Table = Vec<Vec<Vec<crate::quant::sensitivity::Estimate>>>;
+
+/// Measure every item's members under every candidate (rows sampled: at most `sample` per tensor).
+/// A token embedding (no Hessian: its input is one token) is weighted by its mean row error, one
+/// token's worth; a tensor without calibration data by its plain squared error.
+#[allow(clippy::too_many_arguments)]
+pub fn measure(
+    src: &dyn crate::source::TensorSource,
+    plan: &Plan,
+    items: &[(Vec<usize>, Vec<TensorType>)],
+    calib: &Calibration,
+    band: usize,
+    damp: f64,
+    sample: usize,
+    progress: &dyn Fn(usize, usize),
+) -> Result<Table> {
+    use crate::quant::sensitivity::{errors, sample_rows, Estimate, Factors, Weighting};
+    let mut live: Option<crate::quant::Hessian> = None;
+    let mut live_key: Option<String> = None;
+    let mut factors = Factors::new();
+    let mut table = Vec::with_capacity(items.len());
+    for (it, (idx, tys)) in items.iter().enumerate() {
+        progress(it, items.len());
+        let mut per = vec![];
+        for &i in idx {
+            let e = &plan.entries[i];
+            let n = row_len(&e.dims) as usize;
+            let n_rows: u64 = e.dims.iter().skip(1).product();
+            let picks = sample_rows(n_rows, sample);
+            let mut rows = vec![0f32; picks.len() * n];
+            for (r, buf) in picks.iter().zip(rows.chunks_mut(n)) {
+                src.read_rows_f32(i, *r, buf)?;
+                crate::quant::check_finite(&e.name, *r, buf)?;
+            }
+            // The Hessian group of this tensor, loaded when it changes.
+            let key = match calib {
+                Calibration::File(f) => f.index.for_tensor(&e.name).map(|g| g.tensors.join(",")),
+                Calibration::Memory(h) => h.for_tensor(&e.name).map(|g| g.tensors.join(",")),
+                _ => None,
+            };
+            if key.is_some() && key != live_key {
+                // A new Hessian group: its factors (and, from a file, its matrix) replace the last.
+                factors.clear();
+                live = None;
+                if let (Some(k), Calibration::File(f)) = (&key, calib) {
+                    live = Some(f.load_group(k)?);
+                }
+                live_key = key.clone();
+            }
+            let h: Option<&crate::quant::Hessian> = match calib {
+                Calibration::File(_) if key.is_some() => live.as_ref(),
+                Calibration::Memory(hs) => hs.for_tensor(&e.name),
+                _ => None,
+            };
+            let h = h.filter(|h| h.n == n);
+            let imp = match calib {
+                Calibration::Imatrix(m) => m.get(&e.name).filter(|v| v.len() == n),
+                _ => None,
+            };
+            let w = match (h, imp) {
+                (Some(h), _) => Weighting::Hessian { h, band, damp },
+                (None, Some(v)) => Weighting::Diagonal(v),
+                _ => Weighting::Identity,
+            };
+            let mut est = errors(&e.name, &rows, n, n_rows, tys, &w, &mut factors)?;
+            let calibrated = !matches!(calib, Calibration::None);
+            if calibrated
+                && matches!(w, Weighting::Identity)
+                && classify(&e.name).0 == Role::TokenEmbd
+            {
+                let k = n_rows.max(1) as f64;
+                est.iter_mut().for_each(|x| {
+                    *x = Estimate {
+                        err: x.err / k,
+                        se: x.se / k,
+                    }
+                });
+            }
+            per.push(est);
+        }
+        table.push(per);
+    }
+    progress(items.len(), items.len());
+    Ok(table)
+}
+
+/// `e` has calibration data in `calib` of its row length (a Hessian, or an imatrix entry).
+pub fn has_weights(calib: &Calibration, e: &PlanEntry) -> bool {
+    let n = row_len(&e.dims) as usize;
+    match calib {
+        Calibration::File(f) => f.index.for_tensor(&e.name).is_some_and(|h| h.n == n),
+        Calibration::Memory(h) => h.for_tensor(&e.name).is_some_and(|h| h.n == n),
+        Calibration::Imatrix(m) => m.get(&e.name).is_some_and(|v| v.len() == n),
+        Calibration::None => false,
+    }
+}
+
+/// A tensor's role for the KLD fit: its name without the block prefix (`attn_v.weight`).
+pub fn role_of(name: &str) -> &str {
+    match name.strip_prefix("blk.") {
+        Some(r) => r.split_once('.').map_or(r, |(_, rest)| rest),
+        None => name,
+    }
+}
+
+/// Each item's options as `(bytes, cost)`: the members' bytes and their errors, each times the
+/// `alpha` of its tensor, summed.
+pub fn options(
+    plan: &Plan,
+    items: &[(Vec<usize>, Vec<TensorType>)],
+    table: &Table,
+    alpha: &dyn Fn(&str) -> f64,
+) -> Vec<Vec<(u64, f64)>> {
+    items
+        .iter()
+        .zip(table)
+        .map(|((idx, tys), per)| {
+            tys.iter()
+                .enumerate()
+                .map(|(k, t)| {
+                    let bytes = idx
+                        .iter()
+                        .map(|&i| {
+                            t.bytes_for(plan.entries[i].dims.iter().product())
+                                .unwrap_or(u64::MAX / 4)
+                        })
+                        .sum();
+                    let cost: f64 = per
+                        .iter()
+                        .zip(idx)
+                        .map(|(m, &i)| alpha(&plan.entries[i].name) * m[k].err)
+                        .sum();
+                    (bytes, cost)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(s: &mut u64) -> u64 {
+        *s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *s >> 33
+    }
+
+    fn brute(items: &[Vec<(u64, f64)>], budget: u64) -> Option<f64> {
+        let mut best: Option<f64> = None;
+        let mut idx = vec![0usize; items.len()];
+        loop {
+            let b: u64 = items.iter().zip(&idx).map(|(o, &k)| o[k].0).sum();
+            let c: f64 = items.iter().zip(&idx).map(|(o, &k)| o[k].1).sum();
+            if b <= budget && best.is_none_or(|x| c < x) {
+                best = Some(c);
+            }
+            let mut i = 0;
+            loop {
+                if i == items.len() {
+                    return best;
+                }
+                idx[i] += 1;
+                if idx[i] < items[i].len() {
+                    break;
+                }
+                idx[i] = 0;
+                i += 1;
+            }
+        }
+    }
+
+    fn random(s: &mut u64, max_bytes: u64) -> Vec<Vec<(u64, f64)>> {
+        let n = 2 + lcg(s) as usize % 5;
+        (0..n)
+            .map(|_| {
+                let k = 1 + lcg(s) as usize % 4;
+                (0..k)
+                    .map(|_| (1 + lcg(s) % max_bytes, (lcg(s) % 1000) as f64 / 7.0))
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn dp_is_optimal_against_brute_force() {
+        let mut s = 7u64;
+        for _ in 0..500 {
+            let items = random(&mut s, 40);
+            let total: u64 = items
+                .iter()
+                .map(|o| o.iter().map(|x| x.0).max().unwrap())
+                .sum();
+            let budget = lcg(&mut s) % (total + 5);
+            let want = brute(&items, budget);
+            // Cells ≥ bytes: the grid is 1 byte, so the DP is exact.
+            let got = solve(&items, budget, 1 << 20);
+            match (want, got) {
+                (None, None) => {}
+                (Some(w), Some(g)) => {
+                    assert_eq!(g.grid, 1);
+                    assert!(g.bytes <= budget);
+                    assert!(
+                        (g.cost - w).abs() < 1e-9,
+                        "{items:?} budget {budget}: {} vs {w}",
+                        g.cost
+                    );
+                }
+                (w, g) => panic!("{items:?} budget {budget}: brute {w:?}, dp {g:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn coarse_grid_stays_in_budget_and_within_slack_of_optimal() {
+        let mut s = 11u64;
+        for _ in 0..300 {
+            let items = random(&mut s, 10_000);
+            let total: u64 = items
+                .iter()
+                .map(|o| o.iter().map(|x| x.0).max().unwrap())
+                .sum();
+            let budget = min_bytes(&items) + lcg(&mut s) % (total - min_bytes(&items) + 1);
+            let g = solve(&items, budget, 16).unwrap();
+            assert!(g.bytes <= budget, "over budget");
+            // Optimal at the full budget is at least as good; optimal with the slack removed is no better.
+            let best = brute(&items, budget).unwrap();
+            assert!(g.cost >= best - 1e-9);
+            let inner = budget.saturating_sub(g.slack).max(min_bytes(&items));
+            if let Some(b) = brute(&items, inner) {
+                assert!(
+                    g.cost <= b + 1e-9,
+                    "worse than the optimum of budget - slack"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn roles() {
+        assert_eq!(role_of("blk.12.attn_v.weight"), "attn_v.weight");
+        assert_eq!(role_of("token_embd.weight"), "token_embd.weight");
+    }
+
+    #[test]
+    fn infeasible_and_deterministic() {
+        let items = vec![vec![(10, 1.0), (5, 2.0)], vec![(7, 0.0)]];
+        assert!(solve(&items, 11, 100).is_none());
+        assert_eq!(min_bytes(&items), 12);
+        let a = solve(&items, 12, 100).unwrap();
+        assert_eq!(a.choice, vec![1, 0]);
+        // Ties: the first option in order wins.
+        let tie = vec![vec![(5, 1.0), (5, 1.0)]];
+        assert_eq!(solve(&tie, 5, 100).unwrap().choice, vec![0]);
+        assert_eq!(solve(&items, 1000, 3), solve(&items, 1000, 3));
+    }
+}

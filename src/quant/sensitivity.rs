@@ -1,0 +1,289 @@
+//! Sensitivity of one tensor to each candidate type: the weighted error `Σ_rows Δw H Δwᵀ` of the
+//! tensor alone (`Δw` = decoded − original row), on a fixed subsample of rows, quantized exactly
+//! as `tq convert` would (LDLQ with the Hessian's factor for types that have it, the imatrix's
+//! weighted block fit, or round-to-nearest). `tq convert --target-bpw` maps these to a predicted
+//! KLD and solves the knapsack (`plan::mix`).
+
+use super::ldlq::Factor;
+use super::Hessian;
+use crate::error::Result;
+use crate::types::TensorType;
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// How errors are weighted, and with it how the convert path quantizes.
+pub(crate) enum Weighting<'a> {
+    /// The calibration Hessian `Σ x xᵀ`: full `Δ H Δᵀ` (per token), LDLQ where the type has it.
+    Hessian {
+        h: &'a Hessian,
+        band: usize,
+        damp: f64,
+    },
+    /// An imatrix's per-column importance: `Σ_j imp_j Δ_j²`, weighted block fit for grid types.
+    Diagonal(&'a [f32]),
+    /// No calibration: plain squared error, round-to-nearest.
+    Identity,
+}
+
+/// One candidate's estimate for the whole tensor.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Estimate {
+    /// Estimated `Σ` over all rows (the sample's mean × rows).
+    pub err: f64,
+    /// Standard error of `err` from the row sample (0 when every row was used).
+    pub se: f64,
+}
+
+/// The rows sampled from a tensor of `n_rows` rows: `k` evenly spaced (all when `k ≥ n_rows`).
+pub(crate) fn sample_rows(n_rows: u64, k: usize) -> Vec<u64> {
+    let k = (k as u64).min(n_rows);
+    (0..k).map(|j| (2 * j + 1) * n_rows / (2 * k)).collect()
+}
+
+/// LDLQ factors by type family for the Hessian being measured (the caller clears it when the
+/// Hessian changes).
+pub(crate) type Factors = HashMap<String, Arc<Factor>>;
+
+/// Errors of `rows` (`k × n`, sampled from a tensor of `n_rows` rows) for each of `types`.
+/// Deterministic: per-row errors are computed in parallel and summed in row order.
+pub(crate) fn errors(
+    name: &str,
+    rows: &[f32],
+    n: usize,
+    n_rows: u64,
+    types: &[TensorType],
+    w: &Weighting,
+    factors: &mut Factors,
+) -> Result<Vec<Estimate>> {
+    let k = rows.len() / n.max(1);
+    let mut decoded = Vec::with_capacity(types.len());
+    for &ty in types {
+        decoded.push(roundtrip(name, rows, n, ty, w, factors)?);
+    }
+    // One type per task, each product single-threaded: the sums do not depend on the pool.
+    Ok(decoded
+        .par_iter()
+        .map(|q| estimate(&row_errors(rows, q, n, w), n_rows, k))
+        .collect())
+}
+
+/// Per-row errors of `q` against `a` (`k × n`): `Δ H Δᵀ` as one product `(Δ H) ∘ Δ` summed by
+/// row (faer, sequential), the diagonal forms directly. Same values as [`row_error`] (tested).
+pub(crate) fn row_errors(a: &[f32], q: &[f32], n: usize, w: &Weighting) -> Vec<f64> {
+    let Weighting::Hessian { h, .. } = w else {
+        return a
+            .chunks(n)
+            .zip(q.chunks(n))
+            .map(|(x, y)| row_error(x, y, w))
+            .collect();
+    };
+    use faer::{Accum, Mat, MatRef, Par};
+    let k = a.len() / n.max(1);
+    let d: Vec<f64> = a.iter().zip(q).map(|(x, y)| (*y - *x) as f64).collect();
+    let dm = MatRef::from_row_major_slice(&d, k, n);
+    let hm = MatRef::from_row_major_slice(&h.h, n, n);
+    let mut m = Mat::<f64>::zeros(k, n);
+    faer::linalg::matmul::matmul(m.as_mut(), Accum::Replace, dm, hm, 1.0, Par::Seq);
+    let t = h.tokens.max(1) as f64;
+    (0..k)
+        .map(|r| (0..n).map(|j| m[(r, j)] * d[r * n + j]).sum::<f64>() / t)
+        .collect()
+}
+
+/// Scale a sample's per-row errors to the tensor, with the standard error of that estimate
+/// (finite-population corrected).
+pub(crate) fn estimate(per_row: &[f64], n_rows: u64, k: usize) -> Estimate {
+    if k == 0 {
+        return Estimate { err: 0.0, se: 0.0 };
+    }
+    let kf = k as f64;
+    let mean = per_row.iter().sum::<f64>() / kf;
+    let var = if k > 1 {
+        per_row.iter().map(|e| (e - mean) * (e - mean)).sum::<f64>() / (kf - 1.0)
+    } else {
+        0.0
+    };
+    let nf = n_rows as f64;
+    let fpc = (1.0 - kf / nf).max(0.0);
+    Estimate {
+        err: mean * nf,
+        se: nf * (var / kf * fpc).sqrt(),
+    }
+}
+
+/// Quantize and decode `rows` as convert would write them.
+fn roundtrip(
+    name: &str,
+    rows: &[f32],
+    n: usize,
+    ty: TensorType,
+    w: &Weighting,
+    factors: &mut Factors,
+) -> Result<Vec<f32>> {
+    let bytes = match w {
+        Weighting::Hessian { h, band, damp } if ty.has_ldlq() => {
+            let key = if ty.ldlq_unrotated() {
+                "act-order".to_string()
+            } else {
+                format!("{:?}", ty.family())
+            };
+            let f = match factors.get(&key) {
+                Some(f) => f.clone(),
+                None => {
+                    let f = Arc::new(super::ldlq::factor_hessian(ty, h, *damp, name)?);
+                    factors.insert(key, f.clone());
+                    f
+                }
+            };
+            super::encode_rows(ty, name, rows, n, Some((&f, *band)))?
+        }
+        Weighting::Diagonal(imp) if ty.ldlq_unrotated() => {
+            let rb = ty.bytes_for(n as u64).unwrap_or(0) as usize;
+            let mut buf = vec![0u8; rows.len() / n * rb];
+            buf.par_chunks_mut(rb)
+                .zip(rows.par_chunks(n))
+                .for_each(|(ob, r)| super::encode_row_weighted(ty, r, imp, ob));
+            buf
+        }
+        _ => super::encode_rows(ty, name, rows, n, None)?,
+    };
+    let mut q = vec![0f32; rows.len()];
+    crate::types::dequantize_rows(ty, &bytes, &mut q, n, name)?;
+    Ok(q)
+}
+
+/// `Δ H Δᵀ / tokens`, `Σ imp Δ²` or `Σ Δ²` for one row (the scalar reference).
+fn row_error(a: &[f32], b: &[f32], w: &Weighting) -> f64 {
+    let d: Vec<f64> = a.iter().zip(b).map(|(x, y)| (*y - *x) as f64).collect();
+    match w {
+        Weighting::Hessian { h, .. } => {
+            let n = d.len();
+            let mut s = 0f64;
+            for (i, hi) in h.h.chunks(n).enumerate() {
+                if d[i] == 0.0 {
+                    continue;
+                }
+                let hd: f64 = hi.iter().zip(&d).map(|(x, y)| x * y).sum();
+                s += d[i] * hd;
+            }
+            s / h.tokens.max(1) as f64
+        }
+        Weighting::Diagonal(imp) => d
+            .iter()
+            .zip(imp.iter())
+            .map(|(x, &i)| x * x * i as f64)
+            .sum(),
+        Weighting::Identity => d.iter().map(|x| x * x).sum(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_is_even_and_estimate_exact_on_full_sample() {
+        assert_eq!(sample_rows(10, 5), vec![1, 3, 5, 7, 9]);
+        assert_eq!(sample_rows(3, 8), vec![0, 1, 2]);
+        let e = estimate(&[1.0, 2.0, 3.0], 3, 3);
+        assert_eq!(e, Estimate { err: 6.0, se: 0.0 });
+        let e = estimate(&[1.0, 3.0], 100, 2);
+        assert_eq!(e.err, 200.0);
+        assert!(e.se > 0.0);
+    }
+
+    #[test]
+    fn hessian_error_matches_a_direct_quadratic_form() {
+        // H = diag(1, 4) plus an off-diagonal 1: Δ = (1, −1) → 1 + 4 − 2 = 3, per 1 token.
+        let h = Hessian {
+            tensors: vec!["t".into()],
+            n: 2,
+            h: vec![1.0, 1.0, 1.0, 4.0],
+            tokens: 1,
+        };
+        let w = Weighting::Hessian {
+            h: &h,
+            band: 0,
+            damp: 0.01,
+        };
+        assert_eq!(row_error(&[0.0, 0.0], &[1.0, -1.0], &w), 3.0);
+        assert_eq!(
+            row_error(&[0.0, 0.0], &[1.0, -1.0], &Weighting::Identity),
+            2.0
+        );
+        assert_eq!(
+            row_error(&[0.0, 0.0], &[1.0, -1.0], &Weighting::Diagonal(&[2.0, 3.0])),
+            5.0
+        );
+    }
+
+    #[test]
+    fn product_form_matches_the_scalar_reference() {
+        let n = 40;
+        let mut s = 3u64;
+        let mut r = || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f64 / (1u64 << 24) as f64) - 0.5
+        };
+        let x: Vec<f64> = (0..n * 60).map(|_| r()).collect();
+        let mut hm = vec![0f64; n * n];
+        for row in x.chunks(n) {
+            for i in 0..n {
+                for j in 0..n {
+                    hm[i * n + j] += row[i] * row[j];
+                }
+            }
+        }
+        let h = Hessian {
+            tensors: vec![],
+            n,
+            h: hm,
+            tokens: 60,
+        };
+        let w = Weighting::Hessian {
+            h: &h,
+            band: 0,
+            damp: 0.01,
+        };
+        let a: Vec<f32> = (0..5 * n).map(|_| r() as f32).collect();
+        let q: Vec<f32> = a.iter().map(|v| v + 0.01 * r() as f32).collect();
+        let fast = row_errors(&a, &q, n, &w);
+        for (i, f) in fast.iter().enumerate() {
+            let slow = row_error(&a[i * n..(i + 1) * n], &q[i * n..(i + 1) * n], &w);
+            assert!(
+                (f - slow).abs() <= 1e-12 * slow.abs().max(1e-30),
+                "{f} vs {slow}"
+            );
+            assert!(slow > 0.0);
+        }
+    }
+
+    #[test]
+    fn more_bits_less_error() {
+        let n = 256;
+        let mut s = 1u64;
+        let rows: Vec<f32> = (0..8 * n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect();
+        use TensorType::*;
+        let e = errors(
+            "t",
+            &rows,
+            n,
+            8,
+            &[Q2K, Q4K, Q6K, Q8_0],
+            &Weighting::Identity,
+            &mut Factors::new(),
+        )
+        .unwrap();
+        for w in e.windows(2) {
+            assert!(w[1].err < w[0].err, "{e:?}");
+        }
+    }
+}

@@ -1,11 +1,12 @@
 //! What a calibration runs on, decided once for `tq calib` and `tq convert --calib`: whether a
 //! `--calib` path is a Hessian file or text ([`is_hessian_file`]), the windows of a token stream
-//! ([`first_windows`]), and the windows of a text inside a conversion ([`text_windows`]).
+//! ([`first_windows`]), the windows of a text inside a conversion ([`text_windows`]), and an
+//! in-memory calibration on a text ([`calibrate_text`], for `--target-bpw`'s sensitivity pass).
 
 use std::io::Read;
 use std::path::Path;
 
-use super::run::make_windows;
+use super::run::{self, make_windows};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::tokenizer::input::Input;
@@ -93,6 +94,35 @@ pub fn text_windows(
         ))
     })?;
     Ok((f, windows))
+}
+
+/// Calibrate the GGUF model at `model` on the UTF-8 `text` (batched), as `tq calib` does but in
+/// memory and without checkpoints: every Hessian is held (a mix ranks every tensor before any is
+/// written).
+pub fn calibrate_text(
+    model: &Path,
+    profile: &Profile,
+    text: &Path,
+    o: &TextOptions,
+) -> Result<crate::quant::Hessians> {
+    let (f, windows) = text_windows(model, profile, text, o)?;
+    let c = run::calibrate(
+        model,
+        &f,
+        &windows,
+        &run::Options {
+            ctx: o.ctx,
+            batch: o.batch,
+            output: None,
+            store: Default::default(),
+            resume: false,
+            sequential: None,
+            checkpoint_secs: 0.0,
+            extra_meta: Default::default(),
+            quiet: o.quiet,
+        },
+    )?;
+    Ok(c.hessians)
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! `tq convert INPUT -o OUT.gguf [--weights TYPE] [--recipe R] ...`
 use std::path::PathBuf;
-use tq::calib::input::{is_hessian_file, text_windows, TextOptions};
+use tq::calib::input::{calibrate_text, is_hessian_file, text_windows, TextOptions};
 use tq::calib::sequential::SeqQuant;
 use tq::convert::{self, Provenance};
 use tq::error::{Error, Result};
@@ -333,6 +333,7 @@ fn convert(a: &ConvertArgs) -> Result<()> {
         Calib::File(file) => {
             convert::execute_from_file(&target, &progress, &file, a.ldlq_band, a.damp)?
         }
+        Calib::Hessians(l) => convert::execute(&target, Some(l), &progress)?,
         Calib::None => convert::execute(&target, None, &progress)?,
     };
     pb.finish_and_clear();
@@ -463,7 +464,6 @@ fn run_mix(
                 tokens: a.calib_tokens,
                 ctx: a.calib_ctx,
                 batch: a.calib_batch,
-                sequential: None,
                 quiet: a.quiet,
             };
             mem = Some(calibrate_text(&a.input, profile, p, &o)?);
@@ -555,6 +555,8 @@ fn provenance(a: &ConvertArgs, req: &Request, extra: Vec<(String, String)>) -> O
 /// Where LDLQ's Hessians come from.
 enum Calib {
     None,
+    /// Hessians a mix calibrated in memory (`--target-bpw` with `--calib TEXT`).
+    Hessians(convert::Ldlq),
     /// A Hessian file from `tq calib`, read group by group while writing.
     File(tq::quant::HessianFile),
     /// `--calib TEXT`: calibrated block by block while writing (batched, or sequential with

@@ -806,56 +806,63 @@ fn wgpu_wrong_tq2r_kernels_fail() {
             "matvec",
         ),
     ];
-    for (from, to, shows) in edits {
-        let dir = std::env::temp_dir().join(format!(
-            "tq-wrong-tq2r-{}-{}",
-            std::process::id(),
-            shows.replace(' ', "-")
-        ));
-        for (lang, files) in [
-            ("cuda", &["common.cuh", "tq.cu", "turbo.cu", "tq2r.cu"][..]),
-            (
-                "metal",
-                &["common.metal", "tq.metal", "turbo.metal", "tq2r.metal"][..],
-            ),
-            (
-                "wgsl",
-                &["common.wgsl", "tq.wgsl", "turbo.wgsl", "tq2r.wgsl"][..],
-            ),
-        ] {
-            std::fs::create_dir_all(dir.join(lang)).unwrap();
-            for f in files {
-                let mut text = gpu::sources::text(lang, f).unwrap();
-                if *f == "tq2r.wgsl" {
-                    assert!(text.contains(from), "{from}");
-                    text = text.replace(from, to);
-                }
-                std::fs::write(dir.join(lang).join(f), text).unwrap();
-            }
-        }
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_tq"))
-            .args([
-                "kernels",
-                "check",
-                "--backend",
-                "wgpu",
-                "--quick",
-                "--types",
-                "tq2_r",
-            ])
-            .env("TQ_CONFORMANCE", conformance_dir())
-            .env("TQ_KERNELS_DIR", &dir)
-            .output()
-            .unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
-        let text = String::from_utf8_lossy(&o.stdout);
-        assert_eq!(o.status.code(), Some(2), "{shows}: {text}");
+    for (i, (from, to, shows)) in edits.into_iter().enumerate() {
+        let (code, text) = check_with_edited_wgsl(&format!("tq2r-{i}"), from, to, "tq2_r");
+        assert_eq!(code, Some(2), "{shows}: {text}");
         assert!(
             text.lines()
                 .any(|l| l.contains("FAIL") && l.contains(shows)),
             "{shows}: {text}"
         );
     }
+}
+
+/// `tq kernels check --backend wgpu --quick --types TY` with the kernel sources of every language
+/// copied to a temporary `TQ_KERNELS_DIR` and `from` replaced by `to` in tq2r.wgsl (the 2-bit
+/// kernels' file): (exit code, stdout).
+#[cfg(feature = "wgpu")]
+fn check_with_edited_wgsl(tag: &str, from: &str, to: &str, ty: &str) -> (Option<i32>, String) {
+    let dir = std::env::temp_dir().join(format!("tq-wrong-{tag}-{}", std::process::id()));
+    for (lang, files) in [
+        ("cuda", &["common.cuh", "tq.cu", "turbo.cu", "tq2r.cu"][..]),
+        (
+            "metal",
+            &["common.metal", "tq.metal", "turbo.metal", "tq2r.metal"][..],
+        ),
+        (
+            "wgsl",
+            &["common.wgsl", "tq.wgsl", "turbo.wgsl", "tq2r.wgsl"][..],
+        ),
+    ] {
+        std::fs::create_dir_all(dir.join(lang)).unwrap();
+        for f in files {
+            let mut text = gpu::sources::text(lang, f).unwrap();
+            if *f == "tq2r.wgsl" {
+                assert!(text.contains(from), "{from}");
+                text = text.replace(from, to);
+            }
+            std::fs::write(dir.join(lang).join(f), text).unwrap();
+        }
+    }
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_tq"))
+        .args([
+            "kernels",
+            "check",
+            "--backend",
+            "wgpu",
+            "--quick",
+            "--types",
+            ty,
+        ])
+        .env("TQ_CONFORMANCE", conformance_dir())
+        .env("TQ_KERNELS_DIR", &dir)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+    )
 }
 
 #[cfg(feature = "cuda")]
@@ -928,44 +935,8 @@ fn wgpu_wrong_tq2t_kernels_fail() {
         ),
     ];
     for (i, (from, to, shows)) in edits.into_iter().enumerate() {
-        let dir = std::env::temp_dir().join(format!("tq-wrong-tq2t-{}-{i}", std::process::id()));
-        for (lang, files) in [
-            ("cuda", &["common.cuh", "tq.cu", "turbo.cu", "tq2r.cu"][..]),
-            (
-                "metal",
-                &["common.metal", "tq.metal", "turbo.metal", "tq2r.metal"][..],
-            ),
-            (
-                "wgsl",
-                &["common.wgsl", "tq.wgsl", "turbo.wgsl", "tq2r.wgsl"][..],
-            ),
-        ] {
-            std::fs::create_dir_all(dir.join(lang)).unwrap();
-            for f in files {
-                let mut text = gpu::sources::text(lang, f).unwrap();
-                if *f == "tq2r.wgsl" {
-                    assert!(text.contains(from), "{from}");
-                    text = text.replace(from, to);
-                }
-                std::fs::write(dir.join(lang).join(f), text).unwrap();
-            }
-        }
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_tq"))
-            .args([
-                "kernels",
-                "check",
-                "--backend",
-                "wgpu",
-                "--quick",
-                "--types",
-                "tq2_t",
-            ])
-            .env("TQ_KERNELS_DIR", &dir)
-            .output()
-            .unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
-        let text = String::from_utf8_lossy(&o.stdout);
-        assert_eq!(o.status.code(), Some(2), "{shows}: {text}");
+        let (code, text) = check_with_edited_wgsl(&format!("tq2t-{i}"), from, to, "tq2_t");
+        assert_eq!(code, Some(2), "{shows}: {text}");
         assert!(
             text.lines()
                 .any(|l| l.contains("FAIL") && l.contains("tq2_t") && l.contains(shows)),

@@ -60,12 +60,7 @@ fn file_name(p: &Path) -> String {
 /// with an output they are appended to the file then and dropped, so memory holds one block's
 /// Hessians whatever the depth; `--resume` continues after the last checkpointed block.
 pub fn calibrate(path: &Path, f: &GgufFile, windows: &[u32], o: &Options) -> Result<Calibrated> {
-    if o.ctx < 2 || o.batch == 0 || windows.is_empty() || windows.len() % o.ctx != 0 {
-        return Err(Error::Usage(
-            "calibration: --ctx must be >= 2, --batch >= 1, and the input at least one window"
-                .into(),
-        ));
-    }
+    super::stream::check_windows(windows, o.ctx, o.batch)?;
     let n_win = windows.len() / o.ctx;
     let tokens_hash = blake3::hash(
         &windows

@@ -110,12 +110,7 @@ pub fn run_blocks_sequential(
     resumed: Option<(usize, &crate::quant::HessianReader)>,
     on_block: &mut dyn FnMut(usize, &mut Hessians) -> Result<()>,
 ) -> Result<Hessians> {
-    if ctx < 2 || batch == 0 || windows.is_empty() || windows.len() % ctx != 0 {
-        return Err(Error::Usage(
-            "calibration: --ctx must be >= 2, --batch >= 1, and the input at least one window"
-                .into(),
-        ));
-    }
+    check_windows(windows, ctx, batch)?;
     let model = Model::new(f, Numerics::F32)?;
     let n_layer = model.cfg.n_layer;
     let done = resumed.map_or(0, |(d, _)| d);
@@ -161,6 +156,17 @@ pub fn run_blocks_sequential(
         );
     }
     Ok(hs)
+}
+
+/// Whole windows of at least 2 tokens, and at least one, in chunks of `batch >= 1`.
+pub(crate) fn check_windows(windows: &[u32], ctx: usize, batch: usize) -> Result<()> {
+    if ctx < 2 || batch == 0 || windows.is_empty() || windows.len() % ctx != 0 {
+        return Err(Error::Usage(
+            "calibration: --ctx must be >= 2, --batch >= 1, and the input at least one window"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Floating-point operations of the calibration forward pass over `tokens` (windows of `ctx`):
@@ -216,12 +222,7 @@ pub fn run_blocks(
     needed: &dyn Fn(&str) -> bool,
     on_block: &mut dyn FnMut(usize, &mut Hessians) -> Result<()>,
 ) -> Result<Hessians> {
-    if ctx < 2 || batch == 0 || windows.is_empty() || windows.len() % ctx != 0 {
-        return Err(Error::Usage(
-            "calibration: --ctx must be >= 2, --batch >= 1, and the input at least one window"
-                .into(),
-        ));
-    }
+    check_windows(windows, ctx, batch)?;
     let model = Model::new(f, Numerics::F32)?;
     let mut obs = Blocks {
         hs: Hessians {

@@ -535,25 +535,11 @@ fn quantize_rows_stock(
     let (bs, bb) = (ty.block_size(), ty.block_bytes());
     let nr = rows.len() / n;
     let row_bytes = n / bs * bb;
-    let mut grids: Vec<Vec<grid::BlockGrid>> = Vec::with_capacity(nr);
-    let mut ws = vec![0f32; bs];
-    for (row, o) in rows.chunks_exact(n).zip(out.chunks_exact_mut(row_bytes)) {
-        let mut g: Vec<grid::BlockGrid> = (0..n / bs).map(|_| grid::BlockGrid::new(ty)).collect();
-        for (blk, (o, g)) in o.chunks_exact_mut(bb).zip(g.iter_mut()).enumerate() {
-            let j0 = blk * bs;
-            // Relative weights: normalized by the block's mean so f32 never over/underflows.
-            let mean = f.diag[j0..j0 + bs].iter().sum::<f64>() / bs as f64;
-            for i in 0..bs {
-                ws[i] = if mean > 0.0 {
-                    (f.diag[j0 + i] / mean) as f32
-                } else {
-                    1.0
-                };
-            }
-            grid::fit(ty, &row[j0..j0 + bs], &ws, o, g);
-        }
-        grids.push(g);
-    }
+    let grids: Vec<Vec<grid::BlockGrid>> = rows
+        .chunks_exact(n)
+        .zip(out.chunks_exact_mut(row_bytes))
+        .map(|(row, o)| fit_grids(ty, row, f, o))
+        .collect();
     let order = |t: usize| f.perm.as_ref().map_or(t, |p| p[t]);
     // x in the sweep's order.
     let mut x: Vec<f64> = rows
@@ -578,16 +564,17 @@ fn quantize_rows_stock(
     }
 }
 
-/// The one-row sweep of a stock type, kept as the reference [`quantize_rows_stock`] is held to.
-#[cfg(test)]
-fn quantize_row_stock(ty: TensorType, row: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
-    let n = f.n;
-    let band = if band == 0 { n } else { band };
+/// Every block of `row` fitted (its parameters written into `out`) under the damped Hessian
+/// diagonal, and the grids the sweep rounds onto.
+fn fit_grids(ty: TensorType, row: &[f32], f: &Factor, out: &mut [u8]) -> Vec<grid::BlockGrid> {
     let (bs, bb) = (ty.block_size(), ty.block_bytes());
-    let mut grids: Vec<grid::BlockGrid> = (0..n / bs).map(|_| grid::BlockGrid::new(ty)).collect();
+    let mut grids: Vec<grid::BlockGrid> = (0..row.len() / bs)
+        .map(|_| grid::BlockGrid::new(ty))
+        .collect();
     let mut ws = vec![0f32; bs];
     for (blk, (o, g)) in out.chunks_exact_mut(bb).zip(grids.iter_mut()).enumerate() {
         let j0 = blk * bs;
+        // Relative weights: normalized by the block's mean so f32 never over/underflows.
         let mean = f.diag[j0..j0 + bs].iter().sum::<f64>() / bs as f64;
         for i in 0..bs {
             ws[i] = if mean > 0.0 {
@@ -598,6 +585,16 @@ fn quantize_row_stock(ty: TensorType, row: &[f32], f: &Factor, band: usize, out:
         }
         grid::fit(ty, &row[j0..j0 + bs], &ws, o, g);
     }
+    grids
+}
+
+/// The one-row sweep of a stock type, kept as the reference [`quantize_rows_stock`] is held to.
+#[cfg(test)]
+fn quantize_row_stock(ty: TensorType, row: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
+    let n = f.n;
+    let band = if band == 0 { n } else { band };
+    let (bs, bb) = (ty.block_size(), ty.block_bytes());
+    let grids = fit_grids(ty, row, f, out);
     let order = |t: usize| f.perm.as_ref().map_or(t, |p| p[t]);
     let mut x: Vec<f64> = (0..n).map(|t| row[order(t)] as f64).collect();
     let mut codes = vec![0i32; n];
@@ -863,15 +860,7 @@ mod group_tests {
     fn gemm_sweep_matches_the_scalar_sweep() {
         let (n, rows) = (384usize, 37usize);
         let h = hessian(n, 500, 11);
-        let mut s = 3u64;
-        let w: Vec<f32> = (0..rows * n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
-            })
-            .collect();
+        let w = uniform_rows(rows * n, 3);
         for ty in [TensorType::TQ4_1S, TensorType::TQ3_1S, TensorType::TQ2R] {
             let hr = if ty.is_row_rotated() {
                 super::super::ldlq2::rotate_hessian_rows(&h, n).unwrap()
@@ -925,21 +914,25 @@ mod group_tests {
         }
     }
 
-    /// The stock types' grouped sweep: the scalar group sweep equals one-row sweeps bit for bit,
-    /// and the GEMM sweep agrees on nearly all bytes with the same calibration-weighted error.
-    #[test]
-    fn stock_gemm_sweep_matches_one_row_sweeps() {
-        let (n, rows) = (512usize, 37usize);
-        let h = hessian(n, 700, 5);
-        let mut s = 9u64;
-        let w: Vec<f32> = (0..rows * n)
+    /// `len` values uniform in [-1, 1) from a 64-bit LCG seeded with `seed`.
+    fn uniform_rows(len: usize, mut s: u64) -> Vec<f32> {
+        (0..len)
             .map(|_| {
                 s = s
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
                 ((s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
             })
-            .collect();
+            .collect()
+    }
+
+    /// The stock types' grouped sweep: the scalar group sweep equals one-row sweeps bit for bit,
+    /// and the GEMM sweep agrees on nearly all bytes with the same calibration-weighted error.
+    #[test]
+    fn stock_gemm_sweep_matches_one_row_sweeps() {
+        let (n, rows) = (512usize, 37usize);
+        let h = hessian(n, 700, 5);
+        let w = uniform_rows(rows * n, 9);
         let f = factor_act_order(h.clone(), n, 0.01, "w").unwrap();
         for ty in [
             TensorType::Q4_0,

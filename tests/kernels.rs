@@ -185,6 +185,22 @@ fn harness_covers_tq2t() {
     }
 }
 
+/// The harness run on a deliberately broken backend must fail; the kinds of kernel that failed,
+/// each once.
+fn failing_kinds(mut b: Broken, opts: &CheckOptions) -> Vec<KernelKind> {
+    let rep = gpu::check(&mut b, opts).unwrap();
+    assert!(!rep.pass());
+    let mut kinds: Vec<KernelKind> = rep
+        .results
+        .iter()
+        .filter(|r| !r.pass)
+        .map(|r| r.kind)
+        .collect();
+    kinds.sort_by_key(|k| format!("{k:?}"));
+    kinds.dedup();
+    kinds
+}
+
 /// tq2_t: a one-bit error in the decode or a dot off by 1e-4 fails the checks of that kernel
 /// and only those; hostile shapes are errors.
 #[test]
@@ -193,19 +209,7 @@ fn harness_fails_wrong_tq2t_kernels() {
         types: vec![TensorType::TQ2T],
         ..quick_opts()
     };
-    let failing = |mut b: Broken| {
-        let rep = gpu::check(&mut b, &opts).unwrap();
-        assert!(!rep.pass());
-        let mut kinds: Vec<KernelKind> = rep
-            .results
-            .iter()
-            .filter(|r| !r.pass)
-            .map(|r| r.kind)
-            .collect();
-        kinds.sort_by_key(|k| format!("{k:?}"));
-        kinds.dedup();
-        kinds
-    };
+    let failing = |b: Broken| failing_kinds(b, &opts);
     let k = failing(Broken {
         flip_one_bit: true,
         ..Broken::default()
@@ -485,18 +489,7 @@ fn harness_fails_wrong_tq2r_kernels() {
         types: vec![TensorType::TQ2R],
         ..quick_opts()
     };
-    let failing = |mut b: Broken| {
-        let rep = gpu::check(&mut b, &opts).unwrap();
-        assert!(!rep.pass());
-        let mut kinds: Vec<KernelKind> = rep
-            .results
-            .iter()
-            .filter(|r| !r.pass)
-            .map(|r| r.kind)
-            .collect();
-        kinds.dedup();
-        kinds
-    };
+    let failing = |b: Broken| failing_kinds(b, &opts);
     let k = failing(Broken {
         flip_one_bit: true,
         ..Broken::default()

@@ -438,31 +438,9 @@ fn fit(
 ) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("tq-mix-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-    let r = fit_in(
-        &dir, input, src, plan, profile, items, table, uncal, calib, o, text, rep, direct,
-    );
-    if r.is_err() {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    r
-}
-
-#[allow(clippy::too_many_arguments)]
-fn fit_in(
-    dir: &Path,
-    input: &Path,
-    src: &dyn TensorSource,
-    plan: &Plan,
-    profile: &Profile,
-    items: &[(Vec<usize>, Vec<TensorType>)],
-    table: &mix::Table,
-    uncal: &[bool],
-    calib: &Calibration,
-    o: &MixOpts,
-    text: &Path,
-    rep: &mut MixReport,
-    direct: &mut [Option<Vec<f64>>],
-) -> Result<()> {
+    // An error leaves no folder behind; a finished fit keeps it (its reference logits serve
+    // --verify, and convert removes it).
+    let mut guard = RemoveDirOnDrop(Some(dir.clone()));
     let ref_path = dir.join("ref.logits");
     reference_logits(input, text, o.kld_windows, &ref_path)?;
     rep.ref_logits = Some(ref_path.clone());
@@ -587,7 +565,19 @@ fn fit_in(
     rep.r2 = r2(&|_| ln_a);
     rep.r2_roles = r2(&|i| role_ln[&pts[i].0]);
     rep.role_alpha = role_ln.into_iter().map(|(r, l)| (r, l.exp())).collect();
+    guard.0 = None;
     Ok(())
+}
+
+/// Removes its folder when dropped, unless emptied first.
+struct RemoveDirOnDrop(Option<std::path::PathBuf>);
+
+impl Drop for RemoveDirOnDrop {
+    fn drop(&mut self) {
+        if let Some(d) = &self.0 {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
 }
 
 /// The input model's logits on the first `windows` windows of `text` (ctx 512).

@@ -211,6 +211,14 @@ impl Store {
         }
     }
 
+    /// `v` as the store keeps it.
+    fn round(self, v: f64) -> f64 {
+        match self {
+            Store::F64 => v,
+            Store::F32 | Store::F32Upper => v as f32 as f64,
+        }
+    }
+
     /// Bytes of one `n × n` matrix.
     pub fn bytes(self, n: usize) -> usize {
         match self {
@@ -630,16 +638,6 @@ fn resume_point(
         )));
     }
     Ok(Some((next, pos)))
-}
-
-impl Store {
-    /// `v` as the store keeps it.
-    fn round(self, v: f64) -> f64 {
-        match self {
-            Store::F64 => v,
-            Store::F32 | Store::F32Upper => v as f32 as f64,
-        }
-    }
 }
 
 /// A Hessian file opened lazily: the groups' names, dimensions and token counts are read from

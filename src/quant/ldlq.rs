@@ -887,31 +887,46 @@ mod group_tests {
                         quantize_rows_with(ty, rws, &f, band, o, true)
                     }
                 }
-                assert!(
-                    scalar == one,
-                    "{} band {band}: scalar group sweep",
-                    ty.name()
-                );
-                let same = got.iter().zip(&one).filter(|(a, b)| a == b).count();
-                assert!(
-                    same as f64 >= 0.97 * got.len() as f64,
-                    "{} band {band}: {same} of {} bytes equal",
-                    ty.name(),
-                    got.len()
-                );
-                let loss = |b: &[u8]| {
-                    let mut q = vec![0f32; w.len()];
-                    crate::types::dequantize_rows(ty, b, &mut q, n, "w").unwrap();
-                    proxy_loss(&h, n, &w, &q)
-                };
-                let (lg, l1) = (loss(&got), loss(&one));
-                assert!(
-                    (lg - l1).abs() <= 1e-3 * l1,
-                    "{} band {band}: loss {lg} vs scalar {l1}",
-                    ty.name()
-                );
+                assert_sweeps_agree(ty, band, &h, &w, &got, &scalar, &one);
             }
         }
+    }
+
+    /// `scalar` (grouped scalar sweep) equals `one` (one-row sweeps) bit for bit; `got` (the GEMM
+    /// sweep) has ≥ 97% of its bytes equal and the same calibration-weighted error to 1e-3.
+    fn assert_sweeps_agree(
+        ty: TensorType,
+        band: usize,
+        h: &[f64],
+        w: &[f32],
+        got: &[u8],
+        scalar: &[u8],
+        one: &[u8],
+    ) {
+        let n = (h.len() as f64).sqrt() as usize;
+        assert!(
+            scalar == one,
+            "{} band {band}: scalar group sweep",
+            ty.name()
+        );
+        let same = got.iter().zip(one).filter(|(a, b)| a == b).count();
+        assert!(
+            same as f64 >= 0.97 * got.len() as f64,
+            "{} band {band}: {same} of {} bytes equal",
+            ty.name(),
+            got.len()
+        );
+        let loss = |b: &[u8]| {
+            let mut q = vec![0f32; w.len()];
+            crate::types::dequantize_rows(ty, b, &mut q, n, "w").unwrap();
+            proxy_loss(h, n, w, &q)
+        };
+        let (lg, l1) = (loss(got), loss(one));
+        assert!(
+            (lg - l1).abs() <= 1e-3 * l1,
+            "{} band {band}: loss {lg} vs one-row {l1}",
+            ty.name()
+        );
     }
 
     /// `len` values uniform in [-1, 1) from a 64-bit LCG seeded with `seed`.
@@ -951,29 +966,7 @@ mod group_tests {
                 for (o, rws) in scalar.chunks_mut(rb * ROWS).zip(w.chunks(n * ROWS)) {
                     quantize_rows_stock(ty, rws, &f, band, o, true);
                 }
-                assert!(
-                    scalar == one,
-                    "{} band {band}: scalar group sweep",
-                    ty.name()
-                );
-                let same = got.iter().zip(&one).filter(|(a, b)| a == b).count();
-                assert!(
-                    same as f64 >= 0.97 * got.len() as f64,
-                    "{} band {band}: {same} of {} bytes equal",
-                    ty.name(),
-                    got.len()
-                );
-                let loss = |b: &[u8]| {
-                    let mut q = vec![0f32; w.len()];
-                    crate::types::dequantize_rows(ty, b, &mut q, n, "w").unwrap();
-                    proxy_loss(&h, n, &w, &q)
-                };
-                let (lg, l1) = (loss(&got), loss(&one));
-                assert!(
-                    (lg - l1).abs() <= 1e-3 * l1,
-                    "{} band {band}: loss {lg} vs one-row {l1}",
-                    ty.name()
-                );
+                assert_sweeps_agree(ty, band, &h, &w, &got, &scalar, &one);
             }
         }
     }

@@ -31,11 +31,10 @@ pub struct Options<'a> {
 }
 
 /// What a calibration produced: the Hessians (in memory mode; empty when they went to the
-/// output file block by block), every group's diagonal, and the file's metadata.
+/// output file block by block) and every group's diagonal.
 pub struct Calibrated {
     pub hessians: Hessians,
     pub diagonals: Vec<Diagonal>,
-    pub meta: BTreeMap<String, String>,
 }
 
 /// The first `n_win` windows of `ctx` tokens, with `bos` written at the start of each.
@@ -221,6 +220,5 @@ pub fn calibrate(path: &Path, f: &GgufFile, windows: &[u32], o: &Options) -> Res
     Ok(Calibrated {
         hessians,
         diagonals,
-        meta,
     })
 }

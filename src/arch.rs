@@ -3,20 +3,39 @@
 //! roles read off llama.cpp tensor names (`blk.N.attn_q.weight` …), which the planner's recipes
 //! and sequential calibration key on.
 
-/// The decoder architectures tq converts from Hugging Face and runs. They share one graph and
-/// differ in RoPE layout, optional q/k/v biases and per-head q/k RMS norms.
+/// The decoder architectures tq runs (and, for llama/qwen2/qwen3, converts from Hugging Face).
+/// They share one pre-norm graph and differ in the features below; a llama-family file with
+/// `{arch}.expert_count` (Mixtral) is `Llama` with a mixture-of-experts feed-forward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
-    /// llama, SmolLM, Mistral-style (no biases; rotary pairs are adjacent values).
+    /// llama, SmolLM, Mistral-style, Mixtral (no biases; rotary pairs are adjacent values).
     Llama,
     /// Qwen2: q/k/v biases; NEOX rotary layout (pairs half a head apart).
     Qwen2,
     /// Qwen3: per-head RMS norm of q and k before RoPE; NEOX rotary layout.
     Qwen3,
+    /// Qwen3-MoE: Qwen3's attention, a routed mixture of experts (softmax, top-k, renormalized).
+    Qwen3Moe,
+    /// Gemma 2: embeddings × √d, post-attention/-FFN norms, GELU-gated FFN, sliding-window layers
+    /// alternating with global ones, attention and final logit soft-capping, tied output.
+    Gemma2,
+    /// Gemma 3: Gemma 2 plus q/k norms, 5 sliding-window layers per global one with their own
+    /// RoPE base; no soft-capping unless the file says.
+    Gemma3,
+    /// Phi-3: fused qkv and gate|up tensors, NEOX (optionally partial) rotary, LongRoPE factors.
+    Phi3,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 3] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3];
+    pub const ALL: [Arch; 7] = [
+        Arch::Llama,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Qwen3Moe,
+        Arch::Gemma2,
+        Arch::Gemma3,
+        Arch::Phi3,
+    ];
 
     /// The architecture a GGUF `general.architecture` names.
     pub fn from_name(name: &str) -> Option<Arch> {
@@ -29,7 +48,16 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3moe",
+            Arch::Gemma2 => "gemma2",
+            Arch::Gemma3 => "gemma3",
+            Arch::Phi3 => "phi3",
         }
+    }
+
+    /// The supported `general.architecture` names, for error messages.
+    pub fn names() -> String {
+        Arch::ALL.map(|a| a.name()).join(", ")
     }
 
     /// The Hugging Face `architectures[0]` classes that convert to it (as registered by
@@ -44,6 +72,8 @@ impl Arch {
             ],
             Arch::Qwen2 => &["Qwen2ForCausalLM", "Qwen2Model"],
             Arch::Qwen3 => &["Qwen3ForCausalLM", "Qwen3Model"],
+            // Run from GGUF only: their Hugging Face checkpoints are converted by llama.cpp.
+            Arch::Qwen3Moe | Arch::Gemma2 | Arch::Gemma3 | Arch::Phi3 => &[],
         }
     }
 
@@ -61,7 +91,18 @@ impl Arch {
 
     /// Per-head RMS norms of q and k (`attn_q_norm` / `attn_k_norm`).
     pub fn qk_norm(self) -> bool {
-        self == Arch::Qwen3
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3)
+    }
+
+    /// Gemma's extra RMS norms on the attention and FFN outputs (`attn_post_norm`,
+    /// `ffn_post_norm`), its √d embedding scale and GELU gate.
+    pub fn gemma(self) -> bool {
+        matches!(self, Arch::Gemma2 | Arch::Gemma3)
+    }
+
+    /// Phi-3 keeps gate and up in one `ffn_up` tensor (`[n_embd, 2·n_ff]`, gate first).
+    pub fn fused_gate_up(self) -> bool {
+        self == Arch::Phi3
     }
 }
 
@@ -77,6 +118,19 @@ pub struct Shapes {
     pub kv_dim: u64,
     pub head_dim: u64,
     pub n_vocab: u64,
+    /// Experts per MoE block (0: dense feed-forward).
+    pub n_expert: u64,
+    /// Feed-forward width of one expert.
+    pub n_ff_exp: u64,
+}
+
+/// Mixture-of-experts sizes from metadata: `{a}.expert_count` (0 or absent: dense) and one
+/// expert's width, `{a}.expert_feed_forward_length` or, as llama.cpp reads Mixtral,
+/// `{a}.feed_forward_length` (`n_ff`). `get` reads an unsigned key.
+pub fn moe_sizes(a: &str, n_ff: u64, get: &dyn Fn(&str) -> Option<u64>) -> (u64, u64) {
+    let n_expert = get(&format!("{a}.expert_count")).unwrap_or(0);
+    let n_ff_exp = get(&format!("{a}.expert_feed_forward_length")).unwrap_or(n_ff);
+    (n_expert, n_ff_exp)
 }
 
 /// A tensor the forward pass reads (tq's runtime and llama.cpp's loader alike).
@@ -124,13 +178,28 @@ pub fn expected_tensors(arch: Arch, s: &Shapes, fused_qkv: &dyn Fn(u64) -> bool)
         push(w("attn_k_norm"), &[hd], arch.qk_norm());
         push(w("attn_output"), &[q, e], true);
         push(b("attn_output"), &[e], false);
+        if arch.gemma() {
+            push(w("attn_post_norm"), &[e], true);
+            push(w("ffn_post_norm"), &[e], true);
+        }
         push(w("ffn_norm"), &[e], true);
-        push(w("ffn_gate"), &[e, ff], true);
-        push(w("ffn_up"), &[e, ff], true);
-        push(w("ffn_down"), &[ff, e], true);
-        push(b("ffn_gate"), &[ff], false);
-        push(b("ffn_up"), &[ff], false);
-        push(b("ffn_down"), &[e], false);
+        if s.n_expert > 0 {
+            let (x, fe) = (s.n_expert, s.n_ff_exp);
+            push(w("ffn_gate_inp"), &[e, x], true);
+            push(w("ffn_gate_exps"), &[e, fe, x], true);
+            push(w("ffn_up_exps"), &[e, fe, x], true);
+            push(w("ffn_down_exps"), &[fe, e, x], true);
+        } else if arch.fused_gate_up() {
+            push(w("ffn_up"), &[e, 2 * ff], true);
+            push(w("ffn_down"), &[ff, e], true);
+        } else {
+            push(w("ffn_gate"), &[e, ff], true);
+            push(w("ffn_up"), &[e, ff], true);
+            push(w("ffn_down"), &[ff, e], true);
+            push(b("ffn_gate"), &[ff], false);
+            push(b("ffn_up"), &[ff], false);
+            push(b("ffn_down"), &[e], false);
+        }
     }
     v
 }
@@ -199,6 +268,7 @@ mod tests {
             }
         }
         assert_eq!(Arch::from_name("gemma"), None);
+        assert_eq!(Arch::from_name("gemma3"), Some(Arch::Gemma3));
         assert_eq!(Arch::from_hf_class("GemmaForCausalLM"), None);
         assert_eq!(layer_of("blk.12.attn_q.weight"), Some(12));
         assert_eq!(layer_of("output.weight"), None);

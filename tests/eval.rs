@@ -1249,6 +1249,7 @@ fn cuda_numerics_linear_set_equals_cuda_native_matvec() {
                 name: format!("w{i}"),
                 off,
                 n,
+                row0: 0,
                 ty,
                 cuda,
             });

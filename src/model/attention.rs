@@ -1,6 +1,8 @@
 //! Causal grouped-query attention over a batch of independent windows. One task per
 //! (window, head), run in parallel; inside a task, queries go in blocks so that each block only
 //! multiplies against the keys it may see (the causal mask skips the upper triangle's work).
+//! Optional: a sliding window (keys more than `window - 1` positions back are masked, as
+//! llama.cpp's standard SWA mask) and Gemma 2's soft-capping of the scaled logits.
 
 use super::matmul::{gemm_ab, gemm_abt};
 use rayon::prelude::*;
@@ -16,6 +18,10 @@ pub struct AttnShape {
     pub n_head_kv: usize,
     pub head_dim: usize,
     pub scale: f32,
+    /// `cap · tanh(x / cap)` on the scaled logits.
+    pub softcap: Option<f32>,
+    /// Sliding window: a query at position `i` sees keys `i - window < j ≤ i`.
+    pub window: Option<usize>,
 }
 
 impl AttnShape {
@@ -58,20 +64,25 @@ pub fn causal_attention(s: &AttnShape, qkv: &[f32], n_win: usize, seq: usize, ou
                 for i in 0..m {
                     let row = &mut sc[i * nk..(i + 1) * nk];
                     let lim = r0 + i + 1; // causal: keys 0..=r0+i
+                    let lo = s.window.map_or(0, |w| lim.saturating_sub(w));
                     let mut mx = f32::NEG_INFINITY;
-                    for x in row[..lim].iter_mut() {
+                    for x in row[lo..lim].iter_mut() {
                         *x *= s.scale;
+                        if let Some(c) = s.softcap {
+                            *x = (*x * (1.0 / c)).tanh() * c;
+                        }
                         mx = mx.max(*x);
                     }
                     let mut sum = 0f32;
-                    for x in row[..lim].iter_mut() {
+                    for x in row[lo..lim].iter_mut() {
                         *x = (*x - mx).exp();
                         sum += *x;
                     }
                     let inv = 1.0 / sum;
-                    for x in row[..lim].iter_mut() {
+                    for x in row[lo..lim].iter_mut() {
                         *x *= inv;
                     }
+                    row[..lo].fill(0.0);
                     row[lim..].fill(0.0);
                 }
                 gemm_ab(m, hd, nk, &sc, nk, v, ld, &mut o[r0 * hd..], hd);

@@ -33,6 +33,61 @@ pub struct Config {
     pub tied_output: bool,
     /// Training context length, when the file says (informational).
     pub n_ctx_train: Option<usize>,
+    /// Rotary dimensions of a head (`rope.dimension_count`; the rest pass unrotated).
+    pub n_rot: usize,
+    /// cos/sin multiplier (`rope.scaling.attn_factor`, LongRoPE models), 1 when absent.
+    pub rope_attn_factor: f32,
+    /// LongRoPE's per-pair divisors (Phi-3 128k): short and long, and the context above which the
+    /// long ones apply.
+    pub longrope: Option<LongRope>,
+    /// Multiplier of the token embeddings (Gemma: √n_embd, computed in f32 as llama.cpp does).
+    pub emb_scale: Option<f32>,
+    /// Multiplier of q after RoPE, applied before q·k (Gemma's query scaling, Phi-3's 1/√d);
+    /// `kq_scale` is then 1.
+    pub q_scale: Option<f32>,
+    /// Attention logits soft-capped to ±cap by `cap·tanh(x/cap)` (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// Output logits soft-capped the same way (Gemma 2; Gemma 3 when the file says).
+    pub final_softcap: Option<f32>,
+    /// Sliding-window attention on some layers (Gemma 2/3).
+    pub swa: Option<Swa>,
+    /// RMS norms on the attention and FFN outputs before the residual add (Gemma).
+    pub post_norms: bool,
+    /// FFN gate activation: GELU (tanh form; Gemma) instead of SiLU.
+    pub gelu: bool,
+    /// Mixture-of-experts feed-forward (Mixtral, Qwen3-MoE).
+    pub moe: Option<Moe>,
+}
+
+/// Sliding-window attention: a query at position `i` sees keys `j` with `i - j < window`, on the
+/// layers `layers` marks; those layers rotate with their own base and scale.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Swa {
+    pub window: usize,
+    pub layers: Vec<bool>,
+    pub rope_base: f32,
+    pub rope_freq_scale: f32,
+}
+
+/// LongRoPE frequency divisors (`rope_factors_short.weight`, `rope_factors_long.weight`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LongRope {
+    pub short: Option<Vec<f32>>,
+    pub long: Option<Vec<f32>>,
+    /// `rope.scaling.original_context_length` (else the training context): a window longer
+    /// than this uses the long factors, as llama.cpp picks them by its context size.
+    pub n_ctx_orig: usize,
+}
+
+/// Routed experts: softmax over the router's logits, the `n_used` largest (ties: the lower
+/// expert index first), their probabilities renormalized to sum 1 when `norm`, times `scale`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Moe {
+    pub n_expert: usize,
+    pub n_used: usize,
+    pub n_ff_exp: usize,
+    pub norm: bool,
+    pub scale: Option<f32>,
 }
 
 /// Defaults used when an optional key is absent (same as llama.cpp's).
@@ -49,9 +104,10 @@ impl Config {
             .ok_or_else(|| Error::bad_input(path, "missing metadata key general.architecture"))?;
         let arch = Arch::from_name(arch_name).ok_or_else(|| {
             Error::Unsupported(format!(
-                "{}: architecture '{}' is not supported by the tq runtime (supported: llama, qwen2, qwen3)",
+                "{}: architecture '{}' is not supported by the tq runtime (supported: {}); tq convert without --calib still converts it tensor by tensor",
                 path.display(),
-                crate::error::one_line(arch_name)
+                crate::error::one_line(arch_name),
+                Arch::names()
             ))
         })?;
         let a = arch_name;
@@ -108,13 +164,12 @@ impl Config {
                 format!("head dimension {head_dim} must be even"),
             ));
         }
-        if let Some(n_rot) = opt_u("rope.dimension_count") {
-            if n_rot != head_dim {
-                return Err(Error::Unsupported(format!(
-                    "{}: partial rotary embeddings ({a}.rope.dimension_count {n_rot} != head dim {head_dim}) are not supported",
-                    path.display()
-                )));
-            }
+        let n_rot = opt_u("rope.dimension_count").unwrap_or(head_dim);
+        if n_rot > head_dim || n_rot % 2 != 0 {
+            return Err(Error::bad_input(
+                path,
+                format!("{a}.rope.dimension_count = {n_rot} must be even and at most the head dimension {head_dim}"),
+            ));
         }
         let rms_eps =
             opt_f("attention.layer_norm_rms_epsilon").unwrap_or(DEFAULT_RMS_EPS as f64) as f32;
@@ -125,7 +180,9 @@ impl Config {
         let factor = opt_f("rope.scaling.factor").unwrap_or(1.0);
         let rope_freq_scale = match scaling {
             "none" | "" => 1.0,
-            "linear" => {
+            // LongRoPE: llama.cpp scales like linear (1/factor when the file has a factor) and
+            // adds the per-pair factors read below.
+            "linear" | "longrope" => {
                 if !(factor > 0.0) {
                     return Err(Error::bad_input(path, format!("{a}.rope.scaling.factor = {factor} must be > 0")));
                 }
@@ -133,13 +190,14 @@ impl Config {
             }
             other => {
                 return Err(Error::Unsupported(format!(
-                    "{}: {a}.rope.scaling.type '{}' is not supported by the tq runtime (none, linear, llama3 rope_freqs)",
+                    "{}: {a}.rope.scaling.type '{}' is not supported by the tq runtime (none, linear, longrope, llama3 rope_freqs)",
                     path.display(),
                     crate::error::one_line(other)
                 )))
             }
         };
         let kq_scale = match opt_f("attention.scale") {
+            _ if matches!(arch, Arch::Gemma2 | Arch::Gemma3 | Arch::Phi3) => 1.0,
             Some(s) if s != 0.0 => s as f32,
             _ => 1.0 / (head_dim as f32).sqrt(),
         };
@@ -160,20 +218,72 @@ impl Config {
         let tied_output = f.tensor("output.weight").is_none();
 
         let rope_freq_factors = match f.tensor("rope_freqs.weight") {
-            Some(t) => {
-                if t.dims != [head_dim as u64 / 2] {
-                    return Err(Error::bad_input(
-                        path,
-                        format!(
-                            "rope_freqs.weight has shape {:?}, expected [{}]",
-                            t.dims,
-                            head_dim / 2
-                        ),
-                    ));
-                }
-                Some(f.tensor_f32(t)?)
-            }
+            Some(_) => Some(rope_factors(f, "rope_freqs.weight", n_rot)?.expect("present")),
             None => None,
+        };
+        let longrope = {
+            let short = rope_factors(f, "rope_factors_short.weight", n_rot)?;
+            let long = rope_factors(f, "rope_factors_long.weight", n_rot)?;
+            (short.is_some() || long.is_some()).then(|| LongRope {
+                short,
+                long,
+                n_ctx_orig: opt_u("rope.scaling.original_context_length")
+                    .or(opt_u("context_length"))
+                    .unwrap_or(usize::MAX),
+            })
+        };
+        let rope_attn_factor = opt_f("rope.scaling.attn_factor").unwrap_or(1.0) as f32;
+
+        // Gemma's query scale: llama.cpp keys the 27B's 1/√(n_embd/n_head) on the layer count
+        // (query_pre_attn_scalar is not in the GGUF); every other size uses 1/√head_dim.
+        let gemma_27b = matches!((arch, n_layer), (Arch::Gemma2, 46) | (Arch::Gemma3, 62));
+        let q_scale = match arch {
+            Arch::Gemma2 | Arch::Gemma3 if gemma_27b => {
+                Some(1.0 / ((n_embd / n_head) as f32).sqrt())
+            }
+            Arch::Gemma2 | Arch::Gemma3 | Arch::Phi3 => Some(1.0 / (head_dim as f32).sqrt()),
+            _ => None,
+        };
+        let positive = |k: &str| opt_f(k).filter(|v| *v > 0.0).map(|v| v as f32);
+        let (attn_softcap, final_softcap) = match arch {
+            // llama.cpp's Gemma 2 caps always, with 50 / 30 when the file has no key.
+            Arch::Gemma2 => (
+                Some(positive("attn_logit_softcapping").unwrap_or(50.0)),
+                Some(positive("final_logit_softcapping").unwrap_or(30.0)),
+            ),
+            Arch::Gemma3 => (None, positive("final_logit_softcapping")),
+            _ => (None, None),
+        };
+        let swa = swa_layers(f, arch, n_layer, rope_base, rope_freq_scale)?;
+        let (n_expert, n_ff_exp) = crate::arch::moe_sizes(a, n_ff as u64, &|k| f.get_u64(k));
+        let moe = if n_expert > 0 {
+            if !matches!(arch, Arch::Llama | Arch::Qwen3Moe) {
+                return Err(Error::Unsupported(format!(
+                    "{}: {a}.expert_count = {n_expert}: experts are supported for llama (Mixtral) and qwen3moe",
+                    path.display()
+                )));
+            }
+            let n_used = req("expert_used_count")?;
+            if n_used as u64 > n_expert || n_expert > 512 {
+                return Err(Error::bad_input(
+                    path,
+                    format!("{a}.expert_used_count = {n_used} with {a}.expert_count = {n_expert} is out of range"),
+                ));
+            }
+            Some(Moe {
+                n_expert: n_expert as usize,
+                n_used,
+                n_ff_exp: n_ff_exp as usize,
+                norm: true,
+                scale: positive("expert_weights_scale").filter(|&w| w != 1.0),
+            })
+        } else if arch == Arch::Qwen3Moe {
+            return Err(Error::bad_input(
+                path,
+                format!("missing metadata key {a}.expert_count"),
+            ));
+        } else {
+            None
         };
 
         let cfg = Config {
@@ -193,9 +303,72 @@ impl Config {
             kq_scale,
             tied_output,
             n_ctx_train: opt_u("context_length"),
+            n_rot,
+            rope_attn_factor,
+            longrope,
+            emb_scale: arch.gemma().then(|| (n_embd as f32).sqrt()),
+            q_scale,
+            attn_softcap,
+            final_softcap,
+            swa,
+            post_norms: arch.gemma(),
+            gelu: arch.gemma(),
+            moe,
         };
         cfg.check_tensors(f)?;
         Ok(cfg)
+    }
+
+    /// RoPE (base, linear scale) of layer `l`: sliding-window layers have their own.
+    pub fn rope_of(&self, l: usize) -> (f32, f32) {
+        match &self.swa {
+            Some(s) if s.layers[l] => (s.rope_base, s.rope_freq_scale),
+            _ => (self.rope_base, self.rope_freq_scale),
+        }
+    }
+
+    /// The sliding window of layer `l`, if it has one.
+    pub fn window_of(&self, l: usize) -> Option<usize> {
+        self.swa.as_ref().filter(|s| s.layers[l]).map(|s| s.window)
+    }
+
+    /// Per-pair RoPE divisors for windows of `seq` tokens: `rope_freqs.weight`, else LongRoPE's
+    /// short or long factors as llama.cpp picks them for a context of `seq`.
+    pub fn rope_factors(&self, seq: usize) -> Option<&[f32]> {
+        if let Some(f) = &self.rope_freq_factors {
+            return Some(f);
+        }
+        let lr = self.longrope.as_ref()?;
+        if seq > lr.n_ctx_orig {
+            lr.long.as_deref()
+        } else {
+            lr.short.as_deref()
+        }
+    }
+
+    /// The features beyond the llama/qwen graph this model uses (the incremental decoder,
+    /// and other partial runtimes, refuse them by name).
+    pub fn extra_features(&self) -> Vec<&'static str> {
+        let mut v = vec![];
+        let mut add = |on: bool, name| {
+            if on {
+                v.push(name)
+            }
+        };
+        add(self.n_rot != self.head_dim, "partial rotary");
+        add(self.rope_attn_factor != 1.0, "rope attn_factor");
+        add(self.longrope.is_some(), "LongRoPE factors");
+        add(self.emb_scale.is_some(), "embedding scale");
+        add(self.q_scale.is_some(), "query scale");
+        add(
+            self.attn_softcap.is_some() || self.final_softcap.is_some(),
+            "soft-capping",
+        );
+        add(self.swa.is_some(), "sliding-window attention");
+        add(self.post_norms, "post-norms");
+        add(self.gelu, "GELU");
+        add(self.moe.is_some(), "mixture of experts");
+        v
     }
 
     pub fn q_dim(&self) -> usize {
@@ -217,6 +390,8 @@ impl Config {
             kv_dim: self.kv_dim() as u64,
             head_dim: self.head_dim as u64,
             n_vocab: self.n_vocab as u64,
+            n_expert: self.moe.as_ref().map_or(0, |m| m.n_expert as u64),
+            n_ff_exp: self.moe.as_ref().map_or(0, |m| m.n_ff_exp as u64),
         };
         let fused = |l: u64| f.tensor(&format!("blk.{l}.attn_qkv.weight")).is_some();
         for x in crate::arch::expected_tensors(self.arch, &shapes, &fused) {
@@ -244,6 +419,98 @@ impl Config {
     }
 }
 
+/// A `[n_rot / 2]` per-pair RoPE factor tensor, if the file has it.
+fn rope_factors(f: &GgufFile, name: &str, n_rot: usize) -> Result<Option<Vec<f32>>> {
+    let Some(t) = f.tensor(name) else {
+        return Ok(None);
+    };
+    if t.dims != [n_rot as u64 / 2] {
+        return Err(Error::bad_input(
+            &f.path,
+            format!("{name} has shape {:?}, expected [{}]", t.dims, n_rot / 2),
+        ));
+    }
+    let v = f.tensor_f32(t)?;
+    if v.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
+        return Err(Error::bad_input(
+            &f.path,
+            format!("{name}: RoPE factors must be finite and positive"),
+        ));
+    }
+    Ok(Some(v))
+}
+
+/// Which layers use a sliding window, as llama.cpp reads it: Gemma 2 alternates (pattern 2,
+/// window 4096 by default) and shares the global RoPE unless `rope.freq_base_swa` is set;
+/// Gemma 3 (when `attention.sliding_window` > 0) has 5 local layers per global one, rotating
+/// with base 10000 (or `rope.freq_base_swa`) and no scaling. `attention.sliding_window_pattern`
+/// overrides the period (an integer) or lists the layers (an array of bools). Phi-3's window is
+/// ignored, as llama.cpp ignores it.
+fn swa_layers(
+    f: &GgufFile,
+    arch: Arch,
+    n_layer: usize,
+    rope_base: f32,
+    rope_freq_scale: f32,
+) -> Result<Option<Swa>> {
+    let a = arch.name();
+    let key = |k: &str| format!("{a}.{k}");
+    let window = f.get_u64(&key("attention.sliding_window"));
+    let (window, period, base, scale) = match arch {
+        Arch::Gemma2 => (window.unwrap_or(4096), 2, rope_base, rope_freq_scale),
+        Arch::Gemma3 => match window {
+            Some(w) if w > 0 => (w, 6, 10000.0, 1.0),
+            _ => return Ok(None),
+        },
+        _ => return Ok(None),
+    };
+    if window == 0 || window > (1 << 24) {
+        return Err(Error::bad_input(
+            &f.path,
+            format!(
+                "{} = {window} is out of range",
+                key("attention.sliding_window")
+            ),
+        ));
+    }
+    let base = f
+        .get_f64(&key("rope.freq_base_swa"))
+        .map_or(base, |v| v as f32);
+    let pkey = key("attention.sliding_window_pattern");
+    let layers = match f.get(&pkey) {
+        Some(crate::gguf::Value::Array(_, items)) => {
+            let v: Option<Vec<bool>> = items
+                .iter()
+                .map(|x| match x {
+                    crate::gguf::Value::Bool(b) => Some(*b),
+                    other => other.as_u64().map(|n| n != 0),
+                })
+                .collect();
+            match v {
+                Some(v) if v.len() >= n_layer => v[..n_layer].to_vec(),
+                _ => {
+                    return Err(Error::bad_input(
+                        &f.path,
+                        format!("{pkey} must list a bool for each of the {n_layer} layers"),
+                    ))
+                }
+            }
+        }
+        other => {
+            let p = other.and_then(|v| v.as_u64()).unwrap_or(period) as usize;
+            // llama.cpp's set_swa_pattern: period 0 = all layers; else the last layer of each
+            // period is global.
+            (0..n_layer).map(|l| p == 0 || l % p < p - 1).collect()
+        }
+    };
+    Ok(Some(Swa {
+        window: window as usize,
+        layers,
+        rope_base: base,
+        rope_freq_scale: scale,
+    }))
+}
+
 /// The llama.cpp names of one block's tensors.
 #[derive(Clone, Debug)]
 pub struct LayerNames {
@@ -267,6 +534,12 @@ pub struct LayerNames {
     pub ffn_gate_b: String,
     pub ffn_up_b: String,
     pub ffn_down_b: String,
+    pub attn_post_norm: String,
+    pub ffn_post_norm: String,
+    pub ffn_gate_inp: String,
+    pub ffn_gate_exps: String,
+    pub ffn_up_exps: String,
+    pub ffn_down_exps: String,
 }
 
 impl LayerNames {
@@ -294,6 +567,12 @@ impl LayerNames {
             ffn_gate_b: b("ffn_gate"),
             ffn_up_b: b("ffn_up"),
             ffn_down_b: b("ffn_down"),
+            attn_post_norm: w("attn_post_norm"),
+            ffn_post_norm: w("ffn_post_norm"),
+            ffn_gate_inp: w("ffn_gate_inp"),
+            ffn_gate_exps: w("ffn_gate_exps"),
+            ffn_up_exps: w("ffn_up_exps"),
+            ffn_down_exps: w("ffn_down_exps"),
         }
     }
 }

@@ -75,6 +75,15 @@ impl<'m, 'a> Decoder<'m, 'a> {
             ));
         }
         let cfg = &model.cfg;
+        let extra = cfg.extra_features();
+        if !extra.is_empty() {
+            return Err(Error::Unsupported(format!(
+                "{}: the incremental decoder (--self-generate) runs the llama/qwen graph only; this {} model uses {} (calibrate from a text file instead)",
+                model.file.path.display(),
+                cfg.arch.name(),
+                extra.join(", ")
+            )));
+        }
         let mut used = 0usize;
         let mut blocks = Vec::with_capacity(cfg.n_layer);
         let mut full = false;

@@ -95,6 +95,8 @@ pub struct Segment {
     pub name: String,
     pub off: usize,
     pub n: usize,
+    /// First row of the tensor this segment holds (an expert's slice of a 3-D tensor; else 0).
+    pub row0: usize,
     pub ty: TensorType,
     /// Set by [`LinearSet::prepare_cuda`]: this weight is multiplied the way the fork's CUDA
     /// kernels do it instead of through the f32 weights.
@@ -166,6 +168,7 @@ impl LinearSet {
                 name: t.name.clone(),
                 off,
                 n,
+                row0: 0,
                 ty: t.ty,
                 cuda: None,
             });
@@ -178,6 +181,62 @@ impl LinearSet {
             bias,
             segments,
         })
+    }
+
+    /// Rows `r0..r1` of each named tensor, stacked (one expert's slice of 3-D expert tensors:
+    /// rows `e·n .. (e+1)·n`). No biases.
+    pub(crate) fn load_rows(
+        f: &GgufFile,
+        parts: &[&str],
+        r0: usize,
+        r1: usize,
+    ) -> Result<LinearSet> {
+        let n = r1 - r0;
+        let mut segments = Vec::with_capacity(parts.len());
+        let mut k = 0;
+        for (i, name) in parts.iter().enumerate() {
+            let t = f
+                .tensor(name)
+                .ok_or_else(|| Error::bad_input(&f.path, format!("missing tensor {name}")))?;
+            if i > 0 && t.row_len() as usize != k {
+                return Err(Error::bad_input(
+                    &f.path,
+                    format!("{name}: input width differs within its set"),
+                ));
+            }
+            k = t.row_len() as usize;
+            segments.push(Segment {
+                name: t.name.clone(),
+                off: i * n,
+                n,
+                row0: r0,
+                ty: t.ty,
+                cuda: None,
+            });
+        }
+        let mut w = vec![0f32; parts.len() * n * k];
+        for (seg, out) in segments.iter().zip(w.chunks_mut(n * k)) {
+            let t = f.tensor(&seg.name).expect("looked up above");
+            dequantize_rows(f, t, r0, r1, out)?;
+        }
+        Ok(LinearSet {
+            k,
+            n_total: parts.len() * n,
+            w,
+            bias: None,
+            segments,
+        })
+    }
+
+    /// A set with no weights (the dense FFN slots of a mixture-of-experts block).
+    pub(crate) fn empty() -> LinearSet {
+        LinearSet {
+            k: 0,
+            n_total: 0,
+            w: vec![],
+            bias: None,
+            segments: vec![],
+        }
     }
 
     /// Route this set's TQ4_1S / TQ3_1S weights through the CUDA model (`path`), from their
@@ -291,9 +350,14 @@ pub struct LayerWeights {
     pub k_norm: Option<Vec<f32>>,
     pub wo: LinearSet,
     pub ffn_norm: Vec<f32>,
-    /// gate | up stacked.
+    /// Gemma's norms of the attention and FFN outputs.
+    pub attn_post_norm: Option<Vec<f32>>,
+    pub ffn_post_norm: Option<Vec<f32>>,
+    /// gate | up stacked (two tensors, or Phi-3's one fused `ffn_up`); empty in an MoE block.
     pub gate_up: LinearSet,
     pub down: LinearSet,
+    /// The router of an MoE block (its experts are loaded one at a time by the forward pass).
+    pub router: Option<LinearSet>,
 }
 
 impl LayerWeights {
@@ -311,16 +375,25 @@ impl LayerWeights {
     /// Hessians a pass will produce.
     pub fn linear_groups(f: &GgufFile, l: usize) -> Result<Vec<(Vec<String>, usize)>> {
         let n = LayerNames::new(l);
-        let sets: Vec<Vec<&String>> = vec![
+        let mut sets: Vec<Vec<&String>> = vec![
             if f.tensor(&n.attn_qkv).is_some() {
                 vec![&n.attn_qkv]
             } else {
                 vec![&n.attn_q, &n.attn_k, &n.attn_v]
             },
             vec![&n.attn_output],
-            vec![&n.ffn_gate, &n.ffn_up],
-            vec![&n.ffn_down],
         ];
+        if f.tensor(&n.ffn_gate_inp).is_some() {
+            // Experts are observed per expert (`Observer::expert_input`), not here.
+            sets.push(vec![&n.ffn_gate_inp]);
+        } else {
+            sets.push(if f.tensor(&n.ffn_gate).is_some() {
+                vec![&n.ffn_gate, &n.ffn_up]
+            } else {
+                vec![&n.ffn_up]
+            });
+            sets.push(vec![&n.ffn_down]);
+        }
         sets.into_iter()
             .map(|names| {
                 let t = f.tensor(names[0]).ok_or_else(|| {
@@ -357,6 +430,23 @@ impl LayerWeights {
                 skip,
             )?
         };
+        let (gate_up, down, router) = if f.tensor(&n.ffn_gate_inp).is_some() {
+            let router = LinearSet::load_with(f, &[(&n.ffn_gate_inp, "")], skip)?;
+            (LinearSet::empty(), LinearSet::empty(), Some(router))
+        } else {
+            let gate_up = if f.tensor(&n.ffn_gate).is_some() {
+                LinearSet::load_with(
+                    f,
+                    &[(&n.ffn_gate, &n.ffn_gate_b), (&n.ffn_up, &n.ffn_up_b)],
+                    skip,
+                )?
+            } else {
+                // Phi-3: one ffn_up of 2·n_ff rows, gate first — the same stacking.
+                LinearSet::load_with(f, &[(&n.ffn_up, &n.ffn_up_b)], skip)?
+            };
+            let down = LinearSet::load_with(f, &[(&n.ffn_down, &n.ffn_down_b)], skip)?;
+            (gate_up, down, None)
+        };
         Ok(LayerWeights {
             attn_norm: load_f32(f, &n.attn_norm)?,
             qkv,
@@ -364,12 +454,11 @@ impl LayerWeights {
             k_norm: load_opt(f, &n.attn_k_norm)?,
             wo: LinearSet::load_with(f, &[(&n.attn_output, &n.attn_output_b)], skip)?,
             ffn_norm: load_f32(f, &n.ffn_norm)?,
-            gate_up: LinearSet::load_with(
-                f,
-                &[(&n.ffn_gate, &n.ffn_gate_b), (&n.ffn_up, &n.ffn_up_b)],
-                skip,
-            )?,
-            down: LinearSet::load_with(f, &[(&n.ffn_down, &n.ffn_down_b)], skip)?,
+            attn_post_norm: load_opt(f, &n.attn_post_norm)?,
+            ffn_post_norm: load_opt(f, &n.ffn_post_norm)?,
+            gate_up,
+            down,
+            router,
         })
     }
 }
@@ -396,4 +485,29 @@ pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, cols: usize, out: &mut [f32
 #[inline]
 pub fn swiglu(g: f32, u: f32) -> f32 {
     g / (1.0 + (-g).exp()) * u
+}
+
+/// GELU, tanh form, in f32 as ggml's `ggml_gelu_f32`.
+#[inline]
+pub fn gelu(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044715;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
+}
+
+/// GELU(gate) · up. With `ggml`, as ggml's CPU backend computes it: the gate rounded to f16,
+/// looked up in a table of f16 GELU values (`GGML_GELU_FP16`), 0 below -10 and identity above 10.
+#[inline]
+pub fn geglu(g: f32, u: f32, ggml: bool) -> f32 {
+    if !ggml {
+        return gelu(g) * u;
+    }
+    if g <= -10.0 {
+        0.0
+    } else if g >= 10.0 {
+        g * u
+    } else {
+        let h = half::f16::from_f32(g).to_f32();
+        half::f16::from_f32(gelu(h)).to_f32() * u
+    }
 }

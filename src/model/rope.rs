@@ -1,9 +1,12 @@
 //! Rotary position embeddings as ggml computes them (`ggml_rope_ext` without YaRN): for pair `i`
 //! of a head, `theta = pos * base^(-2i/d)` — accumulated by repeated multiplication in f32 like
 //! ggml's rope cache — divided by the llama3 frequency factor of that pair when the model has
-//! `rope_freqs.weight`, and multiplied by the linear scaling `freq_scale`.
+//! `rope_freqs.weight` (or LongRoPE's factors), and multiplied by the linear scaling
+//! `freq_scale`; cos and sin are multiplied by `mscale` (LongRoPE's attention factor). With
+//! partial rotary (`n_rot < head_dim`) only the first `n_rot` values of a head rotate, with
+//! `base^(-2i/n_rot)`; the rest pass through, as in ggml.
 
-/// Precomputed cos/sin for positions `0..n_pos`, `head_dim / 2` pairs each.
+/// Precomputed cos/sin for positions `0..n_pos`, `n_rot / 2` pairs each.
 pub struct Rope {
     pub half: usize,
     pub neox: bool,
@@ -13,15 +16,28 @@ pub struct Rope {
 
 impl Rope {
     pub fn new(
-        head_dim: usize,
+        n_rot: usize,
         n_pos: usize,
         base: f32,
         freq_scale: f32,
         freq_factors: Option<&[f32]>,
         neox: bool,
     ) -> Rope {
-        let half = head_dim / 2;
-        let theta_scale = base.powf(-2.0 / head_dim as f32);
+        Self::with_mscale(n_rot, n_pos, base, freq_scale, freq_factors, neox, 1.0)
+    }
+
+    /// [`Rope::new`] with cos and sin multiplied by `mscale`.
+    pub fn with_mscale(
+        n_rot: usize,
+        n_pos: usize,
+        base: f32,
+        freq_scale: f32,
+        freq_factors: Option<&[f32]>,
+        neox: bool,
+        mscale: f32,
+    ) -> Rope {
+        let half = n_rot / 2;
+        let theta_scale = base.powf(-2.0 / n_rot as f32);
         let mut cos = vec![0f32; n_pos * half];
         let mut sin = vec![0f32; n_pos * half];
         for p in 0..n_pos {
@@ -29,8 +45,8 @@ impl Rope {
             for i in 0..half {
                 let ff = freq_factors.map_or(1.0, |f| f[i]);
                 let t = freq_scale * (theta / ff);
-                cos[p * half + i] = t.cos();
-                sin[p * half + i] = t.sin();
+                cos[p * half + i] = t.cos() * mscale;
+                sin[p * half + i] = t.sin() * mscale;
                 theta *= theta_scale;
             }
         }
@@ -42,7 +58,7 @@ impl Rope {
         }
     }
 
-    /// Rotate one head vector (`2 * half` values) in place for position `pos`.
+    /// Rotate the first `2 * half` values of one head vector in place for position `pos`.
     #[inline]
     pub fn apply(&self, x: &mut [f32], pos: usize) {
         let h = self.half;
@@ -83,6 +99,26 @@ mod tests {
             let n1: f32 = b.iter().map(|x| x * x).sum();
             assert!((n0 - n1).abs() < 1e-3);
         }
+    }
+
+    #[test]
+    fn partial_rotary_leaves_the_tail_and_matches_a_full_rotation_of_the_head() {
+        // n_rot = 8 of a 12-value head: the first 8 rotate exactly as an 8-value head would.
+        for neox in [false, true] {
+            let part = Rope::new(8, 8, 500.0, 1.0, None, neox);
+            let v: Vec<f32> = (0..12).map(|i| (i as f32 * 0.7).sin()).collect();
+            let mut a = v.clone();
+            part.apply(&mut a, 5);
+            assert_eq!(a[8..], v[8..]);
+            let mut b = v[..8].to_vec();
+            Rope::new(8, 8, 500.0, 1.0, None, neox).apply(&mut b, 5);
+            assert_eq!(a[..8], b[..]);
+            assert_ne!(a[..8], v[..8]);
+        }
+        let m = Rope::with_mscale(8, 4, 500.0, 1.0, None, true, 2.0);
+        let mut x = vec![1.0f32; 8];
+        m.apply(&mut x, 0);
+        assert_eq!(x, vec![2.0f32; 8]);
     }
 
     #[test]

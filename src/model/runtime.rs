@@ -5,9 +5,12 @@
 
 use super::attention::{causal_attention, AttnShape};
 use super::config::Config;
+use super::config::{LayerNames, Moe};
 use super::kernels::{placements, Kernels, Placement};
 use super::kv::{hadamard_blocks, round_trip, KvCache, KvLayer};
-use super::layer::{dequantize_rows, load_f32, rms_norm_rows, swiglu, LayerWeights, LinearSet};
+use super::layer::{
+    dequantize_rows, geglu, load_f32, rms_norm_rows, swiglu, LayerWeights, LinearSet,
+};
 use super::matmul::{matmul_t, ActRound};
 use super::rope::Rope;
 use crate::error::{Error, Result};
@@ -107,6 +110,20 @@ pub trait Observer {
     /// `wants_inputs`. An error stops the forward pass.
     fn transform_weights(&mut self, _layer: usize, _set: &mut LinearSet) -> Result<()> {
         Ok(())
+    }
+    /// The input of expert `expert` of MoE block `layer`: the `rows` tokens routed to it
+    /// (`x`, `rows × cols`, in token order), about to be multiplied by `tensors` (its gate and
+    /// up slices). Only called when `wants_inputs`; the default ignores it. The experts'
+    /// down projections are not reported (calibration rounds them without a Hessian).
+    fn expert_input(
+        &mut self,
+        _layer: usize,
+        _expert: usize,
+        _tensors: &[&str],
+        _x: &[f32],
+        _rows: usize,
+        _cols: usize,
+    ) {
     }
     /// Called when block `layer`'s output is complete (checkpoints).
     fn layer_end(&mut self, _layer: usize) -> Result<()> {
@@ -280,6 +297,9 @@ impl<'a> Model<'a> {
         x.par_chunks_mut(e)
             .zip(tokens.par_iter())
             .try_for_each(|(row, &id)| dequantize_rows(f, t, id as usize, id as usize + 1, row))?;
+        if let Some(sc) = self.cfg.emb_scale {
+            x.par_iter_mut().for_each(|v| *v *= sc);
+        }
         Ok(x)
     }
 
@@ -303,21 +323,31 @@ impl<'a> Model<'a> {
         let e = cfg.n_embd;
         let threads = self.threads;
         let ggml = self.ggml();
-        let shape = AttnShape {
+        let shape0 = AttnShape {
             n_head: cfg.n_head,
             n_head_kv: cfg.n_head_kv,
             head_dim: cfg.head_dim,
             scale: cfg.kq_scale,
+            softcap: cfg.attn_softcap,
+            window: None,
         };
-        let (qd, kvd, ld, hd) = (shape.q_dim(), shape.kv_dim(), shape.ld(), cfg.head_dim);
-        let rope = Rope::new(
-            hd,
-            seq,
-            cfg.rope_base,
-            cfg.rope_freq_scale,
-            cfg.rope_freq_factors.as_deref(),
-            cfg.rope_neox,
-        );
+        let (qd, kvd, ld, hd) = (shape0.q_dim(), shape0.kv_dim(), shape0.ld(), cfg.head_dim);
+        let rope_with = |(base, scale): (f32, f32)| {
+            Rope::with_mscale(
+                cfg.n_rot,
+                seq,
+                base,
+                scale,
+                cfg.rope_factors(seq),
+                cfg.rope_neox,
+                cfg.rope_attn_factor,
+            )
+        };
+        let rope_global = rope_with((cfg.rope_base, cfg.rope_freq_scale));
+        let rope_swa = cfg
+            .swa
+            .as_ref()
+            .map(|s| rope_with((s.rope_base, s.rope_freq_scale)));
         let n_out = seq - out_from;
         self.kv.check(hd)?;
         let mut kern = self.kernels.as_ref().map(|k| k.borrow_mut());
@@ -371,6 +401,13 @@ impl<'a> Model<'a> {
                 ActRound::None
             };
             let last = l + 1 == cfg.n_layer;
+            let window = cfg.window_of(l);
+            let rope = match (&rope_swa, window) {
+                (Some(r), Some(_)) => r,
+                _ => &rope_global,
+            };
+            let shape = AttnShape { window, ..shape0 };
+            let q_scale = cfg.q_scale;
 
             // Attention.
             rms_norm_rows(&x, &lw.attn_norm, cfg.rms_eps, e, &mut h);
@@ -389,6 +426,9 @@ impl<'a> Model<'a> {
                         super::layer::rms_norm(&c, nw, cfg.rms_eps, qh);
                     }
                     rope.apply(qh, pos);
+                    if let Some(sc) = q_scale {
+                        qh.iter_mut().for_each(|v| *v *= sc);
+                    }
                     if let Some(n) = rot_k {
                         hadamard_blocks(qh, n);
                     }
@@ -448,10 +488,27 @@ impl<'a> Model<'a> {
                 threads,
                 kern.as_deref_mut(),
             )?;
+            post_norm(&lw.attn_post_norm, &mut tmp[..rows_now * e], cfg.rms_eps, e);
             add_into(&mut x[..rows_now * e], &tmp[..rows_now * e]);
 
             // Feed-forward.
-            let nff = cfg.n_ff;
+            if let (Some(router), Some(moe)) = (&mut lw.router, &cfg.moe) {
+                rms_norm_rows(
+                    &x[..rows_now * e],
+                    &lw.ffn_norm,
+                    cfg.rms_eps,
+                    e,
+                    &mut h[..rows_now * e],
+                );
+                let obs = observer.as_deref_mut().filter(|_| watch);
+                self.moe_ffn(l, moe, router, &h[..rows_now * e], rows_now, &mut tmp, obs)?;
+                add_into(&mut x[..rows_now * e], &tmp[..rows_now * e]);
+                if let Some(o) = observer.as_deref_mut() {
+                    o.layer_end(l)?;
+                }
+                continue;
+            }
+            let nff = lw.gate_up.n_total / 2;
             rms_norm_rows(
                 &x[..rows_now * e],
                 &lw.ffn_norm,
@@ -471,13 +528,18 @@ impl<'a> Model<'a> {
             }
             lw.gate_up
                 .forward_on(&h, rows_now, &mut gu, ggml, threads, kern.as_deref_mut())?;
+            let gelu = cfg.gelu;
             act[..rows_now * nff]
                 .par_chunks_mut(nff)
                 .zip(gu.par_chunks(2 * nff))
                 .for_each(|(a, g)| {
                     let (gate, up) = g.split_at(nff);
                     for i in 0..nff {
-                        a[i] = swiglu(gate[i], up[i]);
+                        a[i] = if gelu {
+                            geglu(gate[i], up[i], ggml)
+                        } else {
+                            swiglu(gate[i], up[i])
+                        };
                     }
                 });
             if let Some(o) = observer.as_deref_mut().filter(|_| watch) {
@@ -492,6 +554,7 @@ impl<'a> Model<'a> {
             }
             lw.down
                 .forward_on(&act, rows_now, &mut tmp, ggml, threads, kern.as_deref_mut())?;
+            post_norm(&lw.ffn_post_norm, &mut tmp[..rows_now * e], cfg.rms_eps, e);
             add_into(&mut x[..rows_now * e], &tmp[..rows_now * e]);
             if let Some(o) = observer.as_deref_mut() {
                 o.layer_end(l)?;
@@ -518,8 +581,19 @@ impl<'a> Model<'a> {
         self.project(&hn, no, threads)
     }
 
-    /// Logits `rows × n_vocab` for final-normed hidden states `hn` (`rows × n_embd`).
+    /// Logits `rows × n_vocab` for final-normed hidden states `hn` (`rows × n_embd`), soft-capped
+    /// when the model caps them (ggml's scale → tanh → scale).
     pub fn project(&self, hn: &[f32], rows: usize, threads: usize) -> Result<Vec<f32>> {
+        let mut logits = self.project_raw(hn, rows, threads)?;
+        if let Some(c) = self.cfg.final_softcap {
+            logits
+                .par_iter_mut()
+                .for_each(|v| *v = (*v * (1.0 / c)).tanh() * c);
+        }
+        Ok(logits)
+    }
+
+    fn project_raw(&self, hn: &[f32], rows: usize, threads: usize) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
         let e = cfg.n_embd;
         let nv = cfg.n_vocab;
@@ -578,6 +652,138 @@ impl<'a> Model<'a> {
             v0 = v1;
         }
         Ok(logits)
+    }
+}
+
+impl Model<'_> {
+    /// The mixture-of-experts feed-forward of block `l` on normed rows `h` (`rows × n_embd`),
+    /// into `out` (llama.cpp's `build_moe_ffn` for softmax gating): router logits → softmax →
+    /// the `n_used` most probable experts (ties: lower index, as ggml's argsort keeps them for
+    /// up to 16 experts) → weights renormalized → each expert's SwiGLU on its rows, scaled by
+    /// its weight → the slots summed in rank order. One expert's weights are dequantized at a
+    /// time.
+    // One function on purpose: routing, the per-expert loop and the ordered sum are the contract.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_ffn<'o, 'p>(
+        &self,
+        l: usize,
+        moe: &Moe,
+        router: &mut LinearSet,
+        h: &[f32],
+        rows: usize,
+        out: &mut [f32],
+        mut observer: Option<&'o mut (dyn Observer + 'p)>,
+    ) -> Result<()> {
+        let e = self.cfg.n_embd;
+        let (nx, k, nff) = (moe.n_expert, moe.n_used, moe.n_ff_exp);
+        let (ggml, threads) = (self.ggml(), self.threads);
+        if let Some(o) = observer.as_deref_mut() {
+            o.linear_input(Some(l), &router.names(), h, rows, e);
+            o.transform_weights(l, router)?;
+        }
+        let mut logits = vec![0f32; rows * nx];
+        router.forward_on(h, rows, &mut logits, ggml, threads, None)?;
+        let (sel, wts) = route(&logits, rows, moe);
+        // Rows routed to each expert, with their (row, rank) slots, in token order.
+        let mut routed: Vec<Vec<(usize, usize)>> = vec![vec![]; nx];
+        for r in 0..rows {
+            for j in 0..k {
+                routed[sel[r * k + j]].push((r, j));
+            }
+        }
+        let names = LayerNames::new(l);
+        let gate_up = [names.ffn_gate_exps.as_str(), names.ffn_up_exps.as_str()];
+        let mut slots = vec![0f32; rows * k * e];
+        for (x, list) in routed.iter().enumerate() {
+            if list.is_empty() {
+                continue;
+            }
+            let n = list.len();
+            let mut xe = vec![0f32; n * e];
+            for (i, &(r, _)) in list.iter().enumerate() {
+                xe[i * e..(i + 1) * e].copy_from_slice(&h[r * e..(r + 1) * e]);
+            }
+            if let Some(o) = observer.as_deref_mut() {
+                o.expert_input(l, x, &gate_up, &xe, n, e);
+            }
+            let gu_set = LinearSet::load_rows(self.file, &gate_up, x * nff, (x + 1) * nff)?;
+            let mut gu = vec![0f32; n * 2 * nff];
+            gu_set.forward(&xe, n, &mut gu, ggml, threads);
+            drop(gu_set);
+            let mut act = vec![0f32; n * nff];
+            act.par_chunks_mut(nff)
+                .zip(gu.par_chunks(2 * nff))
+                .for_each(|(a, g)| {
+                    let (gate, up) = g.split_at(nff);
+                    for i in 0..nff {
+                        a[i] = swiglu(gate[i], up[i]);
+                    }
+                });
+            let down =
+                LinearSet::load_rows(self.file, &[&names.ffn_down_exps], x * e, (x + 1) * e)?;
+            let mut ye = vec![0f32; n * e];
+            down.forward(&act, n, &mut ye, ggml, threads);
+            for (i, &(r, j)) in list.iter().enumerate() {
+                let w = wts[r * k + j];
+                let dst = &mut slots[(r * k + j) * e..(r * k + j + 1) * e];
+                for (d, v) in dst.iter_mut().zip(&ye[i * e..(i + 1) * e]) {
+                    *d = v * w;
+                }
+            }
+        }
+        out[..rows * e]
+            .par_chunks_mut(e)
+            .zip(slots.par_chunks(k * e))
+            .for_each(|(o, s)| {
+                o.copy_from_slice(&s[..e]);
+                for j in 1..k {
+                    o.iter_mut()
+                        .zip(&s[j * e..(j + 1) * e])
+                        .for_each(|(a, b)| *a += b);
+                }
+            });
+        Ok(())
+    }
+}
+
+/// Top-k routing of router logits (`rows × n_expert`): per row the chosen experts in rank order
+/// and their weights (`rows × n_used` each). Softmax as ggml's (max-shifted `exp`, the sum in
+/// f64, one f32 reciprocal), a stable descending sort (ties: lower index first), then the
+/// weights renormalized by their f32 sum (clamped below at 2⁻¹⁴, as llama.cpp) and scaled.
+pub(crate) fn route(logits: &[f32], rows: usize, moe: &Moe) -> (Vec<usize>, Vec<f32>) {
+    let (nx, k) = (moe.n_expert, moe.n_used);
+    let mut sel = vec![0usize; rows * k];
+    let mut wts = vec![0f32; rows * k];
+    for r in 0..rows {
+        let z = &logits[r * nx..(r + 1) * nx];
+        let mx = z.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let mut p: Vec<f32> = z.iter().map(|v| (v - mx).exp()).collect();
+        let sum: f64 = p.iter().map(|&v| v as f64).sum();
+        let inv = (1.0 / sum) as f32;
+        p.iter_mut().for_each(|v| *v *= inv);
+        let mut idx: Vec<usize> = (0..nx).collect();
+        idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+        let w = &mut wts[r * k..(r + 1) * k];
+        for j in 0..k {
+            sel[r * k + j] = idx[j];
+            w[j] = p[idx[j]];
+        }
+        if moe.norm {
+            let s: f32 = w.iter().sum::<f32>().max(6.103_515_6e-5);
+            w.iter_mut().for_each(|v| *v /= s);
+        }
+        if let Some(sc) = moe.scale {
+            w.iter_mut().for_each(|v| *v *= sc);
+        }
+    }
+    (sel, wts)
+}
+
+/// Gemma's post-norm of a block output (rows of width `cols`), in place.
+fn post_norm(w: &Option<Vec<f32>>, y: &mut [f32], eps: f32, cols: usize) {
+    if let Some(w) = w {
+        let src = y.to_vec();
+        rms_norm_rows(&src, w, eps, cols, y);
     }
 }
 

@@ -4,7 +4,7 @@
 //! (and `tq eval`) refuse such files; `convert` warns about each problem, and `--strict` makes
 //! them an error. Architectures tq does not know are checked for names only.
 
-use crate::arch::{expected_tensors, layer_of, Arch, Shapes};
+use crate::arch::{expected_tensors, layer_of, moe_sizes, Arch, Shapes};
 use crate::error::{one_line, Error, Result};
 use crate::source::TensorSource;
 
@@ -128,6 +128,7 @@ pub fn engine_checks(src: &dyn TensorSource) -> Vec<String> {
             "metadata {a}.block_count = {n_layer} but the file holds tensors of {blocks_held} blocks: engines cannot load the file"
         ));
     }
+    let (n_expert, n_ff_exp) = moe_sizes(a, n_ff, &|k| src.meta_u64(k));
     let shapes = Shapes {
         n_layer: n_layer.min(blocks_held),
         n_embd,
@@ -136,6 +137,8 @@ pub fn engine_checks(src: &dyn TensorSource) -> Vec<String> {
         kv_dim: n_head_kv * head_dim,
         head_dim,
         n_vocab,
+        n_expert,
+        n_ff_exp,
     };
     let fused = |l: u64| find(&format!("blk.{l}.attn_qkv.weight")).is_some();
     for x in expected_tensors(arch, &shapes, &fused) {

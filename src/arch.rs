@@ -94,8 +94,8 @@ impl Arch {
         matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3)
     }
 
-    /// Gemma's extra RMS norms on the attention and FFN outputs (`attn_post_norm`,
-    /// `ffn_post_norm`), its √d embedding scale and GELU gate.
+    /// Gemma's extra RMS norms on the attention and FFN outputs (`post_attention_norm`,
+    /// `post_ffw_norm`), its √d embedding scale and GELU gate.
     pub fn gemma(self) -> bool {
         matches!(self, Arch::Gemma2 | Arch::Gemma3)
     }
@@ -179,8 +179,8 @@ pub fn expected_tensors(arch: Arch, s: &Shapes, fused_qkv: &dyn Fn(u64) -> bool)
         push(w("attn_output"), &[q, e], true);
         push(b("attn_output"), &[e], false);
         if arch.gemma() {
-            push(w("attn_post_norm"), &[e], true);
-            push(w("ffn_post_norm"), &[e], true);
+            push(w("post_attention_norm"), &[e], true);
+            push(w("post_ffw_norm"), &[e], true);
         }
         push(w("ffn_norm"), &[e], true);
         if s.n_expert > 0 {

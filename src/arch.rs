@@ -212,6 +212,9 @@ pub enum Role {
     Attn,
     FfnGateUp,
     FfnDown,
+    /// An MoE router (`ffn_gate_inp`): kept f32, as llama-quantize keeps it (routing is a
+    /// discontinuous top-k; a rounded router sends tokens to other experts).
+    Router,
     Other,
 }
 
@@ -232,6 +235,7 @@ pub fn classify(name: &str) -> (Role, Option<u32>) {
         "ffn_gate" | "ffn_up" | "ffn_gate_exps" | "ffn_up_exps" | "ffn_gate_shexp"
         | "ffn_up_shexp" => Role::FfnGateUp,
         "ffn_down" | "ffn_down_exps" | "ffn_down_shexp" => Role::FfnDown,
+        "ffn_gate_inp" => Role::Router,
         _ => Role::Other,
     };
     (role, layer)

@@ -186,7 +186,9 @@ pub fn execute_calibrating(
     c: &StreamCalib,
 ) -> Result<Stats> {
     let plan = target.plan;
-    let ready = |e: &PlanEntry, hs: &Hessians| !e.ldlq || hs.for_tensor(&e.name).is_some();
+    let ready = |e: &PlanEntry, hs: &Hessians| {
+        !e.ldlq || hs.for_tensor(&e.name).is_some() || hs.has_experts(&e.name)
+    };
     execute_with(target, on_progress, &mut |p| {
         // Everything before the first calibrated tensor (token_embd, …) goes out first.
         p.produce(&mut Hessians::default(), c.band, c.damp, &ready)?;
@@ -585,6 +587,7 @@ impl<'a> Producer<'a> {
 
     /// `name` is an LDLQ tensor not written yet.
     fn pending_ldlq(&self, name: &str) -> bool {
+        let name = crate::quant::tensor_of(name);
         self.ldlq_index.get(name).is_some_and(|&i| i >= self.next)
     }
 
@@ -664,6 +667,12 @@ impl<'a> Producer<'a> {
         }
         let row_bytes = e.dst.bytes_for(row_len as u64).expect("planned") as usize;
         let rows_per_chunk = (CHUNK_VALUES / row_len.max(1)).max(1) as u64;
+        if e.ldlq && e.dims.len() == 3 {
+            self.experts(i, e, hs, band, damp, rows_per_chunk as usize)?;
+            src.release(i);
+            self.converted += 1;
+            return Ok(());
+        }
         let factor = match e.ldlq {
             true => Some((self.factor(i, e, hs, damp)?, band)),
             false => None,
@@ -711,6 +720,66 @@ impl<'a> Producer<'a> {
         }
         src.release(i);
         self.converted += 1;
+        Ok(())
+    }
+
+    /// A 3-D expert tensor with LDLQ: each expert's rows (`dims[1]` of them) with the factor of
+    /// that expert's Hessian; experts that saw fewer than
+    /// [`crate::quant::hessian::MIN_EXPERT_TOKENS`] tokens are rounded to nearest, and named.
+    fn experts(
+        &mut self,
+        i: usize,
+        e: &PlanEntry,
+        hs: &Hessians,
+        band: usize,
+        damp: f64,
+        rows_per_chunk: usize,
+    ) -> Result<()> {
+        let src = self.src;
+        let closed = || Error::Usage("output writer stopped".into());
+        let (row_len, per, n_exp) = (e.dims[0] as usize, e.dims[1] as usize, e.dims[2] as usize);
+        let min_tok = crate::quant::hessian::MIN_EXPERT_TOKENS;
+        let mut rtn = vec![];
+        for x in 0..n_exp {
+            let factor = match hs.for_expert(&e.name, x) {
+                Some(h) if h.tokens >= min_tok && h.h.len() == h.n * h.n => {
+                    Some(crate::quant::ldlq::factor_hessian_owned(
+                        e.dst,
+                        h.h.clone(),
+                        h.n,
+                        damp,
+                        &e.name,
+                    )?)
+                }
+                h => {
+                    rtn.push(format!("{x} ({} tokens)", h.map_or(0, |h| h.tokens)));
+                    None
+                }
+            };
+            let mut r = 0;
+            while r < per {
+                let rows = rows_per_chunk.min(per - r);
+                let row0 = (x * per + r) as u64;
+                let xr = read_finite_rows(src, i, &e.name, row0, rows, row_len)?;
+                let bytes = crate::quant::encode_rows(
+                    e.dst,
+                    &e.name,
+                    &xr,
+                    row_len,
+                    factor.as_ref().map(|f| (f, band)),
+                )?;
+                self.tx.send(Msg::Data(bytes)).map_err(|_| closed())?;
+                r += rows;
+            }
+        }
+        if !rtn.is_empty() {
+            eprintln!(
+                "tq convert: {}: {} of {n_exp} experts saw fewer than {min_tok} calibration tokens and are rounded to nearest: experts {}",
+                e.name,
+                rtn.len(),
+                rtn.join(", ")
+            );
+        }
         Ok(())
     }
 

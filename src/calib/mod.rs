@@ -58,4 +58,23 @@ impl Observer for Hessians {
             r0 = r1;
         }
     }
+
+    /// Per-expert Hessians, named `TENSOR#e` (see [`crate::quant::expert_key`]): each expert's
+    /// `H` sums only the tokens routed to it.
+    fn expert_input(
+        &mut self,
+        layer: usize,
+        expert: usize,
+        tensors: &[&str],
+        x: &[f32],
+        rows: usize,
+        cols: usize,
+    ) {
+        let keys: Vec<String> = tensors
+            .iter()
+            .map(|t| crate::quant::expert_key(t, expert))
+            .collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        self.linear_input(Some(layer), &refs, x, rows, cols);
+    }
 }

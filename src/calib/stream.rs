@@ -38,10 +38,33 @@ pub fn layout(f: &GgufFile, tokens: u64) -> Result<Vec<Vec<Hessian>>> {
 }
 
 /// [`layout`] as one index: the planner marks LDLQ tensors from it before any block runs.
+/// With an MoE model, also each expert's groups (gate|up and down per expert): the streaming
+/// conversion computes them (a Hessian file from `tq calib` holds the dense groups only).
 pub fn expected(f: &GgufFile, tokens: u64) -> Result<Hessians> {
     let mut hs = Hessians::default();
     for g in layout(f, tokens)?.into_iter().flatten() {
         hs.groups.insert(g.tensors.join(","), g);
+    }
+    let cfg = crate::model::Config::from_gguf(f)?;
+    if let Some(m) = &cfg.moe {
+        for l in 0..cfg.n_layer {
+            let n = crate::model::config::LayerNames::new(l);
+            for e in 0..m.n_expert {
+                let key = |t: &str| crate::quant::expert_key(t, e);
+                for (tensors, dim) in [
+                    (vec![key(&n.ffn_gate_exps), key(&n.ffn_up_exps)], cfg.n_embd),
+                    (vec![key(&n.ffn_down_exps)], m.n_ff_exp),
+                ] {
+                    let g = Hessian {
+                        tensors,
+                        n: dim,
+                        h: Vec::new(),
+                        tokens: 0,
+                    };
+                    hs.groups.insert(g.tensors.join(","), g);
+                }
+            }
+        }
     }
     Ok(hs)
 }
@@ -55,6 +78,33 @@ struct Blocks<'a> {
     quiet: bool,
     needed: &'a dyn Fn(&str) -> bool,
     on_block: &'a mut dyn FnMut(usize, &mut Hessians) -> Result<()>,
+    /// Tokens routed to each expert of the current block (MoE models), for the routing report.
+    routed: Vec<u64>,
+}
+
+/// One line of routing statistics for an MoE block: tokens per expert (each token counts once
+/// per expert it is routed to) and the experts under [`crate::quant::hessian::MIN_EXPERT_TOKENS`],
+/// which conversion rounds to nearest.
+pub fn routing_report(layer: usize, routed: &[u64]) -> String {
+    let mut sorted = routed.to_vec();
+    sorted.sort_unstable();
+    let min_tok = crate::quant::hessian::MIN_EXPERT_TOKENS;
+    let few: Vec<String> = routed
+        .iter()
+        .enumerate()
+        .filter(|(_, &t)| t < min_tok)
+        .map(|(e, t)| format!("{e} ({t})"))
+        .collect();
+    format!(
+        "tq calib: block {layer} routing: {} experts, tokens per expert min {} / median {} / max {}; {} under {min_tok} tokens (round-to-nearest){}{}",
+        routed.len(),
+        sorted.first().copied().unwrap_or(0),
+        sorted.get(sorted.len() / 2).copied().unwrap_or(0),
+        sorted.last().copied().unwrap_or(0),
+        few.len(),
+        if few.is_empty() { "" } else { ": experts " },
+        few.join(", ")
+    )
 }
 
 impl Observer for Blocks<'_> {
@@ -73,9 +123,37 @@ impl Observer for Blocks<'_> {
         self.hs.linear_input(layer, tensors, x, rows, cols);
     }
 
+    fn expert_input(
+        &mut self,
+        layer: usize,
+        expert: usize,
+        tensors: &[&str],
+        x: &[f32],
+        rows: usize,
+        cols: usize,
+    ) {
+        // Gate/up and down report the same tokens: count them once.
+        if tensors.iter().any(|t| t.contains("ffn_gate_exps")) {
+            if self.routed.len() <= expert {
+                self.routed.resize(expert + 1, 0);
+            }
+            self.routed[expert] += rows as u64;
+        }
+        if !tensors.iter().any(|t| (self.needed)(t)) {
+            return;
+        }
+        self.hs.expert_input(layer, expert, tensors, x, rows, cols);
+    }
+
     fn layer_end(&mut self, layer: usize) -> Result<()> {
         if let Some(e) = self.hs.non_finite.take() {
             return Err(Error::Unsupported(format!("{}: {e}", self.path.display())));
+        }
+        if !self.routed.is_empty() {
+            if !self.quiet {
+                eprintln!("{}", routing_report(layer, &self.routed));
+            }
+            self.routed.clear();
         }
         (self.on_block)(layer, &mut self.hs)?;
         if !self.quiet {
@@ -189,6 +267,10 @@ pub fn forward_flops(
                 fl += 2.0 * tokens as f64 * t.n_elements() as f64;
             }
         }
+        if let Some(m) = &cfg.moe {
+            // Each token runs n_used experts: gate, up and down.
+            fl += 2.0 * (tokens * m.n_used * 3 * cfg.n_embd * m.n_ff_exp) as f64;
+        }
         let windows = (tokens / ctx.max(1)) as f64;
         fl += windows * 2.0 * (ctx * ctx) as f64 * (cfg.n_head * cfg.head_dim) as f64;
     }
@@ -237,6 +319,7 @@ pub fn run_blocks(
         quiet,
         needed,
         on_block,
+        routed: vec![],
     };
     // The logits of the last position only: the output projection is not calibrated.
     let t0 = std::time::Instant::now();

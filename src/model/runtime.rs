@@ -112,9 +112,9 @@ pub trait Observer {
         Ok(())
     }
     /// The input of expert `expert` of MoE block `layer`: the `rows` tokens routed to it
-    /// (`x`, `rows × cols`, in token order), about to be multiplied by `tensors` (its gate and
-    /// up slices). Only called when `wants_inputs`; the default ignores it. The experts'
-    /// down projections are not reported (calibration rounds them without a Hessian).
+    /// (`x`, `rows × cols`, in token order), about to be multiplied by `tensors`: its gate and up
+    /// slices (the normed block input), then its down slice (the SwiGLU output). Only called
+    /// when `wants_inputs`; the default ignores it.
     fn expert_input(
         &mut self,
         _layer: usize,
@@ -792,3 +792,43 @@ fn add_into(x: &mut [f32], y: &[f32]) {
         .zip(y.par_chunks(4096))
         .for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(a, b)| *a += b));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn moe(n_expert: usize, n_used: usize, norm: bool) -> Moe {
+        Moe {
+            n_expert,
+            n_used,
+            n_ff_exp: 1,
+            norm,
+            scale: None,
+        }
+    }
+
+    #[test]
+    fn routing_picks_the_most_probable_and_breaks_ties_by_lower_index() {
+        // Row 0: distinct logits. Row 1: all equal (every expert tied): experts 0 and 1, as
+        // ggml's argsort (an insertion sort for up to 16 values) keeps equal values in order.
+        // Row 2: a tie at the k boundary between experts 1 and 3.
+        let logits = [
+            0.1f32, 2.0, -1.0, 1.5, //
+            0.5, 0.5, 0.5, 0.5, //
+            3.0, 1.0, -2.0, 1.0,
+        ];
+        let (sel, w) = route(&logits, 3, &moe(4, 2, true));
+        assert_eq!(sel, vec![1, 3, 0, 1, 0, 1]);
+        for r in 0..3 {
+            assert!((w[2 * r] + w[2 * r + 1] - 1.0).abs() < 1e-6, "renormalized");
+        }
+        assert_eq!(w[2], w[3]);
+        // Softmax ratio kept: p1/p3 = e^(2.0-1.5).
+        assert!((w[0] / w[1] - (0.5f32).exp()).abs() < 1e-5);
+        // Without renormalization the weights are the softmax probabilities.
+        let (_, w) = route(&logits[..4], 1, &moe(4, 2, false));
+        let z: f32 = logits[..4].iter().map(|v| v.exp()).sum();
+        assert!((w[0] - 2f32.exp() / z).abs() < 1e-6);
+    }
+}
+

@@ -233,6 +233,15 @@ fn choose(t: &SourceTensor, req: &Request, n_layers: u32) -> PlanEntry {
         return e;
     }
     let (role, layer) = classify(&t.name);
+    let overridden = req.overrides.iter().any(|(re, _)| re.is_match(&t.name));
+    if role == Role::Router && !overridden {
+        e.dst = TensorType::F32;
+        e.reasons.push(
+            "MoE router kept f32 (as llama-quantize: a rounded router routes tokens to other experts)"
+                .into(),
+        );
+        return e;
+    }
     let r = req.recipe;
     let boundary =
         layer.is_some_and(|l| l < r.boundary_layers.0 || l + r.boundary_layers.1 >= n_layers);
@@ -243,7 +252,7 @@ fn choose(t: &SourceTensor, req: &Request, n_layers: u32) -> PlanEntry {
         Role::Attn => (r.attn, "attention"),
         Role::FfnGateUp => (r.ffn_gate_up, "ffn gate/up"),
         Role::FfnDown => (r.ffn_down, "ffn down"),
-        Role::Other => (r.other, "other weight"),
+        Role::Router | Role::Other => (r.other, "other weight"),
     };
     e.dst = slot.resolve(req.weights);
     e.reasons.push(format!("recipe {}: {why}", r.name));
@@ -371,6 +380,29 @@ pub fn assign_importance(plan: &mut Plan, imatrix: &std::collections::BTreeMap<S
 pub fn assign_ldlq(plan: &mut Plan, hessians: &crate::quant::Hessians, band: usize) {
     for e in &mut plan.entries {
         if e.action == Action::Copy || !e.dst.has_ldlq() {
+            continue;
+        }
+        if e.dims.len() == 3 {
+            // An expert tensor: one Hessian per expert slice (`NAME#e`).
+            let n_exp = e.dims[2] as usize;
+            match (0..n_exp).find_map(|x| hessians.for_expert(&e.name, x)) {
+                Some(h) if h.n as u64 == row_len(&e.dims) => {
+                    e.ldlq = true;
+                    e.reasons.push(format!(
+                        "LDLQ per expert ({n_exp} experts, each with the Hessian of the tokens routed to it; under {} tokens: round-to-nearest)",
+                        crate::quant::hessian::MIN_EXPERT_TOKENS
+                    ));
+                }
+                Some(h) => e.reasons.push(format!(
+                    "expert Hessians are {}-dim but rows are {}: round-to-nearest",
+                    h.n,
+                    row_len(&e.dims)
+                )),
+                None => e.reasons.push(
+                    "no per-expert Hessians (they come from tq convert --calib TEXT; Hessian files hold the dense layers): round-to-nearest"
+                        .into(),
+                ),
+            }
             continue;
         }
         match hessians.for_tensor(&e.name) {

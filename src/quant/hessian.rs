@@ -42,7 +42,33 @@ pub struct Hessians {
 
 const TILE: usize = 64;
 
+/// Experts that saw fewer calibration tokens than this are rounded to nearest instead of LDLQ
+/// (a Hessian from a handful of tokens has too low a rank to say which directions matter).
+pub const MIN_EXPERT_TOKENS: u64 = 32;
+
+/// The Hessian-group member name of expert `e`'s slice of a 3-D expert tensor: `NAME#e`.
+pub fn expert_key(name: &str, e: usize) -> String {
+    format!("{name}#{e}")
+}
+
+/// The tensor a group member names (`NAME#e` → `NAME`; a plain name is itself).
+pub fn tensor_of(member: &str) -> &str {
+    member.split_once('#').map_or(member, |(t, _)| t)
+}
+
 impl Hessians {
+    /// Expert `e`'s Hessian for a 3-D expert tensor, if that expert saw calibration tokens.
+    pub fn for_expert(&self, name: &str, e: usize) -> Option<&Hessian> {
+        self.for_tensor(&expert_key(name, e))
+    }
+
+    /// Some expert of this 3-D tensor has a Hessian (the block's experts come together).
+    pub fn has_experts(&self, name: &str) -> bool {
+        self.groups
+            .values()
+            .any(|g| g.tensors.iter().any(|t| t.contains('#') && tensor_of(t) == name))
+    }
+
     /// The Hessian for a weight tensor, if calibrated.
     pub fn for_tensor(&self, name: &str) -> Option<&Hessian> {
         self.groups

@@ -206,3 +206,60 @@ fn tq_eval_matches_llama_on_every_architecture() {
         assert_matches_llama(n, ppl, kld);
     }
 }
+
+/// The layout the architectures are about, read back with tq's GGUF reader: tied embeddings on
+/// gemma, fused tensors on phi3, 3-D experts, and in `mixtral-ties` experts 0–2 identical
+/// (router rows included) in every layer while the others differ.
+#[test]
+fn fixtures_have_the_intended_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = |n: &str| GgufFile::open(write_fixture(dir.path(), n)).unwrap();
+    let dims = |f: &GgufFile, t: &str| f.tensor(t).unwrap_or_else(|| panic!("{t}")).dims.clone();
+    for n in ["gemma2", "gemma3"] {
+        let f = open(n);
+        assert!(f.tensor("output.weight").is_none(), "{n}: tied embeddings");
+        assert_eq!(
+            dims(&f, "blk.0.attn_q.weight"),
+            [96, 128],
+            "{n}: head dim 32 x 4 != 96"
+        );
+        assert_eq!(
+            f.get_u64(&format!("{n}.attention.sliding_window")),
+            Some(16)
+        );
+    }
+    let f = open("phi3");
+    assert_eq!(dims(&f, "blk.0.attn_qkv.weight"), [96, 96 + 2 * 32]);
+    assert_eq!(dims(&f, "blk.0.ffn_up.weight"), [96, 2 * 192]);
+    assert!(
+        f.tensor("blk.0.ffn_gate.weight").is_none() && f.tensor("blk.0.attn_q.weight").is_none()
+    );
+    assert_eq!(dims(&f, "rope_factors_long.weight"), [6]);
+    let f = open("qwen3moe");
+    assert_eq!(dims(&f, "blk.3.ffn_down_exps.weight"), [48, 64, 8]);
+    for (n, n_exp, n_same) in [("mixtral", 8usize, 1usize), ("mixtral-ties", 6, 3)] {
+        let f = open(n);
+        assert_eq!(f.architecture(), Some("llama"));
+        for l in 0..4 {
+            for t in [
+                "ffn_gate_inp",
+                "ffn_gate_exps",
+                "ffn_up_exps",
+                "ffn_down_exps",
+            ] {
+                let ti = f.tensor(&format!("blk.{l}.{t}.weight")).unwrap();
+                assert_eq!(*ti.dims.last().unwrap() as usize, n_exp, "{n} {t}");
+                let data = f.tensor_data(ti);
+                let per = data.len() / n_exp;
+                let e = |i: usize| &data[i * per..(i + 1) * per];
+                for i in 1..n_exp {
+                    assert_eq!(
+                        e(i) == e(0),
+                        i < n_same,
+                        "{n} layer {l} {t}: expert {i} vs 0"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -12,7 +12,7 @@ bin=$(llama_bin)
 ctx=128; chunks=6
 w="$TQ_CACHE/arch-fixtures"; mkdir -p "$w" fixtures/arch
 cargo run --release -q --example gen_arch -- "$w" "$@" >&2
-names=("$@"); [ ${#names[@]} -gt 0 ] || names=(gemma2 gemma3 phi3 qwen3moe mixtral mixtral-ties)
+names=("$@"); [ ${#names[@]} -gt 0 ] || names=(gemma2 gemma3 phi3 phi3-short qwen3moe mixtral mixtral-ties)
 for n in "${names[@]}"; do
   # llama.cpp logs from a background thread and, rarely, exits 0 before the last lines reach
   # the log: run again when the final estimate is missing.

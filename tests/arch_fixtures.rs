@@ -211,7 +211,9 @@ fn unknown_architecture_is_one_line() {
     assert_eq!(code, 2, "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(
-        err.contains("odd.gguf") && err.contains("'gemmaX' is not supported") && err.contains("qwen3moe"),
+        err.contains("odd.gguf")
+            && err.contains("'gemmaX' is not supported")
+            && err.contains("qwen3moe"),
         "{err}"
     );
 }
@@ -268,5 +270,56 @@ fn fixtures_have_the_intended_layout() {
                 }
             }
         }
+    }
+}
+
+/// Calibration end to end on an MoE and a Gemma fixture: `tq convert --calib TEXT` (per-expert
+/// Hessians for the experts) against round-to-nearest at the same bytes, both measured against
+/// llama.cpp's F16 distributions. Calibrated on the second half of the synthetic text; the
+/// evaluation windows are its first 768 tokens.
+#[test]
+fn calibrated_ldlq_beats_round_to_nearest_on_moe_and_gemma() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = synthetic_text();
+    let calib = dir.path().join("calib.txt");
+    std::fs::write(&calib, &text[text.len() / 2..]).unwrap();
+    for (n, w) in [
+        ("qwen3moe", "q4_0"),
+        ("mixtral", "q4_0"),
+        ("gemma2", "q4_0"),
+        ("phi3", "tq4_1s"),
+    ] {
+        let model = write_fixture(dir.path(), n);
+        let kld = arch_dir().join(format!("{n}.kld"));
+        let mut got = vec![];
+        for calibrated in [false, true] {
+            let out = dir.path().join(format!("{n}-{calibrated}.gguf"));
+            let mut args = vec!["convert", s(&model), "--weights", w, "-o", s(&out)];
+            if calibrated {
+                args.extend(["--calib", s(&calib), "--calib-ctx", "128"]);
+            }
+            let (code, _, err) = tq(&args);
+            assert_eq!(code, 0, "{n}: {err}");
+            if calibrated && !n.starts_with("gemma") && n != "phi3" {
+                assert!(err.contains("routing: "), "{n}: no routing report: {err}");
+            }
+            let (code, o, err) = tq(&["eval", s(&out), "--ref-logits", s(&kld), "--json", "-q"]);
+            assert_eq!(code, 0, "{n}: {err}");
+            let r = serde_json::from_str::<serde_json::Value>(&o).unwrap()["result"].clone();
+            got.push(r["kld"]["kld"]["value"].as_f64().unwrap());
+            std::fs::remove_file(&out).unwrap();
+        }
+        eprintln!(
+            "{n} {w}: KLD round-to-nearest {:.5}, LDLQ {:.5} ({:.2}x)",
+            got[0],
+            got[1],
+            got[1] / got[0]
+        );
+        assert!(
+            got[1] < 0.85 * got[0],
+            "{n}: LDLQ {} vs RTN {}",
+            got[1],
+            got[0]
+        );
     }
 }

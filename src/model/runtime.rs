@@ -719,6 +719,9 @@ impl Model<'_> {
                         a[i] = swiglu(gate[i], up[i]);
                     }
                 });
+            if let Some(o) = observer.as_deref_mut() {
+                o.expert_input(l, x, &[&names.ffn_down_exps], &act, n, nff);
+            }
             let down =
                 LinearSet::load_rows(self.file, &[&names.ffn_down_exps], x * e, (x + 1) * e)?;
             let mut ye = vec![0f32; n * e];
@@ -831,4 +834,3 @@ mod tests {
         assert!((w[0] - 2f32.exp() / z).abs() < 1e-6);
     }
 }
-

@@ -64,9 +64,11 @@ impl Hessians {
 
     /// Some expert of this 3-D tensor has a Hessian (the block's experts come together).
     pub fn has_experts(&self, name: &str) -> bool {
-        self.groups
-            .values()
-            .any(|g| g.tensors.iter().any(|t| t.contains('#') && tensor_of(t) == name))
+        self.groups.values().any(|g| {
+            g.tensors
+                .iter()
+                .any(|t| t.contains('#') && tensor_of(t) == name)
+        })
     }
 
     /// The Hessian for a weight tensor, if calibrated.

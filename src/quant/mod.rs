@@ -12,8 +12,8 @@ mod ldlq2;
 pub mod sensitivity;
 
 pub use hessian::{
-    expert_key, tensor_of, Diagonal, Hessian, HessianFile, HessianReader, HessianWriter,
-    Hessians, Store, WriteMode,
+    expert_key, tensor_of, Diagonal, Hessian, HessianFile, HessianReader, HessianWriter, Hessians,
+    Store, WriteMode,
 };
 
 use crate::error::{Error, Result};

@@ -312,7 +312,7 @@ fn produce_from_file(
     let mut live = Hessians::default();
     loop {
         p.produce(&mut live, band, damp, &|e, hs| {
-            !e.ldlq || hs.for_tensor(&e.name).is_some()
+            !e.ldlq || hs.for_tensor(&e.name).is_some() || hs.has_experts(&e.name)
         })?;
         live.groups
             .retain(|_, g| g.tensors.iter().any(|t| p.pending_ldlq(t)));
@@ -320,6 +320,17 @@ fn produce_from_file(
             return Ok(());
         }
         let e = &p.plan.entries[p.next];
+        if e.dims.len() == 3 {
+            // An expert tensor: every expert's group.
+            for x in 0..e.dims[2] as usize {
+                if let Some(g) = file.index.for_expert(&e.name, x) {
+                    let key = g.tensors.join(",");
+                    let g = file.load_group(&key)?;
+                    live.groups.insert(key, g);
+                }
+            }
+            continue;
+        }
         let key = file
             .index
             .for_tensor(&e.name)

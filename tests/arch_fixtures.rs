@@ -323,3 +323,108 @@ fn calibrated_ldlq_beats_round_to_nearest_on_moe_and_gemma() {
         );
     }
 }
+
+/// `tq calib` on an MoE model: per-expert Hessians in the file (token counts filled in after
+/// each block), killed and resumed byte-identical, `convert --calib FILE` equal to the one-step
+/// `convert --calib TEXT`, the imatrix in llama-imatrix's MoE layout, and `--sequential` runs.
+#[test]
+fn moe_hessian_file_resumes_and_converts_like_the_one_step_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| dir.path().join(n);
+    let model = write_fixture(dir.path(), "qwen3moe");
+    let text = synthetic_text();
+    std::fs::write(d("calib.txt"), &text[text.len() / 2..]).unwrap();
+    let calib = |out: &str, extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "calib",
+            s(&model),
+            "--text",
+            s(&d("calib.txt")),
+            "--ctx",
+            "128",
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        a.extend([
+            "-o".into(),
+            s(&d(out)).into(),
+            "--checkpoint-secs".into(),
+            "0".into(),
+        ]);
+        a.extend(extra.iter().map(|x| x.to_string()));
+        a
+    };
+    let (code, _, err) = tq(&calib(
+        "full.safetensors",
+        &["--imatrix-out", s(&d("im.gguf"))],
+    ));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("block 3 routing: 8 experts"), "{err}");
+    let (code, _, err) = fixtures::tq_env(
+        &calib("part.safetensors", &[]),
+        &[("TQ_CALIB_ABORT_AFTER", "2")],
+    );
+    assert_eq!(code, 137, "{err}");
+    let (code, _, err) = tq(&calib("part.safetensors", &["--resume"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("resuming after 2 of 4 blocks"), "{err}");
+    assert_eq!(
+        std::fs::read(d("full.safetensors")).unwrap(),
+        std::fs::read(d("part.safetensors")).unwrap(),
+        "resumed Hessians differ"
+    );
+    // Every token goes to 2 of 8 experts: the experts' counts sum to twice the dense count.
+    let (hs, _) = tq::quant::Hessians::load(&d("full.safetensors")).unwrap();
+    for l in 0..4 {
+        let dense = hs
+            .for_tensor(&format!("blk.{l}.attn_q.weight"))
+            .unwrap()
+            .tokens;
+        let name = format!("blk.{l}.ffn_gate_exps.weight");
+        let routed: u64 = (0..8)
+            .map(|e| hs.for_expert(&name, e).unwrap().tokens)
+            .sum();
+        assert_eq!(routed, 2 * dense, "layer {l}");
+        let down = format!("blk.{l}.ffn_down_exps.weight");
+        assert_eq!(hs.for_expert(&down, 0).unwrap().n, 48);
+    }
+    // Two steps (file) and one step (text) write the same tensors.
+    let conv = |calib: &Path, out: &str, extra: &[&str]| {
+        let mut a = vec![
+            "convert",
+            s(&model),
+            "--weights",
+            "q4_0",
+            "--calib",
+            s(calib),
+        ];
+        a.extend(extra);
+        let o = d(out);
+        a.extend(["-o", s(&o)]);
+        let (code, _, err) = tq(&a);
+        assert_eq!(code, 0, "{err}");
+        GgufFile::open(o).unwrap()
+    };
+    let a = conv(&d("full.safetensors"), "a.gguf", &[]);
+    let b = conv(&d("calib.txt"), "b.gguf", &["--calib-ctx", "128"]);
+    for t in &a.tensors {
+        let u = b.tensor(&t.name).unwrap();
+        assert!(
+            t.ty == u.ty && a.tensor_data(t) == b.tensor_data(u),
+            "{}",
+            t.name
+        );
+    }
+    // The imatrix: one [n, n_expert] entry per expert tensor, per-expert counts.
+    let im = GgufFile::open(d("im.gguf")).unwrap();
+    let t = im.tensor("blk.0.ffn_gate_exps.weight.in_sum2").unwrap();
+    assert_eq!(t.dims, [64, 8]);
+    assert_eq!(
+        im.tensor("blk.0.ffn_down_exps.weight.counts").unwrap().dims,
+        [1, 8]
+    );
+    // Sequential calibration runs on MoE too.
+    let (code, _, err) = tq(&calib("seq.safetensors", &["--sequential"]));
+    assert_eq!(code, 0, "{err}");
+}

@@ -34,7 +34,50 @@ pub fn write_gguf(diag: &[Diagonal], path: &Path, dataset: &str, chunk_size: usi
     let mut specs = Vec::new();
     let mut data: Vec<Vec<u8>> = Vec::new();
     let mut max_tokens = 0u64;
+    // Experts (`TENSOR#e` groups): one entry per 3-D tensor as llama-imatrix writes it, the
+    // experts' sums of squares as rows of `in_sum2` [n, n_expert] and their token counts in
+    // `counts` [1, n_expert].
+    let mut experts: std::collections::BTreeMap<&str, Vec<(usize, &Diagonal)>> = Default::default();
     for g in diag {
+        for t in &g.tensors {
+            if let Some((base, e)) = t.split_once('#') {
+                if let Ok(e) = e.parse::<usize>() {
+                    experts.entry(base).or_default().push((e, g));
+                }
+            }
+        }
+    }
+    for (base, list) in &experts {
+        let n_exp = list.iter().map(|(e, _)| e + 1).max().unwrap_or(0);
+        let n = list[0].1.d.len();
+        let mut sum2 = vec![0f32; n * n_exp];
+        let mut counts = vec![0f32; n_exp];
+        for (e, g) in list {
+            for (o, &v) in sum2[e * n..(e + 1) * n].iter_mut().zip(&g.d) {
+                *o = v as f32;
+            }
+            counts[*e] = g.tokens as f32;
+            max_tokens = max_tokens.max(g.tokens);
+        }
+        specs.push(TensorSpec {
+            name: format!("{base}.in_sum2"),
+            dims: vec![n as u64, n_exp as u64],
+            type_id: 0,
+            size: 4 * sum2.len() as u64,
+        });
+        data.push(sum2.iter().flat_map(|v| v.to_le_bytes()).collect());
+        specs.push(TensorSpec {
+            name: format!("{base}.counts"),
+            dims: vec![1, n_exp as u64],
+            type_id: 0,
+            size: 4 * n_exp as u64,
+        });
+        data.push(counts.iter().flat_map(|v| v.to_le_bytes()).collect());
+    }
+    for g in diag
+        .iter()
+        .filter(|g| !g.tensors.iter().any(|t| t.contains('#')))
+    {
         let sum2: Vec<u8> = g.d.iter().flat_map(|&v| (v as f32).to_le_bytes()).collect();
         max_tokens = max_tokens.max(g.tokens);
         for t in &g.tensors {

@@ -160,12 +160,23 @@ pub fn calibrate(path: &Path, f: &GgufFile, windows: &[u32], o: &Options) -> Res
         }
         for g in &layers[l] {
             let key = g.tensors.join(",");
-            let h = hs.groups.remove(&key).ok_or_else(|| {
-                Error::Unsupported(format!(
-                    "{}: the calibration pass produced no Hessian for {key} (the runtime does not read it)",
-                    path.display()
-                ))
-            })?;
+            let h = match hs.groups.remove(&key) {
+                Some(h) => h,
+                // An expert no token was routed to: an empty Hessian (conversion rounds it to
+                // nearest).
+                None if key.contains('#') => Hessian {
+                    tensors: g.tensors.clone(),
+                    n: g.n,
+                    h: vec![0.0; g.n * g.n],
+                    tokens: 0,
+                },
+                None => {
+                    return Err(Error::Unsupported(format!(
+                        "{}: the calibration pass produced no Hessian for {key} (the runtime does not read it)",
+                        path.display()
+                    )))
+                }
+            };
             w.write(&h)?;
         }
         if l + 1 == n_layer || last_checkpoint.elapsed().as_secs_f64() >= o.checkpoint_secs {
@@ -181,7 +192,7 @@ pub fn calibrate(path: &Path, f: &GgufFile, windows: &[u32], o: &Options) -> Res
             let skip: std::collections::HashSet<&str> = layers[..done]
                 .iter()
                 .flatten()
-                .flat_map(|g| g.tensors.iter().map(String::as_str))
+                .flat_map(|g| g.tensors.iter().map(|t| crate::quant::tensor_of(t)))
                 .collect();
             super::stream::run_blocks(
                 path,

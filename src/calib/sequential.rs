@@ -275,6 +275,21 @@ impl Observer for Sequential<'_, '_> {
         self.hs.linear_input(layer, tensors, x, rows, cols);
     }
 
+    fn expert_input(
+        &mut self,
+        layer: usize,
+        expert: usize,
+        tensors: &[&str],
+        x: &[f32],
+        rows: usize,
+        cols: usize,
+    ) {
+        if layer < self.replay_until {
+            return;
+        }
+        self.hs.expert_input(layer, expert, tensors, x, rows, cols);
+    }
+
     fn transform_weights(&mut self, layer: usize, set: &mut LinearSet) -> Result<()> {
         if let Some(e) = &self.hs.non_finite {
             return Err(Error::Unsupported(format!("{}: {e}", self.model)));

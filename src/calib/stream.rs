@@ -19,12 +19,14 @@ use std::path::Path;
 
 /// The Hessian groups a calibration of `f` will produce, block by block in the order the
 /// runtime completes them, with their dimensions and the token count but no data (`h` empty):
-/// the layout of a Hessian file written as calibration goes.
+/// the layout of a Hessian file written as calibration goes. An MoE block's dense groups (attention,
+/// router) are followed by each expert's (gate|up, then down, named `TENSOR#e`); their token
+/// counts are not known before the block runs (0 here; the writer fills them in).
 pub fn layout(f: &GgufFile, tokens: u64) -> Result<Vec<Vec<Hessian>>> {
-    let n_layer = crate::model::Config::from_gguf(f)?.n_layer;
-    (0..n_layer)
+    let cfg = crate::model::Config::from_gguf(f)?;
+    (0..cfg.n_layer)
         .map(|l| {
-            Ok(LayerWeights::linear_groups(f, l)?
+            let mut v: Vec<Hessian> = LayerWeights::linear_groups(f, l)?
                 .into_iter()
                 .map(|(names, n)| Hessian {
                     tensors: names,
@@ -32,39 +34,37 @@ pub fn layout(f: &GgufFile, tokens: u64) -> Result<Vec<Vec<Hessian>>> {
                     h: Vec::new(),
                     tokens,
                 })
-                .collect())
+                .collect();
+            if let Some(m) = cfg.moe.as_ref().filter(|_| {
+                f.tensor(&crate::model::config::LayerNames::new(l).ffn_gate_inp)
+                    .is_some()
+            }) {
+                let n = crate::model::config::LayerNames::new(l);
+                for e in 0..m.n_expert {
+                    let key = |t: &str| crate::quant::expert_key(t, e);
+                    for (tensors, dim) in [
+                        (vec![key(&n.ffn_gate_exps), key(&n.ffn_up_exps)], cfg.n_embd),
+                        (vec![key(&n.ffn_down_exps)], m.n_ff_exp),
+                    ] {
+                        v.push(Hessian {
+                            tensors,
+                            n: dim,
+                            h: Vec::new(),
+                            tokens: 0,
+                        });
+                    }
+                }
+            }
+            Ok(v)
         })
         .collect()
 }
 
 /// [`layout`] as one index: the planner marks LDLQ tensors from it before any block runs.
-/// With an MoE model, also each expert's groups (gate|up and down per expert): the streaming
-/// conversion computes them (a Hessian file from `tq calib` holds the dense groups only).
 pub fn expected(f: &GgufFile, tokens: u64) -> Result<Hessians> {
     let mut hs = Hessians::default();
     for g in layout(f, tokens)?.into_iter().flatten() {
         hs.groups.insert(g.tensors.join(","), g);
-    }
-    let cfg = crate::model::Config::from_gguf(f)?;
-    if let Some(m) = &cfg.moe {
-        for l in 0..cfg.n_layer {
-            let n = crate::model::config::LayerNames::new(l);
-            for e in 0..m.n_expert {
-                let key = |t: &str| crate::quant::expert_key(t, e);
-                for (tensors, dim) in [
-                    (vec![key(&n.ffn_gate_exps), key(&n.ffn_up_exps)], cfg.n_embd),
-                    (vec![key(&n.ffn_down_exps)], m.n_ff_exp),
-                ] {
-                    let g = Hessian {
-                        tensors,
-                        n: dim,
-                        h: Vec::new(),
-                        tokens: 0,
-                    };
-                    hs.groups.insert(g.tensors.join(","), g);
-                }
-            }
-        }
     }
     Ok(hs)
 }

@@ -373,6 +373,15 @@ pub struct HessianWriter {
     abort_after: Option<usize>,
     /// Diagonals of the groups written (for an imatrix), in file order.
     diagonals: Vec<Diagonal>,
+    /// File offsets of the expert groups' token-count placeholders, by group index.
+    slots: std::collections::HashMap<usize, u64>,
+}
+
+/// Digits of an expert group's token count in the header (a `u64` fits).
+const TOKEN_SLOT: usize = 20;
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 impl HessianWriter {
@@ -395,7 +404,15 @@ impl HessianWriter {
         let (mut off, mut order) = (0usize, Vec::with_capacity(groups.len()));
         for g in groups {
             let k = g.tensors.join(",");
-            m.insert(format!("tokens:{k}"), g.tokens.to_string().into());
+            // Expert groups (`TENSOR#e`): their token counts are known only when their block
+            // ends, after the header is written, so the header holds a fixed-width placeholder
+            // that `write` overwrites in place.
+            let tokens = if k.contains('#') {
+                format!("{:0w$}", 0, w = TOKEN_SLOT)
+            } else {
+                g.tokens.to_string()
+            };
+            m.insert(format!("tokens:{k}"), tokens.into());
             header.insert(k.clone(), store.tensor_json(g.n, off));
             order.push((k, g.n, g.tokens, off as u64));
             off += store.bytes(g.n);
@@ -407,6 +424,18 @@ impl HessianWriter {
             js.push(b' ');
         }
         let data_start = 8 + js.len() as u64;
+        let mut slots = std::collections::HashMap::new();
+        for (i, (k, ..)) in order.iter().enumerate() {
+            if k.contains('#') {
+                let pat = serde_json::to_string(&format!("tokens:{k}")).expect("a string") + ":\"";
+                let at = find(&js, pat.as_bytes()).ok_or_else(|| {
+                    Error::Usage(format!(
+                        "{k}: token slot not in the header; this is a bug, please report it"
+                    ))
+                })?;
+                slots.insert(i, 8 + (at + pat.len()) as u64);
+            }
+        }
         let key = format!(
             "{}:{}",
             env!("CARGO_PKG_VERSION"),
@@ -454,7 +483,24 @@ impl HessianWriter {
             checkpoints: 0,
             abort_after,
             diagonals: Vec::new(),
+            slots,
         };
+        // A resumed file: the expert groups already written have their counts in its header.
+        for i in 0..next {
+            if let Some(&at) = w.slots.get(&i) {
+                let mut b = [0u8; TOKEN_SLOT];
+                w.read_at(at, &mut b)?;
+                w.order[i].2 = std::str::from_utf8(&b)
+                    .ok()
+                    .and_then(|t| t.parse().ok())
+                    .ok_or_else(|| {
+                        Error::bad_input(
+                            w.out.tmp_path(),
+                            "corrupt token count in the partial Hessian file; run without --resume",
+                        )
+                    })?;
+            }
+        }
         for i in 0..next {
             let d = w.read_diagonal(i)?;
             w.diagonals.push(d);
@@ -482,7 +528,12 @@ impl HessianWriter {
                 self.out.final_path().display()
             )));
         };
-        if *k != key || *n != g.n || *tokens != g.tokens || g.h.len() != g.n * g.n {
+        let slot = self.slots.get(&self.next).copied();
+        if *k != key
+            || *n != g.n
+            || (slot.is_none() && *tokens != g.tokens)
+            || g.h.len() != g.n * g.n
+        {
             return Err(Error::Usage(format!(
                 "{}: Hessian {key} ({} × {}, {} tokens) is not the expected next group {k} ({n} × {n}, {tokens} tokens); this is a bug, please report it",
                 self.out.final_path().display(),
@@ -501,6 +552,15 @@ impl HessianWriter {
             w.write_all(&row).map_err(|e| Error::io(&tmp, e))?;
         }
         w.flush().map_err(|e| Error::io(&tmp, e))?;
+        drop(w);
+        if let Some(at) = slot {
+            use std::os::unix::fs::FileExt;
+            let digits = format!("{:0w$}", g.tokens, w = TOKEN_SLOT);
+            self.file
+                .write_all_at(digits.as_bytes(), at)
+                .map_err(|e| Error::io(&tmp, e))?;
+            self.order[self.next].2 = g.tokens;
+        }
         self.pos += self.store.bytes(g.n) as u64;
         self.next += 1;
         self.diagonals.push(Diagonal {

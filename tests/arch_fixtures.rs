@@ -428,3 +428,40 @@ fn moe_hessian_file_resumes_and_converts_like_the_one_step_path() {
     let (code, _, err) = tq(&calib("seq.safetensors", &["--sequential"]));
     assert_eq!(code, 0, "{err}");
 }
+
+/// The incremental decoder (greedy generation in `tq validate`, `tq calib --self-generate`)
+/// computes the forward pass's logits on every architecture: sliding windows, soft-caps,
+/// post-norms, LongRoPE, experts.
+#[test]
+fn incremental_decoder_matches_the_forward_pass_on_every_architecture() {
+    use tq::model::{Model, Numerics};
+    let dir = tempfile::tempdir().unwrap();
+    for n in ARCH_FIXTURES {
+        let f = GgufFile::open(write_fixture(dir.path(), n)).unwrap();
+        let model = Model::new(&f, Numerics::F32).unwrap();
+        let nv = model.cfg.n_vocab;
+        // 40 positions: past the fixtures' 16-token sliding window.
+        let (n_win, seq) = (2, 40);
+        let toks: Vec<u32> = (0..n_win * seq)
+            .map(|i| ((i * 37 + 11) % nv) as u32)
+            .collect();
+        let want = model.forward(&toks, seq, 0, None).unwrap();
+        let dec = tq::model::decode::Decoder::new(&model, seq, usize::MAX).unwrap();
+        let mut st = dec.state(n_win);
+        let mut worst = 0f32;
+        for pos in 0..seq {
+            let cur: Vec<u32> = (0..n_win).map(|w| toks[w * seq + pos]).collect();
+            let l = dec.step(&mut st, &cur).unwrap();
+            for w in 0..n_win {
+                let r = w * seq + pos;
+                let want = &want[r * nv..(r + 1) * nv];
+                let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-3);
+                for (a, b) in l[w * nv..(w + 1) * nv].iter().zip(want) {
+                    worst = worst.max((a - b).abs() / scale);
+                }
+            }
+        }
+        eprintln!("{n}: decoder vs forward max rel err {worst:.2e}");
+        assert!(worst < 1e-4, "{n}: decoder vs forward {worst}");
+    }
+}

@@ -346,31 +346,6 @@ impl Config {
         }
     }
 
-    /// The features beyond the llama/qwen graph this model uses (the incremental decoder,
-    /// and other partial runtimes, refuse them by name).
-    pub fn extra_features(&self) -> Vec<&'static str> {
-        let mut v = vec![];
-        let mut add = |on: bool, name| {
-            if on {
-                v.push(name)
-            }
-        };
-        add(self.n_rot != self.head_dim, "partial rotary");
-        add(self.rope_attn_factor != 1.0, "rope attn_factor");
-        add(self.longrope.is_some(), "LongRoPE factors");
-        add(self.emb_scale.is_some(), "embedding scale");
-        add(self.q_scale.is_some(), "query scale");
-        add(
-            self.attn_softcap.is_some() || self.final_softcap.is_some(),
-            "soft-capping",
-        );
-        add(self.swa.is_some(), "sliding-window attention");
-        add(self.post_norms, "post-norms");
-        add(self.gelu, "GELU");
-        add(self.moe.is_some(), "mixture of experts");
-        v
-    }
-
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
     }

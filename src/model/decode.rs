@@ -3,12 +3,15 @@
 //! `B` independent sequences advance one position per [`Decoder::step`]; every block's K and V
 //! are kept for all positions so far. Weights are dequantized once and kept — blocks in order,
 //! then the output projection — while they fit in a memory budget; what does not fit is
-//! dequantized again at every step (correct, just slower). Exact f32 numerics, the same graph as
-//! [`Model::forward`] with [`Numerics::F32`] (tested against it, position by position).
+//! dequantized again at every step (correct, just slower); a mixture-of-experts block's experts
+//! are dequantized at every step, one at a time, as in the forward pass. Exact f32 numerics, the
+//! same graph as [`Model::forward`] with [`Numerics::F32`] for every architecture it runs (tested
+//! against it, position by position, on each).
 
-use super::layer::{rms_norm, rms_norm_rows, swiglu, LayerWeights};
+use super::layer::{geglu, rms_norm, rms_norm_rows, swiglu, LayerWeights};
 use super::matmul::matmul_t;
 use super::rope::Rope;
+use super::runtime::post_norm;
 use super::runtime::{Model, Numerics};
 use crate::error::{Error, Result};
 use rayon::prelude::*;
@@ -18,6 +21,8 @@ pub struct Decoder<'m, 'a> {
     blocks: Vec<Option<LayerWeights>>,
     output: Option<Vec<f32>>,
     rope: Rope,
+    /// Sliding-window layers' RoPE (Gemma), when they have their own.
+    rope_swa: Option<Rope>,
     max_pos: usize,
 }
 
@@ -62,7 +67,8 @@ fn layer_bytes(lw: &LayerWeights) -> usize {
         + lw.gate_up.w.len()
         + lw.down.w.len()
         + lw.q_norm.as_ref().map_or(0, |v| v.len())
-        + lw.k_norm.as_ref().map_or(0, |v| v.len()))
+        + lw.k_norm.as_ref().map_or(0, |v| v.len())
+        + lw.router.as_ref().map_or(0, |r| r.w.len()))
 }
 
 impl<'m, 'a> Decoder<'m, 'a> {
@@ -75,15 +81,6 @@ impl<'m, 'a> Decoder<'m, 'a> {
             ));
         }
         let cfg = &model.cfg;
-        let extra = cfg.extra_features();
-        if !extra.is_empty() {
-            return Err(Error::Unsupported(format!(
-                "{}: the incremental decoder (--self-generate) runs the llama/qwen graph only; this {} model uses {} (calibrate from a text file instead)",
-                model.file.path.display(),
-                cfg.arch.name(),
-                extra.join(", ")
-            )));
-        }
         let mut used = 0usize;
         let mut blocks = Vec::with_capacity(cfg.n_layer);
         let mut full = false;
@@ -112,19 +109,29 @@ impl<'m, 'a> Decoder<'m, 'a> {
         } else {
             None
         };
-        let rope = Rope::new(
-            cfg.head_dim,
-            max_pos,
-            cfg.rope_base,
-            cfg.rope_freq_scale,
-            cfg.rope_freq_factors.as_deref(),
-            cfg.rope_neox,
-        );
+        // As the forward pass: LongRoPE factors chosen for the longest sequence decoded.
+        let rope_with = |(base, scale): (f32, f32)| {
+            Rope::with_mscale(
+                cfg.n_rot,
+                max_pos,
+                base,
+                scale,
+                cfg.rope_factors(max_pos),
+                cfg.rope_neox,
+                cfg.rope_attn_factor,
+            )
+        };
+        let rope = rope_with((cfg.rope_base, cfg.rope_freq_scale));
+        let rope_swa = cfg
+            .swa
+            .as_ref()
+            .map(|s| rope_with((s.rope_base, s.rope_freq_scale)));
         Ok(Decoder {
             model,
             blocks,
             output,
             rope,
+            rope_swa,
             max_pos,
         })
     }
@@ -167,7 +174,8 @@ impl<'m, 'a> Decoder<'m, 'a> {
         let (qd, kvd) = (nh * hd, cfg.n_head_kv * hd);
         let ld = qd + 2 * kvd;
         let group = nh / cfg.n_head_kv;
-        let (nff, mp, threads) = (cfg.n_ff, self.max_pos, m.threads());
+        let (mp, threads) = (self.max_pos, m.threads());
+        let nff = cfg.n_ff.max(cfg.moe.as_ref().map_or(0, |x| x.n_ff_exp));
         let mut x = m.embed(tokens)?;
         let mut h = vec![0f32; b * e];
         let mut qkv = vec![0f32; b * ld];
@@ -184,6 +192,11 @@ impl<'m, 'a> Decoder<'m, 'a> {
                     &loaded
                 }
             };
+            let window = cfg.window_of(l);
+            let rope = match (&self.rope_swa, window) {
+                (Some(r), Some(_)) => r,
+                _ => &self.rope,
+            };
             rms_norm_rows(&x, &lw.attn_norm, cfg.rms_eps, e, &mut h);
             lw.qkv.forward(&h, b, &mut qkv, false, threads);
             let (kc, vc) = (&mut st.k[l], &mut st.v[l]);
@@ -194,7 +207,10 @@ impl<'m, 'a> Decoder<'m, 'a> {
                         let c = qh.to_vec();
                         rms_norm(&c, nw, cfg.rms_eps, qh);
                     }
-                    self.rope.apply(qh, pos);
+                    rope.apply(qh, pos);
+                    if let Some(sc) = cfg.q_scale {
+                        qh.iter_mut().for_each(|v| *v *= sc);
+                    }
                 }
                 let (k, v) = kvr.split_at_mut(kvd);
                 for kh in k.chunks_mut(hd) {
@@ -202,7 +218,7 @@ impl<'m, 'a> Decoder<'m, 'a> {
                         let c = kh.to_vec();
                         rms_norm(&c, nw, cfg.rms_eps, kh);
                     }
-                    self.rope.apply(kh, pos);
+                    rope.apply(kh, pos);
                 }
                 let at = (r * mp + pos) * kvd;
                 kc[at..at + kvd].copy_from_slice(k);
@@ -214,8 +230,16 @@ impl<'m, 'a> Decoder<'m, 'a> {
                 let kh = head / group;
                 let q = &qkv[r * ld + head * hd..r * ld + (head + 1) * hd];
                 let key = |t: usize| (r * mp + t) * kvd + kh * hd;
-                let mut sc: Vec<f32> = (0..=pos)
-                    .map(|t| dot(q, &kc[key(t)..key(t) + hd]) * cfg.kq_scale)
+                // Sliding window: keys pos - window < t <= pos.
+                let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let mut sc: Vec<f32> = (lo..=pos)
+                    .map(|t| {
+                        let x = dot(q, &kc[key(t)..key(t) + hd]) * cfg.kq_scale;
+                        match cfg.attn_softcap {
+                            Some(c) => (x * (1.0 / c)).tanh() * c,
+                            None => x,
+                        }
+                    })
                     .collect();
                 let mx = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let mut sum = 0f32;
@@ -225,26 +249,40 @@ impl<'m, 'a> Decoder<'m, 'a> {
                 }
                 let inv = 1.0 / sum;
                 o.fill(0.0);
-                for (t, s) in sc.iter().enumerate() {
-                    let p = s * inv;
+                for (i, s) in sc.iter().enumerate() {
+                    let (t, p) = (lo + i, s * inv);
                     for (oi, vi) in o.iter_mut().zip(&vc[key(t)..key(t) + hd]) {
                         *oi += p * vi;
                     }
                 }
             });
             lw.wo.forward(&att, b, &mut tmp, false, threads);
+            post_norm(&lw.attn_post_norm, &mut tmp, cfg.rms_eps, e);
             x.iter_mut().zip(&tmp).for_each(|(a, t)| *a += t);
             rms_norm_rows(&x, &lw.ffn_norm, cfg.rms_eps, e, &mut h);
-            lw.gate_up.forward(&h, b, &mut gu, false, threads);
-            act.par_chunks_mut(nff)
-                .zip(gu.par_chunks(2 * nff))
-                .for_each(|(a, g)| {
-                    let (gate, up) = g.split_at(nff);
-                    for i in 0..nff {
-                        a[i] = swiglu(gate[i], up[i]);
-                    }
-                });
-            lw.down.forward(&act, b, &mut tmp, false, threads);
+            if let (Some(router), Some(moe)) = (&lw.router, &cfg.moe) {
+                m.moe_ffn(l, moe, router, &h, b, &mut tmp, None)?;
+            } else {
+                let nff = lw.gate_up.n_total / 2;
+                lw.gate_up.forward(&h, b, &mut gu, false, threads);
+                let gelu = cfg.gelu;
+                act[..b * nff]
+                    .par_chunks_mut(nff)
+                    .zip(gu.par_chunks(2 * nff))
+                    .for_each(|(a, g)| {
+                        let (gate, up) = g.split_at(nff);
+                        for i in 0..nff {
+                            a[i] = if gelu {
+                                geglu(gate[i], up[i], false)
+                            } else {
+                                swiglu(gate[i], up[i])
+                            };
+                        }
+                    });
+                lw.down
+                    .forward(&act[..b * nff], b, &mut tmp, false, threads);
+                post_norm(&lw.ffn_post_norm, &mut tmp, cfg.rms_eps, e);
+            }
             x.iter_mut().zip(&tmp).for_each(|(a, t)| *a += t);
         }
         st.pos += 1;
@@ -255,6 +293,7 @@ impl<'m, 'a> Decoder<'m, 'a> {
                 let nv = cfg.n_vocab;
                 let mut logits = vec![0f32; b * nv];
                 matmul_t(&hn, b, e, w, nv, &mut logits, nv, threads);
+                m.softcap_logits(&mut logits);
                 Ok(logits)
             }
             None => m.project(&hn, b, threads),

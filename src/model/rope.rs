@@ -15,6 +15,7 @@ pub struct Rope {
 }
 
 impl Rope {
+    #[cfg(test)]
     pub fn new(
         n_rot: usize,
         n_pos: usize,

@@ -500,6 +500,10 @@ impl<'a> Model<'a> {
                     e,
                     &mut h[..rows_now * e],
                 );
+                if let Some(o) = observer.as_deref_mut().filter(|_| watch) {
+                    o.linear_input(Some(l), &router.names(), &h[..rows_now * e], rows_now, e);
+                    o.transform_weights(l, router)?;
+                }
                 let obs = observer.as_deref_mut().filter(|_| watch);
                 self.moe_ffn(l, moe, router, &h[..rows_now * e], rows_now, &mut tmp, obs)?;
                 add_into(&mut x[..rows_now * e], &tmp[..rows_now * e]);
@@ -585,12 +589,17 @@ impl<'a> Model<'a> {
     /// when the model caps them (ggml's scale → tanh → scale).
     pub fn project(&self, hn: &[f32], rows: usize, threads: usize) -> Result<Vec<f32>> {
         let mut logits = self.project_raw(hn, rows, threads)?;
+        self.softcap_logits(&mut logits);
+        Ok(logits)
+    }
+
+    /// The final soft-cap, when the model has one (ggml's scale → tanh → scale).
+    pub(crate) fn softcap_logits(&self, logits: &mut [f32]) {
         if let Some(c) = self.cfg.final_softcap {
             logits
                 .par_iter_mut()
                 .for_each(|v| *v = (*v * (1.0 / c)).tanh() * c);
         }
-        Ok(logits)
     }
 
     fn project_raw(&self, hn: &[f32], rows: usize, threads: usize) -> Result<Vec<f32>> {
@@ -656,7 +665,8 @@ impl<'a> Model<'a> {
 }
 
 impl Model<'_> {
-    /// The mixture-of-experts feed-forward of block `l` on normed rows `h` (`rows × n_embd`),
+    /// The mixture-of-experts feed-forward of block `l` on normed rows `h` (`rows × n_embd`)
+    /// (the caller reports the router's input to an observer),
     /// into `out` (llama.cpp's `build_moe_ffn` for softmax gating): router logits → softmax →
     /// the `n_used` most probable experts (ties: lower index, as ggml's argsort keeps them for
     /// up to 16 experts) → weights renormalized → each expert's SwiGLU on its rows, scaled by
@@ -664,11 +674,11 @@ impl Model<'_> {
     /// time.
     // One function on purpose: routing, the per-expert loop and the ordered sum are the contract.
     #[allow(clippy::too_many_arguments)]
-    fn moe_ffn<'o, 'p>(
+    pub(crate) fn moe_ffn<'o, 'p>(
         &self,
         l: usize,
         moe: &Moe,
-        router: &mut LinearSet,
+        router: &LinearSet,
         h: &[f32],
         rows: usize,
         out: &mut [f32],
@@ -677,10 +687,6 @@ impl Model<'_> {
         let e = self.cfg.n_embd;
         let (nx, k, nff) = (moe.n_expert, moe.n_used, moe.n_ff_exp);
         let (ggml, threads) = (self.ggml(), self.threads);
-        if let Some(o) = observer.as_deref_mut() {
-            o.linear_input(Some(l), &router.names(), h, rows, e);
-            o.transform_weights(l, router)?;
-        }
         let mut logits = vec![0f32; rows * nx];
         router.forward_on(h, rows, &mut logits, ggml, threads, None)?;
         let (sel, wts) = route(&logits, rows, moe);
@@ -783,7 +789,7 @@ pub(crate) fn route(logits: &[f32], rows: usize, moe: &Moe) -> (Vec<usize>, Vec<
 }
 
 /// Gemma's post-norm of a block output (rows of width `cols`), in place.
-fn post_norm(w: &Option<Vec<f32>>, y: &mut [f32], eps: f32, cols: usize) {
+pub(crate) fn post_norm(w: &Option<Vec<f32>>, y: &mut [f32], eps: f32, cols: usize) {
     if let Some(w) = w {
         let src = y.to_vec();
         rms_norm_rows(&src, w, eps, cols, y);

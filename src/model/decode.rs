@@ -110,22 +110,7 @@ impl<'m, 'a> Decoder<'m, 'a> {
             None
         };
         // As the forward pass: LongRoPE factors chosen for the longest sequence decoded.
-        let rope_with = |(base, scale): (f32, f32)| {
-            Rope::with_mscale(
-                cfg.n_rot,
-                max_pos,
-                base,
-                scale,
-                cfg.rope_factors(max_pos),
-                cfg.rope_neox,
-                cfg.rope_attn_factor,
-            )
-        };
-        let rope = rope_with((cfg.rope_base, cfg.rope_freq_scale));
-        let rope_swa = cfg
-            .swa
-            .as_ref()
-            .map(|s| rope_with((s.rope_base, s.rope_freq_scale)));
+        let (rope, rope_swa) = super::rope::model_ropes(cfg, max_pos);
         Ok(Decoder {
             model,
             blocks,

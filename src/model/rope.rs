@@ -6,6 +6,28 @@
 //! partial rotary (`n_rot < head_dim`) only the first `n_rot` values of a head rotate, with
 //! `base^(-2i/n_rot)`; the rest pass through, as in ggml.
 
+/// A model's RoPE for windows of `n_pos` positions: the global layers', and the sliding-window
+/// layers' when they rotate with their own base (Gemma). LongRoPE factors are picked for `n_pos`.
+pub(crate) fn model_ropes(cfg: &super::Config, n_pos: usize) -> (Rope, Option<Rope>) {
+    let with = |(base, scale): (f32, f32)| {
+        Rope::with_mscale(
+            cfg.n_rot,
+            n_pos,
+            base,
+            scale,
+            cfg.rope_factors(n_pos),
+            cfg.rope_neox,
+            cfg.rope_attn_factor,
+        )
+    };
+    let global = with((cfg.rope_base, cfg.rope_freq_scale));
+    let swa = cfg
+        .swa
+        .as_ref()
+        .map(|s| with((s.rope_base, s.rope_freq_scale)));
+    (global, swa)
+}
+
 /// Precomputed cos/sin for positions `0..n_pos`, `n_rot / 2` pairs each.
 pub struct Rope {
     pub half: usize,

@@ -12,7 +12,6 @@ use super::layer::{
     dequantize_rows, geglu, load_f32, rms_norm_rows, swiglu, LayerWeights, LinearSet,
 };
 use super::matmul::{matmul_t, ActRound};
-use super::rope::Rope;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::gpu::{BackendKind, Linear, OpenError};
@@ -332,22 +331,7 @@ impl<'a> Model<'a> {
             window: None,
         };
         let (qd, kvd, ld, hd) = (shape0.q_dim(), shape0.kv_dim(), shape0.ld(), cfg.head_dim);
-        let rope_with = |(base, scale): (f32, f32)| {
-            Rope::with_mscale(
-                cfg.n_rot,
-                seq,
-                base,
-                scale,
-                cfg.rope_factors(seq),
-                cfg.rope_neox,
-                cfg.rope_attn_factor,
-            )
-        };
-        let rope_global = rope_with((cfg.rope_base, cfg.rope_freq_scale));
-        let rope_swa = cfg
-            .swa
-            .as_ref()
-            .map(|s| rope_with((s.rope_base, s.rope_freq_scale)));
+        let (rope_global, rope_swa) = super::rope::model_ropes(cfg, seq);
         let n_out = seq - out_from;
         self.kv.check(hd)?;
         let mut kern = self.kernels.as_ref().map(|k| k.borrow_mut());
@@ -492,14 +476,14 @@ impl<'a> Model<'a> {
             add_into(&mut x[..rows_now * e], &tmp[..rows_now * e]);
 
             // Feed-forward.
+            rms_norm_rows(
+                &x[..rows_now * e],
+                &lw.ffn_norm,
+                cfg.rms_eps,
+                e,
+                &mut h[..rows_now * e],
+            );
             if let (Some(router), Some(moe)) = (&mut lw.router, &cfg.moe) {
-                rms_norm_rows(
-                    &x[..rows_now * e],
-                    &lw.ffn_norm,
-                    cfg.rms_eps,
-                    e,
-                    &mut h[..rows_now * e],
-                );
                 if let Some(o) = observer.as_deref_mut().filter(|_| watch) {
                     o.linear_input(Some(l), &router.names(), &h[..rows_now * e], rows_now, e);
                     o.transform_weights(l, router)?;
@@ -513,13 +497,6 @@ impl<'a> Model<'a> {
                 continue;
             }
             let nff = lw.gate_up.n_total / 2;
-            rms_norm_rows(
-                &x[..rows_now * e],
-                &lw.ffn_norm,
-                cfg.rms_eps,
-                e,
-                &mut h[..rows_now * e],
-            );
             if let Some(o) = observer.as_deref_mut().filter(|_| watch) {
                 o.linear_input(
                     Some(l),

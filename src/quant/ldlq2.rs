@@ -145,25 +145,121 @@ pub(crate) fn quantize_row(row: &[f32], f: &Factor, band: usize, out: &mut [u8])
     }
 }
 
+/// How block-LDLQ quantizes each 64-value block of tq2_t (measurements compare them; the
+/// format's encoder uses [`TrellisInner::FORMAT`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TrellisInner {
+    /// Viterbi on the plain squared error (issue 19's first encoder).
+    Plain,
+    /// Viterbi weighted by the diagonal of the block's quadratic form, then coordinate descent
+    /// of the codes (and a scale refit) on the whole form, `passes` sweeps at most.
+    Quad {
+        weighted: bool,
+        passes: usize,
+        feedback: usize,
+    },
+}
+
+impl TrellisInner {
+    pub(crate) const FORMAT: TrellisInner = TrellisInner::Quad {
+        weighted: true,
+        passes: 4,
+        feedback: 2,
+    };
+}
+
+/// The quadratic form each block's error is charged by, for every 64-column block `b` of the
+/// factor: with `H⁻¹ = UᵀU`, a block's targets after the feedback of the blocks before it cost
+/// `rᵀ A_b r` with `A_b = (U_bbᵀ U_bb)⁻¹ = V Vᵀ`, `V = U_bb⁻¹` (the sweep through the block's
+/// columns charges `Σ_j (e_j / U_jj)²`, which is the same number). `n/64` blocks of 64×64, f64.
+pub(crate) fn trellis_block_forms(f: &Factor) -> Vec<f64> {
+    use crate::types::tq2t::QK;
+    let n = f.n;
+    let mut out = vec![0f64; n / QK * 2 * QK * QK];
+    for (b, au) in out.chunks_exact_mut(2 * QK * QK).enumerate() {
+        let (a, ub) = au.split_at_mut(QK * QK);
+        let j0 = b * QK;
+        let u = |i: usize, k: usize| f.u[(j0 + i) * n + j0 + k];
+        // V = U_bb⁻¹ (upper triangular), column by column by back substitution.
+        let mut v = vec![0f64; QK * QK];
+        for c in 0..QK {
+            for i in (0..=c).rev() {
+                let mut s = if i == c { 1.0 } else { 0.0 };
+                for k in i + 1..=c {
+                    s -= u(i, k) * v[k * QK + c];
+                }
+                v[i * QK + c] = s / u(i, i);
+            }
+        }
+        for i in 0..QK {
+            for k in 0..QK {
+                a[i * QK + k] = (i.max(k)..QK).map(|m| v[i * QK + m] * v[k * QK + m]).sum();
+                ub[i * QK + k] = u(i, k);
+            }
+        }
+    }
+    out
+}
+
 /// One tq2_t row by block-LDLQ: each 64-value block is the trellis's vector quantizer. The block's
 /// target is its values after the feedback of every *earlier* block (QTIP's block LDL: with
-/// `H⁻¹ = UᵀU`, exactly the columns GPTQ's sweep has reached before the block); the Viterbi
-/// search picks the block's codes jointly, then the sweep runs through the block's columns with
-/// those codes fixed, so the error of every column feeds forward to the later blocks as LDLQ's does.
-pub(crate) fn quantize_row_trellis(row: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
-    use crate::types::tq2t;
+/// `H⁻¹ = UᵀU`, exactly the columns GPTQ's sweep has reached before the block); the block's codes
+/// are chosen jointly against the block's quadratic form ([`trellis_block_forms`], per `inner`),
+/// then the sweep runs through the block's columns with those codes fixed, so the error of every
+/// column feeds forward to the later blocks as LDLQ's does.
+pub(crate) fn quantize_row_trellis(
+    row: &[f32],
+    f: &Factor,
+    forms: &[f64],
+    band: usize,
+    inner: TrellisInner,
+    out: &mut [u8],
+) {
+    use crate::types::tq2t::{self, QK};
     let n = f.n;
     let band = if band == 0 { n } else { band };
     let r = tq2r::rotation(n).expect("planner checked the row length");
     let mut x: Vec<f64> = r.forward(row).into_iter().map(|v| v as f64).collect();
-    let mut sc = tq2t::Scratch::new(tq2t::L, tq2t::QK);
-    let (mut xb, mut q) = ([0f32; tq2t::QK], [0f32; tq2t::QK]);
+    let mut sc = tq2t::Scratch::new(tq2t::L, QK);
+    let (mut xb, mut q) = ([0f32; QK], [0f32; QK]);
     for (blk, b) in out.chunks_exact_mut(tq2t::TQ2T_BYTES).enumerate() {
-        let j0 = blk * tq2t::QK;
-        for (v, &s) in xb.iter_mut().zip(&x[j0..j0 + tq2t::QK]) {
-            *v = s as f32;
+        let j0 = blk * QK;
+        match inner {
+            TrellisInner::Plain => {
+                for (v, &s) in xb.iter_mut().zip(&x[j0..j0 + QK]) {
+                    *v = s as f32;
+                }
+                tq2t::quantize_block(&xb, &mut sc, b, &mut q);
+            }
+            TrellisInner::Quad {
+                weighted,
+                passes,
+                feedback,
+            } => {
+                let au = &forms[blk * 2 * QK * QK..(blk + 1) * 2 * QK * QK];
+                let (a, ub) = au.split_at(QK * QK);
+                let mut wt = [1f32; QK];
+                if weighted {
+                    let mean = (0..QK).map(|j| a[j * QK + j]).sum::<f64>() / QK as f64;
+                    if mean > 0.0 && mean.is_finite() {
+                        for (j, w) in wt.iter_mut().enumerate() {
+                            *w = (a[j * QK + j] / mean) as f32;
+                        }
+                    }
+                }
+                tq2t::quantize_block_quad(
+                    &x[j0..j0 + QK],
+                    a,
+                    ub,
+                    &wt,
+                    passes,
+                    feedback,
+                    &mut sc,
+                    b,
+                    &mut q,
+                );
+            }
         }
-        tq2t::quantize_block(&xb, &mut sc, b, &mut q);
         for (jj, &qj) in q.iter().enumerate() {
             let j = j0 + jj;
             let urow = &f.u[j * n..(j + 1) * n];
@@ -173,6 +269,26 @@ pub(crate) fn quantize_row_trellis(row: &[f32], f: &Factor, band: usize, out: &m
             }
         }
     }
+}
+
+/// tq2_t rows by block-LDLQ with the given inner quantizer (rows independent, in parallel).
+pub(crate) fn quantize_trellis(
+    w: &[f32],
+    n: usize,
+    f: &Factor,
+    band: usize,
+    inner: TrellisInner,
+) -> Vec<u8> {
+    use crate::types::tq2t::{QK, TQ2T_BYTES};
+    let forms = match inner {
+        TrellisInner::Plain => Vec::new(),
+        TrellisInner::Quad { .. } => trellis_block_forms(f),
+    };
+    let mut out = vec![0u8; w.len() / QK * TQ2T_BYTES];
+    out.par_chunks_mut(n / QK * TQ2T_BYTES)
+        .zip(w.par_chunks(n))
+        .for_each(|(o, row)| quantize_row_trellis(row, f, &forms, band, inner, o));
+    out
 }
 
 #[cfg(test)]
@@ -307,5 +423,65 @@ mod tests {
             "{same} of {}",
             rtn.len()
         );
+    }
+
+    /// The proxy of issue 19's follow-up (not CI: it needs the benchmark's cached SmolLM2 F16 and
+    /// Botchan Hessians, `scripts/bench-2bit.sh`): the Hessian-weighted relative error
+    /// `tr(ΔW H ΔWᵀ) / tr(W H Wᵀ)` of the first `TQ_PROXY_ROWS` (default 64) rows of real tensors,
+    /// tq2_r LDLQ against tq2_t block-LDLQ with each inner quantizer.
+    /// `cargo test --release --lib trellis_proxy -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn trellis_proxy_on_smollm2() {
+        use crate::gguf::GgufFile;
+        use crate::quant::ldlq::{factor_hessian, proxy_loss, quantize_ldlq};
+        let cache = std::env::var("TQ_CACHE")
+            .unwrap_or_else(|_| format!("{}/.cache/tq", std::env::var("HOME").unwrap()));
+        let b = std::path::Path::new(&cache).join("bench2bit");
+        let (hs, _) = crate::quant::Hessians::load(&b.join("H.safetensors")).unwrap();
+        let f = GgufFile::open(b.join("smollm2-f16.gguf")).unwrap();
+        let rows: usize = std::env::var("TQ_PROXY_ROWS")
+            .map(|v| v.parse().unwrap())
+            .unwrap_or(64);
+        let names = std::env::var("TQ_PROXY_TENSORS").unwrap_or_else(|_| {
+            "blk.7.ffn_down.weight,blk.7.attn_q.weight,blk.7.ffn_gate.weight".into()
+        });
+        let variants = [
+            ("plain (old)", TrellisInner::Plain),
+            ("plain+CD", TrellisInner::Quad { weighted: false, passes: 4, feedback: 0 }),
+            ("weighted", TrellisInner::Quad { weighted: true, passes: 0, feedback: 0 }),
+            ("weighted+CD", TrellisInner::Quad { weighted: true, passes: 4, feedback: 0 }),
+            ("weighted+fb2+CD", TrellisInner::Quad { weighted: true, passes: 4, feedback: 2 }),
+            ("weighted+fb4+CD", TrellisInner::Quad { weighted: true, passes: 4, feedback: 4 }),
+        ];
+        for name in names.split(',') {
+            let t = f.tensors.iter().find(|t| t.name == name).unwrap();
+            let n = t.dims[0] as usize;
+            let mut w = vec![0f32; t.n_elements() as usize];
+            crate::types::dequantize(t.ty, f.tensor_data(t), &mut w, name).unwrap();
+            w.truncate(rows * n);
+            let h = hs.for_tensor(name).unwrap();
+            let dec = |ty: TensorType, b: &[u8]| {
+                let mut y = vec![0f32; w.len()];
+                crate::types::dequantize_rows(ty, b, &mut y, n, name).unwrap();
+                y
+            };
+            let fr = factor_hessian(TensorType::TQ2R, h, 0.01, name).unwrap();
+            let t0 = std::time::Instant::now();
+            let qr = quantize_ldlq(TensorType::TQ2R, &w, n, &fr, 0);
+            let lr = proxy_loss(&h.h, n, &w, &dec(TensorType::TQ2R, &qr));
+            eprintln!("{name} rows {rows}: tq2_r LDLQ {lr:.5} ({:.1} s)", t0.elapsed().as_secs_f64());
+            let ft = factor_hessian(TensorType::TQ2T, h, 0.01, name).unwrap();
+            for (label, inner) in variants {
+                let t0 = std::time::Instant::now();
+                let q = quantize_trellis(&w, n, &ft, 0, inner);
+                let l = proxy_loss(&h.h, n, &w, &dec(TensorType::TQ2T, &q));
+                eprintln!(
+                    "{name}: tq2_t {label}: {l:.5} ({:.3}x tq2_r, {:.1} s)",
+                    l / lr,
+                    t0.elapsed().as_secs_f64()
+                );
+            }
+        }
     }
 }

@@ -299,13 +299,7 @@ const LAZY: usize = 128;
 pub fn quantize_ldlq(ty: TensorType, w: &[f32], n: usize, f: &Factor, band: usize) -> Vec<u8> {
     assert_eq!(f.n, n);
     if ty == TensorType::TQ2T {
-        return super::ldlq2::quantize_trellis(
-            w,
-            n,
-            f,
-            band,
-            super::ldlq2::TrellisInner::FORMAT,
-        );
+        return super::ldlq2::quantize_trellis(w, n, f, band, super::ldlq2::TrellisInner::FORMAT);
     }
     if ty.ldlq_unrotated() {
         let (bs, bb) = (ty.block_size(), ty.block_bytes());

@@ -447,48 +447,20 @@ mod tests {
         let names = std::env::var("TQ_PROXY_TENSORS").unwrap_or_else(|_| {
             "blk.7.ffn_down.weight,blk.7.attn_q.weight,blk.7.ffn_gate.weight".into()
         });
+        let quad = |weighted, passes, feedback| TrellisInner::Quad {
+            weighted,
+            passes,
+            feedback,
+        };
         let variants = [
             ("plain (old)", TrellisInner::Plain),
-            (
-                "plain+CD",
-                TrellisInner::Quad {
-                    weighted: false,
-                    passes: 4,
-                    feedback: 0,
-                },
-            ),
-            (
-                "weighted",
-                TrellisInner::Quad {
-                    weighted: true,
-                    passes: 0,
-                    feedback: 0,
-                },
-            ),
-            (
-                "weighted+CD",
-                TrellisInner::Quad {
-                    weighted: true,
-                    passes: 4,
-                    feedback: 0,
-                },
-            ),
-            (
-                "weighted+fb2+CD",
-                TrellisInner::Quad {
-                    weighted: true,
-                    passes: 4,
-                    feedback: 2,
-                },
-            ),
-            (
-                "plain+fb2+CD",
-                TrellisInner::Quad {
-                    weighted: false,
-                    passes: 4,
-                    feedback: 2,
-                },
-            ),
+            ("plain+CD", quad(false, 4, 0)),
+            ("weighted", quad(true, 0, 0)),
+            ("weighted+CD", quad(true, 4, 0)),
+            ("plain+fb2", quad(false, 0, 2)),
+            ("weighted+fb2+CD", quad(true, 4, 2)),
+            ("plain+fb2+CD (format)", quad(false, 4, 2)),
+            ("plain+fb4+CD", quad(false, 4, 4)),
         ];
         for name in names.split(',') {
             let t = f.tensors.iter().find(|t| t.name == name).unwrap();

@@ -38,6 +38,7 @@ def main(csv_path, md_path, out_path):
                          "update the CSV from the tables")
     fig, ax = plt.subplots(figsize=(9, 6), dpi=110)
     seen = set()
+    placed = []
     for r in rows:
         colour, marker = STYLE[r["family"]]
         x, y, e = float(r["bpw_file"]), float(r["kld"]), float(r["kld_err"])
@@ -48,7 +49,11 @@ def main(csv_path, md_path, out_path):
                     mfc=colour if filled else "white", mec=colour, capsize=2,
                     label=None if leg in seen else leg)
         seen.add(leg)
-        ax.annotate(r["label"], (x, y), textcoords="offset points", xytext=(6, 3), fontsize=7)
+        # A point within 10% of one already labelled at the same x gets its label below it.
+        near = any(px == x and abs(py / y - 1) < 0.1 for px, py in placed)
+        placed.append((x, y))
+        ax.annotate(r["label"], (x, y), textcoords="offset points",
+                    xytext=(6, -9 if near else 3), fontsize=7)
     ax.set_yscale("log")
     ax.set_xlabel("bits per weight of the whole file (token_embd included)")
     ax.set_ylabel("mean KLD vs F16 (log scale), 10 wikitext-2 windows of 512")

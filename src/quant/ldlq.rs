@@ -299,12 +299,7 @@ const LAZY: usize = 128;
 pub fn quantize_ldlq(ty: TensorType, w: &[f32], n: usize, f: &Factor, band: usize) -> Vec<u8> {
     assert_eq!(f.n, n);
     if ty == TensorType::TQ2T {
-        let (bs, bb) = (ty.block_size(), ty.block_bytes());
-        let mut out = vec![0u8; w.len() / bs * bb];
-        out.par_chunks_mut(n / bs * bb)
-            .zip(w.par_chunks(n))
-            .for_each(|(o, row)| super::ldlq2::quantize_row_trellis(row, f, band, o));
-        return out;
+        return super::ldlq2::quantize_trellis(w, n, f, band, super::ldlq2::TrellisInner::FORMAT);
     }
     if ty.ldlq_unrotated() {
         let (bs, bb) = (ty.block_size(), ty.block_bytes());

@@ -123,7 +123,7 @@ impl Scratch {
     }
 }
 
-fn init_costs(x0: f32, dc: &[f32], l: u32, ends: Ends, cost: &mut [f32]) {
+fn init_costs(x0: f32, w0: f32, dc: &[f32], l: u32, ends: Ends, cost: &mut [f32]) {
     let ns = dc.len();
     for (s, c) in cost.iter_mut().enumerate() {
         let ok = match ends {
@@ -131,7 +131,7 @@ fn init_costs(x0: f32, dc: &[f32], l: u32, ends: Ends, cost: &mut [f32]) {
             Ends::Wrap(top) => (s >> 2) as u32 == top,
         };
         let e = x0 - dc[s];
-        *c = if ok { e * e } else { f32::INFINITY };
+        *c = if ok { w0 * (e * e) } else { f32::INFINITY };
     }
     debug_assert_eq!(ns, 1 << l);
 }
@@ -162,15 +162,16 @@ fn trace(cost: &[f32], bp: &[u8], n: usize, l: u32, ends: Ends, codes: &mut [u8]
 }
 
 /// The plain Viterbi search: for every state `s'` of every step, the best of its four predecessors
-/// `(s' >> 2) | t << (l−2)` plus `(x − dc[s'])²`. Returns the path's squared error; `codes` gets the
-/// 2-bit code of every step (the low bits of its state).
-pub fn viterbi_ref(x: &[f32], dc: &[f32], l: u32, ends: Ends, codes: &mut [u8]) -> f32 {
+/// `(s' >> 2) | t << (l−2)` plus `wt_i · (x − dc[s'])²`. Returns the path's weighted squared error;
+/// `codes` gets the 2-bit code of every step (the low bits of its state). Weights of 1 give the
+/// plain squared error bit for bit (`1 · e` is `e`).
+pub fn viterbi_ref(x: &[f32], wt: &[f32], dc: &[f32], l: u32, ends: Ends, codes: &mut [u8]) -> f32 {
     let (n, ns) = (x.len(), 1usize << l);
     let q = ns / 4;
     let mut cost = vec![0f32; ns];
     let mut next = vec![0f32; ns];
     let mut bp = vec![0u8; n * q];
-    init_costs(x[0], dc, l, ends, &mut cost);
+    init_costs(x[0], wt[0], dc, l, ends, &mut cost);
     for i in 1..n {
         for s in 0..ns {
             let p = s >> 2;
@@ -183,7 +184,7 @@ pub fn viterbi_ref(x: &[f32], dc: &[f32], l: u32, ends: Ends, codes: &mut [u8]) 
             }
             bp[i * q + p] = bt;
             let e = x[i] - dc[s];
-            next[s] = m + e * e;
+            next[s] = m + wt[i] * (e * e);
         }
         std::mem::swap(&mut cost, &mut next);
     }
@@ -195,6 +196,7 @@ pub fn viterbi_ref(x: &[f32], dc: &[f32], l: u32, ends: Ends, codes: &mut [u8]) 
 /// are one contiguous pass. Bit-identical to [`viterbi_ref`] (same operations on every element).
 pub fn viterbi(
     x: &[f32],
+    wt: &[f32],
     dc: &[f32],
     l: u32,
     ends: Ends,
@@ -204,11 +206,12 @@ pub fn viterbi(
     let (n, ns) = (x.len(), 1usize << l);
     let q = ns / 4;
     debug_assert!(sc.cost.len() == ns && sc.bp.len() >= n * q);
-    init_costs(x[0], dc, l, ends, &mut sc.cost);
+    init_costs(x[0], wt[0], dc, l, ends, &mut sc.cost);
     for i in 1..n {
         let bp = &mut sc.bp[i * q..(i + 1) * q];
         step(
             x[i],
+            wt[i],
             dc,
             &sc.cost,
             &mut sc.dist,
@@ -223,8 +226,10 @@ pub fn viterbi(
 
 /// One trellis step after the squared errors: AVX2 when the CPU has it (same operations, so the
 /// same bits), else the baseline build.
+#[allow(clippy::too_many_arguments)]
 fn step(
     xi: f32,
+    wi: f32,
     dc: &[f32],
     cost: &[f32],
     dist: &mut [f32],
@@ -235,16 +240,18 @@ fn step(
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 (checked above); the function is safe code otherwise.
-        unsafe { step_avx2(xi, dc, cost, dist, min, bp, next) };
+        unsafe { step_avx2(xi, wi, dc, cost, dist, min, bp, next) };
         return;
     }
-    step_generic(xi, dc, cost, dist, min, bp, next)
+    step_generic(xi, wi, dc, cost, dist, min, bp, next)
 }
 
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2")]
 unsafe fn step_avx2(
     xi: f32,
+    wi: f32,
     dc: &[f32],
     cost: &[f32],
     dist: &mut [f32],
@@ -252,12 +259,14 @@ unsafe fn step_avx2(
     bp: &mut [u8],
     next: &mut [f32],
 ) {
-    step_generic(xi, dc, cost, dist, min, bp, next)
+    step_generic(xi, wi, dc, cost, dist, min, bp, next)
 }
 
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn step_generic(
     xi: f32,
+    wi: f32,
     dc: &[f32],
     cost: &[f32],
     dist: &mut [f32],
@@ -268,7 +277,7 @@ fn step_generic(
     let q = cost.len() / 4;
     for (d, &c) in dist.iter_mut().zip(dc) {
         let e = xi - c;
-        *d = e * e;
+        *d = wi * (e * e);
     }
     let (c0, rest) = cost.split_at(q);
     let (c1, rest) = rest.split_at(q);
@@ -296,9 +305,10 @@ fn step_generic(
 }
 
 /// Tail-biting search of one block: a free pass on the block rotated by half fixes the `l/2 − 1`
-/// codes that wrap, a pass constrained to them gives the codes. Returns the squared error.
+/// codes that wrap, a pass constrained to them gives the codes. Returns the (weighted) squared error.
 pub fn encode_tail_biting(
     x: &[f32],
+    wt: &[f32],
     dc: &[f32],
     l: u32,
     sc: &mut Scratch,
@@ -310,13 +320,16 @@ pub fn encode_tail_biting(
     let mut y = Vec::with_capacity(n);
     y.extend_from_slice(&x[h..]);
     y.extend_from_slice(&x[..h]);
-    viterbi(&y, dc, l, Ends::Free, sc, codes);
+    let mut yw = Vec::with_capacity(n);
+    yw.extend_from_slice(&wt[h..]);
+    yw.extend_from_slice(&wt[..h]);
+    viterbi(&y, &yw, dc, l, Ends::Free, sc, codes);
     // Original position n − t sits at n − t − h of the rotated sequence.
     let mut top = 0u32;
     for t in 1..=w {
         top |= (codes[n - t - h] as u32) << (2 * (t - 1));
     }
-    viterbi(x, dc, l, Ends::Wrap(top), sc, codes)
+    viterbi(x, wt, dc, l, Ends::Wrap(top), sc, codes)
 }
 
 /// State of value `j` of a block of `codes` in an `l`-bit tail-biting trellis.
@@ -359,6 +372,23 @@ pub fn encode_block(
     codes: &mut [u8],
     out: &mut [f32],
 ) -> (u8, f32) {
+    let ones = vec![1f32; x.len()];
+    encode_block_weighted(x, &ones, cb, st, byte_scale, sc, codes, out)
+}
+
+/// [`encode_block`] minimizing `Σ wt_j (x_j − x̂_j)²` (the search and the scale refit both
+/// weighted); all-ones weights give `encode_block`'s bytes exactly.
+#[allow(clippy::too_many_arguments)]
+pub fn encode_block_weighted(
+    x: &[f32],
+    wt: &[f32],
+    cb: &[f32],
+    st: Settings,
+    byte_scale: bool,
+    sc: &mut Scratch,
+    codes: &mut [u8],
+    out: &mut [f32],
+) -> (u8, f32) {
     let n = x.len();
     let rms = (x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / n as f64).sqrt() as f32;
     let quant = |d: f32| -> (u8, f32) {
@@ -372,24 +402,24 @@ pub fn encode_block(
     let run = |d: f32, sc: &mut Scratch, codes: &mut [u8]| -> f32 {
         let dc: Vec<f32> = cb.iter().map(|&c| d * c).collect();
         if st.tail_biting {
-            encode_tail_biting(x, &dc, st.l, sc, codes)
+            encode_tail_biting(x, wt, &dc, st.l, sc, codes)
         } else {
-            viterbi(x, &dc, st.l, Ends::Free, sc, codes)
+            viterbi(x, wt, &dc, st.l, Ends::Free, sc, codes)
         }
     };
     let (mut e, mut d) = quant(st.alpha * rms);
     if d == 0.0 {
         codes.fill(0);
         out.fill(0.0);
-        return (0, x.iter().map(|v| v * v).sum());
+        return (0, x.iter().zip(wt).map(|(v, w)| w * (v * v)).sum());
     }
     let mut err = run(d, sc, codes);
     if st.refit {
         let (mut sxc, mut scc) = (0f64, 0f64);
-        for (j, &v) in x.iter().enumerate() {
+        for (j, (&v, &w)) in x.iter().zip(wt).enumerate() {
             let c = cb[state_at(codes, j, st.l) as usize] as f64;
-            sxc += v as f64 * c;
-            scc += c * c;
+            sxc += w as f64 * (v as f64 * c);
+            scc += w as f64 * (c * c);
         }
         if scc > 0.0 && sxc > 0.0 {
             let (e2, d2) = quant((sxc / scc) as f32);
@@ -440,6 +470,228 @@ pub(crate) fn quantize_block(x: &[f32], sc: &mut Scratch, b: &mut [u8], out: &mu
         &mut codes,
         out,
     );
+    pack(e, &codes, b);
+}
+
+/// The quadratic cost `(x − x̂)ᵀ A (x − x̂)` of one block (`a` 64×64 row-major, symmetric) whose
+/// decoded values are `d · c(s_j)` for the states of `codes`.
+pub(crate) fn quad_cost(x: &[f64], a: &[f64], d: f32, codes: &[u8]) -> f64 {
+    let cb = format_codebook();
+    let r: Vec<f64> = (0..QK)
+        .map(|j| x[j] - (d * cb[state_at(codes, j, L) as usize]) as f64)
+        .collect();
+    (0..QK)
+        .map(|i| r[i] * (0..QK).map(|k| a[i * QK + k] * r[k]).sum::<f64>())
+        .sum()
+}
+
+/// A move of [`refine_codes`] must lower the cost by more than this fraction of it: far above the
+/// rounding of either way of computing the change, so the reference and the fast path accept the
+/// same moves.
+const REFINE_TOL: f64 = 1e-9;
+
+/// The six positions whose states read code `p` (its own and the five after it, wrapping).
+#[inline]
+fn touched(p: usize) -> [usize; (L / 2) as usize] {
+    std::array::from_fn(|t| (p + t) % QK)
+}
+
+/// Coordinate descent of a block's codes on the full quadratic form `(x − x̂)ᵀ A (x − x̂)`, the
+/// scale `d` fixed: code by code (in order, up to `passes` sweeps, stopping when a sweep changes
+/// nothing), take the best of the other three codes if it lowers the cost by more than
+/// [`REFINE_TOL`]. A code is read by six states, so a move changes six values; the change of the
+/// cost is `−2 δᵀ A r + δᵀ A δ` with `A r` kept current (O(6·64) per accepted move). Never raises
+/// the cost; returns it. [`refine_codes_ref`] is the definition it is held to.
+pub(crate) fn refine_codes(x: &[f64], a: &[f64], d: f32, codes: &mut [u8], passes: usize) -> f64 {
+    let cb = format_codebook();
+    let val = |codes: &[u8], j: usize| (d * cb[state_at(codes, j, L) as usize]) as f64;
+    let mut r: Vec<f64> = (0..QK).map(|j| x[j] - val(codes, j)).collect();
+    let mut g: Vec<f64> = (0..QK)
+        .map(|i| (0..QK).map(|k| a[i * QK + k] * r[k]).sum())
+        .collect();
+    let mut cost: f64 = r.iter().zip(&g).map(|(a, b)| a * b).sum();
+    for _ in 0..passes {
+        let mut changed = false;
+        for p in 0..QK {
+            let pos = touched(p);
+            let old = codes[p];
+            let mut best = (0f64, old, [0f64; (L / 2) as usize]);
+            for c in 0..4u8 {
+                if c == old {
+                    continue;
+                }
+                codes[p] = c;
+                let dl: [f64; (L / 2) as usize] =
+                    std::array::from_fn(|t| val(codes, pos[t]) - (x[pos[t]] - r[pos[t]]));
+                let mut ch = 0f64;
+                for (t, &k) in pos.iter().enumerate() {
+                    ch -= 2.0 * dl[t] * g[k];
+                    for (u, &m) in pos.iter().enumerate() {
+                        ch += dl[t] * a[k * QK + m] * dl[u];
+                    }
+                }
+                if ch < best.0 {
+                    best = (ch, c, dl);
+                }
+            }
+            codes[p] = old;
+            if best.1 != old && best.0 < -REFINE_TOL * cost.abs() {
+                codes[p] = best.1;
+                for (t, &k) in pos.iter().enumerate() {
+                    r[k] -= best.2[t];
+                    for (i, gi) in g.iter_mut().enumerate() {
+                        *gi -= a[i * QK + k] * best.2[t];
+                    }
+                }
+                cost += best.0;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    cost
+}
+
+/// The definition of [`refine_codes`]: every candidate move scored by decoding the block and
+/// evaluating the quadratic form from scratch.
+#[cfg(test)]
+pub(crate) fn refine_codes_ref(
+    x: &[f64],
+    a: &[f64],
+    d: f32,
+    codes: &mut [u8],
+    passes: usize,
+) -> f64 {
+    let mut cost = quad_cost(x, a, d, codes);
+    for _ in 0..passes {
+        let mut changed = false;
+        for p in 0..QK {
+            let old = codes[p];
+            let mut best = (cost, old);
+            for c in 0..4u8 {
+                if c == old {
+                    continue;
+                }
+                codes[p] = c;
+                let e = quad_cost(x, a, d, codes);
+                if e < best.0 {
+                    best = (e, c);
+                }
+            }
+            codes[p] = old;
+            if best.1 != old && best.0 - cost < -REFINE_TOL * cost.abs() {
+                codes[p] = best.1;
+                cost = best.0;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    cost
+}
+
+/// The scale byte minimizing the quadratic form for fixed codes: least squares under `A`,
+/// rounded to the nearest byte scale (`None` if that is the current one or not positive).
+pub(crate) fn refit_scale_quad(x: &[f64], a: &[f64], e: u8, codes: &[u8]) -> Option<u8> {
+    let cb = format_codebook();
+    let c: Vec<f64> = (0..QK)
+        .map(|j| cb[state_at(codes, j, L) as usize] as f64)
+        .collect();
+    let (mut num, mut den) = (0f64, 0f64);
+    for i in 0..QK {
+        let ac: f64 = (0..QK).map(|k| a[i * QK + k] * c[k]).sum();
+        num += x[i] * ac;
+        den += c[i] * ac;
+    }
+    if !(den > 0.0 && num > 0.0) {
+        return None;
+    }
+    let e2 = nearest_scale((num / den) as f32);
+    (e2 != e && e2 != 0).then_some(e2)
+}
+
+/// Block-LDLQ's Hessian-aware vector quantizer: the Viterbi search weighted by `wt` (the
+/// diagonal of the block's quadratic form `A`, normalized), then up to `feedback` rounds of
+/// decision feedback (the block's own column sweep run on the current codes, `ub` = the block of
+/// `U`, gives each value the target its earlier errors leave it; the Viterbi search, weighted by
+/// `1/U_jj²`, is rerun on those targets), keeping the codes of lowest `rᵀ A r`; then coordinate
+/// descent of the codes on the whole form, a least-squares scale under `A`, and descent again if
+/// the scale moved. Returns the packed block in `b` and the decoded values in `out`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn quantize_block_quad(
+    x: &[f64],
+    a: &[f64],
+    ub: &[f64],
+    wt: &[f32],
+    passes: usize,
+    feedback: usize,
+    sc: &mut Scratch,
+    b: &mut [u8],
+    out: &mut [f32],
+) {
+    let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+    let mut codes = [0u8; QK];
+    let cb = format_codebook();
+    let (mut e, _) =
+        encode_block_weighted(&xf, wt, cb, Settings::FORMAT, true, sc, &mut codes, out);
+    if e != 0 && (passes > 0 || feedback > 0) {
+        let mut cost = quad_cost(x, a, scale_of(e), &codes);
+        if feedback > 0 {
+            let dw: Vec<f64> = (0..QK)
+                .map(|j| 1.0 / (ub[j * QK + j] * ub[j * QK + j]))
+                .collect();
+            let mean = dw.iter().sum::<f64>() / QK as f64;
+            let dw: Vec<f32> = dw.iter().map(|&v| (v / mean) as f32).collect();
+            let mut cur = codes;
+            let mut ecur = e;
+            for _ in 0..feedback {
+                // The sweep on the current codes: targets t_j = x_j − Σ_{i<j} z_i U_ij.
+                let d = scale_of(ecur);
+                let mut t = x.to_vec();
+                for j in 0..QK {
+                    let qj = (d * cb[state_at(&cur, j, L) as usize]) as f64;
+                    let z = (t[j] - qj) / ub[j * QK + j];
+                    for k in j + 1..QK {
+                        t[k] -= z * ub[j * QK + k];
+                    }
+                }
+                let tf: Vec<f32> = t.iter().map(|&v| v as f32).collect();
+                let mut c2 = [0u8; QK];
+                let (e2, _) =
+                    encode_block_weighted(&tf, &dw, cb, Settings::FORMAT, true, sc, &mut c2, out);
+                if e2 == 0 {
+                    break;
+                }
+                let cost2 = quad_cost(x, a, scale_of(e2), &c2);
+                if cost2 < cost {
+                    (e, codes, cost) = (e2, c2, cost2);
+                }
+                if c2 == cur && e2 == ecur {
+                    break;
+                }
+                (cur, ecur) = (c2, e2);
+            }
+        }
+        if passes > 0 {
+            cost = refine_codes(x, a, scale_of(e), &mut codes, passes);
+            if let Some(e2) = refit_scale_quad(x, a, e, &codes) {
+                let mut c2 = codes;
+                let cost2 = refine_codes(x, a, scale_of(e2), &mut c2, passes);
+                if cost2 < cost {
+                    (e, codes, cost) = (e2, c2, cost2);
+                }
+            }
+        }
+        let _ = cost;
+        let d = scale_of(e);
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = d * cb[state_at(&codes, j, L) as usize];
+        }
+    }
     pack(e, &codes, b);
 }
 
@@ -561,10 +813,16 @@ mod tests {
             }
             let dc: Vec<f32> = cb.iter().map(|c| 0.9 * c).collect();
             let mut sc = Scratch::new(l, 64);
+            // Weighted too (the block-LDLQ search): positive weights spread over two decades.
+            let wt: Vec<f32> = if l == 8 {
+                gauss(64, 40).iter().map(|g| (1.5 * g).exp()).collect()
+            } else {
+                vec![1.0; 64]
+            };
             for ends in [Ends::Free, Ends::Wrap(5), Ends::Wrap((1 << (l - 2)) - 1)] {
                 let (mut a, mut b) = (vec![0u8; 64], vec![0u8; 64]);
-                let ea = viterbi_ref(&x, &dc, l, ends, &mut a);
-                let eb = viterbi(&x, &dc, l, ends, &mut sc, &mut b);
+                let ea = viterbi_ref(&x, &wt, &dc, l, ends, &mut a);
+                let eb = viterbi(&x, &wt, &dc, l, ends, &mut sc, &mut b);
                 assert_eq!(a, b, "l={l} {ends:?}");
                 assert_eq!(ea.to_bits(), eb.to_bits(), "l={l} {ends:?}");
             }
@@ -580,7 +838,7 @@ mod tests {
         let x = gauss(64, 11);
         let mut sc = Scratch::new(l, 64);
         let mut codes = vec![0u8; 64];
-        let err = encode_tail_biting(&x, &cb, l, &mut sc, &mut codes);
+        let err = encode_tail_biting(&x, &[1.0; 64], &cb, l, &mut sc, &mut codes);
         let direct: f32 = (0..64)
             .map(|j| (x[j] - cb[state_at(&codes, j, l) as usize]).powi(2))
             .sum();
@@ -694,5 +952,49 @@ mod tests {
         assert!(out.iter().all(|v| v.is_finite()));
         let e = quantize_row(&[0.0; 96], &mut b).unwrap_err();
         assert!(e.to_string().contains("multiple of 64"), "{e}");
+    }
+
+    /// A random symmetric positive definite 64×64 form with strong correlations (`M Mᵀ/64 + 0.05 I`,
+    /// `M` with 8 columns shared across the block).
+    fn spd_form(seed: u64) -> Vec<f64> {
+        let mut g = SplitMix64::new(seed);
+        let m: Vec<f64> = (0..QK * 8).map(|_| g.gauss()).collect();
+        let mut a = vec![0f64; QK * QK];
+        for i in 0..QK {
+            for k in 0..QK {
+                let s: f64 = (0..8).map(|t| m[i * 8 + t] * m[k * 8 + t]).sum();
+                a[i * QK + k] = s / 8.0 + if i == k { 0.05 } else { 0.0 };
+            }
+        }
+        a
+    }
+
+    /// The incremental coordinate descent is its definition (every move scored from scratch):
+    /// the same codes, the same cost up to rounding; and it never raises the cost it starts from.
+    #[test]
+    fn refine_codes_equals_reference_and_never_raises_the_cost() {
+        let cb = format_codebook();
+        let mut sc = Scratch::new(L, QK);
+        let mut moved = 0;
+        for seed in 0..6u64 {
+            let a = spd_form(100 + seed);
+            let x: Vec<f64> = gauss(QK, 200 + seed).iter().map(|&v| v as f64).collect();
+            let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+            let (mut codes, mut y) = ([0u8; QK], [0f32; QK]);
+            let (e, _) = encode_block(&xf, cb, Settings::FORMAT, true, &mut sc, &mut codes, &mut y);
+            let d = scale_of(e);
+            let start = quad_cost(&x, &a, d, &codes);
+            let (mut c1, mut c2) = (codes, codes);
+            let k1 = refine_codes(&x, &a, d, &mut c1, 4);
+            let k2 = refine_codes_ref(&x, &a, d, &mut c2, 4);
+            assert_eq!(c1, c2, "seed {seed}");
+            assert!((k1 - k2).abs() <= 1e-9 * k2, "seed {seed}: {k1} vs {k2}");
+            let exact = quad_cost(&x, &a, d, &c1);
+            assert!((k1 - exact).abs() <= 1e-9 * exact, "{k1} vs {exact}");
+            assert!(exact <= start, "seed {seed}: {exact} > {start}");
+            moved += (c1 != codes) as usize;
+        }
+        // The plain search ignores the form's correlations: descent finds moves on most blocks.
+        assert!(moved >= 3, "descent moved {moved} of 6 blocks");
     }
 }

@@ -125,40 +125,20 @@ fn fit_symmetric(x: &[f32], w: &[f32], nmax: i32, lo: i32, hi: i32) -> f32 {
 pub(crate) fn fit(ty: TensorType, x: &[f32], w: &[f32], out: &mut [u8], g: &mut BlockGrid) {
     use TensorType::*;
     debug_assert_eq!(x.len(), ty.block_size());
-    g.b.fill(0.0);
+    let gs = group_size(ty);
+    let mut scales = [0f32; QK_K / 16];
+    let mut mins = [0f32; QK_K / 16];
+    let ng = ty.block_size() / gs;
     match ty {
-        Q8_0 | Q4_0 | Q5_0 => {
+        Q8_0 | Q4_0 | Q5_0 | Q6K => {
             let nmax = match ty {
                 Q8_0 => 127,
                 Q4_0 => 8,
-                _ => 16,
+                _ => g.hi + 1,
             };
-            let d = f16_round(fit_symmetric(x, w, nmax, g.lo, g.hi));
-            out[..2].copy_from_slice(&f32_to_f16_bits(d).to_le_bytes());
-            g.a.fill(d);
-        }
-        Q6K => {
-            let mut scales = [0f32; QK_K / 16];
-            let (mut max_scale, mut amax) = (0f32, 0f32);
-            for (ib, s) in scales.iter_mut().enumerate() {
-                let r = 16 * ib..16 * ib + 16;
-                *s = fit_symmetric(&x[r.clone()], &w[r], 32, -32, 31);
-                if s.abs() > amax {
-                    amax = s.abs();
-                    max_scale = *s;
-                }
-            }
-            if amax < 1e-30 {
-                out[192..210].fill(0);
-                g.a.fill(0.0);
-                return;
-            }
-            let iscale = -128.0f32 / max_scale;
-            let d = put_f16(out, 208, 1.0 / iscale);
-            for (ib, s) in scales.iter().enumerate() {
-                let sc = nearest_int(iscale * s).clamp(-128, 127) as i8;
-                out[192 + ib] = sc as u8;
-                g.a[16 * ib..16 * ib + 16].fill(d * sc as f32);
+            for (ib, s) in scales[..ng].iter_mut().enumerate() {
+                let r = gs * ib..gs * ib + gs;
+                *s = fit_symmetric(&x[r.clone()], &w[r], nmax, g.lo, g.hi);
             }
         }
         Q4K | Q5K => {
@@ -169,8 +149,6 @@ pub(crate) fn fit(ty: TensorType, x: &[f32], w: &[f32], out: &mut [u8], g: &mut 
             };
             let mut l = [0u8; 32];
             let mut laux = [0u8; 32];
-            let mut scales = [0f32; 8];
-            let mut mins = [0f32; 8];
             for j in 0..8 {
                 let r = 32 * j..32 * j + 32;
                 let (s, m) = make_qkx2_quants::<32>(
@@ -187,6 +165,67 @@ pub(crate) fn fit(ty: TensorType, x: &[f32], w: &[f32], out: &mut [u8], g: &mut 
                 scales[j] = s;
                 mins[j] = m;
             }
+        }
+        _ => unreachable!("no grid encoder for {ty}"),
+    }
+    set_params(ty, &scales[..ng], &mins[..ng], out, g);
+}
+
+/// Values per scale group of `ty` (one scale, and for q4_K/q5_K one min, per group).
+pub(crate) fn group_size(ty: TensorType) -> usize {
+    match ty {
+        TensorType::Q6K => 16,
+        _ => 32,
+    }
+}
+
+/// Whether `ty`'s groups have a min (value `a·c − b`) besides the scale.
+pub(crate) fn has_min(ty: TensorType) -> bool {
+    matches!(ty, TensorType::Q4K | TensorType::Q5K)
+}
+
+/// Store one block's group parameters — `scales[k]` (signed for the symmetric types, >= 0 for
+/// q4_K/q5_K) and `mins[k]` (q4_K/q5_K: value `scale·c − min`, min >= 0) for each
+/// [`group_size`] group — the way the stock format holds them: f16 scales (q8_0/q4_0/q5_0), the
+/// super-block quantization of ggml's reference quantizers (6-bit scales/mins over `max/63`
+/// for q4_K/q5_K, i8 scales over `max/−128` for q6_K), and fill `g` with the grid that gives.
+pub(crate) fn set_params(
+    ty: TensorType,
+    scales: &[f32],
+    mins: &[f32],
+    out: &mut [u8],
+    g: &mut BlockGrid,
+) {
+    use TensorType::*;
+    g.b.fill(0.0);
+    match ty {
+        Q8_0 | Q4_0 | Q5_0 => {
+            let d = f16_round(scales[0]);
+            out[..2].copy_from_slice(&f32_to_f16_bits(d).to_le_bytes());
+            g.a.fill(d);
+        }
+        Q6K => {
+            let (mut max_scale, mut amax) = (0f32, 0f32);
+            for &s in scales {
+                if s.abs() > amax {
+                    amax = s.abs();
+                    max_scale = s;
+                }
+            }
+            if amax < 1e-30 {
+                out[192..210].fill(0);
+                g.a.fill(0.0);
+                return;
+            }
+            let iscale = -128.0f32 / max_scale;
+            let d = put_f16(out, 208, 1.0 / iscale);
+            for (ib, s) in scales.iter().enumerate() {
+                let sc = nearest_int(iscale * s).clamp(-128, 127) as i8;
+                out[192 + ib] = sc as u8;
+                g.a[16 * ib..16 * ib + 16].fill(d * sc as f32);
+            }
+        }
+        Q4K | Q5K => {
             let max_scale = scales.iter().cloned().fold(0f32, f32::max);
             let max_min = mins.iter().cloned().fold(0f32, f32::max);
             let inv_scale = if max_scale > 0.0 {

@@ -1312,6 +1312,8 @@ mod group_tests {
         for ty in [
             TensorType::Q4_0,
             TensorType::Q8_0,
+            TensorType::Q2K,
+            TensorType::Q3K,
             TensorType::Q4K,
             TensorType::Q6K,
         ] {
@@ -1384,6 +1386,8 @@ mod group_tests {
             TensorType::Q4_0,
             TensorType::Q5_0,
             TensorType::Q8_0,
+            TensorType::Q2K,
+            TensorType::Q3K,
             TensorType::Q4K,
             TensorType::Q5K,
             TensorType::Q6K,

@@ -9,15 +9,16 @@
 //! and the registry's (gguf-py-checked) decoders read them unchanged.
 //!
 //! The parameter search, per scale group, with weights `w` (the Hessian diagonal):
-//! - symmetric groups (q8_0, q4_0, q5_0 blocks; q6_K's 16-value groups): 31 trial inverse scales
-//!   `−(nmax + 0.1·k) / m`, `k = −15..=15`, with `m` the value of largest |x|; each trial's codes are
-//!   rounded to nearest and scored by the weighted least-squares fit `(Σ w x c)² / Σ w c²` (what
-//!   ggml's `make_qx_quants` does with an importance matrix, over a wider range of trials); the
-//!   best trial's least-squares scale is kept;
-//! - asymmetric groups (q4_K, q5_K): ggml's `make_qkx2_quants` with the weights `w` in place of
-//!   its `mean|x| + |x|` heuristic;
+//! - symmetric groups (q8_0, q4_0, q5_0 blocks; q3_K's and q6_K's 16-value groups): 31 trial
+//!   inverse scales `−(nmax + 0.1·k) / m`, `k = −15..=15`, with `m` the value of largest |x|;
+//!   each trial's codes are rounded to nearest and scored by the weighted least-squares fit
+//!   `(Σ w x c)² / Σ w c²` (what ggml's `make_qx_quants` does with an importance matrix, over a
+//!   wider range of trials); the best trial's least-squares scale is kept;
+//! - asymmetric groups (q4_K, q5_K; q2_K's 16-value groups with ggml's q2_K settings): ggml's
+//!   `make_qkx2_quants` with the weights `w` in place of its `mean|x| + |x|` (or `|x|`) heuristic;
 //! - then the super-block quantization of the group scales exactly as ggml's reference quantizers
-//!   (6-bit scales/mins over `max/63` for q4_K/q5_K, i8 scales over `max/−128` for q6_K), and the
+//!   (6-bit scales/mins over `max/63` for q4_K/q5_K, i8 scales over `max/−128` for q6_K, 4-bit
+//!   scales/mins over `max/15` for q2_K, 6-bit signed scales over `max/−32` for q3_K), and the
 //!   f16 rounding of every stored scale: the grid returned is the one the decoder will use.
 
 use super::kquants::{

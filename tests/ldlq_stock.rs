@@ -1,5 +1,5 @@
 //! LDLQ into stock GGUF types (issue 18) on real data: SmolLM2 tensors and Hessians calibrated on
-//! Botchan. The output blocks are ordinary q8_0 / q5_0 / q4_0 / q4_K / q5_K / q6_K blocks (decoded
+//! Botchan. The output blocks are ordinary q8_0 / q5_0 / q4_0 / q2_K / q3_K / q4_K / q5_K / q6_K blocks (decoded
 //! here by the registry's decoders, which are checked against gguf-py and llama-quantize), and
 //! LDLQ lowers the Hessian-weighted error against round-to-nearest at the same bytes.
 
@@ -38,7 +38,7 @@ fn ldlq_beats_rtn_on_smollm2_tensors_in_stock_types() {
     let f = GgufFile::open(&smol).unwrap();
     use TensorType::*;
     for (name, tys) in [
-        ("blk.7.ffn_down.weight", &[Q4K, Q5K, Q6K][..]),
+        ("blk.7.ffn_down.weight", &[Q2K, Q3K, Q4K, Q5K, Q6K][..]),
         ("blk.7.attn_q.weight", &[Q4_0, Q5_0, Q8_0][..]),
     ] {
         let t = f.tensors.iter().find(|t| t.name == name).unwrap();
@@ -72,6 +72,11 @@ fn ldlq_beats_rtn_on_smollm2_tensors_in_stock_types() {
             // Small calibration (4 windows): the gain in this proxy is modest on real tensors
             // (the whole-model KLD gain is larger: docs/benchmarks.md), but it must be there.
             assert!(l_ldlq < l_rtn, "{name} {ty}: {l_ldlq} vs {l_rtn}");
+            // The 2- and 3-bit grids leave round-to-nearest far more to correct (measured
+            // 0.30x / 0.27x).
+            if matches!(ty, Q2K | Q3K) {
+                assert!(l_ldlq < 0.5 * l_rtn, "{name} {ty}: {l_ldlq} vs {l_rtn}");
+            }
         }
     }
 }

@@ -9,19 +9,21 @@
 //! and the registry's (gguf-py-checked) decoders read them unchanged.
 //!
 //! The parameter search, per scale group, with weights `w` (the Hessian diagonal):
-//! - symmetric groups (q8_0, q4_0, q5_0 blocks; q6_K's 16-value groups): 31 trial inverse scales
-//!   `−(nmax + 0.1·k) / m`, `k = −15..=15`, with `m` the value of largest |x|; each trial's codes are
-//!   rounded to nearest and scored by the weighted least-squares fit `(Σ w x c)² / Σ w c²` (what
-//!   ggml's `make_qx_quants` does with an importance matrix, over a wider range of trials); the
-//!   best trial's least-squares scale is kept;
-//! - asymmetric groups (q4_K, q5_K): ggml's `make_qkx2_quants` with the weights `w` in place of
-//!   its `mean|x| + |x|` heuristic;
+//! - symmetric groups (q8_0, q4_0, q5_0 blocks; q3_K's and q6_K's 16-value groups): 31 trial
+//!   inverse scales `−(nmax + 0.1·k) / m`, `k = −15..=15`, with `m` the value of largest |x|;
+//!   each trial's codes are rounded to nearest and scored by the weighted least-squares fit
+//!   `(Σ w x c)² / Σ w c²` (what ggml's `make_qx_quants` does with an importance matrix, over a
+//!   wider range of trials); the best trial's least-squares scale is kept;
+//! - asymmetric groups (q4_K, q5_K; q2_K's 16-value groups with ggml's q2_K settings): ggml's
+//!   `make_qkx2_quants` with the weights `w` in place of its `mean|x| + |x|` (or `|x|`) heuristic;
 //! - then the super-block quantization of the group scales exactly as ggml's reference quantizers
-//!   (6-bit scales/mins over `max/63` for q4_K/q5_K, i8 scales over `max/−128` for q6_K), and the
+//!   (6-bit scales/mins over `max/63` for q4_K/q5_K, i8 scales over `max/−128` for q6_K, 4-bit
+//!   scales/mins over `max/15` for q2_K, 6-bit signed scales over `max/−32` for q3_K), and the
 //!   f16 rounding of every stored scale: the grid returned is the one the decoder will use.
 
 use super::kquants::{
-    make_qkx2_quants, nearest_int, pack_scale_min_k4, put_f16, scale_min_k4, QK_K,
+    make_qkx2_quants, nearest_int, pack_2bit, pack_scale_min_k4, put_f16, q3_k_scales,
+    scale_min_k4, QK_K,
 };
 use super::legacy::QK;
 use super::TensorType;
@@ -68,7 +70,7 @@ impl BlockGrid {
 /// The stock types with a fixed-grid encoder here.
 pub(crate) fn supports(ty: TensorType) -> bool {
     use TensorType::*;
-    matches!(ty, Q8_0 | Q4_0 | Q5_0 | Q4K | Q5K | Q6K)
+    matches!(ty, Q8_0 | Q4_0 | Q5_0 | Q2K | Q3K | Q4K | Q5K | Q6K)
 }
 
 /// Code range of each type (q8_0 stays symmetric: x86 kernels take |c| of int8 codes, and −128
@@ -79,6 +81,8 @@ fn range(ty: TensorType) -> (i32, i32) {
         Q8_0 => (-127, 127),
         Q4_0 => (-8, 7),
         Q5_0 => (-16, 15),
+        Q2K => (0, 3),
+        Q3K => (-4, 3),
         Q4K => (0, 15),
         Q5K => (0, 31),
         Q6K => (-32, 31),
@@ -125,40 +129,41 @@ fn fit_symmetric(x: &[f32], w: &[f32], nmax: i32, lo: i32, hi: i32) -> f32 {
 pub(crate) fn fit(ty: TensorType, x: &[f32], w: &[f32], out: &mut [u8], g: &mut BlockGrid) {
     use TensorType::*;
     debug_assert_eq!(x.len(), ty.block_size());
-    g.b.fill(0.0);
+    let gs = group_size(ty);
+    let mut scales = [0f32; QK_K / 16];
+    let mut mins = [0f32; QK_K / 16];
+    let ng = ty.block_size() / gs;
     match ty {
-        Q8_0 | Q4_0 | Q5_0 => {
+        Q8_0 | Q4_0 | Q5_0 | Q3K | Q6K => {
             let nmax = match ty {
                 Q8_0 => 127,
                 Q4_0 => 8,
-                _ => 16,
+                _ => g.hi + 1,
             };
-            let d = f16_round(fit_symmetric(x, w, nmax, g.lo, g.hi));
-            out[..2].copy_from_slice(&f32_to_f16_bits(d).to_le_bytes());
-            g.a.fill(d);
+            for (ib, s) in scales[..ng].iter_mut().enumerate() {
+                let r = gs * ib..gs * ib + gs;
+                *s = fit_symmetric(&x[r.clone()], &w[r], nmax, g.lo, g.hi);
+            }
         }
-        Q6K => {
-            let mut scales = [0f32; QK_K / 16];
-            let (mut max_scale, mut amax) = (0f32, 0f32);
-            for (ib, s) in scales.iter_mut().enumerate() {
-                let r = 16 * ib..16 * ib + 16;
-                *s = fit_symmetric(&x[r.clone()], &w[r], 32, -32, 31);
-                if s.abs() > amax {
-                    amax = s.abs();
-                    max_scale = *s;
-                }
-            }
-            if amax < 1e-30 {
-                out[192..210].fill(0);
-                g.a.fill(0.0);
-                return;
-            }
-            let iscale = -128.0f32 / max_scale;
-            let d = put_f16(out, 208, 1.0 / iscale);
-            for (ib, s) in scales.iter().enumerate() {
-                let sc = nearest_int(iscale * s).clamp(-128, 127) as i8;
-                out[192 + ib] = sc as u8;
-                g.a[16 * ib..16 * ib + 16].fill(d * sc as f32);
+        Q2K => {
+            // ggml's q2_K search (use_mad, rmin −0.5, 15 steps) with the Hessian weights.
+            let mut l = [0u8; 16];
+            let mut laux = [0u8; 16];
+            for j in 0..16 {
+                let r = 16 * j..16 * j + 16;
+                let (s, m) = make_qkx2_quants::<16>(
+                    3,
+                    x[r.clone()].try_into().unwrap(),
+                    w[r].try_into().unwrap(),
+                    &mut l,
+                    &mut laux,
+                    -0.5,
+                    0.1,
+                    15,
+                    true,
+                );
+                scales[j] = s;
+                mins[j] = m;
             }
         }
         Q4K | Q5K => {
@@ -169,8 +174,6 @@ pub(crate) fn fit(ty: TensorType, x: &[f32], w: &[f32], out: &mut [u8], g: &mut 
             };
             let mut l = [0u8; 32];
             let mut laux = [0u8; 32];
-            let mut scales = [0f32; 8];
-            let mut mins = [0f32; 8];
             for j in 0..8 {
                 let r = 32 * j..32 * j + 32;
                 let (s, m) = make_qkx2_quants::<32>(
@@ -187,6 +190,126 @@ pub(crate) fn fit(ty: TensorType, x: &[f32], w: &[f32], out: &mut [u8], g: &mut 
                 scales[j] = s;
                 mins[j] = m;
             }
+        }
+        _ => unreachable!("no grid encoder for {ty}"),
+    }
+    set_params(ty, &scales[..ng], &mins[..ng], out, g);
+}
+
+/// Values per scale group of `ty` (one scale, and for q4_K/q5_K one min, per group).
+pub(crate) fn group_size(ty: TensorType) -> usize {
+    match ty {
+        TensorType::Q2K | TensorType::Q3K | TensorType::Q6K => 16,
+        _ => 32,
+    }
+}
+
+/// Whether `ty`'s groups have a min (value `a·c − b`) besides the scale.
+pub(crate) fn has_min(ty: TensorType) -> bool {
+    matches!(ty, TensorType::Q2K | TensorType::Q4K | TensorType::Q5K)
+}
+
+/// Store one block's group parameters — `scales[k]` (signed for the symmetric types, >= 0 for
+/// q4_K/q5_K) and `mins[k]` (q4_K/q5_K: value `scale·c − min`, min >= 0) for each
+/// [`group_size`] group — the way the stock format holds them: f16 scales (q8_0/q4_0/q5_0), the
+/// super-block quantization of ggml's reference quantizers (6-bit scales/mins over `max/63`
+/// for q4_K/q5_K, i8 scales over `max/−128` for q6_K, 4-bit scales/mins over `max/15` for
+/// q2_K, 6-bit signed scales over `max/−32` for q3_K), and fill `g` with the grid that gives.
+pub(crate) fn set_params(
+    ty: TensorType,
+    scales: &[f32],
+    mins: &[f32],
+    out: &mut [u8],
+    g: &mut BlockGrid,
+) {
+    use TensorType::*;
+    g.b.fill(0.0);
+    match ty {
+        Q8_0 | Q4_0 | Q5_0 => {
+            let d = f16_round(scales[0]);
+            out[..2].copy_from_slice(&f32_to_f16_bits(d).to_le_bytes());
+            g.a.fill(d);
+        }
+        Q6K => {
+            let (mut max_scale, mut amax) = (0f32, 0f32);
+            for &s in scales {
+                if s.abs() > amax {
+                    amax = s.abs();
+                    max_scale = s;
+                }
+            }
+            if amax < 1e-30 {
+                out[192..210].fill(0);
+                g.a.fill(0.0);
+                return;
+            }
+            let iscale = -128.0f32 / max_scale;
+            let d = put_f16(out, 208, 1.0 / iscale);
+            for (ib, s) in scales.iter().enumerate() {
+                let sc = nearest_int(iscale * s).clamp(-128, 127) as i8;
+                out[192 + ib] = sc as u8;
+                g.a[16 * ib..16 * ib + 16].fill(d * sc as f32);
+            }
+        }
+        Q2K => {
+            let max_scale = scales.iter().cloned().fold(0f32, f32::max);
+            let max_min = mins.iter().cloned().fold(0f32, f32::max);
+            out[..16].fill(0);
+            let d = if max_scale > 0.0 {
+                let iscale = 15.0 / max_scale;
+                for (o, s) in out[..16].iter_mut().zip(scales) {
+                    *o = nearest_int(iscale * s).clamp(0, 15) as u8;
+                }
+                put_f16(out, 80, max_scale / 15.0)
+            } else {
+                put_f16(out, 80, 0.0)
+            };
+            let dmin = if max_min > 0.0 {
+                let iscale = 15.0 / max_min;
+                for (o, m) in out[..16].iter_mut().zip(mins) {
+                    *o |= (nearest_int(iscale * m).clamp(0, 15) as u8) << 4;
+                }
+                put_f16(out, 82, max_min / 15.0)
+            } else {
+                put_f16(out, 82, 0.0)
+            };
+            for j in 0..16 {
+                let sc = out[j];
+                g.a[16 * j..16 * j + 16].fill(d * (sc & 0x0F) as f32);
+                g.b[16 * j..16 * j + 16].fill(dmin * (sc >> 4) as f32);
+            }
+        }
+        Q3K => {
+            let (mut max_scale, mut amax) = (0f32, 0f32);
+            for &s in scales {
+                if s.abs() > amax {
+                    amax = s.abs();
+                    max_scale = s;
+                }
+            }
+            let sc = &mut out[96..108];
+            sc.fill(0);
+            let d = if amax >= 1e-30 {
+                let iscale = -32.0f32 / max_scale;
+                for (j, s) in scales.iter().enumerate() {
+                    let li = nearest_int(iscale * s).clamp(-32, 31) + 32;
+                    if j < 8 {
+                        sc[j] = (li & 0x0F) as u8;
+                    } else {
+                        sc[j - 8] |= ((li & 0x0F) << 4) as u8;
+                    }
+                    sc[8 + j % 4] |= ((li >> 4) << (2 * (j / 4))) as u8;
+                }
+                put_f16(out, 108, 1.0 / iscale)
+            } else {
+                put_f16(out, 108, 0.0)
+            };
+            let s = q3_k_scales(&out[96..108]);
+            for j in 0..16 {
+                g.a[16 * j..16 * j + 16].fill(d * s[j] as f32);
+            }
+        }
+        Q4K | Q5K => {
             let max_scale = scales.iter().cloned().fold(0f32, f32::max);
             let max_min = mins.iter().cloned().fold(0f32, f32::max);
             let inv_scale = if max_scale > 0.0 {
@@ -238,6 +361,27 @@ pub(crate) fn pack(ty: TensorType, codes: &[i32], out: &mut [u8]) {
                 qh |= ((c0 >> 4) << j) | ((c1 >> 4) << (j + 16));
             }
             out[2..6].copy_from_slice(&qh.to_le_bytes());
+        }
+        Q2K => {
+            let mut l = [0u8; QK_K];
+            for (o, &c) in l.iter_mut().zip(codes) {
+                *o = c as u8;
+            }
+            pack_2bit(&l, &mut out[16..80]);
+        }
+        Q3K => {
+            // Stored value c + 4 in 0..=7: the low 2 bits in `qs`, the high bit in `hmask`.
+            let mut l = [0u8; QK_K];
+            let (hmask, rest) = out.split_at_mut(32);
+            hmask.fill(0);
+            for (j, (o, &c)) in l.iter_mut().zip(codes).enumerate() {
+                let v = (c + 4) as u8;
+                if v > 3 {
+                    hmask[j % 32] |= 1 << (j / 32);
+                }
+                *o = v & 3;
+            }
+            pack_2bit(&l, &mut rest[..64]);
         }
         Q4K => {
             let qs = &mut out[16..144];
@@ -318,10 +462,12 @@ mod tests {
             .collect()
     }
 
-    const ALL: [TensorType; 6] = [
+    const ALL: [TensorType; 8] = [
         TensorType::Q8_0,
         TensorType::Q4_0,
         TensorType::Q5_0,
+        TensorType::Q2K,
+        TensorType::Q3K,
         TensorType::Q4K,
         TensorType::Q5K,
         TensorType::Q6K,

@@ -31,6 +31,7 @@ mod q45_k;
 mod q6_k;
 mod search;
 
+pub(crate) use q3_k::q3_k_scales;
 pub(crate) use q45_k::{pack_scale_min_k4, scale_min_k4};
 pub(crate) use search::make_qkx2_quants;
 
@@ -97,7 +98,7 @@ pub(crate) fn put_f16(b: &mut [u8], i: usize, v: f32) -> f32 {
 /// Pack 256 2-bit levels as ggml: byte `j/4 + l` of each 128-value half holds values
 /// `j + l`, `j + l + 32`, `j + l + 64`, `j + l + 96` in bits 0-1, 2-3, 4-5, 6-7.
 #[inline(always)]
-fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
+pub(crate) fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
     for j in (0..QK_K).step_by(128) {
         for k in 0..32 {
             qs[j / 4 + k] =

@@ -7,7 +7,7 @@ use super::{f16_at, nearest_int, pack_2bit, put_f16, Q3_K_BYTES, QK_K};
 /// The 16 signed 6-bit scales of a Q3_K block: low 4 bits from `s[k % 8]` (low nibble for
 /// k < 8, high nibble after), high 2 bits from `s[8 + k % 4]` at bit `2 * (k / 4)`, minus 32.
 #[inline(always)]
-pub(super) fn q3_k_scales(s: &[u8]) -> [i32; 16] {
+pub(crate) fn q3_k_scales(s: &[u8]) -> [i32; 16] {
     let mut out = [0i32; 16];
     for (k, o) in out.iter_mut().enumerate() {
         let lo = if k < 8 { s[k] & 0x0F } else { s[k - 8] >> 4 };

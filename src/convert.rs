@@ -867,3 +867,79 @@ fn read_finite_rows(
         })?;
     Ok(x)
 }
+
+/// Measurement tests that read real models (the `quant` room may not open GGUF files).
+#[cfg(test)]
+mod proxies {
+    /// The proxy of issue 19's follow-up (not CI: it needs the benchmark's cached SmolLM2 F16 and
+    /// Botchan Hessians, `scripts/bench-2bit.sh`): the Hessian-weighted relative error
+    /// `tr(ΔW H ΔWᵀ) / tr(W H Wᵀ)` of the first `TQ_PROXY_ROWS` (default 64) rows of real tensors,
+    /// tq2_r LDLQ against tq2_t block-LDLQ with each inner quantizer.
+    /// `cargo test --release --lib trellis_proxy -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn trellis_proxy_on_smollm2() {
+        use crate::gguf::GgufFile;
+        use crate::quant::ldlq::{factor_hessian, proxy_loss, quantize_ldlq};
+        use crate::quant::ldlq2::{quantize_trellis, TrellisInner};
+        use crate::types::TensorType;
+        let cache = std::env::var("TQ_CACHE")
+            .unwrap_or_else(|_| format!("{}/.cache/tq", std::env::var("HOME").unwrap()));
+        let b = std::path::Path::new(&cache).join("bench2bit");
+        let (hs, _) = crate::quant::Hessians::load(&b.join("H.safetensors")).unwrap();
+        let f = GgufFile::open(b.join("smollm2-f16.gguf")).unwrap();
+        let rows: usize = std::env::var("TQ_PROXY_ROWS")
+            .map(|v| v.parse().unwrap())
+            .unwrap_or(64);
+        let names = std::env::var("TQ_PROXY_TENSORS").unwrap_or_else(|_| {
+            "blk.7.ffn_down.weight,blk.7.attn_q.weight,blk.7.ffn_gate.weight".into()
+        });
+        let quad = |weighted, passes, feedback| TrellisInner::Quad {
+            weighted,
+            passes,
+            feedback,
+        };
+        let variants = [
+            ("plain (old)", TrellisInner::Plain),
+            ("plain+CD", quad(false, 4, 0)),
+            ("weighted", quad(true, 0, 0)),
+            ("weighted+CD", quad(true, 4, 0)),
+            ("plain+fb2", quad(false, 0, 2)),
+            ("weighted+fb2+CD", quad(true, 4, 2)),
+            ("plain+fb2+CD (format)", quad(false, 4, 2)),
+            ("plain+fb4+CD", quad(false, 4, 4)),
+        ];
+        for name in names.split(',') {
+            let t = f.tensors.iter().find(|t| t.name == name).unwrap();
+            let n = t.dims[0] as usize;
+            let mut w = vec![0f32; t.n_elements() as usize];
+            crate::types::dequantize(t.ty, f.tensor_data(t), &mut w, name).unwrap();
+            w.truncate(rows * n);
+            let h = hs.for_tensor(name).unwrap();
+            let dec = |ty: TensorType, b: &[u8]| {
+                let mut y = vec![0f32; w.len()];
+                crate::types::dequantize_rows(ty, b, &mut y, n, name).unwrap();
+                y
+            };
+            let fr = factor_hessian(TensorType::TQ2R, h, 0.01, name).unwrap();
+            let t0 = std::time::Instant::now();
+            let qr = quantize_ldlq(TensorType::TQ2R, &w, n, &fr, 0);
+            let lr = proxy_loss(&h.h, n, &w, &dec(TensorType::TQ2R, &qr));
+            eprintln!(
+                "{name} rows {rows}: tq2_r LDLQ {lr:.5} ({:.1} s)",
+                t0.elapsed().as_secs_f64()
+            );
+            let ft = factor_hessian(TensorType::TQ2T, h, 0.01, name).unwrap();
+            for (label, inner) in variants {
+                let t0 = std::time::Instant::now();
+                let q = quantize_trellis(&w, n, &ft, 0, inner);
+                let l = proxy_loss(&h.h, n, &w, &dec(TensorType::TQ2T, &q));
+                eprintln!(
+                    "{name}: tq2_t {label}: {l:.5} ({:.3}x tq2_r, {:.1} s)",
+                    l / lr,
+                    t0.elapsed().as_secs_f64()
+                );
+            }
+        }
+    }
+}

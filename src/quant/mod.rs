@@ -8,7 +8,7 @@
 
 pub(crate) mod hessian;
 pub mod ldlq;
-mod ldlq2;
+pub(crate) mod ldlq2;
 pub mod sensitivity;
 
 pub use hessian::{

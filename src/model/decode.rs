@@ -8,7 +8,7 @@
 //! same graph as [`Model::forward`] with [`Numerics::F32`] for every architecture it runs (tested
 //! against it, position by position, on each).
 
-use super::layer::{geglu, rms_norm, rms_norm_rows, swiglu, LayerWeights};
+use super::layer::{glu_rows, rms_norm, rms_norm_rows, LayerWeights};
 use super::matmul::matmul_t;
 use super::rope::Rope;
 use super::runtime::post_norm;
@@ -250,20 +250,7 @@ impl<'m, 'a> Decoder<'m, 'a> {
             } else {
                 let nff = lw.gate_up.n_total / 2;
                 lw.gate_up.forward(&h, b, &mut gu, false, threads);
-                let gelu = cfg.gelu;
-                act[..b * nff]
-                    .par_chunks_mut(nff)
-                    .zip(gu.par_chunks(2 * nff))
-                    .for_each(|(a, g)| {
-                        let (gate, up) = g.split_at(nff);
-                        for i in 0..nff {
-                            a[i] = if gelu {
-                                geglu(gate[i], up[i], false)
-                            } else {
-                                swiglu(gate[i], up[i])
-                            };
-                        }
-                    });
+                glu_rows(&gu, &mut act[..b * nff], nff, cfg.gelu, false);
                 lw.down
                     .forward(&act[..b * nff], b, &mut tmp, false, threads);
                 post_norm(&lw.ffn_post_norm, &mut tmp, cfg.rms_eps, e);

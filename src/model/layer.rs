@@ -487,6 +487,23 @@ pub fn swiglu(g: f32, u: f32) -> f32 {
     g / (1.0 + (-g).exp()) * u
 }
 
+/// The gated activation of stacked gate|up rows (`gu`: rows × 2·`nff`, gate first) into `act`
+/// (rows × `nff`): SwiGLU, or with `gelu` GELU(gate)·up ([`geglu`], ggml's table when `ggml`).
+pub fn glu_rows(gu: &[f32], act: &mut [f32], nff: usize, gelu: bool, ggml: bool) {
+    act.par_chunks_mut(nff)
+        .zip(gu.par_chunks(2 * nff))
+        .for_each(|(a, g)| {
+            let (gate, up) = g.split_at(nff);
+            for i in 0..nff {
+                a[i] = if gelu {
+                    geglu(gate[i], up[i], ggml)
+                } else {
+                    swiglu(gate[i], up[i])
+                };
+            }
+        });
+}
+
 /// GELU, tanh form, in f32 as ggml's `ggml_gelu_f32`.
 #[inline]
 pub fn gelu(x: f32) -> f32 {

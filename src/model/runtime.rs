@@ -8,9 +8,7 @@ use super::config::Config;
 use super::config::{LayerNames, Moe};
 use super::kernels::{placements, Kernels, Placement};
 use super::kv::{hadamard_blocks, round_trip, KvCache, KvLayer};
-use super::layer::{
-    dequantize_rows, geglu, load_f32, rms_norm_rows, swiglu, LayerWeights, LinearSet,
-};
+use super::layer::{dequantize_rows, glu_rows, load_f32, rms_norm_rows, LayerWeights, LinearSet};
 use super::matmul::{matmul_t, ActRound};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -509,20 +507,7 @@ impl<'a> Model<'a> {
             }
             lw.gate_up
                 .forward_on(&h, rows_now, &mut gu, ggml, threads, kern.as_deref_mut())?;
-            let gelu = cfg.gelu;
-            act[..rows_now * nff]
-                .par_chunks_mut(nff)
-                .zip(gu.par_chunks(2 * nff))
-                .for_each(|(a, g)| {
-                    let (gate, up) = g.split_at(nff);
-                    for i in 0..nff {
-                        a[i] = if gelu {
-                            geglu(gate[i], up[i], ggml)
-                        } else {
-                            swiglu(gate[i], up[i])
-                        };
-                    }
-                });
+            glu_rows(&gu, &mut act[..rows_now * nff], nff, cfg.gelu, ggml);
             if let Some(o) = observer.as_deref_mut().filter(|_| watch) {
                 o.linear_input(
                     Some(l),
@@ -694,14 +679,7 @@ impl Model<'_> {
             gu_set.forward(&xe, n, &mut gu, ggml, threads);
             drop(gu_set);
             let mut act = vec![0f32; n * nff];
-            act.par_chunks_mut(nff)
-                .zip(gu.par_chunks(2 * nff))
-                .for_each(|(a, g)| {
-                    let (gate, up) = g.split_at(nff);
-                    for i in 0..nff {
-                        a[i] = swiglu(gate[i], up[i]);
-                    }
-                });
+            glu_rows(&gu, &mut act, nff, false, ggml);
             if let Some(o) = observer.as_deref_mut() {
                 o.expert_input(l, x, &[&names.ffn_down_exps], &act, n, nff);
             }

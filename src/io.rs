@@ -160,12 +160,19 @@ mod on_signal {
     static INSTALL: Once = Once::new();
 
     extern "C" fn cleanup(sig: libc::c_int) {
-        for slot in &PATHS {
-            let p = slot.load(Ordering::SeqCst);
-            if !p.is_null() {
-                // SAFETY: `p` is a leaked, NUL-terminated path that is never freed; unlink is
-                // async-signal-safe.
-                unsafe { libc::unlink(p) };
+        // Other threads run on while this one unlinks: a checkpoint being written (its temp
+        // file renamed onto the checkpoint) could reappear after its unlink. Later slots first
+        // (a checkpoint's temp is registered after the checkpoint itself), so the rename either
+        // fails on the unlinked temp or lands before the checkpoint is unlinked; a second pass
+        // catches a file another thread made during the first.
+        for _ in 0..2 {
+            for slot in PATHS.iter().rev() {
+                let p = slot.load(Ordering::SeqCst);
+                if !p.is_null() {
+                    // SAFETY: `p` is a leaked, NUL-terminated path that is never freed; unlink
+                    // is async-signal-safe.
+                    unsafe { libc::unlink(p) };
+                }
             }
         }
         // SAFETY: restore the default action and re-raise, so the exit status says "killed by sig".

@@ -136,11 +136,33 @@ fn tq_constraints_token_embd_attention_group_and_row_fallbacks() {
             .unwrap()
             .clone()
     };
-    // attn_v asked f16 alone: the layer's four attention tensors are unified to the majority (q8_0).
+    // attn_v asked f16 alone among stock types: kept (only TQ types make a layer's attention
+    // share one type, since only their fork kernels rotate the shared activation in place).
     let v = get("blk.0.attn_v.weight");
-    assert_eq!(v["type"], "q8_0");
-    assert_eq!(v["fallback"], true);
-    assert!(v["reasons"].to_string().contains("share one type"), "{v}");
+    assert_eq!(v["type"], "f16");
+    assert_eq!(v["fallback"], false);
+    // With tq4_1s beside it, the layer's four attention tensors are unified to the majority.
+    let (code, tqplan, err) = tq(&[
+        "convert",
+        s(&inp),
+        "--weights",
+        "tq4_1s",
+        "--tensor-type",
+        "attn_v=q8_0",
+        "--dry-run",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let tj: serde_json::Value = serde_json::from_str(&tqplan).unwrap();
+    let tv = tj["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "blk.0.attn_v.weight")
+        .unwrap();
+    assert_eq!(tv["type"], "tq4_1s", "{tv}");
+    assert_eq!(tv["fallback"], true);
+    assert!(tv["reasons"].to_string().contains("share one type"), "{tv}");
     // ffn_down rows are 80 long: q8_0 (block 32) cannot hold them -> f16.
     let d = get("blk.0.ffn_down.weight");
     assert_eq!(d["type"], "f16");

@@ -33,6 +33,8 @@ pub struct SeqQuant {
     pub types: BTreeMap<String, TensorType>,
     pub band: usize,
     pub damp: f64,
+    /// `--ldlq-refit` (the plan's).
+    pub refit: usize,
     /// `--weights` and `--recipe` as given to the planner (recorded, and compared by convert).
     pub weights: String,
     pub recipe: String,
@@ -52,6 +54,7 @@ impl SeqQuant {
             types,
             band,
             damp,
+            refit: plan.ldlq_refit,
             weights: weights.into(),
             recipe: recipe.into(),
         }
@@ -65,6 +68,7 @@ impl SeqQuant {
         recipe: &str,
         band: usize,
         damp: f64,
+        refit: usize,
     ) -> Result<SeqQuant> {
         let weights = TensorType::parse(weights)?;
         let r = crate::plan::recipe::parse(recipe)?;
@@ -78,7 +82,8 @@ impl SeqQuant {
             strict: false,
         };
         let tensors: Vec<SourceTensor> = f.tensors.iter().map(SourceTensor::of_gguf).collect();
-        let p = crate::plan::plan(&tensors, &req, &Profile::default())?;
+        let mut p = crate::plan::plan(&tensors, &req, &Profile::default())?;
+        p.ldlq_refit = refit;
         Ok(SeqQuant::from_plan(&p, weights.name(), r.name, band, damp))
     }
 
@@ -98,6 +103,7 @@ impl SeqQuant {
             ("tq.recipe".into(), self.recipe.clone()),
             ("tq.ldlq_band".into(), self.band.to_string()),
             ("tq.damp".into(), self.damp.to_string()),
+            ("tq.ldlq_refit".into(), self.refit.to_string()),
             ("tq.tensor_types".into(), self.types_string()),
         ])
     }
@@ -105,8 +111,8 @@ impl SeqQuant {
     /// Short form for fingerprints and messages.
     pub fn describe(&self) -> String {
         format!(
-            "--weights {} --recipe {} --ldlq-band {} --damp {}",
-            self.weights, self.recipe, self.band, self.damp
+            "--weights {} --recipe {} --ldlq-band {} --damp {} --ldlq-refit {}",
+            self.weights, self.recipe, self.band, self.damp, self.refit
         )
     }
 }
@@ -155,6 +161,14 @@ pub fn mismatch(meta: &BTreeMap<String, String>, now: &SeqQuant) -> Option<Strin
             meta.get("tq.damp").map_or("?", |s| s.as_str()),
             now.damp
         ));
+    }
+    // Files from before --ldlq-refit have no key: they were calibrated with the default.
+    let rec_refit = meta
+        .get("tq.ldlq_refit")
+        .cloned()
+        .unwrap_or_else(|| crate::quant::ldlq::Refit::DEFAULT.passes.to_string());
+    if rec_refit != now.refit.to_string() {
+        diffs.push(format!("--ldlq-refit {rec_refit} vs {}", now.refit));
     }
     if meta.get("tq.weights") != Some(&now.weights) || meta.get("tq.recipe") != Some(&now.recipe) {
         diffs.push(format!(
@@ -235,7 +249,13 @@ impl<'q, 'c> Sequential<'q, 'c> {
                 Some(h) if dst.has_ldlq() && h.n == k => {
                     let key = format!("{:?}:{}", dst.family(), h.tensors.join(","));
                     if !self.factors.contains_key(&key) {
-                        let f = crate::quant::ldlq::factor_hessian(dst, h, self.q.damp, &seg.name)?;
+                        let f = crate::quant::ldlq::factor_hessian(
+                            dst,
+                            h,
+                            self.q.damp,
+                            self.q.refit,
+                            &seg.name,
+                        )?;
                         self.factors.insert(key.clone(), Arc::new(f));
                     }
                     Some(self.factors[&key].clone())

@@ -80,6 +80,9 @@ pub struct CalibArgs {
     /// With --sequential: the LDLQ damping convert will use.
     #[arg(long, requires = "sequential", default_value_t = 0.01)]
     pub damp: f64,
+    /// With --sequential: the stock types' refit passes convert will use (--ldlq-refit).
+    #[arg(long, requires = "sequential", default_value_t = tq::quant::ldlq::Refit::DEFAULT.passes)]
+    pub ldlq_refit: usize,
     /// Make a checkpoint (fsync + a small JSON) after a block only when this many seconds
     /// passed since the last one (0: after every block).
     #[arg(long, default_value_t = 0.0)]
@@ -174,6 +177,7 @@ fn calibrate(a: &CalibArgs) -> Result<()> {
             &a.recipe,
             a.ldlq_band,
             a.damp,
+            a.ldlq_refit,
         )?)
     } else {
         None

@@ -89,6 +89,11 @@ pub struct ConvertArgs {
     /// LDLQ damping λ: H += λ·mean(diag(H))·I (raised ×10 on Cholesky failure).
     #[arg(long, default_value_t = 0.01)]
     pub damp: f64,
+    /// Stock types: after the LDLQ sweep, refit each row's block parameters to its codes under
+    /// the Hessian and sweep again, this many times (0: off; each pass costs about one more
+    /// sweep, and a third n×n f64 matrix is alive while factoring).
+    #[arg(long, default_value_t = tq::quant::ldlq::Refit::DEFAULT.passes, value_name = "N")]
+    pub ldlq_refit: usize,
     /// Continue an interrupted conversion (killed, out of time, Ctrl-C) from its last checkpoint:
     /// the same command plus --resume. The output is byte-identical to an uninterrupted run; a
     /// checkpoint of a different command is refused.
@@ -171,6 +176,7 @@ fn convert(a: &ConvertArgs) -> Result<()> {
     let src = tq::source::open(&a.input, &profile)?;
     let req = request(a)?;
     let mut plan = plan::plan(src.tensors(), &req, &profile)?;
+    plan.ldlq_refit = a.ldlq_refit;
     // What would make engines refuse the output: warnings, or (--strict) an error now.
     // Printed under --quiet too: a warning, not a notice.
     let issues = plan::check_engine(src.as_ref(), a.strict)?;
@@ -288,10 +294,11 @@ fn convert(a: &ConvertArgs) -> Result<()> {
     let cp = convert::Checkpoints {
         resume: a.resume,
         key: format!(
-            "{} | --ldlq-band {} --damp {} | input {} | calib {} | imatrix {} | tq {}",
+            "{} | --ldlq-band {} --damp {} --ldlq-refit {} | input {} | calib {} | imatrix {} | tq {}",
             canonical_flags(a, &req),
             a.ldlq_band,
             a.damp,
+            a.ldlq_refit,
             file_identity(&a.input),
             a.calib.as_deref().map(file_identity).unwrap_or_default(),
             a.imatrix.as_deref().map(file_identity).unwrap_or_default(),
@@ -773,7 +780,10 @@ fn canonical_flags(a: &ConvertArgs, req: &Request) -> String {
         if a.allow_partial_calib {
             f.push("--allow-partial-calib".into());
         }
-        f.push(format!("--ldlq-band {} --damp {}", a.ldlq_band, a.damp));
+        f.push(format!(
+            "--ldlq-band {} --damp {} --ldlq-refit {}",
+            a.ldlq_band, a.damp, a.ldlq_refit
+        ));
     }
     if let Some(x) = a.target_bpw {
         f.push(format!("--target-bpw {x}"));

@@ -331,12 +331,8 @@ pub fn choose(
     let global = rep.alpha.unwrap_or(1.0);
     let role_alpha = rep.role_alpha.clone();
     let alpha_of = |name: &str| *role_alpha.get(mix::role_of(name)).unwrap_or(&global);
-    let mut opts = mix::options(plan, &items, &table, &alpha_of);
-    for (o, d) in opts.iter_mut().zip(&direct) {
-        if let Some(d) = d {
-            o.iter_mut().zip(d).for_each(|(x, k)| x.1 = *k);
-        }
-    }
+    let opts = mix::options(plan, &items, &table, &direct, &alpha_of);
+    let pairs = mix::costs(&opts);
     let params: u64 = plan
         .entries
         .iter()
@@ -344,7 +340,7 @@ pub fn choose(
         .sum();
     // The whole file: fixed tensors, metadata and padding are what the plan's size adds to the
     // mixed tensors' bytes (measured on the cheapest mix, then corrected until it fits).
-    let cheapest: Vec<usize> = opts
+    let cheapest: Vec<usize> = pairs
         .iter()
         .map(|o| (0..o.len()).min_by_key(|&k| o[k].0).unwrap_or(0))
         .collect();
@@ -354,17 +350,26 @@ pub fn choose(
     };
     // Set a choice on the plan and the report (its provenance strings count in the size).
     let set = |plan: &mut Plan, rep: &mut MixReport, choice: &[usize]| -> Result<u64> {
-        mix::apply(plan, &items, choice, "mix")?;
-        // The calibrated tensors' summed error (direct items are in KLD already).
-        rep.err = items
+        let picks: Vec<&[usize]> = opts
             .iter()
-            .zip(&table)
             .zip(choice)
+            .map(|(o, &k)| o[k].pick.as_slice())
+            .collect();
+        mix::apply(plan, &items, &picks, "mix")?;
+        // The calibrated tensors' summed error (direct items are in KLD already).
+        rep.err = table
+            .iter()
+            .zip(&picks)
             .zip(&direct)
             .filter(|(_, d)| d.is_none())
-            .map(|(((_, per), &k), _)| per.iter().map(|m| m[k].err).sum::<f64>())
+            .map(|((per, pick), _)| {
+                per.iter()
+                    .zip(pick.iter())
+                    .map(|(m, &k)| m[k].err)
+                    .sum::<f64>()
+            })
             .sum();
-        let cost: f64 = opts.iter().zip(choice).map(|(o, &k)| o[k].1).sum();
+        let cost: f64 = opts.iter().zip(choice).map(|(o, &k)| o[k].cost).sum();
         rep.predicted = rep.alpha.map(|_| cost);
         size_of(plan, rep)
     };
@@ -380,18 +385,18 @@ pub fn choose(
     if rep.target < rep.min_file {
         return Err(too_small(&rep));
     }
-    let mixed_min = mix::min_bytes(&opts);
+    let mixed_min = mix::min_bytes(&pairs);
     let mut budget = rep.target - (rep.min_file - mixed_min);
     let mut sol;
     let mut tries = 0;
     loop {
-        sol = match mix::solve(&opts, budget, mix::GRID_CELLS) {
+        sol = match mix::solve(&pairs, budget, mix::GRID_CELLS) {
             Some(s) => s,
             None => {
                 // Metadata took the room: the cheapest mix (measured to fit) it is.
                 rep.min_file = set(plan, &mut rep, &cheapest)?;
-                let b = opts.iter().zip(&cheapest).map(|(o, &k)| o[k].0).sum();
-                mix::solve(&opts, b, 1).ok_or_else(|| too_small(&rep))?
+                let b = pairs.iter().zip(&cheapest).map(|(o, &k)| o[k].0).sum();
+                mix::solve(&pairs, b, 1).ok_or_else(|| too_small(&rep))?
             }
         };
         rep.file = set(plan, &mut rep, &sol.choice)?;
@@ -405,11 +410,16 @@ pub fn choose(
         }
         budget -= (rep.file - rep.target).min(budget);
     }
-    rep.err_se = items
+    rep.err_se = table
         .iter()
-        .zip(&table)
+        .zip(&opts)
         .zip(&sol.choice)
-        .map(|((_, per), &k)| per.iter().map(|m| m[k].se * m[k].se).sum::<f64>())
+        .map(|((per, o), &k)| {
+            per.iter()
+                .zip(&o[k].pick)
+                .map(|(m, &t)| m[t].se * m[t].se)
+                .sum::<f64>()
+        })
         .sum::<f64>()
         .sqrt();
     rep.grid = sol.grid;
@@ -645,6 +655,7 @@ fn write_group(
         strict: false,
     };
     let mut p = plan::plan(src.tensors(), &keep, profile)?;
+    p.ldlq_refit = plan.ldlq_refit;
     for &i in idx {
         let e = &mut p.entries[i];
         debug_assert_eq!(e.name, plan.entries[i].name);

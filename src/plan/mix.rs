@@ -162,8 +162,10 @@ pub fn mixable(e: &PlanEntry) -> bool {
     e.dims.iter().filter(|&&d| d > 1).count() >= 2 && e.src.info().dequantize.is_some()
 }
 
-/// The mix's items: plan entry indices that take one type together, and the types they may take.
-/// The fork's attention q/k/v/o of a layer share a type (one item); upstream has no such rule.
+/// The mix's items: plan entry indices chosen together, and the types each may take. Under the
+/// fork's profiles a layer's attention q/k/v/o are one item: the fork's Metal kernels for TQ
+/// weights rotate the shared activation in place, so a group holding a TQ type must be all that
+/// type ([`assignments`]); upstream has no such rule and every tensor is its own item.
 pub fn items(
     plan: &Plan,
     types: &[TensorType],
@@ -195,15 +197,96 @@ pub fn items(
     out
 }
 
-/// Set the chosen types on the plan (bytes, action and reasons), as the planner would have.
+/// The assignments an item of `members` tensors may take, each one index into `tys` per member:
+/// every member the same type, and for a group also every combination of types none of which is
+/// a TQ weight type (those rotate the activation in place on the fork's Metal backend, so their
+/// group must share one type; stock types have no such constraint).
+pub fn assignments(tys: &[TensorType], members: usize) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = (0..tys.len()).map(|k| vec![k; members]).collect();
+    let free: Vec<usize> = (0..tys.len()).filter(|&k| !tys[k].is_tq_weight()).collect();
+    if members < 2 || free.len() < 2 {
+        return out;
+    }
+    let mut pos = vec![0usize; members];
+    loop {
+        let pick: Vec<usize> = pos.iter().map(|&p| free[p]).collect();
+        if pick.iter().any(|&k| k != pick[0]) {
+            out.push(pick);
+        }
+        let mut m = 0;
+        loop {
+            if m == members {
+                return out;
+            }
+            pos[m] += 1;
+            if pos[m] < free.len() {
+                break;
+            }
+            pos[m] = 0;
+            m += 1;
+        }
+    }
+}
+
+/// One option of an item: its bytes, its cost and the type (index into the item's types) of
+/// each member.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Opt {
+    pub bytes: u64,
+    pub cost: f64,
+    pub pick: Vec<usize>,
+}
+
+/// The most options an item keeps (the DP stores one byte per cell for the pick).
+const MAX_OPTIONS: usize = 255;
+
+/// The options worth keeping: sorted by bytes, each strictly cheaper in cost than every smaller
+/// one (the rest can never be chosen by a minimum-cost knapsack), thinned evenly to at most
+/// [`MAX_OPTIONS`] with both ends kept. Deterministic: ties go to the first in `v`'s order.
+pub fn pareto(mut v: Vec<Opt>) -> Vec<Opt> {
+    let order: Vec<usize> = {
+        let mut o: Vec<usize> = (0..v.len()).collect();
+        o.sort_by(|&a, &b| {
+            v[a].bytes
+                .cmp(&v[b].bytes)
+                .then(v[a].cost.total_cmp(&v[b].cost))
+                .then(a.cmp(&b))
+        });
+        o
+    };
+    let mut keep: Vec<Opt> = vec![];
+    for i in order {
+        if keep.last().is_none_or(|l| v[i].cost < l.cost) {
+            keep.push(std::mem::replace(
+                &mut v[i],
+                Opt {
+                    bytes: 0,
+                    cost: 0.0,
+                    pick: vec![],
+                },
+            ));
+        }
+    }
+    if keep.len() > MAX_OPTIONS {
+        let n = keep.len();
+        let idx: Vec<usize> = (0..MAX_OPTIONS)
+            .map(|j| j * (n - 1) / (MAX_OPTIONS - 1))
+            .collect();
+        keep = idx.into_iter().map(|i| keep[i].clone()).collect();
+    }
+    keep
+}
+
+/// Set the chosen types on the plan (bytes, action and reasons), as the planner would have:
+/// `picks[item][member]` indexes the item's types.
 pub fn apply(
     plan: &mut Plan,
     items: &[(Vec<usize>, Vec<TensorType>)],
-    choice: &[usize],
+    picks: &[&[usize]],
     why: &str,
 ) -> Result<()> {
-    for ((idx, tys), &k) in items.iter().zip(choice) {
-        for &i in idx {
+    for ((idx, tys), pick) in items.iter().zip(picks) {
+        for (&i, &k) in idx.iter().zip(pick.iter()) {
             let e = &mut plan.entries[i];
             e.dst = tys[k];
             e.fallback = false;
@@ -297,7 +380,12 @@ pub fn measure(
                 _ => None,
             };
             let w = match (h, imp) {
-                (Some(h), _) => Weighting::Hessian { h, band, damp },
+                (Some(h), _) => Weighting::Hessian {
+                    h,
+                    band,
+                    damp,
+                    refit: plan.ldlq_refit,
+                },
                 (None, Some(v)) => Weighting::Diagonal(v),
                 _ => Weighting::Identity,
             };
@@ -342,37 +430,57 @@ pub fn role_of(name: &str) -> &str {
     }
 }
 
-/// Each item's options as `(bytes, cost)`: the members' bytes and their errors, each times the
-/// `alpha` of its tensor, summed.
+/// Each item's options ([`assignments`], Pareto-pruned): the members' bytes and their errors,
+/// each times the `alpha` of its tensor, summed. An item with `direct` KLDs (one per type,
+/// measured on the whole item) takes one type for all members at that cost.
 pub fn options(
     plan: &Plan,
     items: &[(Vec<usize>, Vec<TensorType>)],
     table: &Table,
+    direct: &[Option<Vec<f64>>],
     alpha: &dyn Fn(&str) -> f64,
-) -> Vec<Vec<(u64, f64)>> {
+) -> Vec<Vec<Opt>> {
     items
         .iter()
         .zip(table)
-        .map(|((idx, tys), per)| {
-            tys.iter()
-                .enumerate()
-                .map(|(k, t)| {
-                    let bytes = idx
-                        .iter()
-                        .map(|&i| {
-                            t.bytes_for(plan.entries[i].dims.iter().product())
-                                .unwrap_or(u64::MAX / 4)
-                        })
-                        .sum();
-                    let cost: f64 = per
-                        .iter()
-                        .zip(idx)
-                        .map(|(m, &i)| alpha(&plan.entries[i].name) * m[k].err)
-                        .sum();
-                    (bytes, cost)
-                })
-                .collect()
+        .zip(direct)
+        .map(|(((idx, tys), per), d)| {
+            let bytes_of = |i: usize, k: usize| {
+                tys[k]
+                    .bytes_for(plan.entries[i].dims.iter().product())
+                    .unwrap_or(u64::MAX / 64)
+            };
+            let all = match d {
+                Some(d) => (0..tys.len())
+                    .map(|k| Opt {
+                        bytes: idx.iter().map(|&i| bytes_of(i, k)).sum(),
+                        cost: d[k],
+                        pick: vec![k; idx.len()],
+                    })
+                    .collect(),
+                None => assignments(tys, idx.len())
+                    .into_iter()
+                    .map(|pick| Opt {
+                        bytes: idx.iter().zip(&pick).map(|(&i, &k)| bytes_of(i, k)).sum(),
+                        cost: per
+                            .iter()
+                            .zip(idx)
+                            .zip(&pick)
+                            .map(|((m, &i), &k)| alpha(&plan.entries[i].name) * m[k].err)
+                            .sum(),
+                        pick,
+                    })
+                    .collect(),
+            };
+            pareto(all)
         })
+        .collect()
+}
+
+/// The `(bytes, cost)` pairs [`solve`] takes.
+pub fn costs(opts: &[Vec<Opt>]) -> Vec<Vec<(u64, f64)>> {
+    opts.iter()
+        .map(|o| o.iter().map(|x| (x.bytes, x.cost)).collect())
         .collect()
 }
 
@@ -474,6 +582,61 @@ mod tests {
                     "worse than the optimum of budget - slack"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn assignments_share_only_tq_types() {
+        use TensorType::*;
+        let tys = [Q4_0, TQ4_1S, Q8_0];
+        // One member: one option per type.
+        assert_eq!(assignments(&tys, 1), vec![vec![0], vec![1], vec![2]]);
+        let a = assignments(&tys, 4);
+        // Uniform for every type, then every mixed combination of the two stock types.
+        assert_eq!(a.len(), 3 + (2usize.pow(4) - 2));
+        for p in &a {
+            if p.iter().any(|&k| tys[k].is_tq_weight()) {
+                assert!(p.iter().all(|&k| k == p[0]), "{p:?}");
+            }
+        }
+        let mut uniq = a.clone();
+        uniq.sort();
+        uniq.dedup();
+        assert_eq!(uniq.len(), a.len(), "duplicates");
+    }
+
+    #[test]
+    fn pareto_keeps_exactly_the_undominated() {
+        let mut s = 5u64;
+        for _ in 0..200 {
+            let v: Vec<Opt> = (0..1 + lcg(&mut s) % 40)
+                .map(|k| Opt {
+                    bytes: lcg(&mut s) % 20,
+                    cost: (lcg(&mut s) % 20) as f64,
+                    pick: vec![k as usize],
+                })
+                .collect();
+            let kept = pareto(v.clone());
+            // Every option is matched or beaten by a kept one no larger; kept ones beat each other.
+            for o in &v {
+                assert!(kept.iter().any(|k| k.bytes <= o.bytes && k.cost <= o.cost));
+            }
+            for w in kept.windows(2) {
+                assert!(w[0].bytes < w[1].bytes && w[0].cost > w[1].cost);
+            }
+            // The knapsack over the kept options is as good as over all of them.
+            let budget = lcg(&mut s) % 25;
+            let all = solve(
+                &[v.iter().map(|o| (o.bytes, o.cost)).collect()],
+                budget,
+                1 << 10,
+            );
+            let few = solve(
+                &[kept.iter().map(|o| (o.bytes, o.cost)).collect()],
+                budget,
+                1 << 10,
+            );
+            assert_eq!(all.map(|x| x.cost), few.map(|x| x.cost));
         }
     }
 

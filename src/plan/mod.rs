@@ -50,6 +50,8 @@ pub struct Plan {
     pub entries: Vec<PlanEntry>,
     pub file_type: Option<u32>,
     pub base_type: TensorType,
+    /// `--ldlq-refit`: passes refitting stock types' block parameters after each LDLQ sweep.
+    pub ldlq_refit: usize,
 }
 
 /// What the user asked for.
@@ -122,9 +124,9 @@ pub fn plan(tensors: &[SourceTensor], req: &Request, profile: &Profile) -> Resul
         .unwrap_or(0);
     let mut entries: Vec<PlanEntry> = tensors.iter().map(|t| choose(t, req, n_layers)).collect();
 
-    // Fork constraint: the attention projections of a layer share one type. Upstream llama.cpp
-    // has none (its own Q4_K_M gives attn_v q8_0/q6_K beside q5_0/q4_K q/k/o), so the upstream
-    // profile keeps the types asked for.
+    // Fork constraint: the attention projections of a layer that holds a TQ weight type share
+    // one type. Upstream llama.cpp has none (its own Q4_K_M gives attn_v q8_0/q6_K beside
+    // q5_0/q4_K q/k/o), so the upstream profile keeps the types asked for.
     if profile.name != "upstream" {
         unify_attention(&mut entries);
     }
@@ -191,6 +193,7 @@ pub fn plan(tensors: &[SourceTensor], req: &Request, profile: &Profile) -> Resul
         file_type: profile.file_type_of(base_type),
         base_type,
         entries,
+        ldlq_refit: crate::quant::ldlq::Refit::DEFAULT.passes,
     })
 }
 
@@ -307,6 +310,11 @@ fn unify_attention(entries: &mut [PlanEntry]) {
         }
     }
     for idx in layers.values() {
+        // Only TQ weight kernels rotate the shared activation in place (the fork's Metal
+        // mul_mm path); a group of stock types may differ, as in upstream's own Q4_K_M.
+        if !idx.iter().any(|&i| entries[i].dst.is_tq_weight()) {
+            continue;
+        }
         for _ in 0..4 {
             let first = entries[idx[0]].dst;
             if idx.iter().all(|&i| entries[i].dst == first) {

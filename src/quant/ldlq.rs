@@ -32,9 +32,11 @@ pub struct Factor {
     pub perm: Option<Vec<usize>>,
     /// Damping actually used (relative to mean(diag)), after escalation.
     pub damp: f64,
-    /// The damped Hessian in the natural column order (stock types only: the block parameters
-    /// are refitted under it after the sweep, [`refit_params`]).
+    /// The damped Hessian in the natural column order (stock types with `refit > 0` only: the
+    /// block parameters are refitted under it after the sweep, [`refit_params`]).
     pub h: Option<Vec<f64>>,
+    /// Refit passes after the sweep (stock types; `--ldlq-refit`).
+    pub refit: usize,
 }
 
 /// `R H Rᵀ` with `R` the block-diagonal 32-point forward rotation of the TQ formats (exact, f64):
@@ -155,6 +157,7 @@ pub fn factor_owned(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Fact
             perm: None,
             damp: lambda,
             h: None,
+            refit: 0,
         });
     }
     Err(Error::Unsupported(format!(
@@ -164,7 +167,13 @@ pub fn factor_owned(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Fact
 
 /// Damp and factor `h` permuted to decreasing diagonal (ties by index: deterministic), for the
 /// stock types' act-order sweep; `diag` stays in the natural order (it weights the block fits).
-pub fn factor_act_order(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Factor> {
+pub fn factor_act_order(
+    h: Vec<f64>,
+    n: usize,
+    damp: f64,
+    refit: usize,
+    what: &str,
+) -> Result<Factor> {
     let mut perm: Vec<usize> = (0..n).collect();
     perm.sort_by(|&a, &b| h[b * n + b].total_cmp(&h[a * n + a]).then(a.cmp(&b)));
     let mut hp = vec![0f64; n * n];
@@ -173,19 +182,23 @@ pub fn factor_act_order(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<
             hp[i * n + j] = h[pi * n + pj];
         }
     }
-    // Kept for the refit (a third n×n matrix alive while factoring), damped below as the factor was.
-    let mut hn = h;
+    // Kept for the refit (a third n×n matrix alive while factoring), damped below as the factor
+    // was; without a refit it is freed before factoring.
+    let mut hn = (refit > 0).then_some(h);
     let mut f = factor_owned(hp, n, damp, what)?;
     let mut diag = vec![0f64; n];
     for (i, &pi) in perm.iter().enumerate() {
         diag[pi] = f.diag[i];
     }
-    for (i, &d) in diag.iter().enumerate() {
-        hn[i * n + i] = d;
+    if let Some(hn) = hn.as_mut() {
+        for (i, &d) in diag.iter().enumerate() {
+            hn[i * n + i] = d;
+        }
     }
     f.diag = diag;
     f.perm = Some(perm);
-    f.h = Some(hn);
+    f.h = hn;
+    f.refit = refit;
     Ok(f)
 }
 
@@ -220,9 +233,10 @@ pub fn factor_hessian(
     ty: TensorType,
     h: &crate::quant::Hessian,
     damp: f64,
+    refit: usize,
     what: &str,
 ) -> Result<Factor> {
-    factor_hessian_owned(ty, h.h.clone(), h.n, damp, what)
+    factor_hessian_owned(ty, h.h.clone(), h.n, damp, refit, what)
 }
 
 /// [`factor_hessian`] consuming the Hessian's matrix: rotation in place, then [`factor_owned`], so
@@ -232,10 +246,11 @@ pub fn factor_hessian_owned(
     mut h: Vec<f64>,
     n: usize,
     damp: f64,
+    refit: usize,
     what: &str,
 ) -> Result<Factor> {
     if ty.ldlq_unrotated() {
-        return factor_act_order(h, n, damp, what);
+        return factor_act_order(h, n, damp, refit, what);
     }
     if ty.rotates_rows() {
         super::ldlq2::rotate_hessian_rows_in_place(&mut h, n)?;
@@ -304,9 +319,14 @@ const LAZY: usize = 128;
 
 /// Quantize `rows` rows of length `n` (row-major `w`) to `ty` with banded LDLQ (`band` = 0: full).
 /// Deterministic and independent of the thread count (rows are independent and grouped by a
-/// fixed [`ROWS`]). Stock types refit their block parameters after the sweep ([`Refit::DEFAULT`]).
+/// fixed [`ROWS`]). Stock types refit their block parameters after the sweep, `f.refit` passes
+/// under the full Hessian.
 pub fn quantize_ldlq(ty: TensorType, w: &[f32], n: usize, f: &Factor, band: usize) -> Vec<u8> {
-    quantize_ldlq_refit(ty, w, n, f, band, Refit::DEFAULT)
+    let refit = Refit {
+        passes: f.refit,
+        full: true,
+    };
+    quantize_ldlq_refit(ty, w, n, f, band, refit)
 }
 
 /// [`quantize_ldlq`] with the stock types' parameter refit given.
@@ -1154,7 +1174,7 @@ mod tests {
         let mut s = 11;
         let w: Vec<f32> = (0..rows * n).map(|_| lcg(&mut s) as f32 * 0.05).collect();
         for ty in [Q8_0, Q4_0, Q5_0, Q4K, Q5K, Q6K] {
-            let f = factor_act_order(h.clone(), n, 0.01, "w").unwrap();
+            let f = factor_act_order(h.clone(), n, 0.01, Refit::DEFAULT.passes, "w").unwrap();
             let bytes = ty.bytes_for(w.len() as u64).unwrap() as usize;
             let dec = |b: &[u8]| {
                 let mut q = vec![0f32; w.len()];
@@ -1187,7 +1207,7 @@ mod tests {
         let h = hessian(n, 60, 3);
         let mut s = 4;
         let w: Vec<f32> = (0..12 * n).map(|_| lcg(&mut s) as f32).collect();
-        let f = factor_act_order(h.clone(), n, 0.01, "w").unwrap();
+        let f = factor_act_order(h.clone(), n, 0.01, Refit::DEFAULT.passes, "w").unwrap();
         for ty in [TensorType::Q4K, TensorType::Q5_0] {
             let run = |t: usize| {
                 rayon::ThreadPoolBuilder::new()
@@ -1303,7 +1323,7 @@ mod group_tests {
         let (n, rows) = (512usize, 37usize);
         let h = hessian(n, 700, 5);
         let w = uniform_rows(rows * n, 9);
-        let f = factor_act_order(h.clone(), n, 0.01, "w").unwrap();
+        let f = factor_act_order(h.clone(), n, 0.01, Refit::DEFAULT.passes, "w").unwrap();
         for ty in [
             TensorType::Q4_0,
             TensorType::Q8_0,
@@ -1367,6 +1387,35 @@ mod group_tests {
         }
     }
 
+    /// `--ldlq-refit N` reaches the sweep through the factor: N passes as asked, and with 0 the
+    /// factor keeps no Hessian copy and writes the plain sweep's bytes.
+    #[test]
+    fn factor_carries_the_refit_passes() {
+        let (n, rows) = (256usize, 8usize);
+        let h = hessian(n, 500, 3);
+        let w = uniform_rows(rows * n, 4);
+        let ty = TensorType::Q4K;
+        let f2 = factor_act_order(h.clone(), n, 0.01, 2, "w").unwrap();
+        let f0 = factor_act_order(h.clone(), n, 0.01, 0, "w").unwrap();
+        let f1 = factor_act_order(h, n, 0.01, 1, "w").unwrap();
+        assert!(f0.h.is_none() && f1.h.is_some() && f2.h.is_some());
+        assert_eq!(f0.u, f2.u, "the factor itself does not depend on the refit");
+        let plain = quantize_ldlq_refit(ty, &w, n, &f2, 0, Refit::NONE);
+        assert_eq!(quantize_ldlq(ty, &w, n, &f0, 0), plain);
+        let two = quantize_ldlq(ty, &w, n, &f2, 0);
+        assert_eq!(two, quantize_ldlq_refit(ty, &w, n, &f2, 0, Refit::DEFAULT));
+        let one = quantize_ldlq(ty, &w, n, &f1, 0);
+        let r1 = Refit {
+            passes: 1,
+            full: true,
+        };
+        assert_eq!(one, quantize_ldlq_refit(ty, &w, n, &f2, 0, r1));
+        assert_ne!(
+            two, plain,
+            "the refit changed nothing on these rows: the test is vacuous"
+        );
+    }
+
     /// Refitting the block parameters to the rounded codes never raises the calibration loss
     /// under the damped Hessian (a row keeps a refit only when its loss falls), lowers it for
     /// every type, keeps the bytes' size, and does not depend on the thread count.
@@ -1375,7 +1424,7 @@ mod group_tests {
         let (n, rows) = (512usize, 40usize);
         let h = hessian(n, 900, 12);
         let w = uniform_rows(rows * n, 21);
-        let f = factor_act_order(h, n, 0.01, "w").unwrap();
+        let f = factor_act_order(h, n, 0.01, Refit::DEFAULT.passes, "w").unwrap();
         let hd = f.h.clone().unwrap();
         for ty in [
             TensorType::Q4_0,

@@ -19,6 +19,8 @@ pub(crate) enum Weighting<'a> {
         h: &'a Hessian,
         band: usize,
         damp: f64,
+        /// Refit passes (`--ldlq-refit`), as convert.
+        refit: usize,
     },
     /// An imatrix's per-column importance: `Σ_j imp_j Δ_j²`, weighted block fit for grid types.
     Diagonal(&'a [f32]),
@@ -122,7 +124,12 @@ fn roundtrip(
     factors: &mut Factors,
 ) -> Result<Vec<f32>> {
     let bytes = match w {
-        Weighting::Hessian { h, band, damp } if ty.has_ldlq() => {
+        Weighting::Hessian {
+            h,
+            band,
+            damp,
+            refit,
+        } if ty.has_ldlq() => {
             let key = if ty.ldlq_unrotated() {
                 "act-order".to_string()
             } else {
@@ -131,7 +138,7 @@ fn roundtrip(
             let f = match factors.get(&key) {
                 Some(f) => f.clone(),
                 None => {
-                    let f = Arc::new(super::ldlq::factor_hessian(ty, h, *damp, name)?);
+                    let f = Arc::new(super::ldlq::factor_hessian(ty, h, *damp, *refit, name)?);
                     factors.insert(key, f.clone());
                     f
                 }
@@ -206,6 +213,7 @@ mod tests {
             h: &h,
             band: 0,
             damp: 0.01,
+            refit: 0,
         };
         assert_eq!(row_error(&[0.0, 0.0], &[1.0, -1.0], &w), 3.0);
         assert_eq!(
@@ -247,6 +255,7 @@ mod tests {
             h: &h,
             band: 0,
             damp: 0.01,
+            refit: 0,
         };
         let a: Vec<f32> = (0..5 * n).map(|_| r() as f32).collect();
         let q: Vec<f32> = a.iter().map(|v| v + 0.01 * r() as f32).collect();

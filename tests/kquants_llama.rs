@@ -449,8 +449,8 @@ fn iq4_synthetic_matches_llama_quantize_live() {
 
 /// With an importance matrix, tq's weighted encoder (`--imatrix`: the block scales searched under
 /// the importance, codes nearest on the stored f16 grid) against `llama-quantize --imatrix` (its
-/// own search, weights `imp·sqrt(σ² + x²)`): the imatrix-weighted error of every type over all
-/// synthetic tensors must be no larger than llama.cpp's.
+/// own search, weights `imp·sqrt(σ² + x²)`): the imatrix-weighted error of every type and
+/// synthetic tensor must be no larger than llama.cpp's (measured 0.83–0.95×).
 #[test]
 fn iq4_weighted_is_no_worse_than_llama_imatrix() {
     let Some(bin) = llama_quantize() else { return };
@@ -502,6 +502,7 @@ fn iq4_weighted_is_no_worse_than_llama_imatrix() {
                 t.name,
                 eo / el
             );
+            assert!(eo <= el, "{tname} {}: {eo} vs llama {el}", t.name);
             e_ours += eo;
             e_llama += el;
             e_rtn += er;
@@ -511,7 +512,6 @@ fn iq4_weighted_is_no_worse_than_llama_imatrix() {
             e_ours / e_llama,
             e_rtn / e_llama
         );
-        assert!(e_ours <= e_llama, "{tname}: {e_ours} vs llama {e_llama}");
         assert!(e_llama < e_rtn, "{tname}: llama's imatrix was not used");
     }
 }

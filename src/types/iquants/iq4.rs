@@ -203,7 +203,10 @@ mod tests {
             .map(|i| ((i as f32 * 0.618).sin() * 3.0 + (i as f32 * 0.1).cos()) * 0.01)
             .collect();
         for (ty, q) in [
-            (crate::types::TensorType::IQ4NL, quantize_iq4_nl as fn(&[f32], &mut [u8])),
+            (
+                crate::types::TensorType::IQ4NL,
+                quantize_iq4_nl as fn(&[f32], &mut [u8]),
+            ),
             (crate::types::TensorType::IQ4XS, quantize_iq4_xs),
         ] {
             let mut b = vec![0u8; ty.bytes_for(x.len() as u64).unwrap() as usize];
@@ -215,7 +218,10 @@ mod tests {
                 for (a, b) in xb.iter().zip(yb) {
                     // Largest half-gap of the table is 12, its range 240: ~amax·12/113 plus the
                     // 6-bit sub-scale rounding for IQ4_XS.
-                    assert!((a - b).abs() <= 0.2 * amax, "{ty}: {a} -> {b} (amax {amax})");
+                    assert!(
+                        (a - b).abs() <= 0.2 * amax,
+                        "{ty}: {a} -> {b} (amax {amax})"
+                    );
                 }
             }
             let z = vec![0f32; QK_K];

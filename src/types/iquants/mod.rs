@@ -29,9 +29,9 @@
 
 mod grids;
 mod iq1;
-pub(crate) mod iq4;
 mod iq2;
 mod iq3;
+pub(crate) mod iq4;
 
 pub(crate) use iq1::{dequantize_iq1_m, dequantize_iq1_s, IQ1_M_BYTES, IQ1_S_BYTES};
 pub(crate) use iq2::{

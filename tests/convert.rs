@@ -635,3 +635,63 @@ fn files_engines_refuse_warn_and_fail_under_strict() {
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains("warning"), "{err}");
 }
+
+/// `--weights iq4_xs` / `--tensor-type X=iq4_nl` write the registry's (llama-quantize's) IQ4 bytes;
+/// rows that do not hold iq4_xs's 256-value super-blocks fall back to iq4_nl, as llama-quantize
+/// does; the file is the same for any thread count.
+#[test]
+fn iq4_weights_and_overrides_write_registry_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    // n_embd 64: attention/ffn_gate/up rows of 64 hold iq4_nl but not iq4_xs; ffn_down rows 256.
+    let fx = fixtures::gguf_gen::tiny_llama(1, 64, 256, 96);
+    let inp = write(dir.path(), "in.gguf", &fx);
+    let src = GgufFile::open(&inp).unwrap();
+    let check = |f: &GgufFile, name: &str, ty: TensorType| {
+        let t = f.tensor(name).unwrap();
+        assert_eq!(t.ty, ty, "{name}");
+        let x = src.tensor_f32(src.tensor(name).unwrap()).unwrap();
+        let mut want = vec![0u8; t.size as usize];
+        tq::types::quantize(ty, &x, &mut want, name).unwrap();
+        assert!(f.tensor_data(t) == &want[..], "{name}");
+    };
+    let mut outs = vec![];
+    for th in ["1", "3"] {
+        let out = dir.path().join(format!("xs{th}.gguf"));
+        let (code, _, err) = tq(&[
+            "convert",
+            s(&inp),
+            "--weights",
+            "iq4_xs",
+            "--target",
+            "upstream",
+            "--threads",
+            th,
+            "-q",
+            "-o",
+            s(&out),
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let f = GgufFile::open(&out).unwrap();
+        check(&f, "blk.0.ffn_down.weight", TensorType::IQ4XS);
+        check(&f, "blk.0.attn_q.weight", TensorType::IQ4NL);
+        check(&f, "blk.0.ffn_up.weight", TensorType::IQ4NL);
+        outs.push(std::fs::read(out).unwrap());
+    }
+    assert!(outs[0] == outs[1], "bytes depend on the thread count");
+    let out = dir.path().join("nl.gguf");
+    let (code, _, err) = tq(&[
+        "convert",
+        s(&inp),
+        "--weights",
+        "q8_0",
+        "--tensor-type",
+        "ffn_down=iq4_nl",
+        "-q",
+        "-o",
+        s(&out),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let f = GgufFile::open(&out).unwrap();
+    check(&f, "blk.0.ffn_down.weight", TensorType::IQ4NL);
+    check(&f, "blk.0.attn_q.weight", TensorType::Q8_0);
+}

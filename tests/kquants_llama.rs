@@ -1,5 +1,7 @@
 //! k-quant quantizers (Q2_K..Q6_K) against llama.cpp's own `llama-quantize` (no imatrix, so
-//! ggml's `quantize_row_q*_K_ref`), byte for byte.
+//! ggml's `quantize_row_q*_K_ref`), byte for byte; and IQ4_NL / IQ4_XS the same way (no imatrix:
+//! ggml's `quantize_iq4_nl` / `quantize_iq4_xs` with weights `x²`), recorded under the `iq4_*`
+//! keys.
 //!
 //! * `synthetic_matches_recorded_llama_hashes`: deterministic synthetic F32 tensors (Gaussian,
 //!   heavy-tailed, dynamic-range sweeps and edge rows: zeros, constants, 1e-30, subnormals, f16
@@ -10,6 +12,11 @@
 //!   exists (`scripts/build-llama.sh`), writes the synthetic F32 GGUF, runs
 //!   `llama-quantize --pure` for every k-type and compares all bytes, reporting the first
 //!   differing block. With `TQ_KQ_RECORD=1` it (re)writes the recorded hashes from llama's output.
+//! * `iq4_*`: the same three checks for IQ4_NL / IQ4_XS (no extreme rows: llama-quantize rejects
+//!   them, and ggml's `quantize_row_iq4_*_ref` is not what llama-quantize runs), and
+//!   `iq4_weighted_is_no_worse_than_llama_imatrix`: with an imatrix (written by tq for the
+//!   synthetic tensors, read by `llama-quantize --imatrix`), tq's importance-weighted encoder has
+//!   no larger imatrix-weighted error `Σ imp·(x − q)²` than llama-quantize's, per type.
 //! * `smollm2_ffn_down_matches_llama`: real weights — SmolLM2's Q4_1 `ffn_down` tensors (rows of
 //!   1536 = 6 super-blocks) dequantized to f32 and quantized to every k-type must hash to the
 //!   recorded llama-quantize output (and match it live when llama-quantize is present).
@@ -34,6 +41,9 @@ const KTYPES: [(&str, &str); 5] = [
     ("q5_K", "Q5_K"),
     ("q6_K", "Q6_K"),
 ];
+
+/// The IQ4 types, checked the same way under their own keys.
+const IQ4TYPES: [(&str, &str); 2] = [("iq4_nl", "IQ4_NL"), ("iq4_xs", "IQ4_XS")];
 
 const EXPECTED: &str = "fixtures/kquants_expected.json";
 
@@ -285,7 +295,7 @@ fn record(key: &str, section: Json) {
         .and_then(|s| serde_json::from_str(&s).ok())
         .unwrap_or_else(|| json!({}));
     j["about"] = json!(
-        "Facts from llama.cpp (the copy vendored in the PyPI sdist llama-cpp-python==0.3.36, built by scripts/build-llama.sh): blake3 of each tensor's data bytes. 'synthetic' and 'smollm2_ffn_down': as written by llama-quantize --pure <in.gguf> <out.gguf> <TYPE> (no imatrix) from F32 input. 'ggml_ref_extreme': ggml's quantize_row_q*_K_ref called directly (llama-quantize rejects blocks with non-finite f16 scales). Recorded by scripts/dev/kquants_llama_oracle.sh; checked by tests/kquants_llama.rs."
+        "Facts from llama.cpp (the copy vendored in the PyPI sdist llama-cpp-python==0.3.36, built by scripts/build-llama.sh): blake3 of each tensor's data bytes. 'synthetic', 'smollm2_ffn_down' (k-quants) and 'iq4_synthetic', 'iq4_smollm2_ffn_down' (IQ4_NL, IQ4_XS): as written by llama-quantize --pure <in.gguf> <out.gguf> <TYPE> (no imatrix) from F32 input. 'ggml_ref_extreme': ggml's quantize_row_q*_K_ref called directly (llama-quantize rejects blocks with non-finite f16 scales). Recorded by scripts/dev/kquants_llama_oracle.sh; checked by tests/kquants_llama.rs."
     );
     j[key] = section;
     std::fs::write(&p, serde_json::to_string_pretty(&j).unwrap() + "\n").expect("write expected");
@@ -311,14 +321,20 @@ fn llama_quantize() -> Option<PathBuf> {
     }
 }
 
-/// Run llama-quantize and return (tensor name → data bytes) of its output.
+/// Run llama-quantize (with `--imatrix` when given) and return (tensor name → data bytes) of its
+/// output.
 fn run_llama(
     bin: &Path,
     inp: &Path,
     out: &Path,
     ftype: &str,
+    imatrix: Option<&Path>,
 ) -> BTreeMap<String, (TensorType, Vec<u8>)> {
-    let o = Command::new(bin)
+    let mut cmd = Command::new(bin);
+    if let Some(im) = imatrix {
+        cmd.arg("--imatrix").arg(im);
+    }
+    let o = cmd
         .arg("--pure")
         .arg(inp)
         .arg(out)
@@ -346,21 +362,21 @@ fn first_diff(ty: TensorType, t: &Tensor, a: &[u8], b: &[u8]) -> Option<String> 
     if a.len() != b.len() {
         return Some(format!("{}: size {} vs llama {}", t.name, a.len(), b.len()));
     }
-    let bb = ty.block_bytes();
+    let (bb, bs) = (ty.block_bytes(), ty.block_size());
     let nblocks = a.len() / bb;
     let bad: Vec<usize> = (0..nblocks)
         .filter(|&k| a[k * bb..(k + 1) * bb] != b[k * bb..(k + 1) * bb])
         .collect();
     let k = bad[0];
-    let blocks_per_row = t.dims[0] as usize / 256;
+    let blocks_per_row = t.dims[0] as usize / bs;
     let (ba, bl) = (&a[k * bb..(k + 1) * bb], &b[k * bb..(k + 1) * bb]);
     let bytes: Vec<usize> = (0..bb).filter(|&i| ba[i] != bl[i]).collect();
-    let mut da = vec![0f32; 256];
-    let mut dl = vec![0f32; 256];
+    let mut da = vec![0f32; bs];
+    let mut dl = vec![0f32; bs];
     types::dequantize(ty, ba, &mut da, "ours").unwrap();
     types::dequantize(ty, bl, &mut dl, "llama").unwrap();
-    let x = &t.data[k * 256..k * 256 + 256];
-    let vals: Vec<usize> = (0..256)
+    let x = &t.data[k * bs..k * bs + bs];
+    let vals: Vec<usize> = (0..bs)
         .filter(|&i| da[i].to_bits() != dl[i].to_bits())
         .take(4)
         .collect();
@@ -380,12 +396,21 @@ fn first_diff(ty: TensorType, t: &Tensor, a: &[u8], b: &[u8]) -> Option<String> 
 
 #[test]
 fn synthetic_matches_recorded_llama_hashes() {
+    recorded_synthetic(&KTYPES, "synthetic");
+}
+
+#[test]
+fn iq4_synthetic_matches_recorded_llama_hashes() {
+    recorded_synthetic(&IQ4TYPES, "iq4_synthetic");
+}
+
+fn recorded_synthetic(tys: &[(&str, &str)], key: &str) {
     let exp = expected();
-    let exp = &exp["synthetic"];
+    let exp = &exp[key];
     let ts = synthetic();
     let mut bad = Vec::new();
     let mut n = 0;
-    for (tname, _) in KTYPES {
+    for &(tname, _) in tys {
         let ty = ktype(tname);
         for t in &ts {
             let want = exp[tname][&t.name]
@@ -409,17 +434,103 @@ fn synthetic_matches_llama_quantize_live() {
     let inp = dir.path().join("synthetic-f32.gguf");
     let ts = synthetic();
     write_f32_gguf(&inp, llama_metadata(2, 256, 4), &ts);
-    compare_live(&bin, &inp, &ts, "synthetic", dir.path());
+    compare_live(&bin, &inp, &ts, &KTYPES, "synthetic", dir.path());
 }
 
-/// Quantize `ts` with llama-quantize and with ours for every k-type; all bytes must match.
-fn compare_live(bin: &Path, inp: &Path, ts: &[Tensor], key: &str, dir: &Path) {
+#[test]
+fn iq4_synthetic_matches_llama_quantize_live() {
+    let Some(bin) = llama_quantize() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let inp = dir.path().join("synthetic-f32.gguf");
+    let ts = synthetic();
+    write_f32_gguf(&inp, llama_metadata(2, 256, 4), &ts);
+    compare_live(&bin, &inp, &ts, &IQ4TYPES, "iq4_synthetic", dir.path());
+}
+
+/// With an importance matrix, tq's weighted encoder (`--imatrix`: the block scales searched under
+/// the importance, codes nearest on the stored f16 grid) against `llama-quantize --imatrix` (its
+/// own search, weights `imp·sqrt(σ² + x²)`): the imatrix-weighted error of every type and
+/// synthetic tensor must be no larger than llama.cpp's (measured 0.83–0.95×).
+#[test]
+fn iq4_weighted_is_no_worse_than_llama_imatrix() {
+    let Some(bin) = llama_quantize() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let inp = dir.path().join("synthetic-f32.gguf");
+    let ts = synthetic();
+    write_f32_gguf(&inp, llama_metadata(2, 256, 4), &ts);
+    // Per-column importance with a wide spread (1/100 .. 100), as real imatrices have.
+    let diag: Vec<tq::quant::Diagonal> = ts
+        .iter()
+        .enumerate()
+        .map(|(k, t)| tq::quant::Diagonal {
+            tensors: vec![t.name.clone()],
+            tokens: 64,
+            d: uniform(900 + k as u64, t.dims[0] as usize)
+                .iter()
+                .map(|u| 64.0 * 10f64.powf(2.0 * *u as f64))
+                .collect(),
+        })
+        .collect();
+    let im = dir.path().join("imatrix.gguf");
+    tq::calib::imatrix::write_gguf(&diag, &im, "synthetic", 64).unwrap();
+    let imx = tq::calib::imatrix::load(&im).unwrap();
+    for (tname, ftype) in IQ4TYPES {
+        let ty = ktype(tname);
+        let out = dir.path().join(format!("im-{tname}.gguf"));
+        let theirs = run_llama(&bin, &inp, &out, ftype, Some(&im));
+        let (mut e_ours, mut e_llama, mut e_rtn) = (0f64, 0f64, 0f64);
+        for t in &ts {
+            let imp = imx.for_tensor(&t.name).unwrap();
+            let n = t.dims[0] as usize;
+            let rb = ty.bytes_for(n as u64).unwrap() as usize;
+            let mut ob = vec![0u8; t.data.len() / n * rb];
+            for (row, o) in t.data.chunks(n).zip(ob.chunks_mut(rb)) {
+                tq::quant::encode_row_weighted(ty, row, imp, o);
+            }
+            let err = |b: &[u8]| {
+                let mut y = vec![0f32; t.data.len()];
+                types::dequantize(ty, b, &mut y, &t.name).unwrap();
+                let mut e = 0f64;
+                for (i, (a, b)) in t.data.iter().zip(&y).enumerate() {
+                    e += imp[i % n] as f64 * ((a - b) as f64).powi(2);
+                }
+                e
+            };
+            let (eo, el, er) = (err(&ob), err(&theirs[&t.name].1), err(&ours(ty, t)));
+            eprintln!(
+                "{tname} {}: imatrix-weighted error tq {eo:.4e}, llama-quantize --imatrix {el:.4e} ({:.3}x), no imatrix {er:.4e}",
+                t.name,
+                eo / el
+            );
+            assert!(eo <= el, "{tname} {}: {eo} vs llama {el}", t.name);
+            e_ours += eo;
+            e_llama += el;
+            e_rtn += er;
+        }
+        eprintln!(
+            "{tname}: total tq {e_ours:.4e} vs llama {e_llama:.4e} ({:.3}x; no imatrix {:.3}x)",
+            e_ours / e_llama,
+            e_rtn / e_llama
+        );
+        assert!(e_llama < e_rtn, "{tname}: llama's imatrix was not used");
+    }
+}
+
+/// Quantize `ts` with llama-quantize and with ours for every type of `tys`; all bytes must match.
+fn compare_live(
+    bin: &Path,
+    inp: &Path,
+    ts: &[Tensor],
+    tys: &[(&str, &str)],
+    key: &str,
+    dir: &Path,
+) {
     let mut section = serde_json::Map::new();
     let mut problems = Vec::new();
-    for (tname, ftype) in KTYPES {
+    for &(tname, ftype) in tys {
         let ty = ktype(tname);
         let out = dir.join(format!("{key}-{tname}.gguf"));
-        let theirs = run_llama(bin, inp, &out, ftype);
+        let theirs = run_llama(bin, inp, &out, ftype, None);
         std::fs::remove_file(&out).ok();
         let mut hashes = serde_json::Map::new();
         let (mut blocks, mut same_tensors) = (0usize, 0usize);
@@ -533,17 +644,26 @@ fn smollm2_ffn_down() -> Option<Vec<Tensor>> {
 
 #[test]
 fn smollm2_ffn_down_matches_llama() {
+    smollm2_matches(&KTYPES, "smollm2_ffn_down");
+}
+
+#[test]
+fn iq4_smollm2_ffn_down_matches_llama() {
+    smollm2_matches(&IQ4TYPES, "iq4_smollm2_ffn_down");
+}
+
+fn smollm2_matches(tys: &[(&str, &str)], key: &str) {
     let Some(ts) = smollm2_ffn_down() else { return };
     if let Some(bin) = llama_quantize() {
         let dir = tempfile::tempdir().unwrap();
         let inp = dir.path().join("smollm2-ffn_down-f32.gguf");
         write_f32_gguf(&inp, llama_metadata(30, 576, 9), &ts);
-        compare_live(&bin, &inp, &ts, "smollm2_ffn_down", dir.path());
+        compare_live(&bin, &inp, &ts, tys, key, dir.path());
     }
     let exp = expected();
-    let exp = &exp["smollm2_ffn_down"];
+    let exp = &exp[key];
     let mut bad = Vec::new();
-    for (tname, _) in KTYPES {
+    for &(tname, _) in tys {
         let ty = ktype(tname);
         for t in &ts {
             let want = exp[tname][&t.name]

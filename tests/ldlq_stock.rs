@@ -1,5 +1,6 @@
 //! LDLQ into stock GGUF types (issue 18) on real data: SmolLM2 tensors and Hessians calibrated on
-//! Botchan. The output blocks are ordinary q8_0 / q5_0 / q4_0 / q2_K / q3_K / q4_K / q5_K / q6_K blocks (decoded
+//! Botchan. The output blocks are ordinary q8_0 / q5_0 / q4_0 / q2_K / q3_K / q4_K / q5_K / q6_K /
+//! iq4_nl / iq4_xs blocks (decoded
 //! here by the registry's decoders, which are checked against gguf-py and llama-quantize), and
 //! LDLQ lowers the Hessian-weighted error against round-to-nearest at the same bytes.
 
@@ -38,8 +39,12 @@ fn ldlq_beats_rtn_on_smollm2_tensors_in_stock_types() {
     let f = GgufFile::open(&smol).unwrap();
     use TensorType::*;
     for (name, tys) in [
-        ("blk.7.ffn_down.weight", &[Q2K, Q3K, Q4K, Q5K, Q6K][..]),
-        ("blk.7.attn_q.weight", &[Q4_0, Q5_0, Q8_0][..]),
+        (
+            "blk.7.ffn_down.weight",
+            &[Q2K, Q3K, Q4K, Q5K, Q6K, IQ4NL, IQ4XS][..],
+        ),
+        // 576 columns: whole 32-value blocks (iq4_nl), not 256 (no k-quant, no iq4_xs).
+        ("blk.7.attn_q.weight", &[Q4_0, Q5_0, Q8_0, IQ4NL][..]),
     ] {
         let t = f.tensors.iter().find(|t| t.name == name).unwrap();
         let n = t.dims[0] as usize;

@@ -104,10 +104,11 @@ pub fn solve(items: &[Vec<(u64, f64)>], budget: u64, cells: u64) -> Option<Solut
 }
 
 /// The stock and TQ types tq can write that `profile` loads: the default candidates of a mix
-/// (`--types` replaces them). Stock only for `upstream`.
+/// (`--types` replaces them). Stock only for `upstream`. iq4_nl's 32-value blocks fit rows that
+/// no k-quant or iq4_xs fits (SmolLM2's 576 columns) at 4.5 bpw.
 pub fn default_candidates(profile: &Profile) -> Vec<TensorType> {
     use TensorType::*;
-    let mut v = vec![Q2K, Q3K, Q4_0, Q4K, Q5_0, Q5K, Q6K, Q8_0, F16];
+    let mut v = vec![Q2K, Q3K, IQ4XS, Q4_0, IQ4NL, Q4K, Q5_0, Q5K, Q6K, Q8_0, F16];
     if profile.name != "upstream" {
         v.extend([TQ3_1S, TQ4_1S]);
     }

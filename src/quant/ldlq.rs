@@ -820,7 +820,7 @@ fn normal_equations_row(
     let ng = n / gs;
     let hm = grid::has_min(ty);
     let np = if hm { 2 * ng } else { ng };
-    let cf: Vec<f64> = c.iter().map(|&v| v as f64).collect();
+    let cf: Vec<f64> = c.iter().map(|&v| grid::code_value(ty, v)).collect();
     let mut a = vec![0f64; np * np];
     let mut rhs = vec![0f64; np];
     let (mut m, mut nn) = (vec![0f64; ng], vec![0f64; ng]);
@@ -883,7 +883,7 @@ fn normal_equations_rows(
     let np = if hm { 2 * ng } else { ng };
     let hmat = MatRef::from_row_major_slice(h, n, n);
     let x = Mat::<f64>::from_fn(nr, n, |r, t| rows[r * n + t] as f64);
-    let c = Mat::<f64>::from_fn(nr, n, |r, t| codes[r * n + t] as f64);
+    let c = Mat::<f64>::from_fn(nr, n, |r, t| grid::code_value(ty, codes[r * n + t]));
     let mut hx = Mat::<f64>::zeros(nr, n);
     matmul(hx.as_mut(), Accum::Replace, x.as_ref(), hmat, 1.0, Par::Seq);
     let mut res: Vec<(Vec<f64>, Vec<f64>)> = (0..nr)
@@ -1173,7 +1173,7 @@ mod tests {
         let h = hessian(n, 400, 7);
         let mut s = 11;
         let w: Vec<f32> = (0..rows * n).map(|_| lcg(&mut s) as f32 * 0.05).collect();
-        for ty in [Q8_0, Q4_0, Q5_0, Q4K, Q5K, Q6K] {
+        for ty in [Q8_0, Q4_0, Q5_0, Q4K, Q5K, Q6K, IQ4NL, IQ4XS] {
             let f = factor_act_order(h.clone(), n, 0.01, Refit::DEFAULT.passes, "w").unwrap();
             let bytes = ty.bytes_for(w.len() as u64).unwrap() as usize;
             let dec = |b: &[u8]| {
@@ -1208,7 +1208,7 @@ mod tests {
         let mut s = 4;
         let w: Vec<f32> = (0..12 * n).map(|_| lcg(&mut s) as f32).collect();
         let f = factor_act_order(h.clone(), n, 0.01, Refit::DEFAULT.passes, "w").unwrap();
-        for ty in [TensorType::Q4K, TensorType::Q5_0] {
+        for ty in [TensorType::Q4K, TensorType::Q5_0, TensorType::IQ4XS] {
             let run = |t: usize| {
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(t)
@@ -1331,6 +1331,8 @@ mod group_tests {
             TensorType::Q3K,
             TensorType::Q4K,
             TensorType::Q6K,
+            TensorType::IQ4NL,
+            TensorType::IQ4XS,
         ] {
             let rb = n / ty.block_size() * ty.block_bytes();
             let refit2 = Refit {
@@ -1356,13 +1358,19 @@ mod group_tests {
     }
 
     /// The refit's normal equations as GEMMs equal the scalar loops (to f64 rounding), for a
-    /// symmetric type, q6_K's 16-value groups and q4_K's scales and mins.
+    /// symmetric type, q6_K's 16-value groups, q4_K's scales and mins, and the iq4 table codes.
     #[test]
     fn refit_normal_equations_gemm_match_the_scalar_loops() {
         let (n, rows) = (512usize, 5usize);
         let h = hessian(n, 700, 8);
         let w = uniform_rows(rows * n, 3);
-        for ty in [TensorType::Q5_0, TensorType::Q6K, TensorType::Q4K] {
+        for ty in [
+            TensorType::Q5_0,
+            TensorType::Q6K,
+            TensorType::Q4K,
+            TensorType::IQ4NL,
+            TensorType::IQ4XS,
+        ] {
             let g = grid::BlockGrid::new(ty);
             let mut s = 11u64;
             let codes: Vec<i32> = (0..rows * n)
@@ -1435,6 +1443,8 @@ mod group_tests {
             TensorType::Q4K,
             TensorType::Q5K,
             TensorType::Q6K,
+            TensorType::IQ4NL,
+            TensorType::IQ4XS,
         ] {
             let loss = |b: &[u8]| {
                 let mut q = vec![0f32; w.len()];

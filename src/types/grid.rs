@@ -3,7 +3,8 @@
 //!
 //! A block is encoded in two steps: [`fit`] chooses the block's parameters (scales, mins) with
 //! per-value importance weights and writes them into the block, returning the grid each value
-//! decodes on — value `i` becomes `a[i] · c − b[i]` for an integer code `c` in `lo..=hi`, computed
+//! decodes on — value `i` becomes `a[i] · c − b[i]` for an integer code `c` in `lo..=hi` (for
+//! iq4_nl / iq4_xs `a[i] · kvalues_iq4nl[c]`, `c` in `0..=15`: [`BlockGrid::level`]), computed
 //! in f32 exactly as the stock decoder does; then the caller picks every code (nearest, or with
 //! LDLQ error feedback) and [`pack`] stores them. The bytes are ordinary blocks: upstream engines
 //! and the registry's (gguf-py-checked) decoders read them unchanged.
@@ -16,11 +17,18 @@
 //!   wider range of trials); the best trial's least-squares scale is kept;
 //! - asymmetric groups (q4_K, q5_K; q2_K's 16-value groups with ggml's q2_K settings): ggml's
 //!   `make_qkx2_quants` with the weights `w` in place of its `mean|x| + |x|` (or `|x|`) heuristic;
+//! - iq4_nl / iq4_xs 32-value groups: llama.cpp's search (`iquants::iq4::search_scale`: the
+//!   max-based scale, then 15 trial inverse scales `(k − 127)/m`, `k = −7..=7`, each scored by the
+//!   weighted least-squares fit) with the weights `w` in place of its `x²`, and 15 more trials
+//!   `(k + 113)/m` that map the largest value onto the table's positive end (the table is
+//!   asymmetric, −127..113, so either end can fit a group better);
 //! - then the super-block quantization of the group scales exactly as ggml's reference quantizers
 //!   (6-bit scales/mins over `max/63` for q4_K/q5_K, i8 scales over `max/−128` for q6_K, 4-bit
-//!   scales/mins over `max/15` for q2_K, 6-bit signed scales over `max/−32` for q3_K), and the
+//!   scales/mins over `max/15` for q2_K, 6-bit signed scales over `max/−32` for q3_K and iq4_xs),
+//!   and the
 //!   f16 rounding of every stored scale: the grid returned is the one the decoder will use.
 
+use super::iquants::{iq4, KV_F32};
 use super::kquants::{
     make_qkx2_quants, nearest_int, pack_2bit, pack_scale_min_k4, put_f16, q3_k_scales,
     scale_min_k4, QK_K,
@@ -29,14 +37,29 @@ use super::legacy::QK;
 use super::TensorType;
 use crate::types::float::{f16_bits_to_f32, f32_to_f16_bits};
 
-/// The grid of one block: value `i` decodes to `a[i] * c - b[i]`, `c` in `lo..=hi`.
+/// The grid of one block: value `i` decodes to `a[i] * level(c) - b[i]`, `c` in `lo..=hi`
+/// (`level(c) = c`, or the non-linear table of iq4_nl / iq4_xs).
 #[derive(Clone, Debug)]
 pub(crate) struct BlockGrid {
     pub a: Vec<f32>,
     pub b: Vec<f32>,
     pub lo: i32,
     pub hi: i32,
+    /// The values of the codes `lo..=hi` when they are not the integers themselves.
+    levels: Option<&'static [f32; 16]>,
 }
+
+/// Midpoints between consecutive `kvalues_iq4nl` entries: the nearest level to `t` is the number
+/// of midpoints below it (a tie goes up, as ggml's `best_index_int8`).
+const IQ4_MIDS: [f64; 15] = {
+    let mut m = [0f64; 15];
+    let mut i = 0;
+    while i < 15 {
+        m[i] = (KV_F32[i] as f64 + KV_F32[i + 1] as f64) / 2.0;
+        i += 1;
+    }
+    m
+};
 
 impl BlockGrid {
     pub(crate) fn new(ty: TensorType) -> BlockGrid {
@@ -46,6 +69,16 @@ impl BlockGrid {
             b: vec![0.0; ty.block_size()],
             lo,
             hi,
+            levels: levels(ty),
+        }
+    }
+
+    /// The value of code `c` before the scale (`c` itself for the linear grids).
+    #[inline]
+    pub(crate) fn level(&self, c: i32) -> f32 {
+        match self.levels {
+            Some(t) => t[c as usize],
+            None => c as f32,
         }
     }
 
@@ -56,21 +89,42 @@ impl BlockGrid {
         if a == 0.0 {
             return 0i32.clamp(self.lo, self.hi);
         }
-        let c = ((x + self.b[i] as f64) / a).round();
+        let t = (x + self.b[i] as f64) / a;
+        if self.levels.is_some() {
+            // |x − a·v| = |a|·|t − v|: the nearest table value to t, whatever the sign of a.
+            return IQ4_MIDS.iter().filter(|&&m| m <= t).count() as i32;
+        }
+        let c = t.round();
         (c.clamp(self.lo as f64, self.hi as f64)) as i32
     }
 
     /// The decoded value of code `c` on value `i`'s grid, in the decoder's f32 arithmetic.
     #[inline]
     pub(crate) fn value(&self, i: usize, c: i32) -> f32 {
-        self.a[i] * c as f32 - self.b[i]
+        self.a[i] * self.level(c) - self.b[i]
+    }
+}
+
+fn levels(ty: TensorType) -> Option<&'static [f32; 16]> {
+    matches!(ty, TensorType::IQ4NL | TensorType::IQ4XS).then_some(&KV_F32)
+}
+
+/// What code `c` of `ty` multiplies its group scale by (the refit's design matrix).
+#[inline]
+pub(crate) fn code_value(ty: TensorType, c: i32) -> f64 {
+    match levels(ty) {
+        Some(t) => t[c as usize] as f64,
+        None => c as f64,
     }
 }
 
 /// The stock types with a fixed-grid encoder here.
 pub(crate) fn supports(ty: TensorType) -> bool {
     use TensorType::*;
-    matches!(ty, Q8_0 | Q4_0 | Q5_0 | Q2K | Q3K | Q4K | Q5K | Q6K)
+    matches!(
+        ty,
+        Q8_0 | Q4_0 | Q5_0 | Q2K | Q3K | Q4K | Q5K | Q6K | IQ4NL | IQ4XS
+    )
 }
 
 /// Code range of each type (q8_0 stays symmetric: x86 kernels take |c| of int8 codes, and −128
@@ -86,6 +140,7 @@ fn range(ty: TensorType) -> (i32, i32) {
         Q4K => (0, 15),
         Q5K => (0, 31),
         Q6K => (-32, 31),
+        IQ4NL | IQ4XS => (0, 15),
         _ => unreachable!("no grid encoder for {ty}"),
     }
 }
@@ -191,6 +246,13 @@ pub(crate) fn fit(ty: TensorType, x: &[f32], w: &[f32], out: &mut [u8], g: &mut 
                 mins[j] = m;
             }
         }
+        IQ4NL | IQ4XS => {
+            let anchors = [KV_F32[0] as i32, KV_F32[15] as i32];
+            for (ib, s) in scales[..ng].iter_mut().enumerate() {
+                let r = gs * ib..gs * ib + gs;
+                *s = iq4::search_scale(&x[r.clone()], &w[r], iq4::NTRY, &anchors);
+            }
+        }
         _ => unreachable!("no grid encoder for {ty}"),
     }
     set_params(ty, &scales[..ng], &mins[..ng], out, g);
@@ -214,7 +276,8 @@ pub(crate) fn has_min(ty: TensorType) -> bool {
 /// [`group_size`] group — the way the stock format holds them: f16 scales (q8_0/q4_0/q5_0), the
 /// super-block quantization of ggml's reference quantizers (6-bit scales/mins over `max/63`
 /// for q4_K/q5_K, i8 scales over `max/−128` for q6_K, 4-bit scales/mins over `max/15` for
-/// q2_K, 6-bit signed scales over `max/−32` for q3_K), and fill `g` with the grid that gives.
+/// q2_K, 6-bit signed scales over `max/−32` for q3_K and iq4_xs), and fill `g` with the grid
+/// that gives.
 pub(crate) fn set_params(
     ty: TensorType,
     scales: &[f32],
@@ -225,7 +288,14 @@ pub(crate) fn set_params(
     use TensorType::*;
     g.b.fill(0.0);
     match ty {
-        Q8_0 | Q4_0 | Q5_0 => {
+        IQ4XS => {
+            let (d, ls) = iq4::xs_scales(scales, out);
+            let d = f16_round(d);
+            for (ib, l) in ls.iter().enumerate() {
+                g.a[32 * ib..32 * ib + 32].fill(d * *l as f32);
+            }
+        }
+        Q8_0 | Q4_0 | Q5_0 | IQ4NL => {
             let d = f16_round(scales[0]);
             out[..2].copy_from_slice(&f32_to_f16_bits(d).to_le_bytes());
             g.a.fill(d);
@@ -403,6 +473,16 @@ pub(crate) fn pack(ty: TensorType, codes: &[i32], out: &mut [u8]) {
                 }
             }
         }
+        IQ4NL | IQ4XS => {
+            let mut l = [0u8; 32];
+            let off = if ty == IQ4NL { 2 } else { 8 };
+            for (ib, c) in codes.chunks_exact(32).enumerate() {
+                for (o, &v) in l.iter_mut().zip(c) {
+                    *o = v as u8;
+                }
+                iq4::pack32(&l, &mut out[off + 16 * ib..off + 16 * ib + 16]);
+            }
+        }
         Q6K => {
             let (ql, rest) = out.split_at_mut(128);
             let qh = &mut rest[..64];
@@ -462,7 +542,7 @@ mod tests {
             .collect()
     }
 
-    const ALL: [TensorType; 8] = [
+    const ALL: [TensorType; 10] = [
         TensorType::Q8_0,
         TensorType::Q4_0,
         TensorType::Q5_0,
@@ -471,6 +551,8 @@ mod tests {
         TensorType::Q4K,
         TensorType::Q5K,
         TensorType::Q6K,
+        TensorType::IQ4NL,
+        TensorType::IQ4XS,
     ];
 
     /// Codes packed by [`pack`] onto parameters written by [`fit`] decode, through the registry's

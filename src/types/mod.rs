@@ -173,10 +173,10 @@ pub static TYPES: &[TypeInfo] = &[
     row!(IQ2XS,   "iq2_xs",   Stock(17),   IQuant,    kquants::QK_K,    iquants::IQ2_XS_BYTES,  Some(iquants::dequantize_iq2_xs),  None),
     row!(IQ3XXS,  "iq3_xxs",  Stock(18),   IQuant,    kquants::QK_K,    iquants::IQ3_XXS_BYTES, Some(iquants::dequantize_iq3_xxs), None),
     row!(IQ1S,    "iq1_s",    Stock(19),   IQuant,    kquants::QK_K,    iquants::IQ1_S_BYTES,   Some(iquants::dequantize_iq1_s),   None),
-    row!(IQ4NL,   "iq4_nl",   Stock(20),   IQuant,    iquants::QK4_NL,  iquants::IQ4_NL_BYTES,  Some(iquants::dequantize_iq4_nl),  None),
+    row!(IQ4NL,   "iq4_nl",   Stock(20),   IQuant,    iquants::QK4_NL,  iquants::IQ4_NL_BYTES,  Some(iquants::dequantize_iq4_nl),  Some(iquants::quantize_iq4_nl)),
     row!(IQ3S,    "iq3_s",    Stock(21),   IQuant,    kquants::QK_K,    iquants::IQ3_S_BYTES,   Some(iquants::dequantize_iq3_s),   None),
     row!(IQ2S,    "iq2_s",    Stock(22),   IQuant,    kquants::QK_K,    iquants::IQ2_S_BYTES,   Some(iquants::dequantize_iq2_s),   None),
-    row!(IQ4XS,   "iq4_xs",   Stock(23),   IQuant,    iquants::QK_K,    iquants::IQ4_XS_BYTES,  Some(iquants::dequantize_iq4_xs),  None),
+    row!(IQ4XS,   "iq4_xs",   Stock(23),   IQuant,    iquants::QK_K,    iquants::IQ4_XS_BYTES,  Some(iquants::dequantize_iq4_xs),  Some(iquants::quantize_iq4_xs)),
     row!(I8,      "i8",       Stock(24),   Raw,       1,                size_of::<i8>(),        None,                              None),
     row!(I16,     "i16",      Stock(25),   Raw,       1,                size_of::<i16>(),       None,                              None),
     row!(I32,     "i32",      Stock(26),   Raw,       1,                size_of::<i32>(),       None,                              None),
@@ -255,7 +255,7 @@ impl TensorType {
 
     /// Banded LDLQ can round this type (`quant::ldlq`): the TQ weights and the row-rotated types
     /// (in their rotated domain), and the stock types with a fixed-grid encoder ([`grid`]:
-    /// q8_0, q4_0, q5_0, q4_K, q5_K, q6_K; no rotation, ordinary blocks).
+    /// q8_0, q4_0, q5_0, q2_K … q6_K, iq4_nl, iq4_xs; no rotation, ordinary blocks).
     pub fn has_ldlq(self) -> bool {
         matches!(
             self.family(),

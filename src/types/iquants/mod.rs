@@ -1,4 +1,4 @@
-//! ggml's IQ types, dequantization only: 4-bit indices into the non-linear table
+//! ggml's IQ types: 4-bit indices into the non-linear table
 //! `kvalues_iq4nl` (IQ4_NL, IQ4_XS) and the grid types, whose 4 or 8 values come from one row of
 //! a fixed table of lattice points (IQ2_XXS … IQ1_M). Layouts are ggml's `block_*` structs
 //! (`ggml-common.h`); every value is `d · scale · grid · sign` in ggml's operation order, so the
@@ -20,6 +20,10 @@
 //! IQ4_XS sub-block `ib` has the 6-bit scale `ls = (scales_l[ib/2] >> 4*(ib%2)) & 15 |
 //! ((scales_h >> 2*ib) & 3) << 4`, factor `d * (ls - 32)`, as ggml's `dequantize_row_iq4_xs`.
 //!
+//! IQ4_NL and IQ4_XS are also written (`iq4.rs`: llama-quantize's encoders, byte for byte; the
+//! importance-weighted and LDLQ encoders see them as grids in `types::grid`); the grid types are
+//! read only.
+//!
 //! The grids are numbers from `ggml-common.h` (via gguf-py; `grids.rs` says how they were made
 //! and checked); a 7-bit sign index picks 8 signs with even parity (`ksigns_iq2xs`).
 
@@ -27,6 +31,7 @@ mod grids;
 mod iq1;
 mod iq2;
 mod iq3;
+pub(crate) mod iq4;
 
 pub(crate) use iq1::{dequantize_iq1_m, dequantize_iq1_s, IQ1_M_BYTES, IQ1_S_BYTES};
 pub(crate) use iq2::{
@@ -34,6 +39,7 @@ pub(crate) use iq2::{
     IQ2_XXS_BYTES,
 };
 pub(crate) use iq3::{dequantize_iq3_s, dequantize_iq3_xxs, IQ3_S_BYTES, IQ3_XXS_BYTES};
+pub use iq4::{quantize_iq4_nl, quantize_iq4_xs};
 
 use crate::types::float::f16_at;
 
@@ -43,7 +49,7 @@ pub const KVALUES_IQ4NL: [i8; 16] = [
 ];
 
 /// The same table as f32 (exact), for the kernels.
-const KV_F32: [f32; 16] = {
+pub(crate) const KV_F32: [f32; 16] = {
     let mut t = [0f32; 16];
     let mut i = 0;
     while i < 16 {

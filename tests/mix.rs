@@ -283,3 +283,69 @@ fn smollm2_mix_predicts_and_verifies_its_kld() {
         .parse::<f64>()
         .is_ok());
 }
+
+/// tq's own 2-bit trellis type is never a default candidate (no engine but tq loads it), but
+/// `--types` can ask for it under the fork profiles (tq's ids there); at the cheapest budget the
+/// mix takes it on every matrix whose rows hold its 64-value blocks, and the file is written.
+#[test]
+fn tq2_t_is_a_candidate_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let inp = write(
+        dir.path(),
+        "in.gguf",
+        &fixtures::gguf_gen::tiny_llama(2, 256, 512, 96),
+    );
+    let base = [
+        "convert",
+        s(&inp),
+        "--target",
+        "fork",
+        "--types",
+        "q8_0,tq2_t",
+    ];
+    // Upstream llama.cpp cannot load it: a usage error naming the type.
+    let (code, _, err) = tq(&[
+        "convert",
+        s(&inp),
+        "--target",
+        "upstream",
+        "--types",
+        "q8_0,tq2_t",
+        "--target-bpw",
+        "4",
+        "--dry-run",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("tq2_t") && err.contains("upstream"), "{err}");
+    // Far below anything: the error names the cheapest mix's size.
+    let (code, _, err) = tq(&[&base[..], &["--target-bpw", "0.5", "--dry-run"]].concat());
+    assert_eq!(code, 2, "{err}");
+    let min: u64 = err
+        .split("smallest file the candidate types give (")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no size in: {err}"));
+    let min_s = min.to_string();
+    let (code, out, err) =
+        tq(&[&base[..], &["--target-size", &min_s, "--dry-run", "--json"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let plan = json(&out);
+    let mut n2t = 0;
+    for t in plan["tensors"].as_array().unwrap() {
+        let dims: Vec<u64> = t["shape"]
+            .as_array()
+            .map(|d| d.iter().filter_map(|x| x.as_u64()).collect())
+            .unwrap_or_default();
+        let name = t["name"].as_str().unwrap();
+        if dims.len() == 2 && dims[0] % 64 == 0 && !name.starts_with("token_embd") {
+            assert_eq!(t["type"], "tq2_t", "{name}: {t}");
+            n2t += 1;
+        }
+    }
+    assert!(n2t >= 14, "only {n2t} tq2_t tensors");
+    let o = dir.path().join("out.gguf");
+    let (code, _, err) = tq(&[&base[..], &["--target-size", &min_s, "-q", "-o", s(&o)]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::metadata(&o).unwrap().len() <= min);
+}

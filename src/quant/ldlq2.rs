@@ -158,6 +158,8 @@ pub(crate) enum TrellisInner {
         weighted: bool,
         passes: usize,
         feedback: usize,
+        /// Per-survivor-feedback searches ([`tq2t::viterbi_psp`]) per block (0 = off).
+        psp: usize,
     },
 }
 
@@ -166,6 +168,7 @@ impl TrellisInner {
         weighted: false,
         passes: 4,
         feedback: 2,
+        psp: 0,
     };
 }
 
@@ -222,6 +225,10 @@ pub(crate) fn quantize_row_trellis(
     let r = tq2r::rotation(n).expect("planner checked the row length");
     let mut x: Vec<f64> = r.forward(row).into_iter().map(|v| v as f64).collect();
     let mut sc = tq2t::Scratch::new(tq2t::L, QK);
+    let mut ps = match inner {
+        TrellisInner::Quad { psp, .. } if psp > 0 => Some(tq2t::PspScratch::new(psp)),
+        _ => None,
+    };
     let (mut xb, mut q) = ([0f32; QK], [0f32; QK]);
     for (blk, b) in out.chunks_exact_mut(tq2t::TQ2T_BYTES).enumerate() {
         let j0 = blk * QK;
@@ -236,6 +243,7 @@ pub(crate) fn quantize_row_trellis(
                 weighted,
                 passes,
                 feedback,
+                psp: _,
             } => {
                 let au = &forms[blk * 2 * QK * QK..(blk + 1) * 2 * QK * QK];
                 let (a, ub) = au.split_at(QK * QK);
@@ -255,6 +263,7 @@ pub(crate) fn quantize_row_trellis(
                     &wt,
                     passes,
                     feedback,
+                    ps.as_mut(),
                     &mut sc,
                     b,
                     &mut q,
@@ -506,6 +515,7 @@ mod tests {
                 weighted,
                 passes,
                 feedback,
+                psp,
             } = TrellisInner::FORMAT
             else {
                 unreachable!()
@@ -514,8 +524,18 @@ mod tests {
                 !weighted,
                 "the guarantee needs the plain search as the first candidate"
             );
+            let mut ps = (psp > 0).then(|| tq2t::PspScratch::new(psp));
             tq2t::quantize_block_quad(
-                &x, a, ub, &[1.0; QK], passes, feedback, &mut sc, &mut b_new, &mut q,
+                &x,
+                a,
+                ub,
+                &[1.0; QK],
+                passes,
+                feedback,
+                ps.as_mut(),
+                &mut sc,
+                &mut b_new,
+                &mut q,
             );
             let cost = |b: &[u8]| {
                 let mut y = [0f32; QK];

@@ -902,12 +902,14 @@ mod proxies {
         };
         let all = [
             ("plain (old)", TrellisInner::Plain),
-            ("plain+fb2+CD (format)", quad(false, 4, 2, 0)),
-            ("plain+psp", quad(false, 0, 0, 1)),
-            ("plain+psp+CD", quad(false, 4, 0, 1)),
-            ("plain+psp2+CD", quad(false, 4, 0, 2)),
-            ("plain+fb2+psp+CD", quad(false, 4, 2, 1)),
-            ("plain+fb2+psp2+CD", quad(false, 4, 2, 2)),
+            ("plain+fb2+CD (format)", quad(false, 4, 2, (0, 0))),
+            ("plain+psp+CD", quad(false, 4, 0, (1, 0))),
+            ("plain+fb2+psp+CD", quad(false, 4, 2, (1, 0))),
+            ("plain+beam64+CD", quad(false, 4, 0, (1, 64))),
+            ("plain+beam256+CD", quad(false, 4, 0, (1, 256))),
+            ("plain+beam1024+CD", quad(false, 4, 0, (1, 1024))),
+            ("plain+fb2+beam256+CD", quad(false, 4, 2, (1, 256))),
+            ("plain+beam256x2+CD", quad(false, 4, 0, (2, 256))),
         ];
         // TQ_PROXY_VARIANTS: comma-separated indices into `all` (default: every one).
         let pick = std::env::var("TQ_PROXY_VARIANTS").ok();

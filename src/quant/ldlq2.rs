@@ -158,8 +158,9 @@ pub(crate) enum TrellisInner {
         weighted: bool,
         passes: usize,
         feedback: usize,
-        /// Per-survivor-feedback searches ([`tq2t::viterbi_psp`]) per block (0 = off).
-        psp: usize,
+        /// Per-survivor-feedback searches ([`tq2t::viterbi_psp`]) per block (0 = off) and the
+        /// beam width (0 = every state).
+        psp: (usize, usize),
     },
 }
 
@@ -168,7 +169,7 @@ impl TrellisInner {
         weighted: false,
         passes: 4,
         feedback: 2,
-        psp: 0,
+        psp: (0, 0),
     };
 }
 
@@ -226,7 +227,7 @@ pub(crate) fn quantize_row_trellis(
     let mut x: Vec<f64> = r.forward(row).into_iter().map(|v| v as f64).collect();
     let mut sc = tq2t::Scratch::new(tq2t::L, QK);
     let mut ps = match inner {
-        TrellisInner::Quad { psp, .. } if psp > 0 => Some(tq2t::PspScratch::new(psp)),
+        TrellisInner::Quad { psp, .. } if psp.0 > 0 => Some(tq2t::PspScratch::new(psp.0, psp.1)),
         _ => None,
     };
     let (mut xb, mut q) = ([0f32; QK], [0f32; QK]);
@@ -524,7 +525,7 @@ mod tests {
                 !weighted,
                 "the guarantee needs the plain search as the first candidate"
             );
-            let mut ps = (psp > 0).then(|| tq2t::PspScratch::new(psp));
+            let mut ps = (psp.0 > 0).then(|| tq2t::PspScratch::new(psp.0, psp.1));
             tq2t::quantize_block_quad(
                 &x,
                 a,

@@ -636,12 +636,17 @@ pub(crate) struct PspScratch {
     /// Back pointers, one per step and *successor* state (each state picks its own predecessor:
     /// its error depends on the predecessor's feedback).
     bp: Vec<u8>,
+    /// Beam width (0: the full search, [`viterbi_psp`]; else [`viterbi_beam`]).
+    beam: usize,
+    bs: BeamScratch,
 }
 
 impl PspScratch {
-    pub(crate) fn new(tries: usize) -> PspScratch {
+    pub(crate) fn new(tries: usize, beam: usize) -> PspScratch {
         let ns = 1usize << L;
         PspScratch {
+            beam,
+            bs: BeamScratch::default(),
             tries: tries.max(1),
             cost: vec![0.0; ns],
             next: vec![0.0; ns],
@@ -765,6 +770,137 @@ fn psp_step_generic(xj: f32, ij: f32, uj: &[f32], j: usize, sc: &mut PspScratch)
             }
         }
     }
+}
+
+/// Work space of [`viterbi_beam`].
+#[derive(Default)]
+pub(crate) struct BeamScratch {
+    /// Survivors: state, cost, feedback row (stride `QK`, absolute columns).
+    st: Vec<u32>,
+    cost: Vec<f32>,
+    fb: Vec<f32>,
+    nst: Vec<u32>,
+    ncost: Vec<f32>,
+    nfb: Vec<f32>,
+    /// Per step, per kept survivor: index of its parent in the step before.
+    par: Vec<u16>,
+    /// Per step, per kept survivor: its state.
+    hst: Vec<u16>,
+    /// Per state: best candidate of this step (cost, top code of its predecessor, parent, z),
+    /// valid where `mark` is the step number.
+    slot: Vec<(f32, u8, u16, f32)>,
+    mark: Vec<u32>,
+    cand: Vec<u32>,
+}
+
+/// [`viterbi_psp`] restricted to the `k` best paths per step (beam search, ties broken by
+/// state): each survivor carries its whole feedback, candidates reaching the same state merge
+/// as in the full search (lowest cost, then lowest predecessor top code), the `k` of lowest
+/// (cost, state) go on. `k ≥ 4096` is the full search, path for path.
+pub(crate) fn viterbi_beam(
+    x: &[f32],
+    ub: &[f64],
+    dc: &[f32],
+    top: u32,
+    k: usize,
+    bs: &mut BeamScratch,
+    codes: &mut [u8],
+) -> f32 {
+    let ns = 1usize << L;
+    let mask = ns as u32 - 1;
+    let lowmask = (1u32 << (L - 2)) - 1;
+    let k = k.clamp(4, ns);
+    let uf: Vec<f32> = ub.iter().map(|&v| v as f32).collect();
+    let inv: [f32; QK] = std::array::from_fn(|j| (1.0 / ub[j * QK + j]) as f32);
+    bs.st.clear();
+    bs.cost.clear();
+    bs.fb.clear();
+    bs.par.clear();
+    bs.par.resize(QK * k, 0);
+    bs.hst.clear();
+    bs.hst.resize(QK * k, 0);
+    bs.slot.resize(ns, (0.0, 0, 0, 0.0));
+    bs.mark.clear();
+    bs.mark.resize(ns, u32::MAX);
+    for b in 0..4u32 {
+        let s = top << 2 | b;
+        let z = (x[0] - dc[s as usize]) * inv[0];
+        bs.hst[b as usize] = s as u16;
+        bs.st.push(s);
+        bs.cost.push(z * z);
+        bs.fb.push(0.0);
+        bs.fb.extend(uf[1..QK].iter().map(|&u| z * u));
+    }
+    for j in 1..QK {
+        let (xj, ij) = (x[j], inv[j]);
+        bs.cand.clear();
+        for (i, (&s, &c)) in bs.st.iter().zip(&bs.cost).enumerate() {
+            let tj = xj - bs.fb[i * QK + j];
+            let t = (s >> (L - 2)) as u8;
+            for b in 0..4u32 {
+                // The last five codes are the wrap's: only paths that can end on it go on.
+                if j + 5 >= QK && b != (top >> (2 * (QK - 1 - j))) & 3 {
+                    continue;
+                }
+                let s2 = ((s << 2) | b) & mask;
+                let z = (tj - dc[s2 as usize]) * ij;
+                let c2 = c + z * z;
+                let sl = &mut bs.slot[s2 as usize];
+                if bs.mark[s2 as usize] != j as u32 {
+                    bs.mark[s2 as usize] = j as u32;
+                    *sl = (c2, t, i as u16, z);
+                    bs.cand.push(s2);
+                } else if c2 < sl.0 || (c2 == sl.0 && t < sl.1) {
+                    *sl = (c2, t, i as u16, z);
+                }
+            }
+        }
+        let slot = &bs.slot;
+        let key = |s: &u32| (slot[*s as usize].0, *s);
+        let by = |a: &u32, b: &u32| key(a).partial_cmp(&key(b)).unwrap();
+        if bs.cand.len() > k {
+            bs.cand.select_nth_unstable_by(k - 1, by);
+            bs.cand.truncate(k);
+        }
+        bs.cand.sort_unstable();
+        bs.nst.clear();
+        bs.ncost.clear();
+        bs.nfb.clear();
+        let uj = &uf[j * QK..(j + 1) * QK];
+        for (n, &s2) in bs.cand.iter().enumerate() {
+            let (c2, _, i, z) = bs.slot[s2 as usize];
+            bs.nst.push(s2);
+            bs.ncost.push(c2);
+            bs.par[j * k + n] = i;
+            bs.hst[j * k + n] = s2 as u16;
+            let src = &bs.fb[i as usize * QK..(i as usize + 1) * QK];
+            let base = bs.nfb.len();
+            bs.nfb.resize(base + QK, 0.0);
+            let dst = &mut bs.nfb[base + j + 1..];
+            for ((d, &f), &u) in dst.iter_mut().zip(&src[j + 1..]).zip(&uj[j + 1..]) {
+                *d = f + z * u;
+            }
+        }
+        std::mem::swap(&mut bs.st, &mut bs.nst);
+        std::mem::swap(&mut bs.cost, &mut bs.ncost);
+        std::mem::swap(&mut bs.fb, &mut bs.nfb);
+    }
+    let mut best = (f32::INFINITY, u32::MAX, 0usize);
+    for (i, (&s, &c)) in bs.st.iter().zip(&bs.cost).enumerate() {
+        if (s & lowmask) == top && (c < best.0 || (c == best.0 && s < best.1)) {
+            best = (c, s, i);
+        }
+    }
+    if best.1 == u32::MAX {
+        // No survivor ends on the wrap (the beam dropped them all): signal "no candidate".
+        return f32::INFINITY;
+    }
+    let mut i = best.2;
+    for j in (0..QK).rev() {
+        codes[j] = (bs.hst[j * k + i] & 3) as u8;
+        i = bs.par[j * k + i] as usize;
+    }
+    best.0
 }
 
 /// Best final state of a wrapped search (lowest index on ties) and the trace back to its codes
@@ -922,7 +1058,11 @@ pub(crate) fn quantize_block_quad(
                 let d = scale_of(ecur);
                 let dc: Vec<f32> = cb.iter().map(|&c| d * c).collect();
                 let mut c2 = [0u8; QK];
-                viterbi_psp(&xf, ub, &dc, top, ps, &mut c2);
+                if ps.beam > 0 {
+                    viterbi_beam(&xf, ub, &dc, top, ps.beam, &mut ps.bs, &mut c2);
+                } else {
+                    viterbi_psp(&xf, ub, &dc, top, ps, &mut c2);
+                }
                 let cost2 = quad_cost(x, a, d, &c2);
                 if cost2 < cost {
                     (e, codes, cost) = (ecur, c2, cost2);
@@ -1290,7 +1430,7 @@ mod tests {
     fn psp_viterbi_equals_reference_and_charges_the_form() {
         let cb = format_codebook();
         let mut sc = Scratch::new(L, QK);
-        let mut ps = PspScratch::new(1);
+        let mut ps = PspScratch::new(1, 0);
         for seed in 0..3u64 {
             let (u, a) = upper_and_form(300 + seed);
             let xf = gauss(QK, 400 + seed);
@@ -1305,6 +1445,15 @@ mod tests {
             let m2 = viterbi_psp_ref(&xf, &u, &dc, top, &mut c2);
             assert_eq!(c1, c2, "seed {seed}");
             assert_eq!(m1.to_bits(), m2.to_bits(), "seed {seed}");
+            // A beam as wide as the trellis is the full search, path for path.
+            let mut c3 = [0u8; QK];
+            let m3 = viterbi_beam(&xf, &u, &dc, top, 1 << L, &mut BeamScratch::default(), &mut c3);
+            assert_eq!((c3, m3.to_bits()), (c1, m1.to_bits()), "seed {seed}");
+            // A narrow beam still ends on the wrap and charges the form.
+            let m4 = viterbi_beam(&xf, &u, &dc, top, 64, &mut BeamScratch::default(), &mut c3);
+            assert_eq!(wrap_of(&c3), top);
+            let e4 = quad_cost(&x, &a, d, &c3);
+            assert!((m4 as f64 - e4).abs() <= 1e-4 * e4, "seed {seed}: {m4} vs {e4}");
             assert_eq!(wrap_of(&c1), top);
             let exact = quad_cost(&x, &a, d, &c1);
             assert!(

@@ -902,14 +902,14 @@ mod proxies {
         };
         let all = [
             ("plain (old)", TrellisInner::Plain),
-            ("plain+fb2+CD (format)", quad(false, 4, 2, (0, 0))),
-            ("plain+psp+CD", quad(false, 4, 0, (1, 0))),
-            ("plain+fb2+psp+CD", quad(false, 4, 2, (1, 0))),
-            ("plain+beam64+CD", quad(false, 4, 0, (1, 64))),
-            ("plain+beam256+CD", quad(false, 4, 0, (1, 256))),
-            ("plain+beam1024+CD", quad(false, 4, 0, (1, 1024))),
-            ("plain+fb2+beam256+CD", quad(false, 4, 2, (1, 256))),
-            ("plain+beam256x2+CD", quad(false, 4, 0, (2, 256))),
+            ("plain+fb2+CD (previous format)", quad(false, 4, 2, (0, 0))),
+            ("plain+fb2+CD, psp+CD", quad(false, 4, 2, (1, 0))),
+            ("plain+fb2+CD, beam64+CD", quad(false, 4, 2, (1, 64))),
+            ("plain+fb2+CD, beam128+CD", quad(false, 4, 2, (1, 128))),
+            ("plain+fb2+CD, beam256+CD", quad(false, 4, 2, (1, 256))),
+            ("plain+fb2+CD, beam256x2+CD", quad(false, 4, 2, (2, 256))),
+            ("plain+CD, beam256+CD", quad(false, 4, 0, (1, 256))),
+            ("plain+fb1+CD, beam256+CD", quad(false, 4, 1, (1, 256))),
         ];
         // TQ_PROXY_VARIANTS: comma-separated indices into `all` (default: every one).
         let pick = std::env::var("TQ_PROXY_VARIANTS").ok();

@@ -169,7 +169,7 @@ impl TrellisInner {
         weighted: false,
         passes: 4,
         feedback: 2,
-        psp: (0, 0),
+        psp: (1, 128),
     };
 }
 

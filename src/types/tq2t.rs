@@ -644,6 +644,8 @@ pub(crate) struct PspScratch {
 impl PspScratch {
     pub(crate) fn new(tries: usize, beam: usize) -> PspScratch {
         let ns = 1usize << L;
+        // The full search's buffers only when it runs (2.3 MB).
+        let ns = if beam > 0 { 0 } else { ns };
         PspScratch {
             beam,
             bs: BeamScratch::default(),
@@ -791,6 +793,7 @@ pub(crate) struct BeamScratch {
     slot: Vec<(f32, u8, u16, f32)>,
     mark: Vec<u32>,
     cand: Vec<u32>,
+    keys: Vec<u64>,
 }
 
 /// [`viterbi_psp`] restricted to the `k` best paths per step (beam search, ties broken by
@@ -855,29 +858,33 @@ pub(crate) fn viterbi_beam(
                 }
             }
         }
-        let slot = &bs.slot;
-        let key = |s: &u32| (slot[*s as usize].0, *s);
-        let by = |a: &u32, b: &u32| key(a).partial_cmp(&key(b)).unwrap();
         if bs.cand.len() > k {
-            bs.cand.select_nth_unstable_by(k - 1, by);
-            bs.cand.truncate(k);
+            // (cost, state) as one integer: costs are ≥ 0 (or +inf), whose bits order as the
+            // values do. The order of the kept ones does not matter (merges break ties by `t`).
+            bs.keys.clear();
+            let slot = &bs.slot;
+            bs.keys
+                .extend(bs.cand.iter().map(|&s| (slot[s as usize].0.to_bits() as u64) << 32 | s as u64));
+            bs.keys.select_nth_unstable(k - 1);
+            bs.cand.clear();
+            bs.cand.extend(bs.keys[..k].iter().map(|&v| v as u32));
         }
-        bs.cand.sort_unstable();
         bs.nst.clear();
         bs.ncost.clear();
-        bs.nfb.clear();
-        let uj = &uf[j * QK..(j + 1) * QK];
+        // Rows hold columns > j only (the rest is stale and never read).
+        if bs.nfb.len() < k * QK {
+            bs.nfb.resize(k * QK, 0.0);
+        }
+        let uj = &uf[j * QK + j + 1..(j + 1) * QK];
         for (n, &s2) in bs.cand.iter().enumerate() {
             let (c2, _, i, z) = bs.slot[s2 as usize];
             bs.nst.push(s2);
             bs.ncost.push(c2);
             bs.par[j * k + n] = i;
             bs.hst[j * k + n] = s2 as u16;
-            let src = &bs.fb[i as usize * QK..(i as usize + 1) * QK];
-            let base = bs.nfb.len();
-            bs.nfb.resize(base + QK, 0.0);
-            let dst = &mut bs.nfb[base + j + 1..];
-            for ((d, &f), &u) in dst.iter_mut().zip(&src[j + 1..]).zip(&uj[j + 1..]) {
+            let src = &bs.fb[i as usize * QK + j + 1..(i as usize + 1) * QK];
+            let dst = &mut bs.nfb[n * QK + j + 1..(n + 1) * QK];
+            for ((d, &f), &u) in dst.iter_mut().zip(src).zip(uj) {
                 *d = f + z * u;
             }
         }
@@ -1049,12 +1056,28 @@ pub(crate) fn quantize_block_quad(
                 (cur, ecur) = (c2, e2);
             }
         }
+        // Coordinate descent, then at the least-squares scale under A and descent again.
+        let descend = |e: u8, codes: &mut [u8; QK]| -> (u8, f64) {
+            let cost = refine_codes(x, a, scale_of(e), codes, passes);
+            if let Some(e2) = refit_scale_quad(x, a, e, codes) {
+                let mut c2 = *codes;
+                let cost2 = refine_codes(x, a, scale_of(e2), &mut c2, passes);
+                if cost2 < cost {
+                    *codes = c2;
+                    return (e2, cost2);
+                }
+            }
+            (e, cost)
+        };
+        if passes > 0 {
+            (e, cost) = descend(e, &mut codes);
+        }
         if let Some(ps) = psp.as_deref_mut() {
-            // The per-survivor search at the best scale so far, wrapping on its wrap codes.
-            let mut tries = 0;
-            let mut ecur = e;
+            // The per-survivor search (after all of the above, so the result is never worse
+            // than without it) at the best scale so far, wrapping on its wrap codes.
             let top = wrap_of(&codes);
-            loop {
+            let mut ecur = e;
+            for tries in 1.. {
                 let d = scale_of(ecur);
                 let dc: Vec<f32> = cb.iter().map(|&c| d * c).collect();
                 let mut c2 = [0u8; QK];
@@ -1063,24 +1086,19 @@ pub(crate) fn quantize_block_quad(
                 } else {
                     viterbi_psp(&xf, ub, &dc, top, ps, &mut c2);
                 }
-                let cost2 = quad_cost(x, a, d, &c2);
-                if cost2 < cost {
-                    (e, codes, cost) = (ecur, c2, cost2);
+                let next = refit_scale_quad(x, a, ecur, &c2);
+                let mut c3 = c2;
+                let (e3, cost3) = if passes > 0 {
+                    descend(ecur, &mut c3)
+                } else {
+                    (ecur, quad_cost(x, a, d, &c3))
+                };
+                if cost3 < cost {
+                    (e, codes, cost) = (e3, c3, cost3);
                 }
-                tries += 1;
-                match refit_scale_quad(x, a, ecur, &c2) {
+                match next {
                     Some(e2) if tries < ps.tries => ecur = e2,
                     _ => break,
-                }
-            }
-        }
-        if passes > 0 {
-            cost = refine_codes(x, a, scale_of(e), &mut codes, passes);
-            if let Some(e2) = refit_scale_quad(x, a, e, &codes) {
-                let mut c2 = codes;
-                let cost2 = refine_codes(x, a, scale_of(e2), &mut c2, passes);
-                if cost2 < cost {
-                    (e, codes, cost) = (e2, c2, cost2);
                 }
             }
         }

@@ -863,8 +863,11 @@ pub(crate) fn viterbi_beam(
             // values do. The order of the kept ones does not matter (merges break ties by `t`).
             bs.keys.clear();
             let slot = &bs.slot;
-            bs.keys
-                .extend(bs.cand.iter().map(|&s| (slot[s as usize].0.to_bits() as u64) << 32 | s as u64));
+            bs.keys.extend(
+                bs.cand
+                    .iter()
+                    .map(|&s| (slot[s as usize].0.to_bits() as u64) << 32 | s as u64),
+            );
             bs.keys.select_nth_unstable(k - 1);
             bs.cand.clear();
             bs.cand.extend(bs.keys[..k].iter().map(|&v| v as u32));
@@ -934,7 +937,13 @@ fn psp_trace(cost: &[f32], bp: &[u8], top: u32, codes: &mut [u8]) -> f32 {
 /// The definition of [`viterbi_psp`]: state by state, each path's feedback kept as the vector of
 /// its pending corrections to the columns after the current one.
 #[cfg(test)]
-pub(crate) fn viterbi_psp_ref(x: &[f32], ub: &[f64], dc: &[f32], top: u32, codes: &mut [u8]) -> f32 {
+pub(crate) fn viterbi_psp_ref(
+    x: &[f32],
+    ub: &[f64],
+    dc: &[f32],
+    top: u32,
+    codes: &mut [u8],
+) -> f32 {
     let (n, ns) = (QK, 1usize << L);
     let q = ns / 4;
     let w = n - 1;
@@ -988,9 +997,7 @@ pub(crate) fn viterbi_psp_ref(x: &[f32], ub: &[f64], dc: &[f32], top: u32, codes
 
 /// The wrap codes of a block (its last five codes, as [`Ends::Wrap`] reads them).
 fn wrap_of(codes: &[u8]) -> u32 {
-    (1..(L / 2) as usize).fold(0u32, |top, t| {
-        top | (codes[QK - t] as u32) << (2 * (t - 1))
-    })
+    (1..(L / 2) as usize).fold(0u32, |top, t| top | (codes[QK - t] as u32) << (2 * (t - 1)))
 }
 
 /// Block-LDLQ's Hessian-aware vector quantizer: the Viterbi search weighted by `wt` (the
@@ -999,7 +1006,10 @@ fn wrap_of(codes: &[u8]) -> u32 {
 /// `U`, gives each value the target its earlier errors leave it; the Viterbi search, weighted by
 /// `1/U_jj²`, is rerun on those targets), keeping the codes of lowest `rᵀ A r`; then coordinate
 /// descent of the codes on the whole form, a least-squares scale under `A`, and descent again if
-/// the scale moved. Returns the packed block in `b` and the decoded values in `out`.
+/// the scale moved. With `psp`, the per-survivor search ([`viterbi_psp`] / [`viterbi_beam`]) then
+/// runs at the best scale so far, wrapping on the best codes' wrap, followed by the same descent;
+/// it replaces the codes only if it lowers `rᵀ A r`, so the block is never worse than without it.
+/// Returns the packed block in `b` and the decoded values in `out`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn quantize_block_quad(
     x: &[f64],
@@ -1436,7 +1446,11 @@ mod tests {
             }
         }
         let a = (0..QK * QK)
-            .map(|ik| (0..QK).map(|m| v[ik / QK * QK + m] * v[ik % QK * QK + m]).sum())
+            .map(|ik| {
+                (0..QK)
+                    .map(|m| v[ik / QK * QK + m] * v[ik % QK * QK + m])
+                    .sum()
+            })
             .collect();
         (u, a)
     }
@@ -1465,13 +1479,24 @@ mod tests {
             assert_eq!(m1.to_bits(), m2.to_bits(), "seed {seed}");
             // A beam as wide as the trellis is the full search, path for path.
             let mut c3 = [0u8; QK];
-            let m3 = viterbi_beam(&xf, &u, &dc, top, 1 << L, &mut BeamScratch::default(), &mut c3);
+            let m3 = viterbi_beam(
+                &xf,
+                &u,
+                &dc,
+                top,
+                1 << L,
+                &mut BeamScratch::default(),
+                &mut c3,
+            );
             assert_eq!((c3, m3.to_bits()), (c1, m1.to_bits()), "seed {seed}");
             // A narrow beam still ends on the wrap and charges the form.
             let m4 = viterbi_beam(&xf, &u, &dc, top, 64, &mut BeamScratch::default(), &mut c3);
             assert_eq!(wrap_of(&c3), top);
             let e4 = quad_cost(&x, &a, d, &c3);
-            assert!((m4 as f64 - e4).abs() <= 1e-4 * e4, "seed {seed}: {m4} vs {e4}");
+            assert!(
+                (m4 as f64 - e4).abs() <= 1e-4 * e4,
+                "seed {seed}: {m4} vs {e4}"
+            );
             assert_eq!(wrap_of(&c1), top);
             let exact = quad_cost(&x, &a, d, &c1);
             assert!(

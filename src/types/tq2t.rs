@@ -1018,7 +1018,7 @@ pub(crate) fn quantize_block_quad(
     wt: &[f32],
     passes: usize,
     feedback: usize,
-    mut psp: Option<&mut PspScratch>,
+    psp: Option<&mut PspScratch>,
     sc: &mut Scratch,
     b: &mut [u8],
     out: &mut [f32],
@@ -1082,7 +1082,7 @@ pub(crate) fn quantize_block_quad(
         if passes > 0 {
             (e, cost) = descend(e, &mut codes);
         }
-        if let Some(ps) = psp.as_deref_mut() {
+        if let Some(ps) = psp {
             // The per-survivor search (after all of the above, so the result is never worse
             // than without it) at the best scale so far, wrapping on its wrap codes.
             let top = wrap_of(&codes);

@@ -905,7 +905,7 @@ mod proxies {
             ("plain+fb2+CD (previous format)", quad(false, 4, 2, (0, 0))),
             ("plain+fb2+CD, psp+CD", quad(false, 4, 2, (1, 0))),
             ("plain+fb2+CD, beam64+CD", quad(false, 4, 2, (1, 64))),
-            ("plain+fb2+CD, beam128+CD", quad(false, 4, 2, (1, 128))),
+            ("beam128 (format)", quad(false, 4, 2, (1, 128))),
             ("plain+fb2+CD, beam256+CD", quad(false, 4, 2, (1, 256))),
             ("plain+fb2+CD, beam256x2+CD", quad(false, 4, 2, (2, 256))),
             ("plain+CD, beam256+CD", quad(false, 4, 0, (1, 256))),

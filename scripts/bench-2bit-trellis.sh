@@ -48,5 +48,6 @@ tq2_t;--weights tq2_t
 mix-down2t-e4-ldlqfull;--weights tq4_1s --tensor-type ffn_down=tq2_t --token-embedding-type q4_0 --calib $b/H.safetensors --ldlq-band 0
 tq2_t-ldlqfull-quad;--weights tq2_t --calib $b/H.safetensors --ldlq-band 0
 mix-down2t-e4-ldlqfull-quad;--weights tq4_1s --tensor-type ffn_down=tq2_t --token-embedding-type q4_0 --calib $b/H.safetensors --ldlq-band 0
+tq2_t-ldlqfull-beam;--weights tq2_t --calib $b/H.safetensors --ldlq-band 0
 tq2_t-e4-ldlqfull;--weights tq2_t --token-embedding-type q4_0 --calib $b/H.safetensors --ldlq-band 0
 ROWS

@@ -49,11 +49,14 @@ def main(csv_path, md_path, out_path):
                     mfc=colour if filled else "white", mec=colour, capsize=2,
                     label=None if leg in seen else leg)
         seen.add(leg)
-        # A point within 10% of one already labelled at the same x gets its label below it.
-        near = any(px == x and abs(py / y - 1) < 0.1 for px, py in placed)
+        # Points within 20% of ones already labelled at the same x: labels alternate sides
+        # (left, then right level with the point), so a cluster's labels do not overlap.
+        near = sum(px == x and abs(py / y - 1) < 0.2 for px, py in placed)
         placed.append((x, y))
+        left = near % 2 == 1
         ax.annotate(r["label"], (x, y), textcoords="offset points",
-                    xytext=(6, -9 if near else 3), fontsize=7)
+                    xytext=(-6 if left else 6, 3 if near == 0 else -3),
+                    ha="right" if left else "left", fontsize=7)
     ax.set_yscale("log")
     ax.set_xlabel("bits per weight of the whole file (token_embd included)")
     ax.set_ylabel("mean KLD vs F16 (log scale), 10 wikitext-2 windows of 512")

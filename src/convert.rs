@@ -900,21 +900,34 @@ mod proxies {
         let names = std::env::var("TQ_PROXY_TENSORS").unwrap_or_else(|_| {
             "blk.7.ffn_down.weight,blk.7.attn_q.weight,blk.7.ffn_gate.weight".into()
         });
-        let quad = |weighted, passes, feedback| TrellisInner::Quad {
+        let quad = |weighted, passes, feedback, psp| TrellisInner::Quad {
             weighted,
             passes,
             feedback,
+            psp,
         };
-        let variants = [
+        let all = [
             ("plain (old)", TrellisInner::Plain),
-            ("plain+CD", quad(false, 4, 0)),
-            ("weighted", quad(true, 0, 0)),
-            ("weighted+CD", quad(true, 4, 0)),
-            ("plain+fb2", quad(false, 0, 2)),
-            ("weighted+fb2+CD", quad(true, 4, 2)),
-            ("plain+fb2+CD (format)", quad(false, 4, 2)),
-            ("plain+fb4+CD", quad(false, 4, 4)),
+            ("plain+fb2+CD (previous format)", quad(false, 4, 2, (0, 0))),
+            ("plain+fb2+CD, psp+CD", quad(false, 4, 2, (1, 0))),
+            ("plain+fb2+CD, beam64+CD", quad(false, 4, 2, (1, 64))),
+            ("beam128 (format)", quad(false, 4, 2, (1, 128))),
+            ("plain+fb2+CD, beam256+CD", quad(false, 4, 2, (1, 256))),
+            ("plain+fb2+CD, beam256x2+CD", quad(false, 4, 2, (2, 256))),
+            ("plain+CD, beam256+CD", quad(false, 4, 0, (1, 256))),
+            ("plain+fb1+CD, beam256+CD", quad(false, 4, 1, (1, 256))),
         ];
+        // TQ_PROXY_VARIANTS: comma-separated indices into `all` (default: every one).
+        let pick = std::env::var("TQ_PROXY_VARIANTS").ok();
+        let variants: Vec<_> = all
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| {
+                pick.as_deref()
+                    .is_none_or(|p| p.split(',').any(|v| v.parse() == Ok(*i)))
+            })
+            .map(|(_, v)| *v)
+            .collect();
         for name in names.split(',') {
             let t = f.tensors.iter().find(|t| t.name == name).unwrap();
             let n = t.dims[0] as usize;
@@ -936,7 +949,7 @@ mod proxies {
                 t0.elapsed().as_secs_f64()
             );
             let ft = factor_hessian(TensorType::TQ2T, h, 0.01, 0, name).unwrap();
-            for (label, inner) in variants {
+            for &(label, inner) in &variants {
                 let t0 = std::time::Instant::now();
                 let q = quantize_trellis(&w, n, &ft, 0, inner);
                 let l = proxy_loss(&h.h, n, &w, &dec(TensorType::TQ2T, &q));

@@ -244,38 +244,27 @@ const MAX_OPTIONS: usize = 255;
 /// The options worth keeping: sorted by bytes, each strictly cheaper in cost than every smaller
 /// one (the rest can never be chosen by a minimum-cost knapsack), thinned evenly to at most
 /// [`MAX_OPTIONS`] with both ends kept. Deterministic: ties go to the first in `v`'s order.
-pub fn pareto(mut v: Vec<Opt>) -> Vec<Opt> {
-    let order: Vec<usize> = {
-        let mut o: Vec<usize> = (0..v.len()).collect();
-        o.sort_by(|&a, &b| {
-            v[a].bytes
-                .cmp(&v[b].bytes)
-                .then(v[a].cost.total_cmp(&v[b].cost))
-                .then(a.cmp(&b))
-        });
-        o
-    };
-    let mut keep: Vec<Opt> = vec![];
+pub fn pareto(v: Vec<Opt>) -> Vec<Opt> {
+    let mut order: Vec<usize> = (0..v.len()).collect();
+    order.sort_by(|&a, &b| {
+        v[a].bytes
+            .cmp(&v[b].bytes)
+            .then(v[a].cost.total_cmp(&v[b].cost))
+            .then(a.cmp(&b))
+    });
+    let mut keep: Vec<usize> = vec![];
     for i in order {
-        if keep.last().is_none_or(|l| v[i].cost < l.cost) {
-            keep.push(std::mem::replace(
-                &mut v[i],
-                Opt {
-                    bytes: 0,
-                    cost: 0.0,
-                    pick: vec![],
-                },
-            ));
+        if keep.last().is_none_or(|&l| v[i].cost < v[l].cost) {
+            keep.push(i);
         }
     }
     if keep.len() > MAX_OPTIONS {
         let n = keep.len();
-        let idx: Vec<usize> = (0..MAX_OPTIONS)
-            .map(|j| j * (n - 1) / (MAX_OPTIONS - 1))
+        keep = (0..MAX_OPTIONS)
+            .map(|j| keep[j * (n - 1) / (MAX_OPTIONS - 1)])
             .collect();
-        keep = idx.into_iter().map(|i| keep[i].clone()).collect();
     }
-    keep
+    keep.into_iter().map(|i| v[i].clone()).collect()
 }
 
 /// Set the chosen types on the plan (bytes, action and reasons), as the planner would have:

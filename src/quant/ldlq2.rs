@@ -395,19 +395,7 @@ mod tests {
     fn trellis_block_ldlq_beats_rtn_and_is_rtn_at_identity() {
         let (n, rows, samples) = (128usize, 8usize, 500usize);
         let mut g = SplitMix64::new(6);
-        let mix: Vec<f64> = (0..n * 8).map(|_| g.gauss()).collect();
-        let mut h = vec![0f64; n * n];
-        for _ in 0..samples {
-            let z: Vec<f64> = (0..n).map(|_| g.gauss()).collect();
-            let x: Vec<f64> = (0..n)
-                .map(|i| (0..8).map(|t| mix[i * 8 + t] * z[t]).sum::<f64>() + 0.05 * z[i])
-                .collect();
-            for i in 0..n {
-                for j in 0..n {
-                    h[i * n + j] += x[i] * x[j];
-                }
-            }
-        }
+        let h = correlated_hessian(n, samples, &mut g);
         let w: Vec<f32> = (0..rows * n).map(|_| g.gauss() as f32).collect();
         let ty = TensorType::TQ2T;
         let f =
@@ -436,12 +424,12 @@ mod tests {
         );
     }
 
-    /// A correlated 128×128 Hessian (the test above's construction) and its rotated factor.
-    fn correlated_factor(n: usize, seed: u64) -> (Vec<f64>, Factor) {
-        let mut g = SplitMix64::new(seed);
+    /// `Σ x xᵀ` over `samples` inputs that mix 8 shared factors plus a little noise per column:
+    /// strongly correlated, like real activations.
+    fn correlated_hessian(n: usize, samples: usize, g: &mut SplitMix64) -> Vec<f64> {
         let mix: Vec<f64> = (0..n * 8).map(|_| g.gauss()).collect();
         let mut h = vec![0f64; n * n];
-        for _ in 0..400 {
+        for _ in 0..samples {
             let z: Vec<f64> = (0..n).map(|_| g.gauss()).collect();
             let x: Vec<f64> = (0..n)
                 .map(|i| (0..8).map(|t| mix[i * 8 + t] * z[t]).sum::<f64>() + 0.05 * z[i])
@@ -452,6 +440,13 @@ mod tests {
                 }
             }
         }
+        h
+    }
+
+    /// A correlated Hessian ([`correlated_hessian`], 400 samples) and its rotated factor.
+    fn correlated_factor(n: usize, seed: u64) -> (Vec<f64>, Factor) {
+        let mut g = SplitMix64::new(seed);
+        let h = correlated_hessian(n, 400, &mut g);
         let f =
             super::super::ldlq::factor(&rotate_hessian_rows(&h, n).unwrap(), n, 0.01, "t").unwrap();
         (h, f)

@@ -18,7 +18,8 @@
 //! - Runtime: [`model`] (layer-streaming CPU runtime), [`numerics`] (CPU models of engine
 //!   arithmetic).
 //! - Pipeline: [`plan`], [`calib`], [`quant`], [`convert`], [`eval`]; [`shard`] (work split
-//!   across machines: `--shard`, fragments, `tq assemble`, `tq calib merge`).
+//!   across machines: `--shard`, fragments, `tq assemble`, `tq calib merge`); [`pipeline`] (one
+//!   conversion job resolved from the flags and run end to end, the mix included).
 //! - Products: [`codebook`] (tables for engines), [`gpu`] (decode kernels and their parity
 //!   harness), [`inspect`], [`validate`] (the CI gate), [`conformance`] (vector files through the
 //!   CPU references).
@@ -45,6 +46,7 @@ pub mod io;
 pub mod math;
 pub mod model;
 pub mod numerics;
+pub mod pipeline;
 pub mod plan;
 pub mod quant;
 pub mod shard;

@@ -482,11 +482,9 @@ fn iq4_weighted_is_no_worse_than_llama_imatrix() {
         for t in &ts {
             let imp = imx.for_tensor(&t.name).unwrap();
             let n = t.dims[0] as usize;
-            let rb = ty.bytes_for(n as u64).unwrap() as usize;
-            let mut ob = vec![0u8; t.data.len() / n * rb];
-            for (row, o) in t.data.chunks(n).zip(ob.chunks_mut(rb)) {
-                tq::quant::encode_row_weighted(ty, row, imp, o);
-            }
+            let ob =
+                tq::quant::encode_rows(ty, &t.name, &t.data, n, &tq::quant::Encoder::Weighted(imp))
+                    .unwrap();
             let err = |b: &[u8]| {
                 let mut y = vec![0f32; t.data.len()];
                 types::dequantize(ty, b, &mut y, &t.name).unwrap();

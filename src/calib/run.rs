@@ -186,6 +186,14 @@ pub fn calibrate(path: &Path, f: &GgufFile, windows: &[u32], o: &Options) -> Res
         Ok(())
     };
 
+    let run = super::stream::Run {
+        model: path,
+        file: f,
+        windows,
+        ctx: o.ctx,
+        batch: o.batch,
+        quiet: o.quiet,
+    };
     let hessians = match o.sequential {
         None => {
             // Batched: every block sees the original model's activations.
@@ -194,26 +202,12 @@ pub fn calibrate(path: &Path, f: &GgufFile, windows: &[u32], o: &Options) -> Res
                 .flatten()
                 .flat_map(|g| g.tensors.iter().map(|t| crate::quant::tensor_of(t)))
                 .collect();
-            super::stream::run_blocks(
-                path,
-                f,
-                windows,
-                o.ctx,
-                o.batch,
-                o.quiet,
-                &|t| !skip.contains(t),
-                &mut on_block,
-            )?
+            super::stream::run_blocks(&run, &|t| !skip.contains(t), &mut on_block)?
         }
         Some(q) => {
             // Sequential: blocks < done replay their quantization from the file's Hessians.
             super::stream::run_blocks_sequential(
-                path,
-                f,
-                windows,
-                o.ctx,
-                o.batch,
-                o.quiet,
+                &run,
                 q,
                 reader.as_ref().map(|r| (done, r)),
                 &mut on_block,

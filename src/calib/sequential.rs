@@ -7,7 +7,7 @@
 //! linear set of a block, in the order the runtime meets them (q/k/v, attn_output, gate/up,
 //! ffn_down): `linear_input` completes that input's Hessian, then `transform_weights` quantizes the
 //! set's weights to their planned type (LDLQ with the just-completed Hessian for TQ types, else
-//! round-to-nearest; [`crate::quant::encode_rows`], the bytes `tq convert` writes) and replaces
+//! round-to-nearest; [`crate::quant::encode_rows`] with [`crate::quant::Encoder`], the bytes `tq convert` writes) and replaces
 //! them by their dequantized values, so the set's output — and everything after it — is the
 //! quantized model's.
 
@@ -41,7 +41,7 @@ pub struct SeqQuant {
 }
 
 impl SeqQuant {
-    pub fn from_plan(plan: &Plan, weights: &str, recipe: &str, band: usize, damp: f64) -> SeqQuant {
+    pub fn from_plan(plan: &Plan, weights: &str, recipe: &str) -> SeqQuant {
         let types = plan
             .entries
             .iter()
@@ -52,9 +52,9 @@ impl SeqQuant {
             .collect();
         SeqQuant {
             types,
-            band,
-            damp,
-            refit: plan.ldlq_refit,
+            band: plan.ldlq.band,
+            damp: plan.ldlq.damp,
+            refit: plan.ldlq.refit,
             weights: weights.into(),
             recipe: recipe.into(),
         }
@@ -66,9 +66,7 @@ impl SeqQuant {
         f: &GgufFile,
         weights: &str,
         recipe: &str,
-        band: usize,
-        damp: f64,
-        refit: usize,
+        ldlq: crate::quant::LdlqSettings,
     ) -> Result<SeqQuant> {
         let weights = TensorType::parse(weights)?;
         let r = crate::plan::recipe::parse(recipe)?;
@@ -83,8 +81,8 @@ impl SeqQuant {
         };
         let tensors: Vec<SourceTensor> = f.tensors.iter().map(SourceTensor::of_gguf).collect();
         let mut p = crate::plan::plan(&tensors, &req, &Profile::default())?;
-        p.ldlq_refit = refit;
-        Ok(SeqQuant::from_plan(&p, weights.name(), r.name, band, damp))
+        p.ldlq = ldlq;
+        Ok(SeqQuant::from_plan(&p, weights.name(), r.name))
     }
 
     fn types_string(&self) -> String {
@@ -262,18 +260,15 @@ impl<'q, 'c> Sequential<'q, 'c> {
                 }
                 _ => None,
             };
-            let bytes = crate::quant::encode_rows(
+            let enc = crate::quant::Encoder::choose(
                 dst,
-                &seg.name,
-                w,
-                k,
                 factor.as_deref().map(|f| (f, self.q.band)),
-            )?;
+                None,
+            );
+            let bytes = crate::quant::encode_rows(dst, &seg.name, w, k, &enc)?;
             self.counts[if factor.is_some() { 0 } else { 1 }] += 1;
-            let row_bytes = bytes.len() / seg.n.max(1);
-            w.par_chunks_mut(k)
-                .zip(bytes.par_chunks(row_bytes))
-                .try_for_each(|(o, b)| crate::types::dequantize(dst, b, o, &seg.name))?;
+            // Decoded as the engine reads the file: by rows (row-rotated types rotate back here).
+            crate::quant::decode_rows(dst, &bytes, w, k, &seg.name)?;
             seg.ty = dst;
         }
         Ok(())

@@ -171,23 +171,30 @@ impl Observer for Blocks<'_> {
     }
 }
 
+/// A block-by-block calibration's plain inputs: the model (at `model`, opened as `file`), the
+/// windows (`n × ctx` tokens, BOS in place), windows per `XᵀX` chunk, and whether to report.
+pub struct Run<'a> {
+    pub model: &'a Path,
+    pub file: &'a GgufFile,
+    pub windows: &'a [u32],
+    pub ctx: usize,
+    pub batch: usize,
+    pub quiet: bool,
+}
+
 /// [`run_blocks`] in GPTQ order (`--sequential`, [`super::sequential`]): block `l`'s Hessians come
 /// from the model whose earlier blocks and sub-blocks are already quantized as `q` says;
 /// `on_block(l, hs)` gets them when block `l` ends and may remove them. Blocks below
 /// `replay_until` only replay their quantization from the Hessians `load` reads back (a resumed
 /// run); without `load`, every block is accumulated (a resumed conversion recomputes them).
-#[allow(clippy::too_many_arguments)] // the calibration's plain inputs
 pub fn run_blocks_sequential(
-    path: &Path,
-    f: &GgufFile,
-    windows: &[u32],
-    ctx: usize,
-    batch: usize,
-    quiet: bool,
+    r: &Run,
     q: &super::sequential::SeqQuant,
     resumed: Option<(usize, &crate::quant::HessianReader)>,
     on_block: &mut dyn FnMut(usize, &mut Hessians) -> Result<()>,
 ) -> Result<Hessians> {
+    let (path, f, windows, ctx, batch, quiet) =
+        (r.model, r.file, r.windows, r.ctx, r.batch, r.quiet);
     check_windows(windows, ctx, batch)?;
     let model = Model::new(f, Numerics::F32)?;
     let n_layer = model.cfg.n_layer;
@@ -293,17 +300,13 @@ pub fn flops_report(fwd_flops: f64, total_secs: f64, xtx_flops: f64, xtx_secs: f
 /// `on_block(l, hs)` is called when block `l`'s Hessians are complete; it may remove groups from
 /// `hs` (they are not touched again). Only inputs of linear sets with a tensor `needed` are
 /// accumulated (a resumed run skips what it has written). Returns the groups left in `hs`.
-#[allow(clippy::too_many_arguments)] // the calibration's plain inputs
 pub fn run_blocks(
-    path: &Path,
-    f: &GgufFile,
-    windows: &[u32],
-    ctx: usize,
-    batch: usize,
-    quiet: bool,
+    r: &Run,
     needed: &dyn Fn(&str) -> bool,
     on_block: &mut dyn FnMut(usize, &mut Hessians) -> Result<()>,
 ) -> Result<Hessians> {
+    let (path, f, windows, ctx, batch, quiet) =
+        (r.model, r.file, r.windows, r.ctx, r.batch, r.quiet);
     check_windows(windows, ctx, batch)?;
     let model = Model::new(f, Numerics::F32)?;
     let mut obs = Blocks {
@@ -381,29 +384,28 @@ mod tests {
             assert_eq!(shape(&batched), shape(&expected));
             let mut streamed = crate::quant::Hessians::default();
             let mut blocks = Vec::new();
-            super::run_blocks(
-                &model,
-                &f,
-                &windows,
+            let run = super::Run {
+                model: &model,
+                file: &f,
+                windows: &windows,
                 ctx,
                 batch,
-                true,
-                &|_| true,
-                &mut |l, hs| {
-                    blocks.push(l);
-                    // Each block's groups are complete when it ends: move them out (as convert drops them).
-                    let done: Vec<String> = hs.groups.keys().cloned().collect();
-                    for k in done {
-                        let g = hs.groups.remove(&k).unwrap();
-                        assert!(
-                            g.tensors[0].starts_with(&format!("blk.{l}.")),
-                            "{k} at block {l}"
-                        );
-                        streamed.groups.insert(k, g);
-                    }
-                    Ok(())
-                },
-            )
+                quiet: true,
+            };
+            super::run_blocks(&run, &|_| true, &mut |l, hs| {
+                blocks.push(l);
+                // Each block's groups are complete when it ends: move them out (as convert drops them).
+                let done: Vec<String> = hs.groups.keys().cloned().collect();
+                for k in done {
+                    let g = hs.groups.remove(&k).unwrap();
+                    assert!(
+                        g.tensors[0].starts_with(&format!("blk.{l}.")),
+                        "{k} at block {l}"
+                    );
+                    streamed.groups.insert(k, g);
+                }
+                Ok(())
+            })
             .unwrap();
             assert_eq!(blocks, vec![0, 1]);
             assert_eq!(shape(&streamed), shape(&batched));

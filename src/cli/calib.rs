@@ -111,7 +111,12 @@ pub fn run(a: CalibArgs) -> Result<()> {
 }
 
 fn calibrate(a: &CalibArgs) -> Result<()> {
-    super::check_damp(a.damp)?;
+    tq::quant::LdlqSettings {
+        band: a.ldlq_band,
+        damp: a.damp,
+        refit: a.ldlq_refit,
+    }
+    .check()?;
     if a.self_generate.is_none() && a.tokens < a.ctx {
         return Err(Error::Usage(format!(
             "tq calib: --tokens {} is less than one window: it must be at least --ctx {}",
@@ -175,9 +180,11 @@ fn calibrate(a: &CalibArgs) -> Result<()> {
             &f,
             &a.weights,
             &a.recipe,
-            a.ldlq_band,
-            a.damp,
-            a.ldlq_refit,
+            tq::quant::LdlqSettings {
+                band: a.ldlq_band,
+                damp: a.damp,
+                refit: a.ldlq_refit,
+            },
         )?)
     } else {
         None

@@ -8,7 +8,6 @@ pub mod eval;
 pub mod inspect;
 pub mod kernels;
 pub mod kv;
-pub mod mix;
 pub mod shard;
 pub mod validate;
 
@@ -75,17 +74,6 @@ fn thread_pool(threads: Option<usize>) -> tq::error::Result<(rayon::ThreadPool, 
         .build()
         .map_err(|e| Error::Usage(format!("cannot start {n} threads: {e}")))?;
     Ok((pool, n))
-}
-
-/// `--damp`: a finite, non-negative multiple of mean(diag(H)).
-pub fn check_damp(damp: f64) -> tq::error::Result<()> {
-    if damp.is_finite() && damp >= 0.0 {
-        Ok(())
-    } else {
-        Err(tq::error::Error::Usage(format!(
-            "--damp {damp} must be a finite number >= 0 (a fraction of mean(diag(H)), e.g. 0.01)"
-        )))
-    }
 }
 
 /// Run `f` in the [`thread_pool`] for `--threads`, giving it the worker count.

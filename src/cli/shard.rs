@@ -2,7 +2,7 @@
 //! OUT.gguf`, `tq calib --shard I/N` and `tq calib merge SHARD… -o H.safetensors`.
 use std::path::{Path, PathBuf};
 use tq::error::{Error, Result};
-use tq::shard::{fragment, Shard};
+use tq::shard::fragment;
 
 /// `tq calib`: a calibration run, or `tq calib merge`.
 #[derive(clap::Args)]
@@ -79,42 +79,6 @@ pub fn assemble(a: AssembleArgs) -> Result<()> {
             "tq assemble: wrote {} ({n} bytes) from {} fragments in {:.1} s",
             a.output.display(),
             a.fragments.len(),
-            t0.elapsed().as_secs_f64()
-        );
-    }
-    Ok(())
-}
-
-/// `tq convert --shard`: refused before any work for `--calib TEXT` (calibration needs every
-/// block of the model in one process; shard it with `tq calib --shard` instead).
-pub fn check_convert_shard(shard: Option<&str>, calib_is_text: bool) -> Result<Option<Shard>> {
-    let Some(s) = shard else { return Ok(None) };
-    let s = Shard::parse(s)?;
-    if calib_is_text {
-        return Err(Error::Usage(format!(
-            "tq convert --shard {s}: --calib TEXT calibrates in this process; run tq calib --shard I/N on each machine, tq calib merge, then tq convert --shard {s} --calib H.safetensors"
-        )));
-    }
-    Ok(Some(s))
-}
-
-/// Write shard `job.shard`'s fragment and report it.
-pub fn convert_shard(job: &fragment::Job, quiet: bool) -> Result<()> {
-    let t0 = std::time::Instant::now();
-    let w = fragment::write(job, &|_| {})?;
-    if !quiet {
-        let m = &w.manifest;
-        eprintln!(
-            "tq convert: wrote fragment {} of shard {}/{} (tensors {}..{} of {}, {} bytes: {} converted, {} copied) in {:.1} s",
-            job.out.display(),
-            m.shard,
-            m.shards,
-            m.first,
-            m.end,
-            m.n_tensors,
-            w.bytes,
-            w.tensors_converted,
-            w.tensors_copied,
             t0.elapsed().as_secs_f64()
         );
     }

@@ -321,8 +321,6 @@ pub fn measure(
     plan: &Plan,
     items: &[(Vec<usize>, Vec<TensorType>)],
     calib: &Calibration,
-    band: usize,
-    damp: f64,
     sample: usize,
     progress: &dyn Fn(usize, usize),
 ) -> Result<Table> {
@@ -370,12 +368,7 @@ pub fn measure(
                 _ => None,
             };
             let w = match (h, imp) {
-                (Some(h), _) => Weighting::Hessian {
-                    h,
-                    band,
-                    damp,
-                    refit: plan.ldlq_refit,
-                },
+                (Some(h), _) => Weighting::Hessian { h, ldlq: plan.ldlq },
                 (None, Some(v)) => Weighting::Diagonal(v),
                 _ => Weighting::Identity,
             };

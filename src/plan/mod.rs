@@ -50,8 +50,8 @@ pub struct Plan {
     pub entries: Vec<PlanEntry>,
     pub file_type: Option<u32>,
     pub base_type: TensorType,
-    /// `--ldlq-refit`: passes refitting stock types' block parameters after each LDLQ sweep.
-    pub ldlq_refit: usize,
+    /// LDLQ's band, damping and refit passes, for every tensor the plan marks `ldlq`.
+    pub ldlq: crate::quant::LdlqSettings,
 }
 
 /// What the user asked for.
@@ -193,7 +193,7 @@ pub fn plan(tensors: &[SourceTensor], req: &Request, profile: &Profile) -> Resul
         file_type: profile.file_type_of(base_type),
         base_type,
         entries,
-        ldlq_refit: crate::quant::ldlq::Refit::DEFAULT.passes,
+        ldlq: Default::default(),
     })
 }
 

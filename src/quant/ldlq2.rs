@@ -350,7 +350,14 @@ mod tests {
         }
         let w: Vec<f32> = (0..rows * n).map(|_| g.gauss() as f32).collect();
         let f = super::super::ldlq::factor(&hr, n, 0.01, "t").unwrap();
-        let rtn = super::super::encode_rows(TensorType::TQ2R, "t", &w, n, None).unwrap();
+        let rtn = super::super::encode_rows(
+            TensorType::TQ2R,
+            "t",
+            &w,
+            n,
+            &super::super::Encoder::Nearest,
+        )
+        .unwrap();
         let loss = |bytes: &[u8]| {
             let mut q = vec![0f32; w.len()];
             crate::types::dequantize_rows(TensorType::TQ2R, bytes, &mut q, n, "t").unwrap();
@@ -377,7 +384,14 @@ mod tests {
             super::super::ldlq::factor(&rotate_hessian_rows(&h, n).unwrap(), n, 0.0, "t").unwrap();
         let mut g = SplitMix64::new(9);
         let w: Vec<f32> = (0..3 * n).map(|_| g.gauss() as f32).collect();
-        let rtn = super::super::encode_rows(TensorType::TQ2R, "t", &w, n, None).unwrap();
+        let rtn = super::super::encode_rows(
+            TensorType::TQ2R,
+            "t",
+            &w,
+            n,
+            &super::super::Encoder::Nearest,
+        )
+        .unwrap();
         let l = super::super::ldlq::quantize_ldlq(TensorType::TQ2R, &w, n, &f, 0);
         let same = rtn.iter().zip(&l).filter(|(a, b)| a == b).count();
         // Rotated-Hessian round-off leaves tiny off-diagonal feedback: nearly every byte equal.
@@ -400,7 +414,8 @@ mod tests {
         let ty = TensorType::TQ2T;
         let f =
             super::super::ldlq::factor(&rotate_hessian_rows(&h, n).unwrap(), n, 0.01, "t").unwrap();
-        let rtn = super::super::encode_rows(ty, "t", &w, n, None).unwrap();
+        let rtn =
+            super::super::encode_rows(ty, "t", &w, n, &super::super::Encoder::Nearest).unwrap();
         let ld = super::super::ldlq::quantize_ldlq(ty, &w, n, &f, 0);
         assert_eq!(ld.len(), rtn.len());
         let loss = |bytes: &[u8]| {

@@ -17,10 +17,8 @@ pub(crate) enum Weighting<'a> {
     /// The calibration Hessian `Σ x xᵀ`: full `Δ H Δᵀ` (per token), LDLQ where the type has it.
     Hessian {
         h: &'a Hessian,
-        band: usize,
-        damp: f64,
-        /// Refit passes (`--ldlq-refit`), as convert.
-        refit: usize,
+        /// As convert: the plan's settings.
+        ldlq: super::LdlqSettings,
     },
     /// An imatrix's per-column importance: `Σ_j imp_j Δ_j²`, weighted block fit for grid types.
     Diagonal(&'a [f32]),
@@ -123,41 +121,48 @@ fn roundtrip(
     w: &Weighting,
     factors: &mut Factors,
 ) -> Result<Vec<f32>> {
-    let bytes = match w {
-        Weighting::Hessian {
-            h,
-            band,
-            damp,
-            refit,
-        } if ty.has_ldlq() => {
+    let bytes = encode(name, rows, n, ty, w, factors)?;
+    let mut q = vec![0f32; rows.len()];
+    super::decode_rows(ty, &bytes, &mut q, n, name)?;
+    Ok(q)
+}
+
+/// The bytes convert writes for `rows` (the one encoder path, chosen as convert chooses).
+pub(crate) fn encode(
+    name: &str,
+    rows: &[f32],
+    n: usize,
+    ty: TensorType,
+    w: &Weighting,
+    factors: &mut Factors,
+) -> Result<Vec<u8>> {
+    let factor = match w {
+        Weighting::Hessian { h, ldlq } if ty.has_ldlq() => {
             let key = if ty.ldlq_unrotated() {
                 "act-order".to_string()
             } else {
                 format!("{:?}", ty.family())
             };
-            let f = match factors.get(&key) {
+            Some(match factors.get(&key) {
                 Some(f) => f.clone(),
                 None => {
-                    let f = Arc::new(super::ldlq::factor_hessian(ty, h, *damp, *refit, name)?);
+                    let f = Arc::new(super::ldlq::factor_hessian(
+                        ty, h, ldlq.damp, ldlq.refit, name,
+                    )?);
                     factors.insert(key, f.clone());
                     f
                 }
-            };
-            super::encode_rows(ty, name, rows, n, Some((&f, *band)))?
+            })
         }
-        Weighting::Diagonal(imp) if ty.ldlq_unrotated() => {
-            let rb = ty.bytes_for(n as u64).unwrap_or(0) as usize;
-            let mut buf = vec![0u8; rows.len() / n * rb];
-            buf.par_chunks_mut(rb)
-                .zip(rows.par_chunks(n))
-                .for_each(|(ob, r)| super::encode_row_weighted(ty, r, imp, ob));
-            buf
-        }
-        _ => super::encode_rows(ty, name, rows, n, None)?,
+        _ => None,
     };
-    let mut q = vec![0f32; rows.len()];
-    crate::types::dequantize_rows(ty, &bytes, &mut q, n, name)?;
-    Ok(q)
+    let (band, imp) = match w {
+        Weighting::Hessian { ldlq, .. } => (ldlq.band, None),
+        Weighting::Diagonal(imp) => (0, Some(*imp)),
+        Weighting::Identity => (0, None),
+    };
+    let enc = super::Encoder::choose(ty, factor.as_deref().map(|f| (f, band)), imp);
+    super::encode_rows(ty, name, rows, n, &enc)
 }
 
 /// `Δ H Δᵀ / tokens`, `Σ imp Δ²` or `Σ Δ²` for one row (the scalar reference).
@@ -211,9 +216,11 @@ mod tests {
         };
         let w = Weighting::Hessian {
             h: &h,
-            band: 0,
-            damp: 0.01,
-            refit: 0,
+            ldlq: crate::quant::LdlqSettings {
+                band: 0,
+                damp: 0.01,
+                refit: 0,
+            },
         };
         assert_eq!(row_error(&[0.0, 0.0], &[1.0, -1.0], &w), 3.0);
         assert_eq!(
@@ -253,9 +260,11 @@ mod tests {
         };
         let w = Weighting::Hessian {
             h: &h,
-            band: 0,
-            damp: 0.01,
-            refit: 0,
+            ldlq: crate::quant::LdlqSettings {
+                band: 0,
+                damp: 0.01,
+                refit: 0,
+            },
         };
         let a: Vec<f32> = (0..5 * n).map(|_| r() as f32).collect();
         let q: Vec<f32> = a.iter().map(|v| v + 0.01 * r() as f32).collect();

@@ -78,8 +78,8 @@ pub struct Job<'a> {
     /// The input (file or directory): its length identifies it; shard 0 hashes it.
     pub input: &'a Path,
     pub hash_input: bool,
-    /// `--calib H.safetensors`: the file, LDLQ band and damping.
-    pub hessians: Option<(&'a HessianFile, usize, f64)>,
+    /// `--calib H.safetensors` (LDLQ's settings are the plan's).
+    pub hessians: Option<&'a HessianFile>,
     pub shard: Shard,
     pub out: &'a Path,
 }

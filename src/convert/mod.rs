@@ -6,13 +6,14 @@
 use crate::error::{Error, Result};
 use crate::gguf::{GgufWriter, TensorSpec, Value, ValueType};
 use crate::plan::{Action, Plan, PlanEntry};
-use crate::quant::ldlq::Factor;
+mod producer;
+
 use crate::quant::Hessians;
 use crate::source::TensorSource;
 use crate::types::profile::Profile;
-use rayon::prelude::*;
+use producer::Producer;
+
 use std::path::Path;
-use std::sync::Arc;
 
 /// Rows are processed in chunks of at most this many f32 values (64 MiB).
 pub const CHUNK_VALUES: usize = 16 << 20;
@@ -93,12 +94,18 @@ pub fn method(e: &crate::plan::PlanEntry) -> &'static str {
     }
 }
 
-/// Calibration data for LDLQ: Hessians, band (0 = full) and damping; factors are computed once
-/// per Hessian group and shared by the tensors of the group (q/k/v, gate/up).
-pub struct Ldlq {
-    pub hessians: crate::quant::Hessians,
-    pub band: usize,
-    pub damp: f64,
+/// Where LDLQ's Hessians come from while writing (the band, damping and refit passes are the
+/// plan's, [`Plan::ldlq`]); factors are computed once per Hessian group and type family and
+/// shared by the tensors of the group (q/k/v, gate/up).
+pub enum Calib<'a> {
+    /// Round-to-nearest (or imatrix-weighted) only.
+    None,
+    /// Hessians in memory (a mix calibrated on the text first).
+    Hessians(Hessians),
+    /// A Hessian file from `tq calib`, read group by group while writing.
+    File(&'a crate::quant::HessianFile),
+    /// `--calib TEXT`: calibrated block by block while writing.
+    Stream(StreamCalib<'a>),
 }
 
 /// Checkpoints and `--resume` ([`execute`] and its variants). Every conversion writes its output
@@ -136,29 +143,30 @@ pub struct Stats {
     pub tensors_copied: usize,
 }
 
-/// Write `out` from `src` following `plan`. `on_progress(bytes_done)` is called after each chunk.
+/// Write `out` from `src` following `plan`, with LDLQ's Hessians from `calib`: the one entry
+/// point of a conversion. `on_progress(bytes_done)` is called after each chunk.
 ///
 /// Two stages joined by a bounded queue (2 chunks): this thread reads and quantizes chunk k+1
-/// (rows in parallel) while a writer thread writes chunk k. Peak memory: ~3 chunks of output plus
-/// one f32 row per worker, plus the LDLQ factor of the Hessian group being written (a factor is
-/// dropped after the last tensor that uses it).
-pub fn execute(
-    target: &Target,
-    ldlq: Option<Ldlq>,
-    on_progress: &(dyn Fn(u64) + Sync),
-) -> Result<Stats> {
-    let (mut hs, band, damp) = match ldlq {
-        Some(l) => (l.hessians, l.band, l.damp),
-        None => (Hessians::default(), 0, 0.0),
-    };
-    execute_with(target, on_progress, &mut |p| {
-        p.produce(&mut hs, band, damp, &|_, _| true)?;
-        p.finish()
-    })
+/// (rows in parallel) while a writer thread writes chunk k. Peak memory: ~3 chunks of output and
+/// one chunk of f32 rows, plus the LDLQ factor of the Hessian group being written (a factor is
+/// dropped after the last tensor that uses it). A Hessian file costs one group in memory; a
+/// streamed calibration one block's Hessians.
+pub fn execute(target: &Target, calib: Calib, on_progress: &(dyn Fn(u64) + Sync)) -> Result<Stats> {
+    match calib {
+        Calib::None => execute_with(target, on_progress, &mut |p| {
+            p.produce(&mut Hessians::default(), &|_, _| true)?;
+            p.finish()
+        }),
+        Calib::Hessians(mut hs) => execute_with(target, on_progress, &mut |p| {
+            p.produce(&mut hs, &|_, _| true)?;
+            p.finish()
+        }),
+        Calib::File(file) => execute_with(target, on_progress, &mut |p| produce_from_file(p, file)),
+        Calib::Stream(c) => execute_calibrating(target, on_progress, &c),
+    }
 }
 
-/// What [`execute_calibrating`] calibrates on: the model file (the runtime reads GGUF), the
-/// windows, and the LDLQ settings.
+/// What a streamed calibration runs on: the model file (the runtime reads GGUF) and the windows.
 pub struct StreamCalib<'a> {
     pub model: &'a Path,
     pub file: &'a crate::gguf::GgufFile,
@@ -167,8 +175,6 @@ pub struct StreamCalib<'a> {
     pub ctx: usize,
     /// Windows per `XᵀX` chunk (the batched mode's `--batch`: same Hessians, bit for bit).
     pub batch: usize,
-    pub band: usize,
-    pub damp: f64,
     pub quiet: bool,
     /// `--calib-sequential`: GPTQ order, simulating exactly this conversion's plan.
     pub sequential: Option<&'a crate::calib::sequential::SeqQuant>,
@@ -176,11 +182,10 @@ pub struct StreamCalib<'a> {
 
 /// `tq convert --calib TEXT`, streaming: calibrate block by block ([`crate::calib::stream`],
 /// batched or sequential) and write each block's tensors as soon as its Hessians are complete,
-/// then drop them. The plan
-/// must have been marked with [`crate::calib::stream::expected`]. Output bytes are those of
-/// [`execute`] with the batched Hessians of the same windows; peak memory no longer grows with
-/// the number of blocks.
-pub fn execute_calibrating(
+/// then drop them. The plan must have been marked with [`crate::calib::stream::expected`].
+/// Output bytes are those of [`Calib::Hessians`] with the batched Hessians of the same windows;
+/// peak memory no longer grows with the number of blocks.
+fn execute_calibrating(
     target: &Target,
     on_progress: &(dyn Fn(u64) + Sync),
     c: &StreamCalib,
@@ -191,7 +196,7 @@ pub fn execute_calibrating(
     };
     execute_with(target, on_progress, &mut |p| {
         // Everything before the first calibrated tensor (token_embd, …) goes out first.
-        p.produce(&mut Hessians::default(), c.band, c.damp, &ready)?;
+        p.produce(&mut Hessians::default(), &ready)?;
         // Resumed: blocks whose tensors are all written still run forward, but their Hessians
         // are not accumulated.
         let pending: std::collections::HashSet<String> = plan.entries[p.next..]
@@ -200,54 +205,30 @@ pub fn execute_calibrating(
             .map(|e| e.name.clone())
             .collect();
         let mut on_block = |_: usize, hs: &mut Hessians| -> Result<()> {
-            p.produce(hs, c.band, c.damp, &ready)?;
+            p.produce(hs, &ready)?;
             // A block's Hessians are dropped once its tensors are written.
             hs.groups
                 .retain(|_, g| g.tensors.iter().any(|t| p.pending_ldlq(t)));
             Ok(())
         };
+        let run = crate::calib::stream::Run {
+            model: c.model,
+            file: c.file,
+            windows: c.windows,
+            ctx: c.ctx,
+            batch: c.batch,
+            quiet: c.quiet,
+        };
         match c.sequential {
             // Sequential: every block is accumulated, also on a resumed run (the blocks
             // written before must be quantized again to rebuild the residual stream).
-            Some(q) => crate::calib::stream::run_blocks_sequential(
-                c.model,
-                c.file,
-                c.windows,
-                c.ctx,
-                c.batch,
-                c.quiet,
-                q,
-                None,
-                &mut on_block,
-            )?,
-            None => crate::calib::stream::run_blocks(
-                c.model,
-                c.file,
-                c.windows,
-                c.ctx,
-                c.batch,
-                c.quiet,
-                &|t| pending.contains(t),
-                &mut on_block,
-            )?,
+            Some(q) => crate::calib::stream::run_blocks_sequential(&run, q, None, &mut on_block)?,
+            None => {
+                crate::calib::stream::run_blocks(&run, &|t| pending.contains(t), &mut on_block)?
+            }
         };
-        p.produce(&mut Hessians::default(), c.band, c.damp, &ready)?;
+        p.produce(&mut Hessians::default(), &ready)?;
         p.finish()
-    })
-}
-
-/// `tq convert --calib H.safetensors`: as [`execute`], reading each Hessian group from the file
-/// when its first tensor is due and dropping it after its last, so a file of any size costs one
-/// group (and its factor) in memory. The plan must have been marked with the file's index.
-pub fn execute_from_file(
-    target: &Target,
-    on_progress: &(dyn Fn(u64) + Sync),
-    file: &crate::quant::HessianFile,
-    band: usize,
-    damp: f64,
-) -> Result<Stats> {
-    execute_with(target, on_progress, &mut |p| {
-        produce_from_file(p, file, band, damp)
     })
 }
 
@@ -259,7 +240,7 @@ pub fn execute_range(
     src: &dyn TensorSource,
     plan: &Plan,
     range: std::ops::Range<usize>,
-    hessians: Option<(&crate::quant::HessianFile, usize, f64)>,
+    hessians: Option<&crate::quant::HessianFile>,
     sink: &mut (dyn FnMut(&[u8]) -> Result<()> + Send),
     on_progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Stats> {
@@ -286,9 +267,9 @@ pub fn execute_range(
         p.end = range.end.min(plan.entries.len());
         let produced = match hessians {
             None => p
-                .produce(&mut Hessians::default(), 0, 0.0, &|_, _| true)
+                .produce(&mut Hessians::default(), &|_, _| true)
                 .and_then(|()| p.finish()),
-            Some((file, band, damp)) => produce_from_file(&mut p, file, band, damp),
+            Some(file) => produce_from_file(&mut p, file),
         };
         stats.tensors_converted = p.converted;
         stats.tensors_copied = p.copied;
@@ -303,15 +284,10 @@ pub fn execute_range(
 
 /// [`execute_from_file`]'s loop within the producer's range: each Hessian group is read when
 /// its first tensor in the range is due and dropped after its last.
-fn produce_from_file(
-    p: &mut Producer,
-    file: &crate::quant::HessianFile,
-    band: usize,
-    damp: f64,
-) -> Result<()> {
+fn produce_from_file(p: &mut Producer, file: &crate::quant::HessianFile) -> Result<()> {
     let mut live = Hessians::default();
     loop {
-        p.produce(&mut live, band, damp, &|e, hs| {
+        p.produce(&mut live, &|e, hs| {
             !e.ldlq || hs.for_tensor(&e.name).is_some() || hs.has_experts(&e.name)
         })?;
         live.groups
@@ -523,355 +499,6 @@ fn execute_with(
     })?;
     stats.bytes_written = std::fs::metadata(t.out).map(|m| m.len()).unwrap_or(0);
     Ok(stats)
-}
-
-/// The one rule for every tensor written: a non-finite value is an error naming the tensor, row and
-/// column ([`crate::quant::check_finite`]), for copied bytes as for converted ones. Copies of a
-/// type tq decodes are decoded chunk by chunk to check (integer and f64 tensors have nothing to
-/// check, and types tq cannot decode are copied as they are).
-fn check_copy_finite(
-    src: &dyn TensorSource,
-    i: usize,
-    name: &str,
-    dims: &[u64],
-    ty: crate::types::TensorType,
-) -> Result<()> {
-    if ty.info().dequantize.is_none() || !(ty.is_float() || ty.is_quantized()) {
-        return Ok(());
-    }
-    let row_len = dims.first().copied().unwrap_or(1).max(1) as usize;
-    let n_rows: u64 = dims.iter().skip(1).product();
-    let rows_per_chunk = (CHUNK_VALUES / row_len).max(1) as u64;
-    let mut row0 = 0u64;
-    while row0 < n_rows {
-        let rows = rows_per_chunk.min(n_rows - row0) as usize;
-        read_finite_rows(src, i, name, row0, rows, row_len)?;
-        row0 += rows as u64;
-    }
-    Ok(())
-}
-
-/// Produces the plan's tensors in order, as far as their Hessians allow, into the writer's
-/// queue. Resumable: [`Producer::produce`] stops at the first entry that is not ready and the
-/// next call continues there.
-struct Producer<'a> {
-    src: &'a dyn TensorSource,
-    plan: &'a Plan,
-    tx: std::sync::mpsc::SyncSender<Msg>,
-    /// The next plan entry to write.
-    next: usize,
-    /// One past the last entry to write (the plan's length, or a shard's range end).
-    end: usize,
-    /// Plan index of each LDLQ tensor, by name.
-    ldlq_index: std::collections::HashMap<&'a str, usize>,
-    /// LDLQ factors by (family, group), with the plan index of the last entry that uses each.
-    factors: std::collections::HashMap<String, (Arc<Factor>, usize)>,
-    converted: usize,
-    copied: usize,
-}
-
-impl<'a> Producer<'a> {
-    fn new(
-        src: &'a dyn TensorSource,
-        plan: &'a Plan,
-        tx: std::sync::mpsc::SyncSender<Msg>,
-        next: usize,
-    ) -> Self {
-        Producer {
-            src,
-            plan,
-            tx,
-            next,
-            end: plan.entries.len(),
-            ldlq_index: plan
-                .entries
-                .iter()
-                .enumerate()
-                .filter(|(_, e)| e.ldlq)
-                .map(|(i, e)| (e.name.as_str(), i))
-                .collect(),
-            factors: Default::default(),
-            converted: 0,
-            copied: 0,
-        }
-    }
-
-    /// `name` is an LDLQ tensor not written yet.
-    fn pending_ldlq(&self, name: &str) -> bool {
-        let name = crate::quant::tensor_of(name);
-        self.ldlq_index.get(name).is_some_and(|&i| i >= self.next)
-    }
-
-    /// Every entry was written; an LDLQ tensor whose Hessian never came is an error.
-    fn finish(&self) -> Result<()> {
-        match self.plan.entries.get(self.next).filter(|_| self.next < self.end) {
-            None => Ok(()),
-            Some(e) => Err(Error::Unsupported(format!(
-                "{}: the calibration pass produced no Hessian for this tensor (the runtime does not read it); convert with a Hessian file from tq calib, or without --calib",
-                e.name
-            ))),
-        }
-    }
-
-    /// Write entries from `next` on (up to `end`) while `ready(entry, hs)` holds; LDLQ tensors
-    /// take their Hessian from `hs` (a group's matrix is moved into its factor when no other type
-    /// family still needs it).
-    fn produce(
-        &mut self,
-        hs: &mut Hessians,
-        band: usize,
-        damp: f64,
-        ready: &dyn Fn(&PlanEntry, &Hessians) -> bool,
-    ) -> Result<()> {
-        while let Some(e) = self
-            .plan
-            .entries
-            .get(self.next)
-            .filter(|_| self.next < self.end)
-        {
-            if !ready(e, hs) {
-                break;
-            }
-            self.entry(self.next, e, hs, band, damp)?;
-            self.next += 1;
-            let done = self.next;
-            self.factors.retain(|_, (_, last)| *last >= done);
-            self.tx
-                .send(Msg::Done(done))
-                .map_err(|_| Error::Usage("output writer stopped".into()))?;
-        }
-        Ok(())
-    }
-
-    fn entry(
-        &mut self,
-        i: usize,
-        e: &PlanEntry,
-        hs: &mut Hessians,
-        band: usize,
-        damp: f64,
-    ) -> Result<()> {
-        let src = self.src;
-        // The writer thread hung up: its error is reported by the caller.
-        let closed = || Error::Usage("output writer stopped".into());
-        if e.action == Action::Copy {
-            if let Some(raw) = src.raw(i) {
-                check_copy_finite(src, i, &e.name, &e.dims, e.src)?;
-                for c in raw.chunks(CHUNK_VALUES * 4) {
-                    self.tx.send(Msg::Data(c.to_vec())).map_err(|_| closed())?;
-                }
-                src.release(i);
-                self.copied += 1;
-                return Ok(());
-            }
-            // No stored bytes in this encoding (e.g. HF attn_q/attn_k rows permuted on the fly):
-            // re-encode the rows below; float → f32 → same float type is exact.
-        }
-        let row_len = e.dims.first().copied().unwrap_or(1) as usize;
-        let n_rows: u64 = e.dims.iter().skip(1).product();
-        if row_len == 0 || n_rows == 0 {
-            // A zero-element tensor (e.g. dims [0, 576]): valid GGUF (llama.cpp's gguf reader
-            // and gguf-py accept it), written as an empty tensor of the planned type.
-            src.release(i);
-            self.converted += 1;
-            return Ok(());
-        }
-        let row_bytes = e.dst.bytes_for(row_len as u64).expect("planned") as usize;
-        let rows_per_chunk = (CHUNK_VALUES / row_len.max(1)).max(1) as u64;
-        if e.ldlq && e.dims.len() == 3 {
-            self.experts(i, e, hs, band, damp, rows_per_chunk as usize)?;
-            src.release(i);
-            self.converted += 1;
-            return Ok(());
-        }
-        let factor = match e.ldlq {
-            true => Some((self.factor(i, e, hs, damp)?, band)),
-            false => None,
-        };
-        let tx = &self.tx;
-        let mut row0 = 0u64;
-        while row0 < n_rows {
-            let rows = rows_per_chunk.min(n_rows - row0) as usize;
-            if let Some((f, band)) = &factor {
-                let x = read_finite_rows(src, i, &e.name, row0, rows, row_len)?;
-                tx.send(Msg::Data(crate::quant::encode_rows(
-                    e.dst,
-                    &e.name,
-                    &x,
-                    row_len,
-                    Some((f, *band)),
-                )?))
-                .map_err(|_| closed())?;
-                row0 += rows as u64;
-                continue;
-            }
-            let mut buf = vec![0u8; rows * row_bytes];
-            if let Some(imp) = &e.importance {
-                let x = read_finite_rows(src, i, &e.name, row0, rows, row_len)?;
-                buf.par_chunks_mut(row_bytes)
-                    .zip(x.par_chunks(row_len))
-                    .for_each(|(ob, row)| crate::quant::encode_row_weighted(e.dst, row, imp, ob));
-                tx.send(Msg::Data(buf)).map_err(|_| closed())?;
-                row0 += rows as u64;
-                continue;
-            }
-            buf.par_chunks_mut(row_bytes)
-                .enumerate()
-                .try_for_each_init(
-                    || vec![0f32; row_len],
-                    |row, (r, ob)| -> Result<()> {
-                        let abs = row0 + r as u64;
-                        src.read_rows_f32(i, abs, row)?;
-                        crate::quant::check_finite(&e.name, abs, row)?;
-                        crate::types::quantize_rows(e.dst, row, ob, row_len, &e.name)
-                    },
-                )?;
-            tx.send(Msg::Data(buf)).map_err(|_| closed())?;
-            row0 += rows as u64;
-        }
-        src.release(i);
-        self.converted += 1;
-        Ok(())
-    }
-
-    /// A 3-D expert tensor with LDLQ: each expert's rows (`dims[1]` of them) with the factor of
-    /// that expert's Hessian; experts that saw fewer than
-    /// [`crate::quant::hessian::MIN_EXPERT_TOKENS`] tokens are rounded to nearest, and named.
-    fn experts(
-        &mut self,
-        i: usize,
-        e: &PlanEntry,
-        hs: &Hessians,
-        band: usize,
-        damp: f64,
-        rows_per_chunk: usize,
-    ) -> Result<()> {
-        let src = self.src;
-        let closed = || Error::Usage("output writer stopped".into());
-        let (row_len, per, n_exp) = (e.dims[0] as usize, e.dims[1] as usize, e.dims[2] as usize);
-        let min_tok = crate::quant::hessian::MIN_EXPERT_TOKENS;
-        let mut rtn = vec![];
-        for x in 0..n_exp {
-            let factor = match hs.for_expert(&e.name, x) {
-                Some(h) if h.tokens >= min_tok && h.h.len() == h.n * h.n => {
-                    Some(crate::quant::ldlq::factor_hessian_owned(
-                        e.dst,
-                        h.h.clone(),
-                        h.n,
-                        damp,
-                        self.plan.ldlq_refit,
-                        &e.name,
-                    )?)
-                }
-                h => {
-                    rtn.push(format!("{x} ({} tokens)", h.map_or(0, |h| h.tokens)));
-                    None
-                }
-            };
-            let mut r = 0;
-            while r < per {
-                let rows = rows_per_chunk.min(per - r);
-                let row0 = (x * per + r) as u64;
-                let xr = read_finite_rows(src, i, &e.name, row0, rows, row_len)?;
-                let bytes = crate::quant::encode_rows(
-                    e.dst,
-                    &e.name,
-                    &xr,
-                    row_len,
-                    factor.as_ref().map(|f| (f, band)),
-                )?;
-                self.tx.send(Msg::Data(bytes)).map_err(|_| closed())?;
-                r += rows;
-            }
-        }
-        if !rtn.is_empty() {
-            eprintln!(
-                "tq convert: {}: {} of {n_exp} experts saw fewer than {min_tok} calibration tokens and are rounded to nearest: experts {}",
-                e.name,
-                rtn.len(),
-                rtn.join(", ")
-            );
-        }
-        Ok(())
-    }
-
-    /// The LDLQ factor for entry `i`, computed once per Hessian group and type family (q/k/v
-    /// and gate/up share theirs) and kept until the group's last tensor is written.
-    fn factor(
-        &mut self,
-        i: usize,
-        e: &PlanEntry,
-        hs: &mut Hessians,
-        damp: f64,
-    ) -> Result<Arc<Factor>> {
-        let h = hs
-            .for_tensor_mut(&e.name)
-            .expect("planner checked the Hessian");
-        // The factor is of the Hessian rotated for the type's family: key on both.
-        let fam = |x: &PlanEntry| format!("{:?}:{}", x.dst.family(), h.tensors.join(","));
-        let key = fam(e);
-        if let Some((f, _)) = self.factors.get(&key) {
-            return Ok(f.clone());
-        }
-        // The matrix moves into the factor (13 GB for a 70B FFN input is then held once, not
-        // twice) unless a later tensor of the group needs a factor of another type family.
-        let shared = self.plan.entries[i + 1..]
-            .iter()
-            .any(|x| x.ldlq && h.tensors.contains(&x.name) && fam(x) != key);
-        if h.h.len() != h.n * h.n {
-            return Err(Error::Unsupported(format!(
-                "{}: its Hessian was already used; this is a bug, please report it",
-                e.name
-            )));
-        }
-        let m = if shared {
-            h.h.clone()
-        } else {
-            std::mem::take(&mut h.h)
-        };
-        let f = Arc::new(crate::quant::ldlq::factor_hessian_owned(
-            e.dst,
-            m,
-            h.n,
-            damp,
-            self.plan.ldlq_refit,
-            &e.name,
-        )?);
-        let last = self
-            .plan
-            .entries
-            .iter()
-            .enumerate()
-            .skip(i)
-            .rev()
-            .find(|(_, x)| {
-                x.ldlq && x.dst.family() == e.dst.family() && h.tensors.contains(&x.name)
-            })
-            .map_or(i, |(j, _)| j);
-        self.factors.insert(key, (f.clone(), last));
-        Ok(f)
-    }
-}
-
-/// Rows `[row0, row0 + rows)` of tensor `i` as f32, read in parallel; a NaN/Inf is an error
-/// naming the tensor, row and column.
-fn read_finite_rows(
-    src: &dyn TensorSource,
-    i: usize,
-    name: &str,
-    row0: u64,
-    rows: usize,
-    row_len: usize,
-) -> Result<Vec<f32>> {
-    let mut x = vec![0f32; rows * row_len];
-    x.par_chunks_mut(row_len)
-        .enumerate()
-        .try_for_each(|(r, row)| -> Result<()> {
-            let abs = row0 + r as u64;
-            src.read_rows_f32(i, abs, row)?;
-            crate::quant::check_finite(name, abs, row)
-        })?;
-    Ok(x)
 }
 
 /// Measurement tests that read real models (the `quant` room may not open GGUF files).

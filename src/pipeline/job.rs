@@ -1,0 +1,393 @@
+//! A conversion job, resolved once from the flags: every check that needs no model, the
+//! calibration input detected once, LDLQ's settings as one value, the budget, the profile and the
+//! outputs. [`Job::resolve`] is the only place that looks at a `--calib` path's contents.
+
+use super::mix::Budget;
+use crate::calib::input::{is_hessian_file, TextOptions};
+use crate::error::{Error, Result};
+use crate::plan::{self, recipe, Request};
+use crate::quant::LdlqSettings;
+use crate::shard::Shard;
+use crate::types::profile::Profile;
+use crate::types::TensorType;
+use std::path::{Path, PathBuf};
+
+/// The flags of `tq convert` as plain values (the CLI fills this in; nothing is checked yet).
+#[derive(Clone, Debug, Default)]
+pub struct ConvertFlags {
+    pub input: PathBuf,
+    pub output: Option<PathBuf>,
+    pub weights: Option<String>,
+    pub recipe: Option<String>,
+    pub tensor_type: Vec<String>,
+    pub tensor_type_file: Option<PathBuf>,
+    pub output_tensor_type: Option<String>,
+    pub token_embedding_type: Option<String>,
+    pub strict: bool,
+    pub dry_run: bool,
+    pub json: bool,
+    pub target: Option<String>,
+    pub type_map: Option<PathBuf>,
+    pub calib: Option<PathBuf>,
+    pub calib_tokens: usize,
+    pub calib_ctx: usize,
+    pub calib_batch: usize,
+    pub calib_sequential: bool,
+    pub allow_partial_calib: bool,
+    pub imatrix: Option<PathBuf>,
+    pub ldlq: LdlqSettings,
+    pub resume: bool,
+    pub quiet: bool,
+    pub shard: Option<String>,
+    pub target_bpw: Option<f64>,
+    pub target_size: Option<String>,
+    pub types: Option<String>,
+    pub mix_rows: usize,
+    pub kld_text: Option<PathBuf>,
+    pub kld_windows: usize,
+    pub kld_probes: usize,
+    pub verify: bool,
+    pub no_provenance: bool,
+}
+
+/// Where LDLQ's Hessians come from, decided once.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CalibInput {
+    None,
+    /// `--calib H.safetensors` from `tq calib`.
+    Hessians {
+        path: PathBuf,
+        allow_partial: bool,
+    },
+    /// `--calib TEXT`: calibrated in this command (batched, or sequential with this plan).
+    Text {
+        path: PathBuf,
+        tokens: usize,
+        ctx: usize,
+        batch: usize,
+        sequential: bool,
+    },
+}
+
+impl CalibInput {
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            CalibInput::None => None,
+            CalibInput::Hessians { path, .. } | CalibInput::Text { path, .. } => Some(path),
+        }
+    }
+
+    pub fn text(&self) -> Option<&Path> {
+        match self {
+            CalibInput::Text { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+}
+
+/// A resolved `tq convert`: what to read, how to calibrate and plan, what to write.
+pub struct Job {
+    pub flags: ConvertFlags,
+    pub profile: Profile,
+    pub request: Request<'static>,
+    pub calib: CalibInput,
+    pub imatrix: Option<PathBuf>,
+    pub ldlq: LdlqSettings,
+    pub budget: Option<Budget>,
+    pub shard: Option<Shard>,
+    /// `-o` (None only with `--dry-run`).
+    pub output: Option<PathBuf>,
+    /// The text of the mix's KLD fit and `--verify` (`--kld-text`, else `--calib TEXT`).
+    pub kld_text: Option<PathBuf>,
+}
+
+impl Job {
+    /// Check the flags and resolve them, in the order a user's mistakes are best reported.
+    pub fn resolve(f: ConvertFlags) -> Result<Job> {
+        f.ldlq.check()?;
+        let calib = match &f.calib {
+            None => CalibInput::None,
+            Some(p) if is_hessian_file(p)? => CalibInput::Hessians {
+                path: p.clone(),
+                allow_partial: f.allow_partial_calib,
+            },
+            Some(p) => CalibInput::Text {
+                path: p.clone(),
+                tokens: f.calib_tokens,
+                ctx: f.calib_ctx,
+                batch: f.calib_batch,
+                sequential: f.calib_sequential,
+            },
+        };
+        let shard = check_shard(f.shard.as_deref(), calib.text().is_some())?;
+        let profile = Profile::select(f.target.as_deref(), f.type_map.as_deref())?;
+        let output = match (&f.output, f.dry_run) {
+            (Some(o), _) => Some(o.clone()),
+            (None, true) => None,
+            (None, false) => {
+                return Err(Error::Usage(
+                    "tq convert: give -o OUT.gguf (or --dry-run)".into(),
+                ))
+            }
+        };
+        crate::io::check_outputs(
+            &[("-o", output.as_deref())],
+            &[
+                Some(&f.input),
+                f.calib.as_deref(),
+                f.imatrix.as_deref(),
+                f.tensor_type_file.as_deref(),
+                f.type_map.as_deref(),
+            ],
+        )?;
+        let budget = budget(&f)?;
+        let request = request(&f)?;
+        let kld_text = f
+            .kld_text
+            .clone()
+            .or_else(|| calib.text().map(Path::to_path_buf));
+        if f.verify && (kld_text.is_none() || f.dry_run) {
+            return Err(Error::Usage(
+                "tq convert --verify: give --kld-text FILE (or --calib TEXT) to measure on, and -o (not --dry-run)".into(),
+            ));
+        }
+        if f.calib_sequential && calib.text().is_none() {
+            return Err(Error::Usage(
+                "tq convert: --calib-sequential calibrates on a text file given to --calib; for a Hessian file, run tq calib --sequential".into(),
+            ));
+        }
+        Ok(Job {
+            profile,
+            request,
+            imatrix: f.imatrix.clone(),
+            ldlq: f.ldlq,
+            budget,
+            shard,
+            output,
+            kld_text,
+            calib,
+            flags: f,
+        })
+    }
+
+    /// `--calib TEXT`'s options for the calibration run.
+    pub fn text_options(&self) -> Option<TextOptions> {
+        match &self.calib {
+            CalibInput::Text {
+                tokens, ctx, batch, ..
+            } => Some(TextOptions {
+                tokens: *tokens,
+                ctx: *ctx,
+                batch: *batch,
+                quiet: self.flags.quiet,
+            }),
+            _ => None,
+        }
+    }
+
+    pub fn mixing(&self) -> bool {
+        self.budget.is_some()
+    }
+
+    /// The flags that decide the output, in a fixed form (no paths, no thread count).
+    pub fn canonical_flags(&self) -> String {
+        let (a, req) = (&self.flags, &self.request);
+        let name = |p: &Path| {
+            p.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        let mut f = vec![
+            format!("--weights {}", req.weights),
+            format!("--recipe {}", req.recipe.name),
+        ];
+        for o in &a.tensor_type {
+            f.push(format!("--tensor-type {o}"));
+        }
+        if let Some(t) = &a.tensor_type_file {
+            f.push(format!("--tensor-type-file {}", name(t)));
+        }
+        if let Some(t) = req.output_type {
+            f.push(format!("--output-tensor-type {t}"));
+        }
+        if let Some(t) = req.token_embd_type {
+            f.push(format!("--token-embedding-type {t}"));
+        }
+        if a.strict {
+            f.push("--strict".into());
+        }
+        if let Some(c) = self.calib.path() {
+            f.push(format!("--calib {}", name(c)));
+            if let CalibInput::Text {
+                tokens,
+                ctx,
+                batch,
+                sequential,
+                ..
+            } = &self.calib
+            {
+                f.push(format!(
+                    "--calib-tokens {tokens} --calib-ctx {ctx} --calib-batch {batch}"
+                ));
+                if *sequential {
+                    f.push("--calib-sequential".into());
+                }
+            }
+            if a.allow_partial_calib {
+                f.push("--allow-partial-calib".into());
+            }
+            f.push(format!(
+                "--ldlq-band {} --damp {} --ldlq-refit {}",
+                self.ldlq.band, self.ldlq.damp, self.ldlq.refit
+            ));
+        }
+        if let Some(x) = a.target_bpw {
+            f.push(format!("--target-bpw {x}"));
+        }
+        if let Some(x) = &a.target_size {
+            f.push(format!("--target-size {x}"));
+        }
+        if self.mixing() {
+            if let Some(t) = &a.types {
+                f.push(format!("--types {t}"));
+            }
+            f.push(format!("--mix-rows {}", a.mix_rows));
+            if let Some(t) = &a.kld_text {
+                f.push(format!("--kld-text {}", name(t)));
+            }
+            f.push(format!(
+                "--kld-windows {} --kld-probes {}",
+                a.kld_windows, a.kld_probes
+            ));
+        }
+        if let Some(c) = &self.imatrix {
+            f.push(format!("--imatrix {}", name(c)));
+        }
+        f.join(" ")
+    }
+
+    /// What a checkpoint of this conversion is keyed by: the output-deciding flags, LDLQ's
+    /// settings, the inputs' identities and tq's version.
+    pub fn checkpoint_key(&self) -> String {
+        let a = &self.flags;
+        format!(
+            "{} | --ldlq-band {} --damp {} --ldlq-refit {} | input {} | calib {} | imatrix {} | tq {}",
+            self.canonical_flags(),
+            self.ldlq.band,
+            self.ldlq.damp,
+            self.ldlq.refit,
+            file_identity(&a.input),
+            self.calib.path().map(file_identity).unwrap_or_default(),
+            self.imatrix.as_deref().map(file_identity).unwrap_or_default(),
+            env!("CARGO_PKG_VERSION")
+        )
+    }
+}
+
+/// `--shard I/N`: refused before any work for `--calib TEXT` (calibration needs every block of the
+/// model in one process; shard it with `tq calib --shard` instead).
+pub fn check_shard(shard: Option<&str>, calib_is_text: bool) -> Result<Option<Shard>> {
+    let Some(s) = shard else { return Ok(None) };
+    let s = Shard::parse(s)?;
+    if calib_is_text {
+        return Err(Error::Usage(format!(
+            "tq convert --shard {s}: --calib TEXT calibrates in this process; run tq calib --shard I/N on each machine, tq calib merge, then tq convert --shard {s} --calib H.safetensors"
+        )));
+    }
+    Ok(Some(s))
+}
+
+/// `--target-bpw` / `--target-size`, checked: one of them, a positive finite value.
+fn budget(a: &ConvertFlags) -> Result<Option<Budget>> {
+    let b = match (a.target_bpw, &a.target_size) {
+        (Some(_), Some(_)) => {
+            return Err(Error::Usage(
+                "tq convert: give --target-bpw or --target-size, not both".into(),
+            ))
+        }
+        (Some(x), None) if x.is_finite() && x > 0.0 && x <= 64.0 => Some(Budget::Bpw(x)),
+        (Some(x), None) => {
+            return Err(Error::Usage(format!(
+                "--target-bpw {x}: expected bits per parameter in (0, 64], e.g. 4.5"
+            )))
+        }
+        (None, Some(s)) => Some(Budget::Bytes(super::mix::parse_size(s)?)),
+        (None, None) => None,
+    };
+    if a.kld_windows < 2 {
+        return Err(Error::Usage(format!(
+            "--kld-windows {}: at least 2 windows (the evaluator's minimum)",
+            a.kld_windows
+        )));
+    }
+    if b.is_none() && a.types.is_some() {
+        return Err(Error::Usage(
+            "tq convert: --types lists the candidates of a mix; give --target-bpw or --target-size"
+                .into(),
+        ));
+    }
+    if b.is_some() && a.shard.is_some() {
+        return Err(Error::Usage(
+            "tq convert: a mix (--target-bpw/--target-size) cannot be sharded yet; convert without --shard".into(),
+        ));
+    }
+    if b.is_some() && a.calib_sequential {
+        return Err(Error::Usage(
+            "tq convert: --calib-sequential with a mix is not supported; use tq calib --sequential and --calib H.safetensors".into(),
+        ));
+    }
+    Ok(b)
+}
+
+fn request(a: &ConvertFlags) -> Result<Request<'static>> {
+    let parse = |t: &Option<String>| t.as_deref().map(TensorType::parse).transpose();
+    let weights = parse(&a.weights)?;
+    let recipe = a.recipe.as_deref().map(recipe::parse).transpose()?;
+    let mut overrides = a
+        .tensor_type
+        .iter()
+        .map(|s| plan::parse_override(s))
+        .collect::<Result<Vec<_>>>()?;
+    if let Some(f) = &a.tensor_type_file {
+        overrides.extend(plan::read_override_file(f)?);
+    }
+    let output_type = parse(&a.output_tensor_type)?;
+    let token_embd_type = parse(&a.token_embedding_type)?;
+    let mixing = a.target_bpw.is_some() || a.target_size.is_some();
+    let keep_types = !mixing
+        && weights.is_none()
+        && recipe.is_none()
+        && overrides.is_empty()
+        && output_type.is_none()
+        && token_embd_type.is_none();
+    Ok(Request {
+        // A mix sets every matrix's type; its starting plan needs a type every profile loads.
+        weights: weights.unwrap_or(if mixing {
+            TensorType::Q8_0
+        } else {
+            TensorType::TQ4_1S
+        }),
+        recipe: recipe.unwrap_or(&recipe::RECIPES[0]),
+        overrides,
+        output_type,
+        token_embd_type,
+        keep_types,
+        strict: a.strict,
+    })
+}
+
+/// A file's size and modification time: what a checkpoint checks its inputs by (hashing a 140 GB
+/// model again on every resume would cost minutes).
+fn file_identity(p: &Path) -> String {
+    match std::fs::metadata(p) {
+        Ok(m) => format!(
+            "{} bytes, modified {:?}",
+            m.len(),
+            m.modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_nanos())
+        ),
+        Err(_) => String::new(),
+    }
+}

@@ -1,0 +1,301 @@
+//! The mix's KLD fit: single tensors quantized as convert would, each in an otherwise unchanged
+//! copy of the input, evaluated against the input's logits; `KLD ≈ α × error` per role.
+
+use super::report::{MixReport, Probe};
+use super::MixOpts;
+use crate::convert;
+use crate::error::{Error, Result};
+use crate::eval::logits_file::Format;
+use crate::eval::{evaluate, session, Reference};
+use crate::gguf::GgufFile;
+use crate::model::{Model, Numerics};
+use crate::plan::mix::{self, Calibration};
+use crate::plan::{self, Action, Plan, Request};
+use crate::quant::sensitivity::Estimate;
+use crate::source::TensorSource;
+use crate::tokenizer::input::Input;
+use crate::types::profile::Profile;
+use crate::types::TensorType;
+use std::path::Path;
+
+/// The KLD fit: `probes` tensors spread over the model, each quantized alone (the convert path)
+/// into an otherwise unchanged copy of the input, evaluated against the input on `kld_windows`
+/// windows of `text`; `KLD ≈ α × error` by least squares through the origin.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn fit(
+    input: &Path,
+    src: &dyn TensorSource,
+    plan: &Plan,
+    profile: &Profile,
+    items: &[(Vec<usize>, Vec<TensorType>)],
+    table: &mix::Table,
+    uncal: &[bool],
+    calib: &Calibration,
+    o: &MixOpts,
+    text: &Path,
+    rep: &mut MixReport,
+    direct: &mut [Option<Vec<f64>>],
+) -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("tq-mix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    // An error leaves no folder behind; a finished fit keeps it (its reference logits serve
+    // --verify, and convert removes it).
+    let mut guard = RemoveDirOnDrop(Some(dir.clone()));
+    let ref_path = dir.join("ref.logits");
+    reference_logits(input, text, o.kld_windows, &ref_path)?;
+    rep.ref_logits = Some(ref_path.clone());
+    // Probes: members spread evenly over the items, alternately at the cheapest candidate and
+    // the one in the middle, so the fit spans small and large errors.
+    let flat: Vec<(usize, usize)> = items
+        .iter()
+        .enumerate()
+        .filter(|(it, _)| !uncal[*it])
+        .flat_map(|(it, (idx, _))| (0..idx.len()).map(move |m| (it, m)))
+        .collect();
+    // Probes round-robin over the roles (attn_q, attn_v, ffn_down, …), spread over the layers
+    // within a role.
+    let mut roles: Vec<(&str, Vec<(usize, usize)>)> = vec![];
+    for &(it, m) in &flat {
+        let r = mix::role_of(&plan.entries[items[it].0[m]].name);
+        match roles.iter_mut().find(|(x, _)| *x == r) {
+            Some((_, v)) => v.push((it, m)),
+            None => roles.push((r, vec![(it, m)])),
+        }
+    }
+    // Members in layer order (the file's order may be 0, 1, 10, 11, …).
+    for (_, v) in roles.iter_mut() {
+        v.sort_by_key(|&(it, m)| crate::arch::layer_of(&plan.entries[items[it].0[m]].name));
+    }
+    let k = o.probes.min(flat.len());
+    let per_role = k.div_ceil(roles.len().max(1));
+    let pb = crate::pipeline::progress::steps(o.quiet, k as u64, "KLD fit");
+    for j in 0..k {
+        let (_, members) = &roles[j % roles.len()];
+        let q = j / roles.len();
+        let (it, m) =
+            members[((2 * q + 1) * members.len() / (2 * per_role)).min(members.len() - 1)];
+        let (idx, tys) = &items[it];
+        let est: &Vec<Estimate> = &table[it][m];
+        let mut order: Vec<usize> = (0..tys.len()).collect();
+        order.sort_by(|&a, &b| est[b].err.total_cmp(&est[a].err));
+        // Near the operating range (4–5 bits), not the extremes: KLD grows faster than
+        // linearly at large errors, and q8_0's KLD is lost in the noise of two windows.
+        let opt = if (j + q) % 2 == 0 {
+            order[order.len() / 4]
+        } else {
+            order[(order.len() / 4).saturating_sub(1)]
+        };
+        let i = idx[m];
+        let out = dir.join(format!("probe-{j}.gguf"));
+        write_group(src, plan, profile, &[i], tys[opt], calib, &out)?;
+        let kld = kld_of(&out, &ref_path, o.kld_windows)?;
+        let _ = std::fs::remove_file(&out);
+        rep.probes.push(Probe {
+            tensor: plan.entries[i].name.clone(),
+            ty: tys[opt],
+            err: est[opt].err,
+            kld,
+        });
+        pb.set_position(j as u64 + 1);
+    }
+    pb.finish_and_clear();
+    // Tensors without calibration data: every candidate measured (the source type costs 0).
+    for (it, (idx, tys)) in items.iter().enumerate() {
+        if !uncal[it] {
+            continue;
+        }
+        let mut d = vec![];
+        for &t in tys {
+            let i = idx[0];
+            let k = if t == plan.entries[i].src && idx.len() == 1 {
+                0.0
+            } else {
+                let out = dir.join("direct.gguf");
+                write_group(src, plan, profile, idx, t, calib, &out)?;
+                let k = kld_of(&out, &ref_path, o.kld_windows)?;
+                let _ = std::fs::remove_file(&out);
+                k
+            };
+            rep.direct.push((plan.entries[i].name.clone(), t, k));
+            d.push(k);
+        }
+        direct[it] = Some(d);
+    }
+    // Fit in log space: ln KLD = ln α + ln error, i.e. α is the geometric mean of the
+    // probes' KLD/error ratios (a least-squares slope would be set by the one largest probe).
+    // R² of ln KLD, for one α and for one α per role.
+    let pts: Vec<(String, f64)> = rep
+        .probes
+        .iter()
+        .filter(|p| p.err > 0.0 && p.kld > 0.0)
+        .map(|p| (mix::role_of(&p.tensor).to_string(), (p.kld / p.err).ln()))
+        .collect();
+    if pts.is_empty() {
+        return Ok(());
+    }
+    let ln_k: Vec<f64> = rep
+        .probes
+        .iter()
+        .filter(|p| p.err > 0.0 && p.kld > 0.0)
+        .map(|p| p.kld.ln())
+        .collect();
+    let ln_e: Vec<f64> = rep
+        .probes
+        .iter()
+        .filter(|p| p.err > 0.0 && p.kld > 0.0)
+        .map(|p| p.err.ln())
+        .collect();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let ln_a = mean(&pts.iter().map(|(_, r)| *r).collect::<Vec<_>>());
+    let mut by: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
+    for (r, x) in &pts {
+        by.entry(r.clone()).or_default().push(*x);
+    }
+    let role_ln: std::collections::BTreeMap<String, f64> =
+        by.iter().map(|(r, v)| (r.clone(), mean(v))).collect();
+    let mk = mean(&ln_k);
+    let ss_tot: f64 = ln_k.iter().map(|k| (k - mk).powi(2)).sum();
+    let r2 = |f: &dyn Fn(usize) -> f64| {
+        let ss: f64 = (0..ln_k.len())
+            .map(|i| (ln_k[i] - f(i) - ln_e[i]).powi(2))
+            .sum();
+        (ss_tot > 0.0).then(|| 1.0 - ss / ss_tot)
+    };
+    rep.alpha = Some(ln_a.exp());
+    rep.r2 = r2(&|_| ln_a);
+    rep.r2_roles = r2(&|i| role_ln[&pts[i].0]);
+    rep.role_alpha = role_ln.into_iter().map(|(r, l)| (r, l.exp())).collect();
+    guard.0 = None;
+    Ok(())
+}
+
+/// Removes its folder when dropped, unless emptied first.
+struct RemoveDirOnDrop(Option<std::path::PathBuf>);
+
+impl Drop for RemoveDirOnDrop {
+    fn drop(&mut self) {
+        if let Some(d) = &self.0 {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// The input model's logits on the first `windows` windows of `text` (ctx 512).
+pub fn reference_logits(input: &Path, text: &Path, windows: usize, out: &Path) -> Result<()> {
+    let file = GgufFile::open(input).map_err(|e| {
+        Error::Usage(format!(
+            "--kld-text / --verify evaluate the input model, which must be a GGUF file ({e})"
+        ))
+    })?;
+    let model = Model::new(&file, Numerics::Ggml)?;
+    let (win, _) = session::windows_and_reference(
+        &file,
+        Some(Input::Text(text)),
+        512,
+        Some(windows),
+        None,
+        None,
+    )?;
+    let nv = model.cfg.n_vocab;
+    let mut w = session::logits_writer(out, Format::Tq, input, "ggml", &win, nv)?;
+    let batch = session::default_batch(&win, nv, false);
+    evaluate(
+        &model,
+        &win,
+        Reference::None,
+        Some(&mut w),
+        batch,
+        &|_, _| {},
+    )?;
+    w.finish()
+}
+
+/// Mean KLD of `model` against the saved reference logits.
+pub fn kld_of(model: &Path, ref_logits: &Path, windows: usize) -> Result<f64> {
+    let file = GgufFile::open(model)?;
+    let m = Model::new(&file, Numerics::Ggml)?;
+    let (win, r) =
+        session::windows_and_reference(&file, None, 512, Some(windows), Some(ref_logits), None)?;
+    let batch = session::default_batch(&win, m.cfg.n_vocab, false);
+    let res = evaluate(&m, &win, r, None, batch, &|_, _| {})?;
+    res.kld
+        .map(|k| k.kld.value)
+        .ok_or_else(|| Error::Usage("no KLD was computed against the reference".into()))
+}
+
+/// A copy of the input with only the entries `idx` quantized to `ty`, the way convert would.
+#[allow(clippy::too_many_arguments)]
+fn write_group(
+    src: &dyn TensorSource,
+    plan: &Plan,
+    profile: &Profile,
+    idx: &[usize],
+    ty: TensorType,
+    calib: &Calibration,
+    out: &Path,
+) -> Result<()> {
+    let keep = Request {
+        weights: TensorType::Q8_0,
+        recipe: &plan::recipe::RECIPES[0],
+        overrides: vec![],
+        output_type: None,
+        token_embd_type: None,
+        keep_types: true,
+        strict: false,
+    };
+    let mut p = plan::plan(src.tensors(), &keep, profile)?;
+    p.ldlq = plan.ldlq;
+    for &i in idx {
+        let e = &mut p.entries[i];
+        debug_assert_eq!(e.name, plan.entries[i].name);
+        e.dst = ty;
+        e.action = if e.src.is_float() {
+            Action::Quantize
+        } else {
+            Action::Requantize
+        };
+        e.bytes = ty
+            .bytes_for(e.dims.iter().product())
+            .ok_or_else(|| Error::Unsupported(format!("{}: does not fit {ty}", e.name)))?;
+    }
+    let names: Vec<String> = idx.iter().map(|&i| p.entries[i].name.clone()).collect();
+    match calib {
+        Calibration::File(f) => plan::assign_ldlq(&mut p, &f.index, plan.ldlq.band),
+        Calibration::Memory(h) => plan::assign_ldlq(&mut p, h, plan.ldlq.band),
+        Calibration::Imatrix(m) => plan::assign_importance(&mut p, m),
+        Calibration::None => {}
+    }
+    let md = convert::output_metadata(src.metadata(), &p, None, false);
+    let cp = convert::Checkpoints {
+        resume: false,
+        key: String::new(),
+        quiet: true,
+    };
+    let target = convert::Target {
+        src,
+        plan: &p,
+        metadata: &md,
+        version: src.gguf_version(),
+        profile,
+        out,
+        hash_input: None,
+        cp: &cp,
+    };
+    let none = |_| {};
+    let calib = match calib {
+        Calibration::File(f) => convert::Calib::File(f),
+        Calibration::Memory(hs) => {
+            // Only this tensor's Hessian group goes along (a copy of all would be the model's).
+            let mut one = crate::quant::Hessians::default();
+            for name in &names {
+                if let Some(g) = hs.for_tensor(name) {
+                    one.groups.insert(g.tensors.join(","), g.clone());
+                }
+            }
+            convert::Calib::Hessians(one)
+        }
+        _ => convert::Calib::None,
+    };
+    convert::execute(&target, calib, &none)?;
+    Ok(())
+}

@@ -1,0 +1,347 @@
+//! `tq convert --target-bpw X | --target-size SIZE`: measure each tensor's sensitivity to each
+//! candidate type, map it to KLD with a per-model fit against measured single-tensor KLDs, solve
+//! the knapsack (`crate::plan::mix`) and set the plan's types; `--verify` measures the written file.
+mod fit;
+mod report;
+
+pub use fit::{kld_of, reference_logits};
+pub use report::{MixReport, Probe};
+
+use super::job::{CalibInput, Job};
+use crate::error::{Error, Result};
+use crate::plan::mix::{self, Calibration};
+use crate::plan::Plan;
+use crate::source::TensorSource;
+use crate::types::profile::Profile;
+use crate::types::TensorType;
+use std::path::Path;
+
+/// The byte budget asked for.
+#[derive(Clone, Copy, Debug)]
+pub enum Budget {
+    Bpw(f64),
+    Bytes(u64),
+}
+
+/// `100MB` (10⁶), `100MiB` (2²⁰), `1.5GB`, `105466560` (bytes).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" | "k" => 1e3,
+        "mb" | "m" => 1e6,
+        "gb" | "g" => 1e9,
+        "kib" => 1024.0,
+        "mib" => 1048576.0,
+        "gib" => 1073741824.0,
+        _ => f64::NAN,
+    };
+    match num.parse::<f64>() {
+        Ok(v) if v > 0.0 && mult.is_finite() && (v * mult) < 1e18 => Ok((v * mult).floor() as u64),
+        _ => Err(Error::Usage(format!(
+            "--target-size '{s}': expected bytes or a size like 100MB, 95MiB, 1.5GB"
+        ))),
+    }
+}
+
+pub struct MixOpts<'a> {
+    pub budget: Budget,
+    pub types: Option<&'a str>,
+    pub rows: usize,
+    /// Text for the KLD fit (and `--verify`); None: no KLD prediction.
+    pub kld_text: Option<&'a Path>,
+    pub kld_windows: usize,
+    pub probes: usize,
+    pub quiet: bool,
+}
+
+/// Choose the plan's types for the budget. `size_of(plan)` is the file size the plan gives with
+/// its metadata (provenance included): the budget counts the whole file.
+#[allow(clippy::too_many_arguments)]
+pub fn choose(
+    input: &Path,
+    src: &dyn TensorSource,
+    plan: &mut Plan,
+    profile: &Profile,
+    o: &MixOpts,
+    calib: &Calibration,
+    size_of: &dyn Fn(&Plan, &MixReport) -> Result<u64>,
+) -> Result<MixReport> {
+    let types = match o.types {
+        Some(l) => mix::parse_types(l, profile)?,
+        None => mix::default_candidates(profile),
+    };
+    let mut items = mix::items(plan, &types, profile);
+    if let Some((idx, _)) = items.iter().find(|(_, t)| t.is_empty()) {
+        return Err(Error::Usage(format!(
+            "{}: none of the candidate types ({}) can hold its shape {:?}; add one with --types (e.g. f16)",
+            plan.entries[idx[0]].name,
+            types.iter().map(|t| t.name()).collect::<Vec<_>>().join(","),
+            plan.entries[idx[0]].dims
+        )));
+    }
+    let weighting = match calib {
+        Calibration::File(_) | Calibration::Memory(_) => "hessian (tr(dW H dW^T), LDLQ as convert)",
+        Calibration::Imatrix(_) => "imatrix diagonal (weighted block fit as convert)",
+        Calibration::None => "identity: plain squared error (no --calib/--imatrix)",
+    };
+    let t0 = std::time::Instant::now();
+    let pb = super::progress::steps(o.quiet, items.len() as u64, "sensitivity");
+    let mut table = mix::measure(src, plan, &items, calib, o.rows, &|d, _| {
+        pb.set_position(d as u64)
+    })?;
+    pb.finish_and_clear();
+    let sens_s = t0.elapsed().as_secs_f64();
+
+    let mut rep = MixReport {
+        target: 0,
+        min_file: 0,
+        file: 0,
+        weighting,
+        types: types.clone(),
+        err: 0.0,
+        err_se: 0.0,
+        alpha: None,
+        role_alpha: Default::default(),
+        r2_roles: None,
+        predicted: None,
+        direct: vec![],
+        pinned: vec![],
+        r2: None,
+        probes: vec![],
+        kld_windows: o.kld_windows,
+        grid: 0,
+        slack: 0,
+        rows: o.rows,
+        sens_s,
+        fit_s: 0.0,
+        dp_s: 0.0,
+        ref_logits: None,
+    };
+    // Items none of whose tensors have calibration data (while others do): their errors are
+    // not in the units of the rest, so their KLDs are measured per candidate (with a fit), or
+    // they keep q8_0 (without).
+    let calibrated = !matches!(calib, Calibration::None);
+    let uncal: Vec<bool> = items
+        .iter()
+        .map(|(idx, _)| {
+            calibrated
+                && idx
+                    .iter()
+                    .all(|&i| !mix::has_weights(calib, &plan.entries[i]))
+        })
+        .collect();
+    let t1 = std::time::Instant::now();
+    let mut direct: Vec<Option<Vec<f64>>> = vec![None; items.len()];
+    if let Some(text) = o.kld_text {
+        fit::fit(
+            input,
+            src,
+            plan,
+            profile,
+            &items,
+            &table,
+            &uncal,
+            calib,
+            o,
+            text,
+            &mut rep,
+            &mut direct,
+        )?;
+    }
+    if rep.alpha.is_none() {
+        direct.iter_mut().for_each(|d| *d = None);
+        rep.direct.clear();
+        for (it, (idx, tys)) in items.iter_mut().enumerate() {
+            if !uncal[it] {
+                continue;
+            }
+            let keep = if tys.contains(&TensorType::Q8_0) {
+                TensorType::Q8_0
+            } else {
+                *tys.last().expect("non-empty")
+            };
+            let k = tys.iter().position(|t| *t == keep).unwrap_or(0);
+            table[it].iter_mut().for_each(|m| *m = vec![m[k]]);
+            *tys = vec![keep];
+            rep.pinned.push((plan.entries[idx[0]].name.clone(), keep));
+        }
+    }
+    rep.fit_s = t1.elapsed().as_secs_f64();
+
+    let t2 = std::time::Instant::now();
+    let global = rep.alpha.unwrap_or(1.0);
+    let role_alpha = rep.role_alpha.clone();
+    let alpha_of = |name: &str| *role_alpha.get(mix::role_of(name)).unwrap_or(&global);
+    let opts = mix::options(plan, &items, &table, &direct, &alpha_of);
+    let pairs = mix::costs(&opts);
+    let params: u64 = plan
+        .entries
+        .iter()
+        .map(|e| e.dims.iter().product::<u64>())
+        .sum();
+    // The whole file: fixed tensors, metadata and padding are what the plan's size adds to the
+    // mixed tensors' bytes (measured on the cheapest mix, then corrected until it fits).
+    let cheapest: Vec<usize> = pairs
+        .iter()
+        .map(|o| (0..o.len()).min_by_key(|&k| o[k].0).unwrap_or(0))
+        .collect();
+    rep.target = match o.budget {
+        Budget::Bytes(b) => b,
+        Budget::Bpw(x) => (x * params as f64 / 8.0).floor() as u64,
+    };
+    // Set a choice on the plan and the report (its provenance strings count in the size).
+    let set = |plan: &mut Plan, rep: &mut MixReport, choice: &[usize]| -> Result<u64> {
+        let picks: Vec<&[usize]> = opts
+            .iter()
+            .zip(choice)
+            .map(|(o, &k)| o[k].pick.as_slice())
+            .collect();
+        mix::apply(plan, &items, &picks, "mix")?;
+        // The calibrated tensors' summed error (direct items are in KLD already).
+        rep.err = table
+            .iter()
+            .zip(&picks)
+            .zip(&direct)
+            .filter(|(_, d)| d.is_none())
+            .map(|((per, pick), _)| {
+                per.iter()
+                    .zip(pick.iter())
+                    .map(|(m, &k)| m[k].err)
+                    .sum::<f64>()
+            })
+            .sum();
+        let cost: f64 = opts.iter().zip(choice).map(|(o, &k)| o[k].cost).sum();
+        rep.predicted = rep.alpha.map(|_| cost);
+        size_of(plan, rep)
+    };
+    rep.min_file = set(plan, &mut rep, &cheapest)?;
+    let too_small = |rep: &MixReport| {
+        Error::Usage(format!(
+            "--target: {} bytes is below the smallest file the candidate types give ({} bytes = {:.3} bpw); raise the target or add smaller types with --types",
+            rep.target,
+            rep.min_file,
+            rep.min_file as f64 * 8.0 / params as f64
+        ))
+    };
+    if rep.target < rep.min_file {
+        return Err(too_small(&rep));
+    }
+    let mixed_min = mix::min_bytes(&pairs);
+    let mut budget = rep.target - (rep.min_file - mixed_min);
+    let mut sol;
+    let mut tries = 0;
+    loop {
+        sol = match mix::solve(&pairs, budget, mix::GRID_CELLS) {
+            Some(s) => s,
+            None => {
+                // Metadata took the room: the cheapest mix (measured to fit) it is.
+                rep.min_file = set(plan, &mut rep, &cheapest)?;
+                let b = pairs.iter().zip(&cheapest).map(|(o, &k)| o[k].0).sum();
+                mix::solve(&pairs, b, 1).ok_or_else(|| too_small(&rep))?
+            }
+        };
+        rep.file = set(plan, &mut rep, &sol.choice)?;
+        if rep.file <= rep.target {
+            break;
+        }
+        // Metadata grew with longer type names or numbers: take the excess off and solve again.
+        tries += 1;
+        if tries > 8 || budget < mixed_min {
+            return Err(too_small(&rep));
+        }
+        budget -= (rep.file - rep.target).min(budget);
+    }
+    rep.err_se = table
+        .iter()
+        .zip(&opts)
+        .zip(&sol.choice)
+        .map(|((per, o), &k)| {
+            per.iter()
+                .zip(&o[k].pick)
+                .map(|(m, &t)| m[t].se * m[t].se)
+                .sum::<f64>()
+        })
+        .sum::<f64>()
+        .sqrt();
+    rep.grid = sol.grid;
+    rep.slack = sol.slack;
+    rep.dp_s = t2.elapsed().as_secs_f64();
+    Ok(rep)
+}
+
+/// Choose the mix for `job`'s budget: calibration data loaded as convert will use it (a text is
+/// calibrated on here, in memory, and the Hessians handed on to the conversion), sensitivity,
+/// fit, DP. Sets the plan's types and base type.
+pub(crate) fn run(
+    job: &Job,
+    budget: Budget,
+    src: &dyn TensorSource,
+    plan: &mut Plan,
+) -> Result<(MixReport, Option<crate::quant::Hessians>)> {
+    let a = &job.flags;
+    let mut file = None;
+    let mut mem = None;
+    let mut im = None;
+    match &job.calib {
+        CalibInput::Hessians { path, .. } => {
+            file = Some(crate::quant::HessianFile::open(path)?.0)
+        }
+        CalibInput::Text { .. } if !a.dry_run => {
+            let o = job.text_options().expect("text calibration");
+            let p = job.calib.path().expect("a path");
+            mem = Some(crate::calib::input::calibrate_text(
+                &a.input,
+                &job.profile,
+                p,
+                &o,
+            )?);
+        }
+        CalibInput::Text { path, .. } => {
+            return Err(Error::Usage(format!(
+                "tq convert --dry-run with a mix: calibrate first (tq calib {} --text {} -o H.safetensors) and give --calib H.safetensors",
+                a.input.display(),
+                path.display()
+            )))
+        }
+        CalibInput::None => {}
+    }
+    if let Some(p) = &job.imatrix {
+        im = Some(crate::calib::imatrix::load(p)?.entries);
+    }
+    let calib = match (&file, &mem, &im) {
+        (Some(f), _, _) => Calibration::File(f),
+        (_, Some(h), _) => Calibration::Memory(h),
+        (_, _, Some(m)) => Calibration::Imatrix(m),
+        _ => Calibration::None,
+    };
+    let o = MixOpts {
+        budget,
+        types: a.types.as_deref(),
+        rows: a.mix_rows.max(1),
+        kld_text: job.kld_text.as_deref(),
+        kld_windows: a.kld_windows,
+        probes: a.kld_probes,
+        quiet: a.quiet,
+    };
+    // The file the plan gives: provenance and the marks convert will add (ldlq / imatrix)
+    // change the metadata's length, so they are counted.
+    let size_of = |p: &Plan, rep: &MixReport| -> Result<u64> {
+        super::run::file_size_of(job, src, p, &calib, im.as_ref(), rep.provenance())
+    };
+    let rep = choose(&a.input, src, plan, &job.profile, &o, &calib, &size_of)?;
+    // The base type (general.file_type) of a mix: its most common type by elements.
+    let mut by: std::collections::BTreeMap<TensorType, u64> = Default::default();
+    for e in plan.entries.iter().filter(|e| e.dims.len() >= 2) {
+        *by.entry(e.dst).or_default() += e.dims.iter().product::<u64>();
+    }
+    if let Some((t, _)) = by.into_iter().max_by_key(|(_, n)| *n) {
+        plan.base_type = t;
+        plan.file_type = job.profile.file_type_of(t);
+    }
+    Ok((rep, mem))
+}

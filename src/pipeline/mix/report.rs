@@ -1,0 +1,156 @@
+//! What a mix chose and measured: the report's lines, JSON and provenance keys.
+
+use crate::types::TensorType;
+use std::path::PathBuf;
+
+/// One measured single-tensor KLD of the fit.
+pub struct Probe {
+    pub tensor: String,
+    pub ty: TensorType,
+    pub err: f64,
+    pub kld: f64,
+}
+
+pub struct MixReport {
+    pub target: u64,
+    pub min_file: u64,
+    pub file: u64,
+    pub weighting: &'static str,
+    pub types: Vec<TensorType>,
+    pub err: f64,
+    /// Standard error of `err` from the row sample.
+    pub err_se: f64,
+    pub alpha: Option<f64>,
+    /// Per-role slopes (`attn_v.weight` → α), from that role's probes; other roles use `alpha`.
+    pub role_alpha: std::collections::BTreeMap<String, f64>,
+    /// R² of the per-role predictions over the probes (in-sample).
+    pub r2_roles: Option<f64>,
+    /// Predicted KLD of the chosen mix: `α × error` plus the measured KLDs of direct items.
+    pub predicted: Option<f64>,
+    /// Tensors without calibration data (token_embd, which SmolLM2-like models also use as
+    /// the output head): their candidates' KLDs measured one by one, `(tensor, type, KLD)`.
+    pub direct: Vec<(String, TensorType, f64)>,
+    /// Tensors without calibration data kept at one type because there was no fit.
+    pub pinned: Vec<(String, TensorType)>,
+    pub r2: Option<f64>,
+    pub probes: Vec<Probe>,
+    pub kld_windows: usize,
+    pub grid: u64,
+    pub slack: u64,
+    pub rows: usize,
+    pub sens_s: f64,
+    pub fit_s: f64,
+    pub dp_s: f64,
+    /// The reference logits of the fit windows (kept for `--verify`).
+    pub ref_logits: Option<PathBuf>,
+}
+
+impl MixReport {
+    /// Remove the fit's temporary folder (reference logits).
+    pub fn cleanup(&self) {
+        if let Some(r) = &self.ref_logits {
+            let _ = std::fs::remove_file(r);
+            if let Some(d) = r.parent() {
+                let _ = std::fs::remove_dir(d);
+            }
+        }
+    }
+
+    pub fn predicted_kld(&self) -> Option<f64> {
+        self.predicted
+    }
+
+    pub fn provenance(&self) -> Vec<(String, String)> {
+        let fit = match (self.alpha, self.r2) {
+            (Some(a), Some(r)) => format!(
+                "kld = {a:.6e} x error; R2 {r:.3} over {} single-tensor KLDs on {} windows",
+                self.probes.len(),
+                self.kld_windows
+            ),
+            _ => "none (no --kld-text): the mix minimizes the summed weighted error".into(),
+        };
+        vec![
+            ("tq.mix.target_bytes".into(), self.target.to_string()),
+            ("tq.mix.weighting".into(), self.weighting.into()),
+            (
+                "tq.mix.types".into(),
+                self.types
+                    .iter()
+                    .map(|t| t.name())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            ("tq.mix.error".into(), format!("{:.6e}", self.err)),
+            ("tq.mix.fit".into(), fit),
+            (
+                "tq.mix.predicted_kld".into(),
+                self.predicted_kld()
+                    .map_or("none".into(), |k| format!("{k:.5}")),
+            ),
+        ]
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "target_bytes": self.target, "min_bytes": self.min_file, "file_bytes": self.file,
+            "weighting": self.weighting, "types": self.types.iter().map(|t| t.name()).collect::<Vec<_>>(),
+            "error": self.err, "error_se": self.err_se, "alpha": self.alpha, "r2": self.r2, "role_alpha": self.role_alpha, "r2_roles": self.r2_roles,
+            "predicted_kld": self.predicted_kld(), "kld_windows": self.kld_windows,
+            "probes": self.probes.iter().map(|p| serde_json::json!({"tensor": p.tensor, "type": p.ty.name(), "error": p.err, "kld": p.kld})).collect::<Vec<_>>(),
+            "direct": self.direct.iter().map(|(n, t, k)| serde_json::json!({"tensor": n, "type": t.name(), "kld": k})).collect::<Vec<_>>(),
+            "pinned": self.pinned.iter().map(|(n, t)| serde_json::json!({"tensor": n, "type": t.name()})).collect::<Vec<_>>(),
+            "grid_bytes": self.grid, "slack_bytes": self.slack, "rows_sampled": self.rows,
+            "sensitivity_seconds": self.sens_s, "fit_seconds": self.fit_s, "dp_seconds": self.dp_s,
+        })
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        let mut v = vec![format!(
+            "mix: {} bytes for a target of {} (cheapest candidate mix {}); grid {} bytes, worst-case slack {} bytes",
+            self.file, self.target, self.min_file, self.grid, self.slack
+        )];
+        v.push(format!(
+            "mix: weighting {}; summed error {:.4e} ± {:.1e} (row sample of {} per tensor)",
+            self.weighting, self.err, self.err_se, self.rows
+        ));
+        match (self.alpha, self.r2) {
+            (Some(a), Some(r)) => {
+                v.push(format!(
+                    "mix: predicted KLD {:.5} (fit ln KLD = ln alpha + ln error, alpha per role ({} roles), R2 of ln KLD {}; one alpha for all: {a:.4e}, R2 {r:.3}; {} single-tensor KLDs on {} windows)",
+                    self.predicted.unwrap_or(a * self.err),
+                    self.role_alpha.len(),
+                    self.r2_roles.map_or("-".into(), |x| format!("{x:.3}")),
+                    self.probes.len(),
+                    self.kld_windows
+                ));
+                for p in &self.probes {
+                    v.push(format!(
+                        "mix:   probe {} {}: error {:.4e}, KLD {:.5} (fit {:.5})",
+                        p.tensor,
+                        p.ty,
+                        p.err,
+                        p.kld,
+                        a * p.err
+                    ));
+                }
+            }
+            _ => v.push(
+                "mix: no KLD prediction (give --kld-text for the fit); the types minimize the summed weighted error"
+                    .into(),
+            ),
+        }
+        for (n, t, k) in &self.direct {
+            v.push(format!("mix:   measured {n} {t}: KLD {k:.5}"));
+        }
+        for (n, t) in &self.pinned {
+            v.push(format!(
+                "mix:   {n} kept {t}: no calibration data for it and no KLD fit (--kld-text) to weigh it"
+            ));
+        }
+        v.push(format!(
+            "mix: sensitivity {:.1} s, KLD fit {:.1} s, DP {:.2} s",
+            self.sens_s, self.fit_s, self.dp_s
+        ));
+        v
+    }
+}

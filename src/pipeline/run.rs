@@ -1,0 +1,376 @@
+//! [`convert`]: one resolved [`Job`] through the whole pipeline — source → plan → (mix) →
+//! calibrate → quantize → write → (verify) — returning what happened for the caller to print.
+
+use super::job::{CalibInput, Job};
+use super::mix::{self, MixReport};
+use crate::calib::sequential::SeqQuant;
+use crate::convert::{self, Calib, Provenance, Stats};
+use crate::error::{Error, Result};
+use crate::plan::{self, Plan};
+use crate::source::TensorSource;
+use std::path::Path;
+
+/// What a conversion did.
+pub struct Outcome {
+    pub plan: Plan,
+    /// The output file's size (the plan's, metadata included).
+    pub size: u64,
+    pub mix: Option<MixReport>,
+    pub done: Done,
+}
+
+pub enum Done {
+    /// `--dry-run`: nothing written.
+    DryRun,
+    /// `--shard I/N`: a fragment (its summary line).
+    Shard(String),
+    /// A GGUF written.
+    Written {
+        stats: Stats,
+        secs: f64,
+        /// `--verify`: the written file's mean KLD against the input, and the seconds it took.
+        verified: Option<(f64, f64)>,
+    },
+}
+
+/// Run `job`. Warnings (engine problems, fallbacks) and progress go to stderr unless `--quiet`.
+pub fn convert(job: &Job) -> Result<Outcome> {
+    let a = &job.flags;
+    let src = crate::source::open(&a.input, &job.profile)?;
+    let mut plan = plan::plan(src.tensors(), &job.request, &job.profile)?;
+    plan.ldlq = job.ldlq;
+    // What would make engines refuse the output: warnings, or (--strict) an error now.
+    // Printed under --quiet too: a warning, not a notice.
+    let issues = plan::check_engine(src.as_ref(), a.strict)?;
+    super::report::engine_issues(&src.name(), &issues);
+    let mut mix = None;
+    let mut pre = None;
+    if let Some(b) = job.budget {
+        let (rep, h) = mix::run(job, b, src.as_ref(), &mut plan)?;
+        pre = h;
+        mix = Some(rep);
+    }
+    let seq_now = SeqQuant::from_plan(&plan, job.request.weights.name(), job.request.recipe.name);
+    // Dropped at the end whatever happens: the mix's temporary folder.
+    let _cleanup = Cleanup(mix.as_ref().and_then(|m| m.ref_logits.clone()));
+    let mut loaded = load_calibration(job, &mut plan, &seq_now, pre)?;
+    if let Some(p) = &job.imatrix {
+        let im = crate::calib::imatrix::load(p)?;
+        plan::assign_importance(&mut plan, &im.entries);
+    }
+    let prov = provenance(
+        job,
+        mix.as_ref().map(|m| m.provenance()).unwrap_or_default(),
+    );
+    // general.file_type describes the tensors written, with or without provenance.
+    let md = convert::output_metadata(
+        src.metadata(),
+        &plan,
+        prov.as_ref(),
+        !job.request.keep_types,
+    );
+    let version = src.gguf_version();
+    let size =
+        crate::gguf::writer::file_size(version, &md, &convert::tensor_specs(&plan, &job.profile))?;
+    if let Some(m) = &mix {
+        // The mix measured this size; a difference is a bug, caught before writing.
+        if size > m.target {
+            return Err(Error::Usage(format!(
+                "tq convert: the mix came to {size} bytes, over the target {}; this is a bug, please report it",
+                m.target
+            )));
+        }
+        if !a.quiet && !a.json {
+            for l in m.lines() {
+                eprintln!("{l}");
+            }
+        }
+    }
+    let out = match (&job.output, a.dry_run) {
+        (Some(o), false) => o.clone(),
+        _ => {
+            return Ok(Outcome {
+                plan,
+                size,
+                mix,
+                done: Done::DryRun,
+            })
+        }
+    };
+    if !a.quiet {
+        super::report::fallbacks(&plan);
+    }
+    if let Some(shard) = job.shard {
+        let hessians = match &loaded {
+            Loaded::File(file) => Some(file),
+            Loaded::None => None,
+            // Refused before calibrating (Job::resolve); kept an error, not a panic.
+            _ => {
+                return Err(Error::Usage(
+                    "tq convert --shard: --calib must be a Hessian file".into(),
+                ))
+            }
+        };
+        let fj = crate::shard::fragment::Job {
+            src: src.as_ref(),
+            plan: &plan,
+            metadata: &md,
+            version,
+            profile: &job.profile,
+            input: &a.input,
+            hash_input: prov.is_some(),
+            hessians,
+            shard,
+            out: &out,
+        };
+        let line = super::report::shard(&fj)?;
+        return Ok(Outcome {
+            plan,
+            size,
+            mix,
+            done: Done::Shard(line),
+        });
+    }
+    let pb = super::progress::bytes(a.quiet, size);
+    let t0 = std::time::Instant::now();
+    let cp = convert::Checkpoints {
+        resume: a.resume,
+        key: job.checkpoint_key(),
+        quiet: a.quiet,
+    };
+    let target = convert::Target {
+        src: src.as_ref(),
+        plan: &plan,
+        metadata: &md,
+        version,
+        profile: &job.profile,
+        out: &out,
+        hash_input: prov.as_ref().map(|_| a.input.as_path()),
+        cp: &cp,
+    };
+    let progress = |d| pb.set_position(d);
+    let calib = match &mut loaded {
+        Loaded::None => Calib::None,
+        Loaded::Hessians(h) => Calib::Hessians(std::mem::take(h)),
+        Loaded::File(f) => Calib::File(f),
+        Loaded::Stream {
+            file,
+            windows,
+            sequential,
+        } => {
+            let o = job.text_options().expect("text calibration");
+            Calib::Stream(convert::StreamCalib {
+                model: &a.input,
+                file,
+                windows,
+                ctx: o.ctx,
+                batch: o.batch,
+                quiet: a.quiet,
+                sequential: sequential.then_some(&seq_now),
+            })
+        }
+    };
+    let stats = convert::execute(&target, calib, &progress)?;
+    pb.finish_and_clear();
+    let secs = t0.elapsed().as_secs_f64();
+    let verified = match (&job.kld_text, a.verify) {
+        (Some(text), true) => Some(verify(job, &out, text, mix.as_ref())?),
+        _ => None,
+    };
+    Ok(Outcome {
+        plan,
+        size,
+        mix,
+        done: Done::Written {
+            stats,
+            secs,
+            verified,
+        },
+    })
+}
+
+/// `--verify`: the written file's KLD against the input on the fit's windows (the mix's reference
+/// logits when it made them).
+fn verify(job: &Job, out: &Path, text: &Path, mix: Option<&MixReport>) -> Result<(f64, f64)> {
+    let t = std::time::Instant::now();
+    let w = job.flags.kld_windows;
+    let k = match mix.and_then(|m| m.ref_logits.clone()) {
+        Some(r) => mix::kld_of(out, &r, w)?,
+        None => {
+            let r = std::env::temp_dir().join(format!("tq-verify-{}.logits", std::process::id()));
+            let _rm = Cleanup(Some(r.clone()));
+            mix::reference_logits(&job.flags.input, text, w, &r)?;
+            mix::kld_of(out, &r, w)?
+        }
+    };
+    Ok((k, t.elapsed().as_secs_f64()))
+}
+
+/// Removes a temporary file (and its folder when it empties) when dropped.
+struct Cleanup(Option<std::path::PathBuf>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Some(r) = &self.0 {
+            let _ = std::fs::remove_file(r);
+            if let Some(d) = r.parent().filter(|d| d.starts_with(std::env::temp_dir())) {
+                let _ = std::fs::remove_dir(d);
+            }
+        }
+    }
+}
+
+/// The calibration data a conversion writes with.
+enum Loaded {
+    None,
+    /// Hessians a mix calibrated in memory (`--target-bpw` with `--calib TEXT`).
+    Hessians(crate::quant::Hessians),
+    File(crate::quant::HessianFile),
+    /// `--calib TEXT`: calibrated block by block while writing.
+    Stream {
+        file: crate::gguf::GgufFile,
+        windows: Vec<u32>,
+        sequential: bool,
+    },
+}
+
+/// `--calib`: a Hessian file is opened (with a warning when sequential Hessians were made for
+/// another quantization); a text file is calibrated on while writing, block by block; not under
+/// --dry-run. Either way the plan's tensors are marked for LDLQ before anything is written.
+fn load_calibration(
+    job: &Job,
+    plan: &mut Plan,
+    now: &SeqQuant,
+    pre: Option<crate::quant::Hessians>,
+) -> Result<Loaded> {
+    let a = &job.flags;
+    if let Some(hessians) = pre {
+        // A mix calibrated on the text already: the same Hessians, not a second run.
+        plan::assign_ldlq(plan, &hessians, job.ldlq.band);
+        return Ok(Loaded::Hessians(hessians));
+    }
+    Ok(match &job.calib {
+        CalibInput::Text { path, .. } if a.dry_run => {
+            if !a.quiet {
+                eprintln!(
+                    "tq: --dry-run: calibration on {} not run; TQ tensors would be quantized with LDLQ",
+                    path.display()
+                );
+            }
+            Loaded::None
+        }
+        CalibInput::Text {
+            path, sequential, ..
+        } => {
+            let o = job.text_options().expect("text calibration");
+            let (file, windows) =
+                crate::calib::input::text_windows(&a.input, &job.profile, path, &o)?;
+            let expected = crate::calib::stream::expected(&file, windows.len() as u64)?;
+            plan::assign_ldlq(plan, &expected, job.ldlq.band);
+            Loaded::Stream {
+                file,
+                windows,
+                sequential: *sequential,
+            }
+        }
+        CalibInput::Hessians {
+            path,
+            allow_partial,
+        } => {
+            let (file, meta) = crate::quant::HessianFile::open(path)?;
+            if !allow_partial {
+                refuse_partial(path, &meta)?;
+            }
+            if let Some(d) = crate::calib::sequential::mismatch(&meta, now) {
+                eprintln!(
+                    "tq: warning: {}: sequential Hessians were computed for another quantization ({d}); blocks after the first saw activations of a model this conversion does not write (rerun tq calib --sequential with matching flags)",
+                    path.display()
+                );
+            }
+            plan::assign_ldlq(plan, &file.index, job.ldlq.band);
+            Loaded::File(file)
+        }
+        CalibInput::None => Loaded::None,
+    })
+}
+
+/// A Hessian file `tq calib` was interrupted while writing (`tq.complete = "false"`) is refused,
+/// naming how far it got and how to finish it.
+fn refuse_partial(p: &Path, meta: &std::collections::BTreeMap<String, String>) -> Result<()> {
+    if meta.get("tq.complete").map(String::as_str) != Some("false") {
+        return Ok(());
+    }
+    let get = |k: &str| meta.get(k).map_or("?", String::as_str);
+    let held = if get("tq.sequential") == "true" {
+        format!("sequential, blocks done: {}", get("tq.layers_done"))
+    } else {
+        format!(
+            "{} of {} windows",
+            get("tq.windows_done"),
+            get("tq.windows_total")
+        )
+    };
+    Err(Error::bad_input(
+        p,
+        format!(
+            "an interrupted calibration checkpoint ({held}); finish it with `tq calib` and the same flags plus --resume -o {}, or pass --allow-partial-calib to use it as it is",
+            p.display()
+        ),
+    ))
+}
+
+/// The `tq.*` provenance of the output (None with `--no-provenance`).
+pub(super) fn provenance(job: &Job, extra: Vec<(String, String)>) -> Option<Provenance> {
+    let a = &job.flags;
+    if a.no_provenance {
+        return None;
+    }
+    Some(Provenance {
+        recipe: if job.request.keep_types {
+            "keep".into()
+        } else if job.mixing() {
+            "mix".into()
+        } else {
+            job.request.recipe.name.into()
+        },
+        flags: job.canonical_flags(),
+        input_name: a
+            .input
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        // Filled in by execute, which hashes the input while converting; a dry run counts
+        // the placeholder too, so its size is the written file's (a mix's budget depends on it).
+        input_blake3: convert::HASH_PLACEHOLDER.to_string(),
+        extra,
+    })
+}
+
+/// The file a plan gives with the marks convert will add (ldlq / imatrix) and its provenance:
+/// what a mix's budget counts.
+pub(super) fn file_size_of(
+    job: &Job,
+    src: &dyn TensorSource,
+    plan: &Plan,
+    calib: &crate::plan::mix::Calibration,
+    imatrix: Option<&std::collections::BTreeMap<String, Vec<f32>>>,
+    extra: Vec<(String, String)>,
+) -> Result<u64> {
+    use crate::plan::mix::Calibration;
+    let mut p = plan.clone();
+    match calib {
+        Calibration::File(f) => plan::assign_ldlq(&mut p, &f.index, job.ldlq.band),
+        Calibration::Memory(h) => plan::assign_ldlq(&mut p, h, job.ldlq.band),
+        Calibration::Imatrix(_) | Calibration::None => {}
+    }
+    if let Some(m) = imatrix {
+        plan::assign_importance(&mut p, m);
+    }
+    let prov = provenance(job, extra);
+    let md = convert::output_metadata(src.metadata(), &p, prov.as_ref(), true);
+    crate::gguf::writer::file_size(
+        src.gguf_version(),
+        &md,
+        &convert::tensor_specs(&p, &job.profile),
+    )
+}

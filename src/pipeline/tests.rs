@@ -1,0 +1,108 @@
+//! The one encoder path, held: the bytes the mix's sensitivity pass measures for a sampled row are
+//! the bytes the converted file holds, for every calibrated encoder (LDLQ from text, the imatrix's
+//! weighted fit, round-to-nearest) and the types that have them.
+
+use super::{convert, ConvertFlags, Job};
+use crate::calib::input::{calibrate_text, TextOptions};
+use crate::quant::sensitivity::{encode, sample_rows, Factors, Weighting};
+use crate::source::TensorSource;
+use crate::types::profile::Profile;
+use crate::types::TensorType;
+
+fn pseudo_text(words: usize) -> String {
+    let vocab = [
+        "the", "cat", "sat", "on", "mat", "he", "said", "rain", "fell", "home",
+    ];
+    let mut x = 11u64;
+    (0..words)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            vocab[(x >> 33) as usize % vocab.len()]
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn sensitivity_bytes_are_the_converted_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n);
+    let model = p("m.gguf");
+    std::fs::write(&model, crate::gguf_gen::tiny_llama_tok(1, 256, 256).bytes).unwrap();
+    let text = p("t.txt");
+    std::fs::write(&text, pseudo_text(500)).unwrap();
+    let o = TextOptions {
+        tokens: 256,
+        ctx: 32,
+        batch: 4,
+        quiet: true,
+    };
+    let profile = Profile::default();
+    let hs = calibrate_text(&model, &profile, &text, &o).unwrap();
+    let im_path = p("im.gguf");
+    crate::calib::imatrix::write_gguf(&hs.diagonals(), &im_path, "t", 32).unwrap();
+    let im = crate::calib::imatrix::load(&im_path).unwrap().entries;
+    let src = crate::source::open(&model, &profile).unwrap();
+    let names = ["blk.0.attn_q.weight", "blk.0.ffn_down.weight"];
+    use TensorType::*;
+    for ty in [
+        TQ4_1S, TQ3_1S, TQ2R, TQ2T, Q2K, Q4K, Q6K, IQ4XS, IQ4NL, Q4_0, Q8_0,
+    ] {
+        for mode in ["rtn", "imatrix", "ldlq"] {
+            let out = p(&format!("{ty}-{mode}.gguf"));
+            let mut f = ConvertFlags {
+                input: model.clone(),
+                output: Some(out.clone()),
+                weights: Some(ty.name().into()),
+                quiet: true,
+                calib_tokens: o.tokens,
+                calib_ctx: o.ctx,
+                calib_batch: o.batch,
+                kld_windows: 2,
+                ..Default::default()
+            };
+            match mode {
+                "imatrix" => f.imatrix = Some(im_path.clone()),
+                "ldlq" => f.calib = Some(text.clone()),
+                _ => {}
+            }
+            let job = Job::resolve(f).unwrap();
+            convert(&job).unwrap();
+            let file = crate::gguf::GgufFile::open(&out).unwrap();
+            for name in names {
+                let i = src.tensors().iter().position(|t| t.name == name).unwrap();
+                let dims = &src.tensors()[i].dims;
+                let (n, n_rows) = (dims[0] as usize, dims[1]);
+                let picks = sample_rows(n_rows, 5);
+                let mut rows = vec![0f32; picks.len() * n];
+                for (r, b) in picks.iter().zip(rows.chunks_mut(n)) {
+                    src.read_rows_f32(i, *r, b).unwrap();
+                }
+                let imp = im.get(name).unwrap();
+                let w = match mode {
+                    "ldlq" => Weighting::Hessian {
+                        h: hs.for_tensor(name).unwrap(),
+                        ldlq: Default::default(),
+                    },
+                    "imatrix" => Weighting::Diagonal(imp),
+                    _ => Weighting::Identity,
+                };
+                let ours = encode(name, &rows, n, ty, &w, &mut Factors::new()).unwrap();
+                let t = file.tensor(name).unwrap();
+                assert_eq!(t.ty, ty, "{name}");
+                let data = file.tensor_data(t);
+                let rb = ty.bytes_for(n as u64).unwrap() as usize;
+                for (k, &r) in picks.iter().enumerate() {
+                    let r = r as usize;
+                    assert_eq!(
+                        &ours[k * rb..(k + 1) * rb],
+                        &data[r * rb..(r + 1) * rb],
+                        "{ty} {mode}: {name} row {r}: sensitivity and convert disagree"
+                    );
+                }
+            }
+        }
+    }
+}

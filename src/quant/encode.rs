@@ -1,0 +1,219 @@
+//! The one encoder path: how rows of f32 become a type's bytes. `tq convert`, the mix's
+//! sensitivity pass and sequential calibration all choose with [`Encoder::choose`] and encode with
+//! [`encode_rows`], so the bytes a sensitivity estimate or a simulated block sees are the bytes
+//! the converted file holds.
+
+use super::ldlq::Factor;
+use crate::error::{Error, Result};
+use crate::types::TensorType;
+use rayon::prelude::*;
+
+/// LDLQ's settings, one value from the flags to every encoder (convert, the mix's sensitivity,
+/// sequential calibration, shards): the plan carries it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LdlqSettings {
+    /// Error-feedback band in columns (0 = full).
+    pub band: usize,
+    /// Damping λ: `H += λ·mean(diag(H))·I` (raised ×10 on a failed Cholesky).
+    pub damp: f64,
+    /// Stock types: passes refitting the block parameters after the sweep (`--ldlq-refit`).
+    pub refit: usize,
+}
+
+impl Default for LdlqSettings {
+    fn default() -> Self {
+        LdlqSettings {
+            band: 0,
+            damp: 0.01,
+            refit: super::ldlq::Refit::DEFAULT.passes,
+        }
+    }
+}
+
+impl LdlqSettings {
+    /// `--damp`: a finite, non-negative multiple of mean(diag(H)).
+    pub fn check(&self) -> Result<()> {
+        if self.damp.is_finite() && self.damp >= 0.0 {
+            Ok(())
+        } else {
+            Err(Error::Usage(format!(
+                "--damp {} must be a finite number >= 0 (a fraction of mean(diag(H)), e.g. 0.01)",
+                self.damp
+            )))
+        }
+    }
+}
+
+/// How a tensor's rows are encoded.
+#[derive(Clone, Copy)]
+pub enum Encoder<'a> {
+    /// Round-to-nearest through the registry (row-rotated types rotate here).
+    Nearest,
+    /// Importance-weighted round-to-nearest of a grid type's block parameters (an imatrix, or a
+    /// Hessian diagonal): one weight per column, no error feedback.
+    Weighted(&'a [f32]),
+    /// Banded LDLQ with the factor of the tensor's Hessian (`band` 0 = full).
+    Ldlq { factor: &'a Factor, band: usize },
+}
+
+impl<'a> Encoder<'a> {
+    /// The choice every path makes: LDLQ where the type has it and a factor is given, the
+    /// weighted block fit where the type has a grid encoder and an importance is given,
+    /// round-to-nearest otherwise.
+    pub fn choose(
+        ty: TensorType,
+        ldlq: Option<(&'a Factor, usize)>,
+        importance: Option<&'a [f32]>,
+    ) -> Encoder<'a> {
+        match (ldlq, importance) {
+            (Some((factor, band)), _) if ty.has_ldlq() => Encoder::Ldlq { factor, band },
+            (_, Some(imp)) if ty.ldlq_unrotated() => Encoder::Weighted(imp),
+            _ => Encoder::Nearest,
+        }
+    }
+
+    /// What the method is called in `tq.tensor_methods` and plans.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Encoder::Nearest => "rtn",
+            Encoder::Weighted(_) => "imatrix",
+            Encoder::Ldlq { .. } => "ldlq",
+        }
+    }
+}
+
+/// Encode whole rows (`x` is `rows × row_len`, finite: callers check, naming the tensor) as `dst`
+/// with `enc`. Rows in parallel: the bytes do not depend on the thread count.
+pub fn encode_rows(
+    dst: TensorType,
+    name: &str,
+    x: &[f32],
+    row_len: usize,
+    enc: &Encoder,
+) -> Result<Vec<u8>> {
+    let row_bytes = dst.bytes_for(row_len as u64).ok_or_else(|| {
+        Error::Unsupported(format!(
+            "{name}: row length {row_len} does not fit type {dst}"
+        ))
+    })? as usize;
+    if row_len == 0 || x.is_empty() {
+        return Ok(Vec::new());
+    }
+    if let Encoder::Ldlq { factor, band } = enc {
+        return Ok(super::ldlq::quantize_ldlq(dst, x, row_len, factor, *band));
+    }
+    let mut buf = vec![0u8; x.len() / row_len * row_bytes];
+    let rows = buf.par_chunks_mut(row_bytes).zip(x.par_chunks(row_len));
+    match enc {
+        Encoder::Weighted(imp) => {
+            rows.for_each(|(ob, row)| crate::types::grid::quantize_weighted(dst, row, imp, ob))
+        }
+        _ => {
+            rows.try_for_each(|(ob, row)| crate::types::quantize_rows(dst, row, ob, row_len, name))?
+        }
+    }
+    Ok(buf)
+}
+
+/// Decode whole rows as an engine reads them (the inverse rotation of row-rotated types
+/// included): what a simulated tensor holds after [`encode_rows`].
+pub fn decode_rows(
+    ty: TensorType,
+    bytes: &[u8],
+    out: &mut [f32],
+    row_len: usize,
+    name: &str,
+) -> Result<()> {
+    if row_len == 0 || out.is_empty() {
+        return Ok(());
+    }
+    let rb = bytes.len() / (out.len() / row_len).max(1);
+    out.par_chunks_mut(row_len)
+        .zip(bytes.par_chunks(rb.max(1)))
+        .try_for_each(|(o, b)| crate::types::dequantize_rows(ty, b, o, row_len, name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(n: usize, k: usize) -> Vec<f32> {
+        let mut s = 0x9e37_79b9_u64;
+        (0..n * k)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 33) as f32 / (1u64 << 31) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_choice_follows_the_type() {
+        let imp = vec![1f32; 256];
+        let x = rows(256, 512);
+        let mut h = vec![0f64; 256 * 256];
+        for t in x.chunks(256) {
+            for i in 0..256 {
+                for j in 0..256 {
+                    h[i * 256 + j] += (t[i] * t[j]) as f64;
+                }
+            }
+        }
+        let f = crate::quant::ldlq::factor(&h, 256, 0.01, "t").unwrap();
+        for ty in [
+            TensorType::TQ4_1S,
+            TensorType::Q4K,
+            TensorType::Q8_0,
+            TensorType::F16,
+        ] {
+            let e = Encoder::choose(ty, Some((&f, 0)), Some(&imp));
+            let want = if ty.has_ldlq() {
+                "ldlq"
+            } else if ty.ldlq_unrotated() {
+                "imatrix"
+            } else {
+                "rtn"
+            };
+            assert_eq!(e.name(), want, "{ty}");
+            let e = Encoder::choose(ty, None, Some(&imp));
+            assert_eq!(
+                e.name(),
+                if ty.ldlq_unrotated() {
+                    "imatrix"
+                } else {
+                    "rtn"
+                }
+            );
+            assert_eq!(Encoder::choose(ty, None, None).name(), "rtn");
+        }
+    }
+
+    /// Round-to-nearest rows equal the registry's own encoding, row-rotated types included, and
+    /// decode back through the registry's row decoder.
+    #[test]
+    fn nearest_is_the_registry_and_decodes() {
+        for ty in [
+            TensorType::Q4_0,
+            TensorType::TQ4_1S,
+            TensorType::TQ2R,
+            TensorType::TQ2T,
+        ] {
+            let (n, k) = (256, 3);
+            let x = rows(n, k);
+            let b = encode_rows(ty, "t", &x, n, &Encoder::Nearest).unwrap();
+            let rb = ty.bytes_for(n as u64).unwrap() as usize;
+            let mut want = vec![0u8; rb * k];
+            for (o, r) in want.chunks_mut(rb).zip(x.chunks(n)) {
+                crate::types::quantize_rows(ty, r, o, n, "t").unwrap();
+            }
+            assert_eq!(b, want, "{ty}");
+            let mut y = vec![0f32; n * k];
+            decode_rows(ty, &b, &mut y, n, "t").unwrap();
+            let mut z = vec![0f32; n * k];
+            crate::types::dequantize_rows(ty, &b, &mut z, n, "t").unwrap();
+            assert_eq!(y, z, "{ty}");
+        }
+    }
+}

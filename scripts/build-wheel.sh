@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Build the Python wheel that carries the `tq` binary (pyproject.toml: maturin, bindings = "bin"),
+# so that `pip install` gives `tq` where there is no Rust toolchain. maturin 1.16.0 runs in its own
+# venv under $TQ_CACHE (scripts/requirements/maturin.txt, pinned by version and sha256).
+# Prints the wheel's path: dist/tq_gguf-<version>-py3-none-<platform>.whl, <version> being
+# Cargo.toml's and <platform> the oldest manylinux the binary's glibc symbols allow (maturin's
+# auditwheel check), e.g. manylinux_2_28_x86_64. Any older tq_gguf wheel in dist/ is removed first.
+#
+# maturin runs cargo itself (`cargo rustc --release --locked --bin tq`) in the same target
+# directory as `cargo build --release` ($CARGO_TARGET_DIR, else target/): after a release build
+# (quickstart, CI) only the final link is redone, nothing is compiled twice.
+# WHEEL_OUT=DIR writes the wheel there instead of dist/.
+source "$(dirname "$0")/common.sh"
+cd "$TQ_ROOT"
+out="${WHEEL_OUT:-$TQ_ROOT/dist}"
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)
+[ -n "$version" ] || { echo "build-wheel: no version in Cargo.toml" >&2; exit 1; }
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$TQ_ROOT/target}"
+mkdir -p "$out"
+rm -f "$out"/tq_gguf-*.whl
+venv_python venv-maturin maturin.txt -m maturin build --release --locked --out "$out" >&2
+shopt -s nullglob
+wheels=("$out"/tq_gguf-"$version"-py3-none-*.whl)
+if [ "${#wheels[@]}" != 1 ]; then
+  echo "build-wheel: expected one $out/tq_gguf-$version-py3-none-*.whl, found ${#wheels[@]}" >&2
+  exit 1
+fi
+echo "${wheels[0]}"

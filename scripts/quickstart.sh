@@ -42,14 +42,27 @@ calib="$out/botchan-tail.txt"
 tail -n 500 "$botchan" > "$calib"
 
 echo "== convert to TQ4_1S with LDLQ: Hessians from 4096 tokens of text, same bytes per weight =="
-"$tq" convert "$smol" --weights tq4_1s --calib "$calib" --calib-tokens 4096 \
-  -o "$out/smollm2-tq4_1s-ldlq.gguf"
+# The one slow step (about a minute on 2 idle cores). QUICKSTART_REUSE=1 (scripts/e2e-wheel.sh)
+# keeps the file of an earlier run made by a byte-identical tq from the same model, text and flags:
+# conversion is deterministic, so it would write the same bytes again.
+ldlq=(convert "$smol" --weights tq4_1s --calib "$calib" --calib-tokens 4096)
+key="$(sha256sum "$tq" "$smol" "$calib" | cut -c1-64 | tr '\n' ' ')${ldlq[*]:2}"
+if [ "${QUICKSTART_REUSE:-0}" = 1 ] && [ -f "$out/smollm2-tq4_1s-ldlq.gguf" ] \
+   && [ "$(cat "$out/smollm2-tq4_1s-ldlq.key" 2>/dev/null)" = "$key" ]; then
+  echo "reused $out/smollm2-tq4_1s-ldlq.gguf (QUICKSTART_REUSE=1: same tq binary, model, text and flags)"
+else
+  rm -f "$out/smollm2-tq4_1s-ldlq.key"
+  "$tq" "${ldlq[@]}" -o "$out/smollm2-tq4_1s-ldlq.gguf"
+  echo "$key" > "$out/smollm2-tq4_1s-ldlq.key"
+fi
 
 echo "== tq validate: both TQ4_1S files against the model they came from, on the same Botchan windows =="
 # The CI gate (docs/validate.md): structure, then quality against the reference with noise-aware
 # verdicts (value ± 2 SE); exit 0 = pass. --chunks 4: both files are scored on the same 4 windows.
-# RTN (KLD ≈ 0.2, top-1 ≈ 75%): greedy generation is off, this file loops on some prompts where
-# the model does not, which the gate would flag. LDLQ: tighter thresholds, and generation on.
+# RTN (measured: KLD 0.215, p99 0.94, PPL ×1.25, top-1 72%): greedy generation is off, this file
+# loops on some prompts where the model does not, which the gate would flag. LDLQ (measured: KLD
+# 0.045, p99 0.27, PPL ×1.016, top-1 88%): a third of RTN's KLD limit, and generation on (3 prompts:
+# no loop where the model has none).
 validate() { # validate NAME ARGS...: --json report to $out/NAME.json; the exit code is kept
   local name=$1; shift
   set +e
@@ -61,7 +74,7 @@ validate() { # validate NAME ARGS...: --json report to $out/NAME.json; the exit 
 }
 validate smollm2-tq4_1s --max-kld 0.3 --max-p99-kld 1.5 --max-ppl-ratio 1.35 --min-top1 65 \
   --gen-prompts 0
-validate smollm2-tq4_1s-ldlq --max-kld 0.15 --max-p99-kld 0.9 --max-ppl-ratio 1.2 --min-top1 72
+validate smollm2-tq4_1s-ldlq --max-kld 0.1 --max-p99-kld 0.6 --max-ppl-ratio 1.1 --min-top1 80
 python3 - "$out/smollm2-tq4_1s.json" "$out/smollm2-tq4_1s-ldlq.json" <<'PY'
 import json, sys
 reports = [json.load(open(p)) for p in sys.argv[1:]]
@@ -73,6 +86,8 @@ for r in reports:
         bound = f"{'<=' if lim['bound'] == 'max' else '>='} {lim['value']:g}" if lim else ""
         print(f"   {c['group'] + '/' + c['name']:24} {c['status']:9} {num:18} {bound:9} {c['detail'][:60]}")
 q = [r["quality"] for r in reports]
+if None in q:
+    sys.exit("quickstart: a file failed before its quality was measured (see its checks above)")
 w = q[0]["windows"]
 assert all(x["windows"] == w for x in q) and len({r["tokens_blake3"] for r in reports}) == 1
 print(f"\nTQ4_1S, same size; {w} Botchan windows of {reports[0]['ctx']} "

@@ -9,6 +9,8 @@
 //!   notebook docs/bench/) names no issue numbers: a reader cannot follow "issue 16".
 //! - every relative link in README.md and docs/ (notebook included) points to a file that exists,
 //!   and a `#fragment` to a heading of that file.
+//! - the indexes are complete: docs/README.md links every page directly under docs/ and every
+//!   command page, docs/bench/README.md every page of the notebook.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -331,4 +333,72 @@ fn anchors_follow_github() {
     ] {
         assert!(a.contains(want), "{want} not in {a:?}");
     }
+}
+
+/// The relative link targets of a Markdown file, resolved against its directory.
+fn linked_files(file: &Path) -> BTreeSet<PathBuf> {
+    let link = regex::Regex::new(r"\]\(([^)\s#]+)(#[^)\s]*)?\)").unwrap();
+    let text = std::fs::read_to_string(file).unwrap();
+    link.captures_iter(&text)
+        .filter(|c| !c[1].contains("://"))
+        .map(|c| normalize(&file.parent().unwrap().join(&c[1])))
+        .collect()
+}
+
+/// `a/b/../c` → `a/c` (without touching the file system).
+fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn md_in(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn indexes_link_every_page() {
+    let docs = root().join("docs");
+    let mut unlisted = Vec::new();
+    let index = docs.join("README.md");
+    let linked = linked_files(&index);
+    let pages = md_in(&docs)
+        .into_iter()
+        .chain(md_in(&docs.join("commands")))
+        .chain([docs.join("bench/README.md")]);
+    for p in pages {
+        if p != index && !linked.contains(&normalize(&p)) {
+            unlisted.push(format!("{}: not linked from docs/README.md", rel(&p)));
+        }
+    }
+    let bench_index = docs.join("bench/README.md");
+    let linked = linked_files(&bench_index);
+    for p in md_in(&docs.join("bench")) {
+        if p != bench_index && !linked.contains(&normalize(&p)) {
+            unlisted.push(format!("{}: not linked from docs/bench/README.md", rel(&p)));
+        }
+    }
+    assert!(
+        unlisted.is_empty(),
+        "pages missing from their index:\n  {}",
+        unlisted.join("\n  ")
+    );
+}
+
+fn rel(p: &Path) -> String {
+    p.strip_prefix(root()).unwrap().display().to_string()
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 18 measurement: LDLQ into stock GGUF types, at the same tensor types (so the same bytes)
 # as llama.cpp's Q4_K_M + imatrix on SmolLM2. Same setup as the issue-7 rows of
-# docs/benchmarks.md: SmolLM2 dequantized to F16 by tq, Hessians from `tq calib` on 8,192 Botchan
+# docs/bench/stock-ldlq.md: SmolLM2 dequantized to F16 by tq, Hessians from `tq calib` on 8,192 Botchan
 # tokens (16 windows x 512), llama.cpp's imatrix from the same 16 windows, evaluation on the first
 # 10 windows (ctx 512) of wikitext-2-raw-test (never used for calibration), KLD vs the F16 model.
 # Not part of CI (about 15-25 minutes on 2 loaded cores).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `tq validate --chunks auto` against a fixed 20 windows (issue 16, docs/benchmarks.md): the pass/fail
+# `tq validate --chunks auto` against a fixed 20 windows (docs/bench/validate.md): the pass/fail
 # pair of scripts/e2e-validate.sh (TQ4_1S config-i + LDLQ passes, TQ3_1S pure fails) under its
 # policy on Botchan, ctx 512. Prints windows used, verdict and seconds for both modes and the time
 # saved, measured in the same run. Needs the artifacts of scripts/e2e-validate.sh (run it first).

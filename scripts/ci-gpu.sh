@@ -103,7 +103,7 @@ smol=$("$TQ_ROOT/scripts/fetch-data.sh")
 grep -q "kernels/wgpu  *pass" "$TQ_CACHE/ci-gpu-validate.txt"
 echo "== --backend wgpu: SmolLM2 TQ4_1S's linear layers through the mat-mul kernels on lavapipe (issue 16) =="
 botchan=$("$TQ_ROOT/scripts/fetch-botchan.sh")
-# 2 windows x 128 tokens: the kernel run is the slow part on lavapipe (docs/benchmarks.md).
+# 2 windows x 128 tokens: the kernel run is the slow part on lavapipe (docs/bench/gpu-kernels.md).
 "$TARGET/debug/tq" validate "$TQ_CACHE/ci-gpu-tq4_1s.gguf" --ref "$smol" --text "$botchan" \
   --ctx 128 --chunks 2 --backend wgpu --kernels wgpu --gen-prompts 0 --json -q \
   > "$TQ_CACHE/ci-gpu-backend.json"

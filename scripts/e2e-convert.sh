@@ -34,7 +34,7 @@ PY
   py "$TQ_ROOT/scripts/dev/check_tq_gguf.py" "$out/smollm2-f16.gguf" "$f" --max-rel-mse 0.008 --conformance "$conf"
 done
 
-# Peak RSS: the goal (docs/benchmarks.md) is <= 3 x the largest tensor in f32 + 256 MiB, for GGUF
+# Peak RSS: the goal (docs/bench/convert-throughput.md) is <= 3 x the largest tensor in f32 + 256 MiB, for GGUF
 # input and for the same model as a Hugging Face directory (f16 shards). The HF reader must also
 # drop each tensor's pages like the GGUF reader does: its peak may exceed the GGUF one by at most
 # 64 MiB (before HfSource::release it was 312 MB vs 121 MB).

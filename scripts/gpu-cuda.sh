@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # First run of the CUDA kernels on a machine with an NVIDIA GPU and no network (issue 8):
-# parity harness + decode throughput, a log, and markdown rows for docs/benchmarks.md.
+# parity harness + decode throughput, a log, and markdown rows for docs/bench/gpu-kernels.md.
 #
 # Needs, carried to the machine (nothing is downloaded or built there):
 #   - a release binary built elsewhere:  cargo build --release --features cuda
@@ -80,13 +80,13 @@ say "== tq kernels check --backend cuda --bench --types tq4_1s,tq3_1s,turbo2,tur
 cat "$LOG.bench" >> "$LOG"
 rm -f "$LOG.bench"
 
-# --- markdown rows for docs/benchmarks.md -----------------------------------------------------
+# --- markdown rows for docs/bench/gpu-kernels.md -----------------------------------------------------
 # Lines parsed (src/gpu/harness/report.rs format_report):
 #   backend cuda on <device> (NVRTC a.b, sm_XY CUBIN)
 #   N passed, M failed
 #   throughput <type> <values> values <ms> ms <GB/s> GB/s  (<pct>% of <peak> GB/s peak)
 echo
-echo "Markdown for docs/benchmarks.md ($(date -u +%Y-%m-%d), driver $DRIVER):"
+echo "Markdown for docs/bench/gpu-kernels.md ($(date -u +%Y-%m-%d), driver $DRIVER):"
 echo
 DEVICE=$(grep -m1 '^backend cuda on ' "$LOG" | sed 's/^backend cuda on //')
 SUMMARY=$(grep -m1 -E '^[0-9]+ passed, [0-9]+ failed' "$LOG" || echo "harness did not complete (exit $check_rc)")

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""KLD vs bits per weight for SmolLM2's 2-bit files (issues 17 and 19): tq2_t and tq2_r (RTN and
+"""KLD vs bits per weight for SmolLM2's 2-bit files: tq2_t and tq2_r (RTN and
 LDLQ), the tq mixes, and llama.cpp's Q2_K / IQ2_XXS / IQ2_XS / IQ2_S with an imatrix.
 
 Reads the table committed as CSV (docs/data/kld-vs-bpw-2bit.csv, one row per file of the
-"2-bit weights" tables of docs/benchmarks.md), checks that every row's bytes, bpw and KLD are
-written in docs/benchmarks.md (so the plot cannot drift from the tables), and writes the PNG.
+tables of docs/bench/two-bit.md), checks that every row's bytes, bpw and KLD are written in
+docs/bench/two-bit.md (so the plot cannot drift from the tables), and writes the PNG.
 
 Usage (the pinned venv of scripts/requirements/plot.txt):
     source scripts/common.sh && py_plot scripts/plot-2bit.py \\
-        docs/data/kld-vs-bpw-2bit.csv docs/benchmarks.md docs/img/kld-vs-bpw-2bit.png
+        docs/data/kld-vs-bpw-2bit.csv docs/bench/two-bit.md docs/img/kld-vs-bpw-2bit.png
 """
 import csv
 import sys
@@ -60,7 +60,7 @@ def main(csv_path, md_path, out_path):
     ax.set_yscale("log")
     ax.set_xlabel("bits per weight of the whole file (token_embd included)")
     ax.set_ylabel("mean KLD vs F16 (log scale), 10 wikitext-2 windows of 512")
-    ax.set_title("SmolLM2-135M, 2-bit types: KLD vs file size (docs/benchmarks.md, issues 17 and 19)",
+    ax.set_title("SmolLM2-135M, 2-bit types: KLD vs file size (docs/bench/two-bit.md)",
                  fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.set_xlim(2.9, 5.6)

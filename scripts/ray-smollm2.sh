@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 13: the Ray driver end to end on SmolLM2, on a local Ray cluster of 2 CPUs. Not in CI
-# (a Ray install and several minutes on 2 cores); its recorded run is in docs/benchmarks.md.
+# (a Ray install and several minutes on 2 cores); its recorded run is in docs/bench/sharding.md.
 #
 #   bash scripts/ray-smollm2.sh [TOKENS]
 #

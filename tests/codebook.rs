@@ -183,7 +183,7 @@ fn standard_normal_tables() {
     }
 }
 
-// Codebook computation time is a benchmark (`cargo bench --bench math`, docs/benchmarks.md),
+// Codebook computation time is a benchmark (`cargo bench --bench math`, docs/bench/math.md),
 // not a timed test.
 
 #[test]

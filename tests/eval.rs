@@ -1292,7 +1292,7 @@ fn cuda_numerics_linear_set_equals_cuda_native_matvec() {
 /// per output (docs/kernels.md), an order of magnitude below TQ4_1S's own weight error (~10%
 /// per weight). KLD grows roughly with the square of the total noise, so the shift must stay
 /// within a few percent of the TQ4_1S KLD: 5% is the bound (measured on 10 wikitext windows:
-/// +0.3% to +3.1%, docs/benchmarks.md). PPL within 2%. The F16 model, which has no TQ weight, gives
+/// +0.3% to +3.1%, docs/bench/eval.md). PPL within 2%. The F16 model, which has no TQ weight, gives
 /// bit-identical results under CUDA numerics and says so.
 #[test]
 fn cuda_numerics_on_smollm2_tq4_close_to_ggml_not_equal() {

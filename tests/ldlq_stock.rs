@@ -75,7 +75,7 @@ fn ldlq_beats_rtn_on_smollm2_tensors_in_stock_types() {
                 l_64 / l_rtn
             );
             // Small calibration (4 windows): the gain in this proxy is modest on real tensors
-            // (the whole-model KLD gain is larger: docs/benchmarks.md), but it must be there.
+            // (the whole-model KLD gain is larger: docs/bench/stock-ldlq.md), but it must be there.
             assert!(l_ldlq < l_rtn, "{name} {ty}: {l_ldlq} vs {l_rtn}");
             // The 2- and 3-bit grids leave round-to-nearest far more to correct (measured
             // 0.30x / 0.27x).

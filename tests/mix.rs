@@ -274,7 +274,7 @@ fn smollm2_mix_predicts_and_verifies_its_kld() {
     assert!(pred > 0.0 && got > 0.0 && got < 1.0, "{pred} vs {got}");
     // The fit ranks tensors; its absolute KLD is known to be off by 3-5x either way (single-tensor
     // KLDs do not add up to the whole mix's: 3x low on SmolLM2 F16 at 105 MB, 5x high on this
-    // Q4_1 input at 80 MB; docs/benchmarks.md). A bound that catches a broken fit, not a claim.
+    // Q4_1 input at 80 MB; docs/bench/mix.md). A bound that catches a broken fit, not a claim.
     assert!(pred / got < 10.0 && got / pred < 10.0, "{pred} vs {got}");
     let f = GgufFile::open(&o).unwrap();
     assert!(f

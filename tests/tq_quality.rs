@@ -1,7 +1,7 @@
 //! Reconstruction error of the TQ weight types on Gaussian data. The fork-exact TQ4_1S encoder gives a
 //! relative MSE of 0.0053 on N(0,1) (and on SmolLM2's real weights, scripts/e2e-convert.sh); the issue
-//! quoted ≈ 0.0047, which our bit-exact reproduction of the reference encoder does not reach — see
-//! docs/benchmarks.md. A broken codebook, rotation or scale search moves these numbers.
+//! quoted ≈ 0.0047, which our bit-exact reproduction of the reference encoder does not reach (this test
+//! is where the number is recorded). A broken codebook, rotation or scale search moves these numbers.
 
 #[path = "../fixtures/mod.rs"]
 mod fixtures;

@@ -564,7 +564,7 @@ fn quantize_row(ty: TensorType, row: &[f32], f: &Factor, band: usize, out: &mut 
 /// then the values are rounded onto their block's grid in the factor's column order (`f.perm`:
 /// decreasing Hessian diagonal, GPTQ's act-order, possible only because the grids are already
 /// fixed), each error fed into the next `band` columns of that order. Measured on SmolLM2
-/// (docs/benchmarks.md): fitting each block when the sweep reaches it, in natural order, was no
+/// (docs/bench/stock-ldlq.md): fitting each block when the sweep reaches it, in natural order, was no
 /// better than importance-weighted round-to-nearest, and worse with the full band.
 ///
 /// Then up to `refit` times: every row's block parameters are refitted to its rounded codes
@@ -657,7 +657,7 @@ impl Refit {
         full: true,
     };
     /// What `tq convert` does: two passes under the full Hessian. On SmolLM2 at llama.cpp's
-    /// Q4_K_M types (docs/benchmarks.md) the mean KLD went 0.02522 → 0.02513 (4 passes: 0.02496,
+    /// Q4_K_M types (docs/bench/stock-ldlq.md) the mean KLD went 0.02522 → 0.02513 (4 passes: 0.02496,
     /// the diagonal instead of the full Hessian: 0.02517) for 3.3× the LDLQ CPU time.
     pub const DEFAULT: Refit = Refit {
         passes: 2,

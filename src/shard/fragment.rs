@@ -117,7 +117,7 @@ fn plan_id(header: &[u8], input_len: u64) -> String {
 
 /// An LDLQ tensor's weight per element against a copied or rounded one's, a rough estimate: on
 /// SmolLM2 (full band, one thread) shards of LDLQ tensors took ≈1.5 s per million elements, the
-/// shard holding `token_embd` ≈0.35 s (docs/benchmarks.md).
+/// shard holding `token_embd` ≈0.35 s (docs/bench/sharding.md).
 const LDLQ_COST: u64 = 8;
 
 /// The plan entries of `shard`: balanced by element count, LDLQ tensors weighted

@@ -5,7 +5,7 @@
 //! shards' matrices element by element in shard order, `((H₀ + H₁) + H₂) + …`, whatever the
 //! order of the files on the command line. f64 addition is not associative, so this differs
 //! from the one-process sum `(((0 + T₀) + T₁) + …)` over the batch tiles `Tₖ` at the level of
-//! rounding (measured: docs/benchmarks.md); one shard (`0/1`) gives the one-process file's
+//! rounding (measured: docs/bench/sharding.md); one shard (`0/1`) gives the one-process file's
 //! values exactly. The output is written group by group, in shard 0's order and store: memory
 //! is two groups, not the file.
 

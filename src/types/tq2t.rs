@@ -1322,7 +1322,7 @@ mod tests {
     }
 
     /// i.i.d. Gaussian blocks: the format's normalized error is well under the scalar 4-level
-    /// grid's 0.1175 (the goal is ≤ 0.075; docs/benchmarks.md has the measured table).
+    /// grid's 0.1175 (the goal is ≤ 0.075; docs/bench/two-bit.md has the measured table).
     #[test]
     fn gaussian_mse_beats_the_scalar_grid() {
         let n = 64 * QK;

@@ -5,7 +5,6 @@
 use super::{convert, ConvertFlags, Job};
 use crate::calib::input::{calibrate_text, TextOptions};
 use crate::quant::sensitivity::{encode, sample_rows, Factors, Weighting};
-use crate::source::TensorSource;
 use crate::types::profile::Profile;
 use crate::types::TensorType;
 

@@ -123,8 +123,7 @@ pub fn write_gguf(diag: &[Diagonal], path: &Path, dataset: &str, chunk_size: usi
 
 /// Read a GGUF or legacy `.dat` imatrix (by content, not by name).
 pub fn load(path: &Path) -> Result<Imatrix> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| Error::Usage(format!("{}: cannot read imatrix: {e}", path.display())))?;
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     if bytes.starts_with(b"GGUF") {
         load_gguf(path)
     } else {
@@ -134,12 +133,7 @@ pub fn load(path: &Path) -> Result<Imatrix> {
 
 fn load_gguf(path: &Path) -> Result<Imatrix> {
     let f = GgufFile::open(path)?;
-    let bad = |why: String| {
-        Error::Usage(format!(
-            "{}: not a llama.cpp imatrix: {why}",
-            path.display()
-        ))
-    };
+    let bad = |why: String| Error::bad_input(path, format!("not a llama.cpp imatrix: {why}"));
     if f.get_str("general.type") != Some("imatrix") {
         return Err(bad("general.type is not \"imatrix\"".into()));
     }
@@ -180,10 +174,10 @@ fn load_gguf(path: &Path) -> Result<Imatrix> {
 
 fn load_dat(path: &Path, b: &[u8]) -> Result<Imatrix> {
     let bad = || {
-        Error::Usage(format!(
-            "{}: neither a GGUF imatrix nor a legacy .dat imatrix (truncated or malformed)",
-            path.display()
-        ))
+        Error::bad_input(
+            path,
+            "neither a GGUF imatrix nor a legacy .dat imatrix (truncated or malformed)",
+        )
     };
     let mut pos = 0usize;
     let i32_at = |pos: &mut usize| -> Result<i32> {

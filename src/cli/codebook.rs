@@ -162,7 +162,7 @@ pub fn run(a: CodebookArgs) -> Result<()> {
         let ev = evaluate_table(&dists[0], samples.as_ref(), &table);
         if a.format == "json" {
             let mut s = serde_json::to_string_pretty(&ev.to_json())
-                .map_err(|e| Error::Usage(format!("JSON encoding failed: {e}")))?;
+                .map_err(|e| Error::internal(format!("JSON encoding of the report failed: {e}")))?;
             s.push('\n');
             s
         } else {

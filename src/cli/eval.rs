@@ -355,7 +355,7 @@ fn run_in_pool(
         println!(
             "{}",
             serde_json::to_string_pretty(&j)
-                .map_err(|e| Error::Usage(format!("JSON encoding failed: {e}")))?
+                .map_err(|e| Error::internal(format!("JSON encoding of the report failed: {e}")))?
         );
     } else {
         print!("{}", render(&res));

@@ -33,7 +33,7 @@ pub fn run(a: InspectArgs) -> Result<()> {
     }
     if a.json {
         let s = serde_json::to_string_pretty(&r)
-            .map_err(|e| Error::Usage(format!("JSON encoding failed: {e}")))?;
+            .map_err(|e| Error::internal(format!("JSON encoding of the report failed: {e}")))?;
         println!("{s}");
     } else {
         print!("{}", tq::inspect::render_text(&r, !a.no_tensors));

@@ -116,7 +116,7 @@ fn run_in_pool(a: &KvCmdArgs) -> Result<()> {
         println!(
             "{}",
             serde_json::to_string_pretty(&j)
-                .map_err(|e| Error::Usage(format!("JSON encoding failed: {e}")))?
+                .map_err(|e| Error::internal(format!("JSON encoding of the report failed: {e}")))?
         );
         return Ok(());
     }

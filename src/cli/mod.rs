@@ -44,7 +44,7 @@ enum Command {
     /// Check the bundled GPU decode kernels (CUDA, Metal, WGSL) against the CPU reference.
     Kernels(kernels::KernelsArgs),
     /// CI gate: structure, quality vs a reference (noise-aware verdicts), generation, regression.
-    /// Exit 0 pass, 3 a check failed, 4 undecided, 2 bad input/usage, 1 I/O.
+    /// Exit 0 pass, 3 a check failed, 4 undecided, 2 bad input/usage, 1 I/O, 70 a bug in tq.
     Validate(validate::ValidateArgs),
     /// Run conformance vector files (tq4_1s, tq3_1s, turbo*, seed2bit) through the CPU reference.
     Conformance(conformance::ConformanceArgs),
@@ -120,15 +120,43 @@ fn report_error(r: tq::error::Result<i32>) -> i32 {
     match r {
         Ok(code) => code,
         Err(e) => {
-            // One line, always: a message from a library below us may carry line breaks.
-            let msg = e.to_string();
-            let msg: Vec<&str> = msg
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .collect();
-            eprintln!("tq: error: {}", msg.join(" "));
+            eprintln!("{}", error_line(&e));
             e.exit_code()
         }
+    }
+}
+
+/// What [`report_error`] prints for `e`: one line, always (a message from a library below us may
+/// carry line breaks).
+fn error_line(e: &tq::error::Error) -> String {
+    let msg = e.to_string();
+    let msg: Vec<&str> = msg
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    format!("tq: error: {}", msg.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tq::error::Error;
+
+    /// A bug in tq (`Error::Internal`) exits 70 (EX_SOFTWARE) with one line asking for a report;
+    /// the user's own mistakes keep 2, and I/O 1.
+    #[test]
+    fn internal_error_exits_70_with_one_line() {
+        let e = Error::Internal("writer thread panicked\n  at src/convert.rs:514".into());
+        let line = error_line(&e);
+        assert_eq!(line.lines().count(), 1, "{line}");
+        assert!(
+            line.starts_with("tq: error: internal error: writer thread panicked"),
+            "{line}"
+        );
+        assert!(line.contains("bug in tq; please report it"), "{line}");
+        assert_eq!(report_error(Err(e)), 70);
+        assert_eq!(report_error(Err(Error::Usage("--threads".into()))), 2);
+        assert_eq!(report_error(Ok(4)), 4);
     }
 }

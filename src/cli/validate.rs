@@ -269,7 +269,7 @@ pub fn run(a: ValidateArgs) -> Result<i32> {
             }))
         }
         .and_then(|j| serde_json::to_string_pretty(&j))
-        .map_err(|e| Error::Usage(format!("JSON encoding failed: {e}")))?;
+        .map_err(|e| Error::internal(format!("JSON encoding of the report failed: {e}")))?;
         println!("{j}");
     } else {
         for r in &reports {

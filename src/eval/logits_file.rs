@@ -83,8 +83,9 @@ impl Writer {
             }
             Format::Llama => {
                 if h.first != h.n_ctx / 2 {
-                    return Err(Error::Usage(
-                        "llama logits files always score from n_ctx/2".into(),
+                    // Windows always score from n_ctx/2 (perplexity::Windows::first).
+                    return Err(Error::internal(
+                        "llama logits files always score from n_ctx/2",
                     ));
                 }
                 b.extend_from_slice(LLAMA_MAGIC);

@@ -96,7 +96,8 @@ fn alignment_of(metadata: &[(String, Value)]) -> Result<u64> {
     match metadata.iter().find(|(k, _)| k == "general.alignment") {
         None => Ok(DEFAULT_ALIGNMENT),
         Some((_, Value::U32(a))) if *a != 0 && a.is_power_of_two() => Ok(*a as u64),
-        Some((_, v)) => Err(Error::Usage(format!(
+        // The reader refuses such a file, so only tq's own metadata could carry it.
+        Some((_, v)) => Err(Error::internal(format!(
             "general.alignment must be a non-zero power-of-two u32, got {v:?}"
         ))),
     }
@@ -126,7 +127,7 @@ fn put_value(h: &mut Vec<u8>, v: &Value, key: &str) -> Result<()> {
             h.extend_from_slice(&(items.len() as u64).to_le_bytes());
             for it in items {
                 if it.value_type() != *et {
-                    return Err(Error::Usage(format!(
+                    return Err(Error::internal(format!(
                         "metadata '{key}': array of {} holds a {}",
                         et.name(),
                         it.value_type().name()
@@ -151,7 +152,8 @@ impl GgufWriter {
         let mut seen = std::collections::HashSet::new();
         for t in tensors {
             if !seen.insert(&t.name) {
-                return Err(Error::Usage(format!(
+                // Every source refuses duplicate names, so the plan cannot hold two.
+                return Err(Error::internal(format!(
                     "duplicate tensor name '{}' in output",
                     t.name
                 )));
@@ -290,7 +292,7 @@ impl GgufWriter {
     pub fn write_data(&mut self, mut data: &[u8]) -> Result<()> {
         while !data.is_empty() {
             let Some(&(_, size)) = self.sizes.get(self.current) else {
-                return Err(Error::Usage(format!(
+                return Err(Error::internal(format!(
                     "{}: more tensor data written than the layout holds",
                     self.target.final_path().display()
                 )));
@@ -325,7 +327,7 @@ impl GgufWriter {
             .windows(pat.len())
             .position(|w| w == pat.as_slice())
             .ok_or_else(|| {
-                Error::Usage(format!(
+                Error::internal(format!(
                     "{}: no string '{key}' of {} bytes in the header to fill",
                     self.target.final_path().display(),
                     value.len()
@@ -347,7 +349,7 @@ impl GgufWriter {
     /// Check every tensor was written, flush, fsync, and rename into place.
     pub fn finish(mut self) -> Result<()> {
         if let Some((name, size)) = self.sizes.get(self.current) {
-            return Err(Error::Usage(format!(
+            return Err(Error::internal(format!(
                 "{}: tensor '{name}' received {} of {size} bytes; output not written",
                 self.target.final_path().display(),
                 self.written

@@ -75,9 +75,9 @@ impl<'m, 'a> Decoder<'m, 'a> {
     /// A decoder for up to `max_pos` positions, caching dequantized weights up to `cache_bytes`.
     pub fn new(model: &'m Model<'a>, max_pos: usize, cache_bytes: usize) -> Result<Self> {
         if model.numerics != Numerics::F32 || !model.kv.is_default() {
-            return Err(Error::Usage(
-                "the incremental decoder runs exact f32 numerics with an unquantized cache only"
-                    .into(),
+            // Its callers (greedy generation, self-generated calibration) open the model so.
+            return Err(Error::internal(
+                "the incremental decoder runs exact f32 numerics with an unquantized cache only",
             ));
         }
         let cfg = &model.cfg;
@@ -149,7 +149,7 @@ impl<'m, 'a> Decoder<'m, 'a> {
         let b = st.batch;
         assert_eq!(tokens.len(), b, "one token per sequence");
         if st.pos >= self.max_pos {
-            return Err(Error::Usage(format!(
+            return Err(Error::internal(format!(
                 "decoder: all {} positions are used",
                 self.max_pos
             )));

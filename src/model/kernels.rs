@@ -98,7 +98,7 @@ impl Kernels {
         let &(id, n) = self
             .ids
             .get(tensor)
-            .ok_or_else(|| Error::Unsupported(format!("{tensor}: not on the backend")))?;
+            .ok_or_else(|| Error::internal(format!("{tensor}: not on the backend")))?;
         let y = self.lin.matmul(id, &x[..rows * k], rows).map_err(|e| {
             Error::Unsupported(format!(
                 "{} mat-mul of {}: {e}",

@@ -334,8 +334,9 @@ impl<'a> Model<'a> {
         self.kv.check(hd)?;
         let mut kern = self.kernels.as_ref().map(|k| k.borrow_mut());
         if kern.is_some() && watch {
-            return Err(Error::Usage(
-                "--backend is for evaluation; calibration runs on the CPU runtime".into(),
+            // No calibrating command has --backend: a caller that asks for both is wrong.
+            return Err(Error::internal(
+                "--backend is for evaluation; calibration runs on the CPU runtime",
             ));
         }
         let rotate = self.kv.rotate;
@@ -363,7 +364,7 @@ impl<'a> Model<'a> {
             };
             if let Some(path) = self.numerics.cuda_path() {
                 if watch {
-                    return Err(Error::Usage(format!(
+                    return Err(Error::internal(format!(
                         "{} numerics are for evaluation; calibration hooks need ggml or f32",
                         self.numerics.name()
                     )));

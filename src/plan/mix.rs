@@ -104,12 +104,12 @@ pub fn solve(items: &[Vec<(u64, f64)>], budget: u64, cells: u64) -> Option<Solut
 }
 
 /// The stock and TQ types tq can write that `profile` loads: the default candidates of a mix
-/// (`--types` replaces them). Stock only for `upstream`. iq4_nl's 32-value blocks fit rows that
-/// no k-quant or iq4_xs fits (SmolLM2's 576 columns) at 4.5 bpw.
+/// (`--types` replaces them). Stock only for an engine without TQ weights (`upstream`). iq4_nl's
+/// 32-value blocks fit rows that no k-quant or iq4_xs fits (SmolLM2's 576 columns) at 4.5 bpw.
 pub fn default_candidates(profile: &Profile) -> Vec<TensorType> {
     use TensorType::*;
     let mut v = vec![Q2K, Q3K, IQ4XS, Q4_0, IQ4NL, Q4K, Q5_0, Q5K, Q6K, Q8_0, F16];
-    if profile.name != "upstream" {
+    if profile.tq_weights {
         v.extend([TQ3_1S, TQ4_1S]);
     }
     v.retain(|t| profile.id_of(*t).is_some());
@@ -163,10 +163,11 @@ pub fn mixable(e: &PlanEntry) -> bool {
     e.dims.iter().filter(|&&d| d > 1).count() >= 2 && e.src.info().dequantize.is_some()
 }
 
-/// The mix's items: plan entry indices chosen together, and the types each may take. Under the
-/// fork's profiles a layer's attention q/k/v/o are one item: the fork's Metal kernels for TQ
-/// weights rotate the shared activation in place, so a group holding a TQ type must be all that
-/// type ([`assignments`]); upstream has no such rule and every tensor is its own item.
+/// The mix's items: plan entry indices chosen together, and the types each may take. Under a
+/// profile with [`Profile::unify_attention_tq`] (the fork's) a layer's attention q/k/v/o are one
+/// item: the fork's Metal kernels for TQ weights rotate the shared activation in place, so a
+/// group holding a TQ type must be all that type ([`assignments`]); without it (upstream) every
+/// tensor is its own item.
 pub fn items(
     plan: &Plan,
     types: &[TensorType],
@@ -179,7 +180,8 @@ pub fn items(
             continue;
         }
         let c = candidates_for(e, types);
-        let grp = (profile.name != "upstream")
+        let grp = profile
+            .unify_attention_tq
             .then(|| attention_group(&e.name))
             .flatten();
         match grp.and_then(|g| group_of.get(&g).copied()) {

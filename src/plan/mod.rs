@@ -124,10 +124,10 @@ pub fn plan(tensors: &[SourceTensor], req: &Request, profile: &Profile) -> Resul
         .unwrap_or(0);
     let mut entries: Vec<PlanEntry> = tensors.iter().map(|t| choose(t, req, n_layers)).collect();
 
-    // Fork constraint: the attention projections of a layer that holds a TQ weight type share
-    // one type. Upstream llama.cpp has none (its own Q4_K_M gives attn_v q8_0/q6_K beside
-    // q5_0/q4_K q/k/o), so the upstream profile keeps the types asked for.
-    if profile.name != "upstream" {
+    // Engine constraint (the fork's): the attention projections of a layer that holds a TQ
+    // weight type share one type. An engine without it (upstream llama.cpp: its own Q4_K_M
+    // gives attn_v q8_0/q6_K beside q5_0/q4_K q/k/o) keeps the types asked for.
+    if profile.unify_attention_tq {
         unify_attention(&mut entries);
     }
 

@@ -160,7 +160,7 @@ impl Framer<'_> {
     fn write(&mut self, mut data: &[u8]) -> Result<()> {
         while !data.is_empty() {
             let Some(&size) = self.sizes.get(self.current) else {
-                return Err(Error::Usage(format!(
+                return Err(Error::internal(format!(
                     "{}: more tensor data than the shard's layout holds",
                     self.tmp.display()
                 )));
@@ -229,7 +229,7 @@ pub fn write(job: &Job, on_progress: &(dyn Fn(u64) + Sync)) -> Result<Written> {
     )?;
     let want = data_at(range.end) - data_at(range.start);
     if framer.len != want || framer.current != framer.sizes.len() {
-        return Err(Error::Usage(format!(
+        return Err(Error::internal(format!(
             "{}: shard {} wrote {} data bytes, its layout holds {want}",
             job.out.display(),
             job.shard,
@@ -240,7 +240,7 @@ pub fn write(job: &Job, on_progress: &(dyn Fn(u64) + Sync)) -> Result<Written> {
     let input_blake3 = match hasher {
         Some(h) => Some(
             h.join()
-                .map_err(|_| Error::Usage("input hash thread panicked".into()))??,
+                .map_err(|_| Error::internal("input hash thread panicked"))??,
         ),
         None => None,
     };
@@ -270,7 +270,11 @@ pub fn write(job: &Job, on_progress: &(dyn Fn(u64) + Sync)) -> Result<Written> {
         input_len,
         input_blake3,
     };
-    let js = serde_json::to_vec(&manifest).map_err(|e| Error::Usage(e.to_string()))?;
+    let js = serde_json::to_vec(&manifest).map_err(|e| {
+        Error::internal(format!(
+            "JSON encoding of the fragment manifest failed: {e}"
+        ))
+    })?;
     out.write_all(&js).map_err(io)?;
     out.write_all(&(js.len() as u64).to_le_bytes())
         .map_err(io)?;

@@ -3,6 +3,11 @@
 //! Stock ggml types have the same id everywhere (from the registry). TurboQuant types have
 //! different ids in different forks, so their ids are data here — one table per profile — and a
 //! user can supply another with `--type-map FILE` (JSON: `{"name": "...", "types": {"tq4_1s": 46, ...}}`).
+//!
+//! A profile also says how its engine behaves where that changes what tq writes: the KV cache
+//! ([`KvRules`]), whether it loads TQ weight types ([`Profile::tq_weights`]) and whether a layer's
+//! attention projections must share a TQ type ([`Profile::unify_attention_tq`]). Code asks these
+//! fields, never a profile's name.
 
 use super::turbo::Turbo4Table;
 use super::{TensorType, TYPES};
@@ -100,6 +105,17 @@ pub struct Profile {
     pub file_types: Vec<(TensorType, u32)>,
     /// The engine's KV-cache behaviour.
     pub kv: KvRules,
+    /// The engine loads the TQ weight types (TQ3_1S, TQ4_1S), so a `--target-bpw` mix offers
+    /// them by default. When false, no TQ weight type may have an id (checked on load).
+    /// Type-map key `"tq_weights"`, default true.
+    pub tq_weights: bool,
+    /// A layer's attention projections (q, k, v, o) all take one type when any of them is a TQ
+    /// weight type: the fork's TQ kernels (its Metal mul_mm path) rotate the activation the four
+    /// share in place, so a mixed group would multiply a stock weight by a rotated input.
+    /// The planner unifies such a group and a mix chooses its type once. Upstream has no such
+    /// kernels (its own Q4_K_M mixes q8_0/q6_K attn_v with q4_K q/k/o), so it keeps the types
+    /// asked for. Type-map key `"unify_attention_tq"`, default true.
+    pub unify_attention_tq: bool,
 }
 
 struct BuiltIn {
@@ -108,6 +124,8 @@ struct BuiltIn {
     extra: &'static [(TensorType, u32)],
     file_types: &'static [(TensorType, u32)],
     kv: KvRules,
+    tq_weights: bool,
+    unify_attention_tq: bool,
 }
 
 use TensorType::*;
@@ -134,6 +152,8 @@ const BUILT_IN: &[BuiltIn] = &[
         extra: FORK_IDS,
         file_types: &[(TQ3_1S, 43), (TQ4_1S, 44)],
         kv: KV_FORK_JUNE,
+        tq_weights: true,
+        unify_attention_tq: true,
     },
     BuiltIn {
         name: "fork-69d8e4be4",
@@ -141,6 +161,8 @@ const BUILT_IN: &[BuiltIn] = &[
         extra: FORK_IDS,
         file_types: &[(TQ3_1S, 43), (TQ4_1S, 44)],
         kv: KV_FORK_MAY,
+        tq_weights: true,
+        unify_attention_tq: true,
     },
     BuiltIn {
         name: "fork-pre-2026-04-15",
@@ -148,6 +170,8 @@ const BUILT_IN: &[BuiltIn] = &[
         extra: &[(TQ3_1S, 44), (TQ4_1S, 45)],
         file_types: &[(TQ3_1S, 43), (TQ4_1S, 44)],
         kv: KV_FORK_MAY,
+        tq_weights: true,
+        unify_attention_tq: true,
     },
     BuiltIn {
         name: "upstream",
@@ -155,6 +179,8 @@ const BUILT_IN: &[BuiltIn] = &[
         extra: &[],
         file_types: &[],
         kv: KV_UPSTREAM,
+        tq_weights: false,
+        unify_attention_tq: false,
     },
 ];
 
@@ -176,6 +202,8 @@ impl Profile {
             extra: b.extra.to_vec(),
             file_types: b.file_types.to_vec(),
             kv: b.kv,
+            tq_weights: b.tq_weights,
+            unify_attention_tq: b.unify_attention_tq,
         })
     }
 
@@ -195,7 +223,9 @@ impl Profile {
 
     /// Load a type map: `{"name": "my-fork", "types": {"tq3_1s": 46, "tq4_1s": 47}}`, with an
     /// optional `"kv": "PROFILE"` naming the built-in profile whose KV behaviour the engine has
-    /// (default `fork`).
+    /// (default `fork`), and optional booleans `"tq_weights"` and `"unify_attention_tq"` (the
+    /// [`Profile`] fields of those names; both default to true, the fork's behaviour, which is
+    /// what a type map written before they existed meant).
     pub fn from_file(path: &Path) -> Result<Profile> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let v: serde_json::Value = serde_json::from_str(&text)
@@ -240,8 +270,19 @@ impl Profile {
                 })?
             }
         };
+        let flag = |key: &str| match v.get(key) {
+            None => Ok(true),
+            Some(b) => b.as_bool().ok_or_else(|| {
+                bad(format!(
+                    "\"{key}\" must be true or false, got {}",
+                    crate::error::one_line(&b.to_string())
+                ))
+            }),
+        };
         let p = Profile {
             kv,
+            tq_weights: flag("tq_weights")?,
+            unify_attention_tq: flag("unify_attention_tq")?,
             name: v
                 .get("name")
                 .and_then(|n| n.as_str())
@@ -255,12 +296,18 @@ impl Profile {
         Ok(p)
     }
 
-    /// Two types must never share an id within a profile.
+    /// Two types must never share an id within a profile, and an engine without TQ weight
+    /// types gives none of them an id.
     fn check(&self) -> std::result::Result<(), String> {
         let mut seen = std::collections::HashMap::new();
         for (ty, id) in self.ids() {
             if let Some(prev) = seen.insert(id, ty) {
                 return Err(format!("type id {id} is assigned to both {prev} and {ty}"));
+            }
+            if ty.is_tq_weight() && !self.tq_weights {
+                return Err(format!(
+                    "\"tq_weights\": false, but {ty} has type id {id}; drop one of them"
+                ));
             }
         }
         Ok(())
@@ -396,6 +443,60 @@ mod tests {
         for b in Profile::built_in_names() {
             Profile::built_in(b).unwrap().check().unwrap();
         }
+    }
+
+    /// Engine behaviour per built-in profile: the forks load TQ weights and unify a layer's
+    /// attention around them; upstream does neither.
+    #[test]
+    fn engine_behaviour_per_profile() {
+        for name in ["fork", "fork-69d8e4be4", "fork-pre-2026-04-15"] {
+            let p = Profile::built_in(name).unwrap();
+            assert!(p.tq_weights && p.unify_attention_tq, "{name}");
+        }
+        let up = Profile::built_in("upstream").unwrap();
+        assert!(!up.tq_weights && !up.unify_attention_tq);
+        // The flag and the id table agree: an engine with TQ weights gives them ids.
+        for b in Profile::built_in_names() {
+            let p = Profile::built_in(b).unwrap();
+            assert_eq!(
+                p.tq_weights,
+                p.ids().iter().any(|(t, _)| t.is_tq_weight()),
+                "{b}"
+            );
+        }
+    }
+
+    /// `"tq_weights"` and `"unify_attention_tq"` in a type map: true (the fork's behaviour)
+    /// when absent, as in every type map written before they existed.
+    #[test]
+    fn type_map_engine_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("m.json");
+        std::fs::write(&f, r#"{"types":{"tq4_1s":68}}"#).unwrap();
+        let p = Profile::from_file(&f).unwrap();
+        assert!(p.tq_weights && p.unify_attention_tq);
+        std::fs::write(
+            &f,
+            r#"{"types":{"tq4_1s":68},"unify_attention_tq":false,"tq_weights":true}"#,
+        )
+        .unwrap();
+        let p = Profile::from_file(&f).unwrap();
+        assert!(p.tq_weights && !p.unify_attention_tq);
+        std::fs::write(&f, r#"{"types":{},"tq_weights":false,"kv":"upstream"}"#).unwrap();
+        let p = Profile::from_file(&f).unwrap();
+        assert!(!p.tq_weights && p.unify_attention_tq && !p.kv.turbo);
+        std::fs::write(&f, r#"{"types":{"tq4_1s":68},"tq_weights":false}"#).unwrap();
+        let e = Profile::from_file(&f).unwrap_err().to_string();
+        assert!(
+            e.contains("\"tq_weights\": false, but tq4_1s has type id 68"),
+            "{e}"
+        );
+        std::fs::write(&f, r#"{"types":{},"unify_attention_tq":"yes"}"#).unwrap();
+        let e = Profile::from_file(&f).unwrap_err().to_string();
+        assert!(
+            e.contains("\"unify_attention_tq\" must be true or false"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -496,7 +496,7 @@ impl TensorSource for HfSource {
         let n_rows = st.n_rows();
         let n = (out.len() / row_len) as u64;
         if row0.checked_add(n).is_none_or(|e| e > n_rows) || out.len() % row_len != 0 {
-            return Err(Error::Unsupported(format!(
+            return Err(Error::internal(format!(
                 "{}: rows {row0}..{} requested of {n_rows}",
                 st.name,
                 row0.saturating_add(n)

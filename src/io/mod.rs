@@ -7,6 +7,10 @@
 //!   output's name; dropping it unfinished removes the temporary file.
 //! - [`check_output`]: an output path must not be one of the command's inputs, and its directory
 //!   must exist — checked before any work starts.
+//! - [`hooks`]: the test hooks (kill points that stop a run as `kill -9` would), the one place
+//!   library code may end the process.
+
+pub mod hooks;
 
 use crate::error::{Error, Result};
 use std::fs::File;

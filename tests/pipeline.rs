@@ -10,24 +10,6 @@ use fixtures::{s, tq};
 use std::path::Path;
 use tq::types::{TensorType, TYPES};
 
-/// Deterministic English-like text.
-fn pseudo_text(words: usize) -> String {
-    let vocab = [
-        "the", "cat", "sat", "on", "mat", "he", "said", "that", "it", "was", "here", "when",
-        "rain", "fell", "over", "hills", "and", "then", "she", "went", "home", "quietly,",
-    ];
-    let mut x = 7u64;
-    (0..words)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            vocab[(x >> 33) as usize % vocab.len()]
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// The bytes of `name` in the GGUF at `p`.
 fn tensor(p: &Path, name: &str) -> (TensorType, Vec<u8>) {
     let f = tq::gguf::GgufFile::open(p).unwrap();
@@ -60,7 +42,7 @@ fn every_weight_type_converts_in_every_calibration_mode() {
     )
     .unwrap();
     let text = p("calib.txt");
-    std::fs::write(&text, pseudo_text(600)).unwrap();
+    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(600)).unwrap();
     let calib_text = ["--calib-tokens", "256", "--calib-ctx", "32"];
     // Hessians and an imatrix from the same text.
     let (code, _, err) = tq(&[

@@ -276,7 +276,7 @@ pub fn execute_range(
         drop(p);
         stats.bytes_written = writer
             .join()
-            .map_err(|_| Error::Usage("writer thread panicked".into()))??;
+            .map_err(|_| Error::internal("writer thread panicked"))??;
         produced
     })?;
     Ok(stats)
@@ -429,10 +429,6 @@ fn execute_with(
     let checkpoint = crate::io::checkpoint_path(&crate::io::partial_path(t.out)?);
     let start = resume_point(t, &checkpoint)?;
     let w = GgufWriter::create_resumable(t.out, t.version, t.metadata, &specs, start)?;
-    // Test hook: stop abruptly (no cleanup, as kill -9) once this many tensors were checkpointed.
-    let abort_after: Option<usize> = std::env::var("TQ_CONVERT_ABORT_AFTER")
-        .ok()
-        .and_then(|v| v.parse().ok());
     // The input's blake3 (provenance) is computed on a thread of its own while the tensors are
     // converted and filled into the header's placeholder at the end, instead of a whole pass
     // over the input before anything starts.
@@ -452,7 +448,6 @@ fn execute_with(
         let writer = scope.spawn(move || -> Result<GgufWriter> {
             let mut w = w;
             let mut done = start.map_or(0, |(_, pos)| pos);
-            let mut checkpoints = 0usize;
             for m in rx {
                 match m {
                     Msg::Data(chunk) => {
@@ -469,11 +464,10 @@ fn execute_with(
                             pos,
                         };
                         crate::io::write_file(checkpoint, &c.to_json())?;
-                        checkpoints += 1;
-                        if abort_after == Some(checkpoints) {
-                            eprintln!("tq convert: stopped by TQ_CONVERT_ABORT_AFTER (test hook); rerun with --resume");
-                            std::process::exit(137);
-                        }
+                        // Test hook (TQ_CONVERT_ABORT_AFTER): stop here as kill -9 would.
+                        crate::io::hooks::kill_point(
+                            crate::io::hooks::KillPoint::ConvertCheckpoint,
+                        );
                     }
                 }
             }
@@ -487,12 +481,12 @@ fn execute_with(
         // A writer error closes the queue, which stops the producer; report the writer's error first.
         let mut w = writer
             .join()
-            .map_err(|_| Error::Usage("writer thread panicked".into()))??;
+            .map_err(|_| Error::internal("writer thread panicked"))??;
         produced?;
         if let Some(h) = hasher {
             let hash = h
                 .join()
-                .map_err(|_| Error::Usage("input hash thread panicked".into()))??;
+                .map_err(|_| Error::internal("input hash thread panicked"))??;
             w.fill_string("tq.input.blake3", &hash)?;
         }
         w.finish()

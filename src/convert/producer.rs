@@ -121,7 +121,7 @@ impl<'a> Producer<'a> {
             self.factors.retain(|_, (_, last)| *last >= done);
             self.tx
                 .send(Msg::Done(done))
-                .map_err(|_| Error::Usage("output writer stopped".into()))?;
+                .map_err(|_| Error::internal("output writer stopped"))?;
         }
         Ok(())
     }
@@ -130,7 +130,7 @@ impl<'a> Producer<'a> {
         let band = self.plan.ldlq.band;
         let src = self.src;
         // The writer thread hung up: its error is reported by the caller.
-        let closed = || Error::Usage("output writer stopped".into());
+        let closed = || Error::internal("output writer stopped");
         if e.action == Action::Copy {
             if let Some(raw) = src.raw(i) {
                 check_copy_finite(src, i, &e.name, &e.dims, e.src)?;
@@ -196,7 +196,7 @@ impl<'a> Producer<'a> {
     ) -> Result<()> {
         let ldlq = self.plan.ldlq;
         let src = self.src;
-        let closed = || Error::Usage("output writer stopped".into());
+        let closed = || Error::internal("output writer stopped");
         let (row_len, per, n_exp) = (e.dims[0] as usize, e.dims[1] as usize, e.dims[2] as usize);
         let min_tok = crate::quant::hessian::MIN_EXPERT_TOKENS;
         let mut rtn = vec![];
@@ -261,8 +261,8 @@ impl<'a> Producer<'a> {
             .iter()
             .any(|x| x.ldlq && h.tensors.contains(&x.name) && fam(x) != key);
         if h.h.len() != h.n * h.n {
-            return Err(Error::Unsupported(format!(
-                "{}: its Hessian was already used; this is a bug, please report it",
+            return Err(Error::internal(format!(
+                "{}: its Hessian was already used",
                 e.name
             )));
         }

@@ -120,7 +120,8 @@ pub fn plan_json(job: &Job, o: &Outcome) -> Result<String> {
         "bpw": bpw, "bpw_2d": bpw2d, "fallbacks": fallbacks, "tensors": tensors,
         "mix": o.mix.as_ref().map(|m| m.json()),
     });
-    serde_json::to_string_pretty(&j).map_err(|e| Error::Usage(e.to_string()))
+    serde_json::to_string_pretty(&j)
+        .map_err(|e| Error::internal(format!("JSON encoding of the plan failed: {e}")))
 }
 
 /// `--dry-run`: the plan as a table, totals by type and a summary line.

@@ -75,8 +75,8 @@ pub fn convert(job: &Job) -> Result<Outcome> {
     if let Some(m) = &mix {
         // The mix measured this size; a difference is a bug, caught before writing.
         if size > m.target {
-            return Err(Error::Usage(format!(
-                "tq convert: the mix came to {size} bytes, over the target {}; this is a bug, please report it",
+            return Err(Error::internal(format!(
+                "tq convert: the mix came to {size} bytes, over the target {}",
                 m.target
             )));
         }

@@ -8,22 +8,6 @@ use crate::quant::sensitivity::{encode, sample_rows, Factors, Weighting};
 use crate::types::profile::Profile;
 use crate::types::TensorType;
 
-fn pseudo_text(words: usize) -> String {
-    let vocab = [
-        "the", "cat", "sat", "on", "mat", "he", "said", "rain", "fell", "home",
-    ];
-    let mut x = 11u64;
-    (0..words)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            vocab[(x >> 33) as usize % vocab.len()]
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 #[test]
 fn sensitivity_bytes_are_the_converted_files() {
     let dir = tempfile::tempdir().unwrap();
@@ -31,7 +15,7 @@ fn sensitivity_bytes_are_the_converted_files() {
     let model = p("m.gguf");
     std::fs::write(&model, crate::gguf_gen::tiny_llama_tok(1, 256, 256).bytes).unwrap();
     let text = p("t.txt");
-    std::fs::write(&text, pseudo_text(500)).unwrap();
+    std::fs::write(&text, crate::gguf_gen::pseudo_text(500)).unwrap();
     let o = TextOptions {
         tokens: 256,
         ctx: 32,

@@ -369,8 +369,6 @@ pub struct HessianWriter {
     /// The header's hash: what a checkpoint must match.
     key: String,
     checkpoint: std::path::PathBuf,
-    checkpoints: usize,
-    abort_after: Option<usize>,
     /// Diagonals of the groups written (for an imatrix), in file order.
     diagonals: Vec<Diagonal>,
     /// File offsets of the expert groups' token-count placeholders, by group index.
@@ -418,8 +416,9 @@ impl HessianWriter {
             off += store.bytes(g.n);
         }
         header.insert("__metadata__".into(), serde_json::Value::Object(m));
-        let mut js = serde_json::to_vec(&serde_json::Value::Object(header))
-            .map_err(|e| Error::Usage(e.to_string()))?;
+        let mut js = serde_json::to_vec(&serde_json::Value::Object(header)).map_err(|e| {
+            Error::internal(format!("JSON encoding of the Hessian header failed: {e}"))
+        })?;
         while js.len() % 8 != 0 {
             js.push(b' ');
         }
@@ -428,11 +427,8 @@ impl HessianWriter {
         for (i, (k, ..)) in order.iter().enumerate() {
             if k.contains('#') {
                 let pat = serde_json::to_string(&format!("tokens:{k}")).expect("a string") + ":\"";
-                let at = find(&js, pat.as_bytes()).ok_or_else(|| {
-                    Error::Usage(format!(
-                        "{k}: token slot not in the header; this is a bug, please report it"
-                    ))
-                })?;
+                let at = find(&js, pat.as_bytes())
+                    .ok_or_else(|| Error::internal(format!("{k}: token slot not in the header")))?;
                 slots.insert(i, 8 + (at + pat.len()) as u64);
             }
         }
@@ -467,9 +463,6 @@ impl HessianWriter {
                 (0, data_start)
             }
         };
-        let abort_after = std::env::var("TQ_CALIB_ABORT_AFTER")
-            .ok()
-            .and_then(|v| v.parse().ok());
         let mut w = HessianWriter {
             out,
             file,
@@ -480,8 +473,6 @@ impl HessianWriter {
             data_start,
             key,
             checkpoint,
-            checkpoints: 0,
-            abort_after,
             diagonals: Vec::new(),
             slots,
         };
@@ -523,8 +514,8 @@ impl HessianWriter {
         use std::io::Write;
         let key = g.tensors.join(",");
         let Some((k, n, tokens, off)) = self.order.get(self.next) else {
-            return Err(Error::Usage(format!(
-                "{}: Hessian {key} written past the file's last group; this is a bug, please report it",
+            return Err(Error::internal(format!(
+                "{}: Hessian {key} written past the file's last group",
                 self.out.final_path().display()
             )));
         };
@@ -534,8 +525,8 @@ impl HessianWriter {
             || (slot.is_none() && *tokens != g.tokens)
             || g.h.len() != g.n * g.n
         {
-            return Err(Error::Usage(format!(
-                "{}: Hessian {key} ({} × {}, {} tokens) is not the expected next group {k} ({n} × {n}, {tokens} tokens); this is a bug, please report it",
+            return Err(Error::internal(format!(
+                "{}: Hessian {key} ({} × {}, {} tokens) is not the expected next group {k} ({n} × {n}, {tokens} tokens)",
                 self.out.final_path().display(),
                 g.n,
                 g.n,
@@ -580,11 +571,9 @@ impl HessianWriter {
             .map_err(|e| Error::io(self.out.tmp_path(), e))?;
         let c = serde_json::json!({"tq_hessian_checkpoint": 1, "key": self.key, "next": self.next, "pos": self.pos});
         crate::io::write_file(&self.checkpoint, c.to_string().as_bytes())?;
-        self.checkpoints += 1;
-        if self.abort_after == Some(self.checkpoints) && self.next < self.order.len() {
-            // Test hook: stop abruptly (no cleanup), as kill -9 would.
-            eprintln!("tq calib: stopped by TQ_CALIB_ABORT_AFTER (test hook); rerun with --resume");
-            std::process::exit(137);
+        if self.next < self.order.len() {
+            // Test hook (TQ_CALIB_ABORT_AFTER): stop here, with blocks left, as kill -9 would.
+            crate::io::hooks::kill_point(crate::io::hooks::KillPoint::CalibCheckpoint);
         }
         Ok(())
     }
@@ -631,8 +620,8 @@ impl HessianWriter {
     /// Every group written: fsync, rename into place, remove the checkpoint.
     pub fn finish(self) -> Result<()> {
         if let Some((k, ..)) = self.order.get(self.next) {
-            return Err(Error::Usage(format!(
-                "{}: the calibration produced no Hessian for {k} (the runtime does not read it); this is a bug, please report it",
+            return Err(Error::internal(format!(
+                "{}: the calibration produced no Hessian for {k} (the runtime does not read it)",
                 self.out.final_path().display()
             )));
         }

@@ -220,7 +220,7 @@ pub fn kld_of(model: &Path, ref_logits: &Path, windows: usize) -> Result<f64> {
     let res = evaluate(&m, &win, r, None, batch, &|_, _| {})?;
     res.kld
         .map(|k| k.kld.value)
-        .ok_or_else(|| Error::Usage("no KLD was computed against the reference".into()))
+        .ok_or_else(|| Error::internal("no KLD was computed against the reference"))
 }
 
 /// A copy of the input with only the entries `idx` quantized to `ty`, the way convert would.

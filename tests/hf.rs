@@ -11,7 +11,7 @@
 #[path = "../fixtures/mod.rs"]
 mod fixtures;
 
-use fixtures::tq;
+use fixtures::{s, tq};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use std::collections::HashMap;
@@ -1077,4 +1077,29 @@ fn inspect_lists_a_shard() {
     assert_eq!(code, 0, "{err}");
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(j["format"], "safetensors");
+}
+
+/// Optional card files that are there but unusable are named in a warning (their metadata is left
+/// out), never dropped silently; the conversion still succeeds.
+#[test]
+fn unreadable_card_files_are_warnings() {
+    let t = tiny_tensors("llama", 1, 32, 4, 2, 40);
+    let m = tiny_dir("llama", "LlamaForCausalLM", &t, 4, 2, "");
+    std::fs::write(m.dir.path().join("generation_config.json"), "{not json").unwrap();
+    std::fs::write(m.dir.path().join("README.md"), [0xffu8, 0xfe, 0x00]).unwrap();
+    let o = tempfile::tempdir().unwrap();
+    let out = o.path().join("w.gguf");
+    let (code, _, err) = tq(&["convert", s(m.dir.path()), "-o", s(&out)]);
+    assert_eq!(code, 0, "{err}");
+    for f in [
+        "generation_config.json: not a JSON object",
+        "README.md: cannot be read",
+    ] {
+        assert!(
+            err.lines()
+                .any(|l| l.starts_with("tq: warning: ") && l.contains(f)),
+            "no warning for {f}: {err}"
+        );
+    }
+    assert!(out.exists());
 }

@@ -349,3 +349,74 @@ fn tq2_t_is_a_candidate_when_asked() {
     assert_eq!(code, 0, "{err}");
     assert!(std::fs::metadata(&o).unwrap().len() <= min);
 }
+
+/// `--verify --max-kld X` is a gate that can fail: exit 3 with the file kept and the message
+/// saying so when the measured KLD is over X, exit 0 under a loose X; the reference logits it
+/// measures against never outlive the command, also when measuring fails.
+#[test]
+fn verify_max_kld_gates_the_written_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write(
+        dir.path(),
+        "tiny.gguf",
+        &fixtures::gguf_gen::tiny_llama_tok(1, 64, 128),
+    );
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(1500)).unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let out = dir.path().join("q.gguf");
+    let run = |x: &str, text: &Path| {
+        fixtures::tq_env(
+            &[
+                "convert",
+                s(&model),
+                "--weights",
+                "q4_0",
+                "--kld-text",
+                s(text),
+                "--verify",
+                "--max-kld",
+                x,
+                "--json",
+                "-o",
+                s(&out),
+            ],
+            &[("TMPDIR", s(&tmp))],
+        )
+    };
+    let (code, stdout, err) = run("0", &text);
+    assert_eq!(code, 3, "{err}");
+    assert!(out.exists(), "the file must be kept");
+    assert!(
+        err.contains("verify failed") && err.contains("the file is kept"),
+        "{err}"
+    );
+    let j = json(&stdout);
+    assert_eq!(j["verify"]["pass"], false, "{j}");
+    assert!(j["verify"]["kld"].as_f64().unwrap() > 0.0);
+    let (code, stdout, err) = run("10", &text);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&stdout)["verify"]["pass"], true);
+    assert_eq!(
+        std::fs::read_dir(&tmp).unwrap().count(),
+        0,
+        "temp files left"
+    );
+    // Measuring fails (too little text for 2 windows): an error, and no logits left behind.
+    let short = dir.path().join("short.txt");
+    std::fs::write(&short, "the cat sat").unwrap();
+    let (code, _, err) = run("10", &short);
+    assert_ne!(code, 0, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert_eq!(
+        std::fs::read_dir(&tmp).unwrap().count(),
+        0,
+        "temp files left"
+    );
+    // --max-kld without --verify, or not a number >= 0: usage errors.
+    let (code, _, err) = tq(&["convert", s(&model), "--max-kld", "0.1", "-o", s(&out)]);
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = run("-1", &text);
+    assert_eq!(code, 2, "{err}");
+}

@@ -131,13 +131,17 @@ pub struct ConvertArgs {
     /// After writing, measure the output's KLD against the input on --kld-text.
     #[arg(long)]
     pub verify: bool,
+    /// With --verify: exit 3 when the written file's mean KLD exceeds X (the file is kept).
+    #[arg(long, value_name = "X", requires = "verify")]
+    pub max_kld: Option<f64>,
     /// Do not add tq.* provenance keys (for byte-exact copies). general.file_type is still set
     /// from the plan when types change (it describes the tensors written).
     #[arg(long)]
     pub no_provenance: bool,
 }
 
-pub fn run(a: ConvertArgs) -> Result<()> {
+/// Exit 0, or 3 when `--verify --max-kld X` measured more than X.
+pub fn run(a: ConvertArgs) -> Result<i32> {
     let threads = a.threads;
     let job = Job::resolve(flags(a))?;
     super::with_thread_pool(threads, |_| {
@@ -153,7 +157,14 @@ pub fn run(a: ConvertArgs) -> Result<()> {
                 _ => {}
             },
         }
-        Ok(())
+        // A failed gate is reported even under --quiet and --json.
+        Ok(match report::verify_failed(&job, &o) {
+            Some(line) => {
+                eprintln!("{line}");
+                3
+            }
+            None => 0,
+        })
     })
 }
 
@@ -196,6 +207,7 @@ fn flags(a: ConvertArgs) -> ConvertFlags {
         kld_windows: a.kld_windows,
         kld_probes: a.kld_probes,
         verify: a.verify,
+        max_kld: a.max_kld,
         no_provenance: a.no_provenance,
     }
 }

@@ -101,7 +101,7 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Inspect(a) => inspect::run(a),
-        Command::Convert(a) => convert::run(a),
+        Command::Convert(a) => return report_error(convert::run(a)),
         Command::Calib(a) => shard::calib(a),
         Command::Assemble(a) => shard::assemble(a),
         Command::Eval(a) => eval::run(a),

@@ -384,12 +384,36 @@ impl TempOutput {
             } else {
                 dir
             };
-            // Best effort: not every filesystem allows opening a directory.
-            if let Ok(d) = File::open(dir) {
-                let _ = d.sync_all();
+            if let Some(w) = sync_dir(dir, &self.final_path) {
+                eprintln!("{w}");
             }
         }
         Ok(())
+    }
+}
+
+/// Make a rename in `dir` durable (fsync the directory). A filesystem that cannot sync a
+/// directory says so (EINVAL, ENOTSUP) and is left alone; any other failure is a warning naming
+/// the output: it is complete, but a power loss now could undo the rename.
+pub(crate) fn sync_dir(dir: &Path, output: &Path) -> Option<String> {
+    #[cfg(unix)]
+    {
+        let r = File::open(dir).and_then(|d| d.sync_all());
+        match r {
+            Ok(()) => None,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOTSUP)) => None,
+            Err(e) => Some(format!(
+                "tq: warning: {}: written, but syncing its directory {} failed ({e}); a power loss now could undo the rename",
+                output.display(),
+                dir.display()
+            )),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        // Windows cannot open a directory as a file; NTFS journals the rename itself.
+        let _ = (dir, output);
+        None
     }
 }
 
@@ -526,6 +550,23 @@ mod tests {
     use super::*;
 
     /// The buffered hash equals the one-shot hash, across buffer boundaries.
+    #[test]
+    fn a_failed_directory_sync_is_a_warning_naming_the_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("o.gguf");
+        assert_eq!(sync_dir(dir.path(), &out), None);
+        #[cfg(unix)]
+        {
+            let gone = dir.path().join("gone");
+            let w = sync_dir(&gone, &out).expect("a warning");
+            assert!(
+                w.starts_with("tq: warning: ") && w.contains("o.gguf"),
+                "{w}"
+            );
+            assert_eq!(w.lines().count(), 1);
+        }
+    }
+
     #[test]
     fn hash_file_equals_one_shot_blake3() {
         let dir = tempfile::tempdir().unwrap();

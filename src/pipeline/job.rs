@@ -47,6 +47,8 @@ pub struct ConvertFlags {
     pub kld_windows: usize,
     pub kld_probes: usize,
     pub verify: bool,
+    /// `--max-kld X` (with `--verify`): the gate.
+    pub max_kld: Option<f64>,
     pub no_provenance: bool,
 }
 
@@ -149,6 +151,16 @@ impl Job {
         if f.verify && (kld_text.is_none() || f.dry_run) {
             return Err(Error::Usage(
                 "tq convert --verify: give --kld-text FILE (or --calib TEXT) to measure on, and -o (not --dry-run)".into(),
+            ));
+        }
+        if let Some(x) = f.max_kld.filter(|x| !(x.is_finite() && *x >= 0.0)) {
+            return Err(Error::Usage(format!(
+                "--max-kld {x}: expected a mean KLD >= 0, e.g. 0.05"
+            )));
+        }
+        if f.max_kld.is_some() && !f.verify {
+            return Err(Error::Usage(
+                "tq convert --max-kld: it gates --verify's measurement; add --verify".into(),
             ));
         }
         if f.calib_sequential && calib.text().is_none() {

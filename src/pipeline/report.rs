@@ -182,6 +182,26 @@ pub fn plan_text(job: &Job, o: &Outcome) -> String {
     s
 }
 
+/// `--verify --max-kld X`: the line to print (and exit 3) when the written file measured more.
+pub fn verify_failed(job: &Job, o: &Outcome) -> Option<String> {
+    let (
+        Done::Written {
+            verified: Some((k, _)),
+            ..
+        },
+        Some(x),
+    ) = (&o.done, job.flags.max_kld)
+    else {
+        return None;
+    };
+    (*k > x).then(|| {
+        format!(
+            "tq: verify failed: {}: mean KLD {k:.5} vs the input is over --max-kld {x}; the file is kept (delete it, or convert with more bits or calibration)",
+            job.output.as_deref().unwrap_or(job.flags.input.as_path()).display()
+        )
+    })
+}
+
 /// A written file's summary: one JSON line (`--json`), or the lines for stderr.
 pub fn written(job: &Job, o: &Outcome) -> (Option<String>, Vec<String>) {
     let Done::Written {
@@ -203,7 +223,10 @@ pub fn written(job: &Job, o: &Outcome) -> (Option<String>, Vec<String>) {
             "bpw": bpw, "bpw_2d": bpw2d, "converted": stats.tensors_converted, "copied": stats.tensors_copied,
             "fallbacks": plan.entries.iter().filter(|e| e.fallback).count(),
             "mix": o.mix.as_ref().map(|m| m.json()),
-            "verify": verified.map(|(k, s)| serde_json::json!({"kld": k, "windows": a.kld_windows, "seconds": s})),
+            "verify": verified.map(|(k, s)| serde_json::json!({
+                "kld": k, "windows": a.kld_windows, "seconds": s, "max_kld": a.max_kld,
+                "pass": a.max_kld.is_none_or(|x| k <= x),
+            })),
         });
         return (Some(j.to_string()), vec![]);
     }

@@ -206,16 +206,26 @@ fn verify(job: &Job, out: &Path, text: &Path, mix: Option<&MixReport>) -> Result
     Ok((k, t.elapsed().as_secs_f64()))
 }
 
-/// Removes a temporary file (and its folder when it empties) when dropped.
+/// Removes a temporary file when dropped, and its folder when that is one of ours (`tq-mix-PID`,
+/// the mix's) and empties.
 struct Cleanup(Option<std::path::PathBuf>);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        if let Some(r) = &self.0 {
-            let _ = std::fs::remove_file(r);
-            if let Some(d) = r.parent().filter(|d| d.starts_with(std::env::temp_dir())) {
-                let _ = std::fs::remove_dir(d);
+        let Some(r) = &self.0 else { return };
+        if let Err(e) = std::fs::remove_file(r) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                eprintln!(
+                    "tq: warning: {}: could not remove this temporary file ({e}); delete it",
+                    r.display()
+                );
             }
+        }
+        if let Some(d) = r.parent().filter(|d| {
+            d.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("tq-mix-"))
+        }) {
+            let _ = std::fs::remove_dir(d);
         }
     }
 }

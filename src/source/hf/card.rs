@@ -369,6 +369,22 @@ const ENTITY_KEYS: &[&str] = &[
     "repo_url",
 ];
 
+/// An optional file of the model directory: None when it is absent; when it is there but cannot
+/// be read as text, a warning naming it (what it would have given is left out), then None.
+fn read_optional(p: &Path) -> Option<String> {
+    match std::fs::read_to_string(p) {
+        Ok(t) => Some(t),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            eprintln!(
+                "tq: warning: {}: cannot be read ({e}); the metadata it holds is not copied into the GGUF",
+                p.display()
+            );
+            None
+        }
+    }
+}
+
 /// The general.* keys (after general.architecture / general.type) in gguf-py's order.
 // One function on purpose: it emits the keys in gguf-py's order, one block per key, so a
 // diff against convert_hf_to_gguf's output reads top to bottom.
@@ -377,13 +393,21 @@ pub fn general_metadata(
     config: &Map<String, Json>,
     total_params: u64,
 ) -> Vec<(String, Value)> {
-    let card = std::fs::read_to_string(dir.join("README.md"))
+    let card = read_optional(&dir.join("README.md"))
         .map(|t| front_matter(&t))
         .unwrap_or_default();
-    let gen: Map<String, Json> = std::fs::read_to_string(dir.join("generation_config.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<Json>(&t).ok())
-        .and_then(|v| v.as_object().cloned())
+    let gp = dir.join("generation_config.json");
+    let gen: Map<String, Json> = read_optional(&gp)
+        .and_then(|t| match serde_json::from_str::<Json>(&t) {
+            Ok(Json::Object(m)) => Some(m),
+            _ => {
+                eprintln!(
+                    "tq: warning: {}: not a JSON object; its generation settings are not copied into the GGUF metadata",
+                    gp.display()
+                );
+                None
+            }
+        })
         .unwrap_or_default();
     let total = total_params.min(i64::MAX as u64) as i64;
     let mut m = Meta::default();

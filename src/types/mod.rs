@@ -137,7 +137,7 @@ pub struct RowCodec {
 pub enum LdlqKind {
     /// TQ weights: the sweep in the 32-block rotated domain, one scale per half-block.
     Rotated,
-    /// Stock types with a fixed-grid encoder ([`grid`]): in the weights' own basis, act-order.
+    /// Stock types with a fixed-grid encoder (`grid`): in the weights' own basis, act-order.
     Stock,
     /// tq2_r: the sweep in the whole-row rotated domain.
     RowRotated,
@@ -313,7 +313,7 @@ impl TensorType {
     }
 
     /// Which LDLQ sweep rounds this type, if any: read from the family (the TQ weights, tq2_r,
-    /// tq2_t) or, for stock types, from whether [`grid`] has a fixed-grid encoder for it.
+    /// tq2_t) or, for stock types, from whether `grid` has a fixed-grid encoder for it.
     pub fn ldlq(self) -> Option<LdlqKind> {
         match self.family() {
             Family::TqWeight => Some(LdlqKind::Rotated),

@@ -507,8 +507,8 @@ mod proxies {
     #[ignore]
     fn trellis_proxy_on_smollm2() {
         use crate::gguf::GgufFile;
+        use crate::quant::ldlq::trellis::{quantize_trellis, TrellisInner};
         use crate::quant::ldlq::{factor_hessian, proxy_loss, quantize_ldlq};
-        use crate::quant::ldlq2::{quantize_trellis, TrellisInner};
         use crate::types::TensorType;
         let cache = std::env::var("TQ_CACHE")
             .unwrap_or_else(|_| format!("{}/.cache/tq", std::env::var("HOME").unwrap()));

@@ -23,7 +23,7 @@
 //! Layout of the room:
 //! - `kernels.rs`: the one table of kernel entries (entry point, file, launch geometry per type
 //!   and operation) that every backend reads;
-//! - `device.rs`: the `Device` trait a backend implements (upload / launch / download / timing)
+//! - `device/` (by operation: dequant, matvec, kv, twobit, rotate, timing): the `Device` trait a backend implements (upload / launch / download / timing)
 //!   and [`Backend`], the kernels as the harness calls them, implemented once over `Device` (size
 //!   checks, table lookups, launch sequences);
 //! - `linear.rs`: [`Linear`], weights resident on a device for repeated mat-muls (the model

@@ -257,18 +257,12 @@ impl Store {
     }
 
     fn tensor_json(self, n: usize, off: usize) -> serde_json::Value {
-        let end = off + self.bytes(n);
-        match self {
-            Store::F64 => {
-                serde_json::json!({"dtype": "F64", "shape": [n, n], "data_offsets": [off, end]})
-            }
-            Store::F32 => {
-                serde_json::json!({"dtype": "F32", "shape": [n, n], "data_offsets": [off, end]})
-            }
-            Store::F32Upper => {
-                serde_json::json!({"dtype": "F32", "shape": [n * (n + 1) / 2], "data_offsets": [off, end]})
-            }
-        }
+        let (dtype, shape) = match self {
+            Store::F64 => ("F64", vec![n, n]),
+            Store::F32 => ("F32", vec![n, n]),
+            Store::F32Upper => ("F32", vec![n * (n + 1) / 2]),
+        };
+        serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [off, off + self.bytes(n)]})
     }
 
     /// Row `i` of `h` (`n × n`, row-major) as stored.
@@ -378,10 +372,6 @@ pub struct HessianWriter {
 /// Digits of an expert group's token count in the header (a `u64` fits).
 const TOKEN_SLOT: usize = 20;
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
 impl HessianWriter {
     /// Start (or continue, see [`WriteMode`]) the file `path` holding `groups` (their `tensors`,
     /// `n`, `tokens`; `h` unused) in this order, with `meta` (token counts and the store are
@@ -427,7 +417,8 @@ impl HessianWriter {
         for (i, (k, ..)) in order.iter().enumerate() {
             if k.contains('#') {
                 let pat = serde_json::to_string(&format!("tokens:{k}")).expect("a string") + ":\"";
-                let at = find(&js, pat.as_bytes())
+                let at = js.windows(pat.len()).position(|w| w == pat.as_bytes());
+                let at = at
                     .ok_or_else(|| Error::internal(format!("{k}: token slot not in the header")))?;
                 slots.insert(i, 8 + (at + pat.len()) as u64);
             }
@@ -480,7 +471,7 @@ impl HessianWriter {
         for i in 0..next {
             if let Some(&at) = w.slots.get(&i) {
                 let mut b = [0u8; TOKEN_SLOT];
-                w.read_at(at, &mut b)?;
+                read_at(w.out.tmp_path(), at, &mut b)?;
                 w.order[i].2 = std::str::from_utf8(&b)
                     .ok()
                     .and_then(|t| t.parse().ok())
@@ -594,7 +585,11 @@ impl HessianWriter {
         for j in 0..*n {
             let (o, w) = self.store.diag_offset(*n, j);
             let mut b = [0u8; 8];
-            self.read_at(self.data_start + off + o as u64, &mut b[..w])?;
+            read_at(
+                self.out.tmp_path(),
+                self.data_start + off + o as u64,
+                &mut b[..w],
+            )?;
             d.push(if w == 8 {
                 f64::from_le_bytes(b)
             } else {
@@ -606,10 +601,6 @@ impl HessianWriter {
             tokens: *tokens,
             d,
         })
-    }
-
-    fn read_at(&self, pos: u64, buf: &mut [u8]) -> Result<()> {
-        read_at(self.out.tmp_path(), pos, buf)
     }
 
     /// The diagonals of every group written, as stored (for `--imatrix-out`).

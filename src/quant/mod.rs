@@ -5,12 +5,12 @@
 //!   block of rows (the mix's sensitivity and sequential calibration call it too, so what they
 //!   measure or simulate is what the file holds).
 //! - [`hessian`]: `H = Σ x xᵀ`, its accumulation and its file format.
-//! - [`ldlq`]: banded LDLQ for TQ4_1S/TQ3_1S in the rotated domain.
+//! - [`ldlq`]: banded LDLQ, a folder by job: factor, sweep, TQ4_1S/TQ3_1S in the rotated domain,
+//!   stock types in act-order with refit, tq2_r's whole rows, tq2_t's trellis search.
 
 mod encode;
 pub(crate) mod hessian;
 pub mod ldlq;
-pub(crate) mod ldlq2;
 pub mod sensitivity;
 
 pub use encode::{decode_rows, encode_rows, Encoder, LdlqSettings};

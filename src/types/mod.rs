@@ -118,6 +118,33 @@ pub enum Family {
     RowTrellis,
 }
 
+/// Encode one row (its length a whole number of blocks) into `out`.
+pub type QuantizeRowFn = fn(src: &[f32], out: &mut [u8]) -> Result<()>;
+/// Decode one row of blocks into `out` (the row's values).
+pub type DequantizeRowFn = fn(blocks: &[u8], out: &mut [f32]) -> Result<()>;
+
+/// A type whose blocks hold a transform of the *whole row* (tq2_r, tq2_t): the block functions of
+/// [`TypeInfo`] are the transformed-domain codec, these take a row in the original basis (the
+/// row transform included). [`quantize_rows`] / [`dequantize_rows`] go through them.
+#[derive(Clone, Copy)]
+pub struct RowCodec {
+    pub quantize_row: QuantizeRowFn,
+    pub dequantize_row: DequantizeRowFn,
+}
+
+/// Which LDLQ sweep (`quant::ldlq`) rounds a type ([`TensorType::ldlq`]), read from its family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LdlqKind {
+    /// TQ weights: the sweep in the 32-block rotated domain, one scale per half-block.
+    Rotated,
+    /// Stock types with a fixed-grid encoder (`grid`): in the weights' own basis, act-order.
+    Stock,
+    /// tq2_r: the sweep in the whole-row rotated domain.
+    RowRotated,
+    /// tq2_t: block-LDLQ in the whole-row rotated domain, the trellis as each block's quantizer.
+    Trellis,
+}
+
 pub struct TypeInfo {
     pub ty: TensorType,
     /// Lower-case name as llama.cpp / gguf-py print it (`q4_0`, `q4_K`, `tq4_1s`).
@@ -128,10 +155,32 @@ pub struct TypeInfo {
     pub block_bytes: usize,
     pub dequantize: Option<DequantizeFn>,
     pub quantize: Option<QuantizeFn>,
+    /// Whole rows in the original basis, for types that transform whole rows (`None`: a row is
+    /// its blocks).
+    pub row: Option<RowCodec>,
 }
 
 macro_rules! row {
     ($ty:ident, $name:literal, $origin:expr, $family:ident, $bs:expr, $bb:expr, $deq:expr, $q:expr) => {
+        row!($ty, $name, $origin, $family, $bs, $bb, $deq, $q, None)
+    };
+    ($ty:ident, $name:literal, $origin:expr, $family:ident, $bs:expr, $bb:expr, $deq:expr, $q:expr; rows: $qr:expr, $dr:expr) => {
+        row!(
+            $ty,
+            $name,
+            $origin,
+            $family,
+            $bs,
+            $bb,
+            $deq,
+            $q,
+            Some(RowCodec {
+                quantize_row: $qr,
+                dequantize_row: $dr
+            })
+        )
+    };
+    ($ty:ident, $name:literal, $origin:expr, $family:ident, $bs:expr, $bb:expr, $deq:expr, $q:expr, $row:expr) => {
         TypeInfo {
             ty: TensorType::$ty,
             name: $name,
@@ -141,6 +190,7 @@ macro_rules! row {
             block_bytes: $bb,
             dequantize: $deq,
             quantize: $q,
+            row: $row,
         }
     };
 }
@@ -195,8 +245,10 @@ pub static TYPES: &[TypeInfo] = &[
     row!(Turbo2,  "turbo2",   TurboQuant,  TurboKv,   turbo::QK_TURBO,  turbo::TURBO2_BYTES,    Some(turbo::dequantize_turbo2),    Some(turbo::quantize_turbo2)),
     row!(Turbo3,  "turbo3",   TurboQuant,  TurboKv,   turbo::QK_TURBO,  turbo::TURBO3_BYTES,    Some(turbo::dequantize_turbo3),    Some(turbo::quantize_turbo3)),
     row!(Turbo4,  "turbo4",   TurboQuant,  TurboKv,   turbo::QK_TURBO,  turbo::TURBO4_BYTES,    Some(turbo::dequantize_turbo4),    Some(turbo::quantize_turbo4)),
-    row!(TQ2R,    "tq2_r",    TurboQuant,  RowRotated, tq2r::QK,        tq2r::TQ2R_BYTES,       Some(tq2r::dequantize_tq2r_rotated), Some(tq2r::quantize_tq2r_rotated)),
-    row!(TQ2T,    "tq2_t",    TurboQuant,  RowTrellis, tq2t::QK,        tq2t::TQ2T_BYTES,       Some(tq2t::dequantize_tq2t_rotated), Some(tq2t::quantize_tq2t_rotated)),
+    row!(TQ2R,    "tq2_r",    TurboQuant,  RowRotated, tq2r::QK,        tq2r::TQ2R_BYTES,       Some(tq2r::dequantize_tq2r_rotated), Some(tq2r::quantize_tq2r_rotated);
+         rows: tq2r::quantize_row, tq2r::dequantize_row),
+    row!(TQ2T,    "tq2_t",    TurboQuant,  RowTrellis, tq2t::QK,        tq2t::TQ2T_BYTES,       Some(tq2t::dequantize_tq2t_rotated), Some(tq2t::quantize_tq2t_rotated);
+         rows: tq2t::quantize_row, tq2t::dequantize_row),
 ];
 
 impl TensorType {
@@ -257,22 +309,31 @@ impl TensorType {
     /// (in their rotated domain), and the stock types with a fixed-grid encoder ([`grid`]:
     /// q8_0, q4_0, q5_0, q2_K … q6_K, iq4_nl, iq4_xs; no rotation, ordinary blocks).
     pub fn has_ldlq(self) -> bool {
-        matches!(
-            self.family(),
-            Family::TqWeight | Family::RowRotated | Family::RowTrellis
-        ) || grid::supports(self)
+        self.ldlq().is_some()
+    }
+
+    /// Which LDLQ sweep rounds this type, if any: read from the family (the TQ weights, tq2_r,
+    /// tq2_t) or, for stock types, from whether `grid` has a fixed-grid encoder for it.
+    pub fn ldlq(self) -> Option<LdlqKind> {
+        match self.family() {
+            Family::TqWeight => Some(LdlqKind::Rotated),
+            Family::RowRotated => Some(LdlqKind::RowRotated),
+            Family::RowTrellis => Some(LdlqKind::Trellis),
+            _ if grid::supports(self) => Some(LdlqKind::Stock),
+            _ => None,
+        }
     }
 
     /// LDLQ rounds this type in the weights' own basis (a stock type: engines do not rotate).
     pub fn ldlq_unrotated(self) -> bool {
-        grid::supports(self)
+        self.ldlq() == Some(LdlqKind::Stock)
     }
 
-    /// Blocks hold tq2_r's whole-row rotated row (tq2_r, tq2_t): rows go through
-    /// [`quantize_rows`] / [`dequantize_rows`] and the file records the rotation
-    /// (`tq2r::META_ROTATION`).
+    /// Blocks hold tq2_r's whole-row rotated row (tq2_r, tq2_t; the registry gives them a
+    /// [`RowCodec`]): rows go through [`quantize_rows`] / [`dequantize_rows`] and the file
+    /// records the rotation (`tq2r::META_ROTATION`).
     pub fn rotates_rows(self) -> bool {
-        matches!(self.family(), Family::RowRotated | Family::RowTrellis)
+        self.info().row.is_some()
     }
 
     /// Blocks hold a whole-row rotated row (tq2_r): rows go through [`quantize_rows`] /
@@ -368,18 +429,13 @@ pub fn dequantize_rows(
     row_len: usize,
     what: &str,
 ) -> Result<()> {
-    if !ty.rotates_rows() {
+    let Some(codec) = ty.info().row else {
         return dequantize(ty, data, out, what);
-    }
+    };
     check_sizes(ty, data.len(), out.len(), what)?;
     let rb = check_rows(ty, out.len(), row_len, what)?;
     for (b, o) in data.chunks_exact(rb).zip(out.chunks_exact_mut(row_len)) {
-        let r = if ty == TensorType::TQ2T {
-            tq2t::dequantize_row(b, o)
-        } else {
-            tq2r::dequantize_row(b, o)
-        };
-        r.map_err(|e| Error::Unsupported(format!("{what}: {e}")))?;
+        (codec.dequantize_row)(b, o).map_err(|e| Error::Unsupported(format!("{what}: {e}")))?;
     }
     Ok(())
 }
@@ -393,9 +449,9 @@ pub fn quantize_rows(
     row_len: usize,
     what: &str,
 ) -> Result<()> {
-    if !ty.rotates_rows() {
+    let Some(codec) = ty.info().row else {
         return quantize(ty, src, out, what);
-    }
+    };
     check_sizes(ty, out.len(), src.len(), what)?;
     let rb = check_rows(ty, src.len(), row_len, what)?;
     if let Some(i) = src.iter().position(|v| !v.is_finite()) {
@@ -405,12 +461,7 @@ pub fn quantize_rows(
         )));
     }
     for (x, o) in src.chunks_exact(row_len).zip(out.chunks_exact_mut(rb)) {
-        let r = if ty == TensorType::TQ2T {
-            tq2t::quantize_row(x, o)
-        } else {
-            tq2r::quantize_row(x, o)
-        };
-        r.map_err(|e| Error::Unsupported(format!("{what}: {e}")))?;
+        (codec.quantize_row)(x, o).map_err(|e| Error::Unsupported(format!("{what}: {e}")))?;
     }
     Ok(())
 }
@@ -508,6 +559,27 @@ mod tests {
         assert_eq!(of(Family::TurboKv), [Turbo2, Turbo3, Turbo4]);
         assert_eq!(of(Family::RowRotated), [TQ2R]);
         assert_eq!(of(Family::RowTrellis), [TQ2T]);
+        // The row codecs are exactly the whole-row families'; LDLQ kinds follow the families.
+        let with_rows: Vec<TensorType> = TYPES
+            .iter()
+            .filter(|t| t.row.is_some())
+            .map(|t| t.ty)
+            .collect();
+        assert_eq!(with_rows, [TQ2R, TQ2T]);
+        let kinds = |k: LdlqKind| {
+            TYPES
+                .iter()
+                .filter(|t| t.ty.ldlq() == Some(k))
+                .map(|t| t.ty)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(kinds(LdlqKind::Rotated), [TQ3_1S, TQ4_1S]);
+        assert_eq!(kinds(LdlqKind::RowRotated), [TQ2R]);
+        assert_eq!(kinds(LdlqKind::Trellis), [TQ2T]);
+        assert_eq!(
+            kinds(LdlqKind::Stock),
+            [Q4_0, Q5_0, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K, IQ4NL, IQ4XS]
+        );
         for t in TYPES {
             assert_eq!(
                 t.ty.is_quantized(),

@@ -1,0 +1,398 @@
+//! The factor LDLQ sweeps with: the input Hessian rotated into the basis the decoder rounds in
+//! (TQ4_1S/TQ3_1S: the block-diagonal 32-point rotation; tq2_r/tq2_t: the whole-row rotation of
+//! `types::tq2r`; stock types: none, but the columns permuted to act-order), damped, and turned
+//! into the upper-triangular inverse factor `U` with `H⁻¹ = Uᵀ U` by one Cholesky and one
+//! triangular inverse (the reversal trick, [`factor_owned`]).
+
+use crate::error::{Error, Result};
+use crate::types::tq::QK;
+use crate::types::{tq2r, LdlqKind, TensorType};
+use faer::{Mat, Par};
+use rayon::prelude::*;
+
+/// The factor for one input dimension: `u` is n×n row-major upper triangular with
+/// `(R H Rᵀ + λ·mean(diag)·I)^{-1} = Uᵀ U`.
+#[derive(Debug)]
+pub struct Factor {
+    pub n: usize,
+    pub u: Vec<f64>,
+    /// The damped Hessian's diagonal (in the factor's basis): the per-column importance that
+    /// stock block parameters are fitted with.
+    pub diag: Vec<f64>,
+    /// Column order of the sweep (`u` is the factor of the Hessian permuted to it), or `None`
+    /// for the natural order. Stock types sweep by decreasing diagonal (act-order).
+    pub perm: Option<Vec<usize>>,
+    /// Damping actually used (relative to mean(diag)), after escalation.
+    pub damp: f64,
+    /// The damped Hessian in the natural column order (stock types with `refit > 0` only: the
+    /// block parameters are refitted under it after the sweep, `stock::refit_params`).
+    pub h: Option<Vec<f64>>,
+    /// Refit passes after the sweep (stock types; `--ldlq-refit`).
+    pub refit: usize,
+}
+
+/// `R H Rᵀ` with `R` the block-diagonal 32-point forward rotation of the TQ formats (exact, f64):
+/// [`rotate_hessian_in_place`] on a copy (tests).
+#[cfg(test)]
+pub(crate) fn rotate_hessian(h: &[f64], n: usize) -> Vec<f64> {
+    let mut a = h.to_vec();
+    rotate_hessian_in_place(&mut a, n);
+    a
+}
+
+/// [`rotate_hessian`] without a copy: a 70B model's FFN-input Hessian is 6.6 GB in f64, so the
+/// rotation must not hold two or three of them (rows, then columns gathered 32 rows at a time).
+pub fn rotate_hessian_in_place(a: &mut [f64], n: usize) {
+    assert_eq!(a.len(), n * n);
+    assert_eq!(n % QK, 0);
+    // Rotate every row (as a vector of 32-blocks), then every column: R·(H Rᵀ).
+    a.par_chunks_mut(n).for_each(rotate_vec);
+    a.par_chunks_mut(QK * n).for_each(|strip| {
+        let mut col = [0f64; QK];
+        for j in 0..n {
+            for (i, c) in col.iter_mut().enumerate() {
+                *c = strip[i * n + j];
+            }
+            rotate_vec(&mut col);
+            for (i, c) in col.iter().enumerate() {
+                strip[i * n + j] = *c;
+            }
+        }
+    });
+}
+
+/// Forward TQ rotation of every 32-block of `v`, in f64: `(1/√32) · H32 · diag(s)`.
+pub fn rotate_vec(v: &mut [f64]) {
+    let signs = crate::math::signs::tq_block_signs();
+    let scale = 1.0 / (QK as f64).sqrt();
+    for b in v.chunks_exact_mut(QK) {
+        for (x, s) in b.iter_mut().zip(signs.iter()) {
+            *x *= *s as f64;
+        }
+        let mut step = 1;
+        while step < QK {
+            for i in (0..QK).step_by(2 * step) {
+                for j in i..i + step {
+                    let (a, c) = (b[j], b[j + step]);
+                    b[j] = a + c;
+                    b[j + step] = a - c;
+                }
+            }
+            step *= 2;
+        }
+        for x in b.iter_mut() {
+            *x *= scale;
+        }
+    }
+}
+
+/// `R H Rᵀ` for tq2_r's rotation of length `n` (symmetrized: the f32 transform leaves
+/// rounding-level asymmetry).
+#[cfg(test)]
+pub(crate) fn rotate_hessian_rows(h: &[f64], n: usize) -> Result<Vec<f64>> {
+    let mut a = h.to_vec();
+    rotate_hessian_rows_in_place(&mut a, n)?;
+    Ok(a)
+}
+
+/// [`rotate_hessian_rows`] in place (one n×n matrix alive, not four).
+pub(crate) fn rotate_hessian_rows_in_place(h: &mut [f64], n: usize) -> Result<()> {
+    let r = tq2r::rotation(n)?;
+    if h.len() != n * n {
+        return Err(Error::Unsupported(format!(
+            "Hessian of {} entries is not {n} x {n}",
+            h.len()
+        )));
+    }
+    // Rotating a column scaled to unit max keeps the f32 transform's relative error ~1e-7.
+    let rot = |v: &mut [f64]| {
+        let m = v.iter().fold(0f64, |a, x| a.max(x.abs()));
+        if m == 0.0 {
+            v.fill(0.0);
+            return;
+        }
+        let x: Vec<f32> = v.iter().map(|&a| (a / m) as f32).collect();
+        for (o, a) in v.iter_mut().zip(r.forward(&x)) {
+            *o = a as f64 * m;
+        }
+    };
+    // A = H Rᵀ row by row (H symmetric: row i of H Rᵀ is R·H[i]); then R·A column by column, which
+    // is R applied to the rows of Aᵀ: B = (R A)ᵀ.
+    h.par_chunks_mut(n).for_each(rot);
+    transpose_in_place(h, n);
+    h.par_chunks_mut(n).for_each(rot);
+    // R A is symmetric up to rounding: average it with its transpose (B[i][j] + B[j][i] is the
+    // same sum either way, and the diagonal is unchanged).
+    for i in 0..n {
+        for j in i + 1..n {
+            let s = 0.5 * (h[j * n + i] + h[i * n + j]);
+            h[i * n + j] = s;
+            h[j * n + i] = s;
+        }
+    }
+    Ok(())
+}
+
+fn transpose_in_place(a: &mut [f64], n: usize) {
+    for i in 0..n {
+        for j in i + 1..n {
+            a.swap(i * n + j, j * n + i);
+        }
+    }
+}
+
+/// Damp and factor a (rotated) Hessian. Escalates λ ×10 (up to 6 times) when Cholesky fails and
+/// says so with the tensor named.
+pub fn factor(h: &[f64], n: usize, damp: f64, what: &str) -> Result<Factor> {
+    factor_owned(h.to_vec(), n, damp, what)
+}
+
+/// [`factor`] taking the Hessian by value, so that at most two n×n f64 matrices are alive at any
+/// point (the Hessian and the matrix being factored, then the factor and its inverse): the
+/// Cholesky runs in place and the Hessian is dropped as soon as it succeeds.
+pub fn factor_owned(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Factor> {
+    if let Some(i) = h.iter().position(|v| !v.is_finite()) {
+        return Err(Error::Unsupported(format!(
+            "{what}: Hessian has a non-finite entry at ({}, {}); recalibrate (NaN/Inf in activations)",
+            i / n,
+            i % n
+        )));
+    }
+    let mean_diag = (0..n).map(|i| h[i * n + i]).sum::<f64>() / n as f64;
+    let mean_diag = if mean_diag > 0.0 { mean_diag } else { 1.0 };
+    let mut lambda = damp;
+    let mut h = Some(h);
+    for attempt in 0..7 {
+        let hh = h.as_ref().expect("kept until the Cholesky succeeds");
+        // Reversal trick: chol(J H J) = L Lᵀ ⇒ H = M Mᵀ with M = J L J upper ⇒ H⁻¹ = Uᵀ U, U = J L⁻¹ J.
+        let mut l = Mat::<f64>::from_fn(n, n, |i, j| {
+            if j > i {
+                return 0.0; // only the lower triangle is read (as faer's `llt` copies it)
+            }
+            let (ri, rj) = (n - 1 - i, n - 1 - j);
+            hh[ri * n + rj] + if i == j { lambda * mean_diag } else { 0.0 }
+        });
+        if cholesky_lower_in_place(&mut l).is_err() {
+            lambda *= 10.0;
+            continue;
+        }
+        let diag = (0..n).map(|i| hh[i * n + i] + lambda * mean_diag).collect();
+        drop(h.take());
+        let mut linv = Mat::<f64>::zeros(n, n);
+        faer::linalg::triangular_inverse::invert_lower_triangular(
+            linv.as_mut(),
+            l.as_ref(),
+            Par::rayon(0),
+        );
+        drop(l);
+        let mut u = vec![0f64; n * n];
+        u.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
+            for j in i..n {
+                // U[i][j] = Linv[n-1-i][n-1-j] (lower part of Linv, since n-1-i >= n-1-j).
+                row[j] = linv[(n - 1 - i, n - 1 - j)];
+            }
+        });
+        if attempt > 0 {
+            eprintln!(
+                "tq: {what}: Hessian not positive definite; damping raised to {lambda:.3e}·mean(diag)"
+            );
+        }
+        return Ok(Factor {
+            n,
+            u,
+            diag,
+            perm: None,
+            damp: lambda,
+            h: None,
+            refit: 0,
+        });
+    }
+    Err(Error::Unsupported(format!(
+        "{what}: Hessian is not positive definite even with damping {lambda:.1e}; recalibrate with more tokens"
+    )))
+}
+
+/// Damp and factor `h` permuted to decreasing diagonal (ties by index: deterministic), for the
+/// stock types' act-order sweep; `diag` stays in the natural order (it weights the block fits).
+pub fn factor_act_order(
+    h: Vec<f64>,
+    n: usize,
+    damp: f64,
+    refit: usize,
+    what: &str,
+) -> Result<Factor> {
+    let mut perm: Vec<usize> = (0..n).collect();
+    perm.sort_by(|&a, &b| h[b * n + b].total_cmp(&h[a * n + a]).then(a.cmp(&b)));
+    let mut hp = vec![0f64; n * n];
+    for (i, &pi) in perm.iter().enumerate() {
+        for (j, &pj) in perm.iter().enumerate() {
+            hp[i * n + j] = h[pi * n + pj];
+        }
+    }
+    // Kept for the refit (a third n×n matrix alive while factoring), damped below as the factor
+    // was; without a refit it is freed before factoring.
+    let mut hn = (refit > 0).then_some(h);
+    let mut f = factor_owned(hp, n, damp, what)?;
+    let mut diag = vec![0f64; n];
+    for (i, &pi) in perm.iter().enumerate() {
+        diag[pi] = f.diag[i];
+    }
+    if let Some(hn) = hn.as_mut() {
+        for (i, &d) in diag.iter().enumerate() {
+            hn[i * n + i] = d;
+        }
+    }
+    f.diag = diag;
+    f.perm = Some(perm);
+    f.h = hn;
+    f.refit = refit;
+    Ok(f)
+}
+
+/// faer's `Mat::llt(Side::Lower)` without its copy of the input: the same kernel, parameters and
+/// parallelism (so the same bits), with the strict upper triangle zeroed as `Llt::L` returns it.
+fn cholesky_lower_in_place(l: &mut Mat<f64>) -> std::result::Result<(), ()> {
+    use faer::dyn_stack::{MemBuffer, MemStack};
+    use faer::linalg::cholesky::llt::factor::{cholesky_in_place, cholesky_in_place_scratch};
+    let par = faer::get_global_parallelism();
+    let n = l.nrows();
+    let mut mem = MemBuffer::new(cholesky_in_place_scratch::<f64>(n, par, Default::default()));
+    let stack = MemStack::new(&mut mem);
+    cholesky_in_place(
+        l.as_mut(),
+        Default::default(),
+        par,
+        stack,
+        Default::default(),
+    )
+    .map_err(|_| ())?;
+    for j in 1..n {
+        for i in 0..j {
+            l[(i, j)] = 0.0;
+        }
+    }
+    Ok(())
+}
+
+/// Rotate (with the rotation of `ty`'s decoder), damp and factor one calibration Hessian (what
+/// `tq convert --calib` and sequential calibration do for every Hessian group).
+pub fn factor_hessian(
+    ty: TensorType,
+    h: &crate::quant::Hessian,
+    damp: f64,
+    refit: usize,
+    what: &str,
+) -> Result<Factor> {
+    factor_hessian_owned(ty, h.h.clone(), h.n, damp, refit, what)
+}
+
+/// [`factor_hessian`] consuming the Hessian's matrix: rotation in place, then [`factor_owned`], so
+/// the peak is two n×n f64 matrices (13 GB for a 70B model's FFN input, not five or six).
+pub fn factor_hessian_owned(
+    ty: TensorType,
+    mut h: Vec<f64>,
+    n: usize,
+    damp: f64,
+    refit: usize,
+    what: &str,
+) -> Result<Factor> {
+    match ty.ldlq() {
+        Some(LdlqKind::Stock) => return factor_act_order(h, n, damp, refit, what),
+        Some(LdlqKind::RowRotated | LdlqKind::Trellis) => rotate_hessian_rows_in_place(&mut h, n)?,
+        Some(LdlqKind::Rotated) | None => rotate_hessian_in_place(&mut h, n),
+    }
+    factor_owned(h, n, damp, what)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{hessian, lcg};
+    use super::*;
+    use crate::types::tq;
+
+    #[test]
+    fn reversal_trick_gives_inverse_factor() {
+        let n = 64;
+        let h = hessian(n, 200, 1);
+        let f = factor(&h, n, 0.0, "t").unwrap();
+        // Uᵀ U H = I.
+        let mut max = 0f64;
+        for i in 0..n {
+            for j in 0..n {
+                let mut s = 0f64;
+                for k in 0..n {
+                    let mut utu = 0f64;
+                    for m in 0..=i.min(k) {
+                        utu += f.u[m * n + i] * f.u[m * n + k];
+                    }
+                    s += utu * h[k * n + j];
+                }
+                max = max.max((s - if i == j { 1.0 } else { 0.0 }).abs());
+            }
+            for j in 0..i {
+                assert_eq!(f.u[i * n + j], 0.0, "U is upper triangular");
+            }
+        }
+        assert!(max < 1e-8, "UᵀU H - I max {max}");
+    }
+
+    #[test]
+    fn rotation_is_orthonormal() {
+        let mut s = 5;
+        let v: Vec<f64> = (0..96).map(|_| lcg(&mut s)).collect();
+        let mut r = v.clone();
+        rotate_vec(&mut r);
+        let n0: f64 = v.iter().map(|x| x * x).sum();
+        let n1: f64 = r.iter().map(|x| x * x).sum();
+        assert!((n0 - n1).abs() < 1e-12 * n0);
+        // Matches the engine's f32 forward rotation.
+        let mut b = [0f32; 32];
+        for (x, y) in b.iter_mut().zip(&v) {
+            *x = *y as f32;
+        }
+        tq::forward_rotate(&mut b);
+        for (x, y) in b.iter().zip(&r) {
+            assert!((*x as f64 - y).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn bad_hessians_are_named_errors() {
+        let n = 32;
+        let mut h = vec![0f64; n * n];
+        h[5] = f64::NAN;
+        let e = factor(&h, n, 0.01, "blk.3.attn_q.weight")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("blk.3.attn_q.weight") && e.contains("non-finite"),
+            "{e}"
+        );
+        // An all-zero Hessian is rescued by damping (identity).
+        let z = vec![0f64; n * n];
+        assert!(factor(&z, n, 0.01, "x").is_ok());
+    }
+
+    /// In-place rotation and factoring give the bits of the copying versions they replaced.
+    #[test]
+    fn in_place_rotation_matches_the_transposing_one() {
+        let n = 96;
+        let h = hessian(n, 200, 4);
+        let mut a = h.clone();
+        a.chunks_mut(n).for_each(rotate_vec);
+        let mut t = vec![0f64; n * n];
+        for i in 0..n {
+            for j in 0..n {
+                t[j * n + i] = a[i * n + j];
+            }
+        }
+        t.chunks_mut(n).for_each(rotate_vec);
+        let mut want = vec![0f64; n * n];
+        for i in 0..n {
+            for j in 0..n {
+                want[j * n + i] = t[i * n + j];
+            }
+        }
+        assert!(rotate_hessian(&h, n) == want);
+    }
+}

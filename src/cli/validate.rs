@@ -1,5 +1,6 @@
-//! `tq validate ARTIFACT.gguf|DIR --ref REF.gguf --text F`: the CI gate. Flags are resolved here
-//! once; the checks, verdicts and reports are the library's (`tq::validate`, docs/validate.md).
+//! `tq validate ARTIFACT.gguf|DIR --ref REF.gguf --text F`: the CI gate. The flags are resolved
+//! once by the library (`tq::validate::job`), as are the checks, verdicts and reports
+//! (`tq::validate`, docs/validate.md).
 use std::path::PathBuf;
 use tq::error::Result;
 use tq::validate::job::{self, ValidateFlags, ValidateJob};

@@ -9,9 +9,11 @@
 //!
 //! [`run`] drives a calibration (batched or sequential); [`sequential`] is the GPTQ-order mode
 //! in which block i's Hessians come from the model whose earlier weights are already quantized.
+//! [`job`] is `tq calib`: its flags as plain values, checked, and one run.
 
 pub mod imatrix;
 pub mod input;
+pub mod job;
 pub mod run;
 pub mod selfgen;
 pub mod sequential;

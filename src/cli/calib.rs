@@ -1,14 +1,8 @@
 //! `tq calib MODEL --text FILE [--tokens N --ctx C] -o H.safetensors [--resume]
 //! [--sequential --weights T --recipe R --ldlq-band K --damp D]`
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use tq::calib::input::first_windows;
-use tq::calib::run::{self, Options};
-use tq::calib::selfgen::{self_generate, SelfGenerate};
-use tq::calib::sequential::SeqQuant;
-use tq::error::{Error, Result};
-use tq::gguf::GgufFile;
-use tq::tokenizer::input::Input;
+use tq::calib::job::{self, CalibFlags};
+use tq::error::Result;
 
 #[derive(clap::Args)]
 pub struct CalibArgs {
@@ -94,164 +88,39 @@ pub struct CalibArgs {
 }
 
 pub fn run(a: CalibArgs) -> Result<()> {
-    if a.ctx < 2 || a.batch == 0 {
-        return Err(Error::Usage(
-            "tq calib: --ctx must be >= 2 and --batch >= 1".into(),
-        ));
-    }
-    tq::io::check_outputs(
-        &[
-            ("-o", Some(&a.output)),
-            ("--save-tokens", a.save_tokens.as_deref()),
-            ("--imatrix-out", a.imatrix_out.as_deref()),
-        ],
-        &[Some(&a.model), a.text.as_deref(), a.token_file.as_deref()],
-    )?;
-    super::with_thread_pool(a.threads, |_| calibrate(&a))
+    let threads = a.threads;
+    let flags = flags(a);
+    job::check(&flags)?;
+    super::with_thread_pool(threads, |_| {
+        job::calibrate(&flags, tq::shard::merge::shard_windows)
+    })
 }
 
-fn calibrate(a: &CalibArgs) -> Result<()> {
-    tq::quant::LdlqSettings {
-        band: a.ldlq_band,
+/// The flags as the library's plain values.
+fn flags(a: CalibArgs) -> CalibFlags {
+    CalibFlags {
+        model: a.model,
+        text: a.text,
+        token_file: a.token_file,
+        self_generate: a.self_generate,
+        seed: a.seed,
+        top_k: a.top_k,
+        gen_cache_mib: a.gen_cache_mib,
+        save_tokens: a.save_tokens,
+        tokens: a.tokens,
+        ctx: a.ctx,
+        batch: a.batch,
+        output: a.output,
+        store: a.store,
+        imatrix_out: a.imatrix_out,
+        resume: a.resume,
+        sequential: a.sequential,
+        weights: a.weights,
+        recipe: a.recipe,
+        ldlq_band: a.ldlq_band,
         damp: a.damp,
-        refit: a.ldlq_refit,
+        ldlq_refit: a.ldlq_refit,
+        checkpoint_secs: a.checkpoint_secs,
+        shard: a.shard,
     }
-    .check()?;
-    if a.self_generate.is_none() && a.tokens < a.ctx {
-        return Err(Error::Usage(format!(
-            "tq calib: --tokens {} is less than one window: it must be at least --ctx {}",
-            a.tokens, a.ctx
-        )));
-    }
-    let f = GgufFile::open(&a.model)?;
-    let mut extra_meta = BTreeMap::new();
-    let windows = if let Some(n) = a.self_generate {
-        let o = SelfGenerate {
-            windows: n,
-            ctx: a.ctx,
-            seed: a.seed,
-            top_k: a.top_k,
-            cache_mib: a.gen_cache_mib,
-            save_tokens: a.save_tokens.as_deref(),
-        };
-        let windows = self_generate(&a.model, &f, &o)?;
-        extra_meta.insert(
-            "tq.source".to_string(),
-            format!(
-                "self-generate {n} windows, seed {}, top-k {}",
-                a.seed, a.top_k
-            ),
-        );
-        windows
-    } else {
-        let input = match (&a.token_file, &a.text) {
-            (Some(p), _) => Input::TokenFile(p),
-            (None, Some(p)) => Input::Text(p),
-            (None, None) => {
-                return Err(Error::Usage(
-                    "tq calib: give --text FILE (or --token-file FILE)".into(),
-                ))
-            }
-        };
-        let (tokens, bos) = input.tokens(&f)?;
-        let windows = first_windows(&tokens, bos, a.tokens, a.ctx).ok_or_else(|| {
-            Error::Usage(format!(
-                "tq calib: the input has {} tokens, fewer than one window of --ctx {}",
-                tokens.len(),
-                a.ctx
-            ))
-        })?;
-        extra_meta.insert(
-            "tq.source".to_string(),
-            input
-                .path()
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-        );
-        windows
-    };
-    let windows = match &a.shard {
-        Some(s) => shard_windows(a, &f, s, windows, &mut extra_meta)?,
-        None => windows,
-    };
-    let seq = if a.sequential {
-        Some(SeqQuant::for_conversion(
-            &f,
-            &a.weights,
-            &a.recipe,
-            tq::quant::LdlqSettings {
-                band: a.ldlq_band,
-                damp: a.damp,
-                refit: a.ldlq_refit,
-            },
-        )?)
-    } else {
-        None
-    };
-    let c = run::calibrate(
-        &a.model,
-        &f,
-        &windows,
-        &Options {
-            ctx: a.ctx,
-            batch: a.batch,
-            output: Some(&a.output),
-            store: tq::quant::Store::parse(&a.store)?,
-            resume: a.resume,
-            sequential: seq.as_ref(),
-            checkpoint_secs: a.checkpoint_secs,
-            extra_meta,
-            quiet: false,
-        },
-    )?;
-    eprintln!(
-        "tq calib: wrote {} Hessians to {} ({})",
-        c.diagonals.len(),
-        a.output.display(),
-        a.store
-    );
-    if let Some(p) = &a.imatrix_out {
-        let dataset = a
-            .text
-            .as_deref()
-            .or(a.token_file.as_deref())
-            .and_then(|p| p.file_name())
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "self-generated".into());
-        tq::calib::imatrix::write_gguf(&c.diagonals, p, &dataset, a.ctx)?;
-        eprintln!(
-            "tq calib: wrote the imatrix (Hessian diagonals) to {}",
-            p.display()
-        );
-    }
-    Ok(())
-}
-
-/// `--shard I/N`: this shard's windows (whole batches), with the whole run's fingerprint and
-/// the window range recorded for `tq calib merge`.
-fn shard_windows(
-    a: &CalibArgs,
-    f: &GgufFile,
-    s: &str,
-    windows: Vec<u32>,
-    meta: &mut BTreeMap<String, String>,
-) -> Result<Vec<u32>> {
-    let shard = tq::shard::Shard::parse(s)?;
-    let n_win = windows.len() / a.ctx;
-    let r = shard.window_range(n_win, a.batch).ok_or_else(|| {
-        Error::Usage(format!(
-            "tq calib --shard {shard}: {n_win} windows make {} batches of --batch {}; use at most that many shards",
-            n_win.div_ceil(a.batch),
-            a.batch
-        ))
-    })?;
-    let name = a
-        .model
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let fp = tq::shard::merge::fingerprint(&name, f.file_len(), &windows, a.ctx);
-    meta.extend(tq::shard::merge::shard_meta(shard, r.clone(), n_win, &fp));
-    Ok(windows[r.start * a.ctx..r.end * a.ctx].to_vec())
 }

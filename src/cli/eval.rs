@@ -1,14 +1,8 @@
 //! `tq eval MODEL --text FILE`: perplexity the way `llama-perplexity` computes it, and with
 //! `--ref REF.gguf` or `--ref-logits FILE` the KL divergence from a reference model.
 use std::path::PathBuf;
-use tq::error::{Error, Result};
-use tq::eval::kv::kv_json;
-use tq::eval::logits_file::Format;
-use tq::eval::{evaluate, session, EvalResult};
-use tq::gguf::GgufFile;
-use tq::gpu::BackendKind;
-use tq::model::{KvSpec, Model, Numerics};
-use tq::tokenizer::input::Input;
+use tq::error::Result;
+use tq::eval::job::{self, EvalFlags, EvalJob, KvCacheFlags};
 
 #[derive(clap::Args)]
 pub struct EvalArgs {
@@ -122,324 +116,49 @@ pub struct KvCacheArgs {
     pub turbo_codebook: Option<String>,
 }
 
-fn on_off(flag: &str, v: &str) -> Result<bool> {
-    match v {
-        "on" | "true" | "1" => Ok(true),
-        "off" | "false" | "0" => Ok(false),
-        o => Err(Error::Usage(format!(
-            "--{flag} {}: expected on or off",
-            tq::error::one_line(o)
-        ))),
-    }
-}
-
-impl KvCacheArgs {
-    /// The target profile named by --target / --type-map (default fork).
-    pub fn profile(&self) -> Result<tq::types::profile::Profile> {
-        tq::types::profile::Profile::select(self.kv_target.as_deref(), self.kv_type_map.as_deref())
-    }
-
-    /// The spec: the target's KV behaviour, then each flag that overrides a part of it.
-    pub fn spec(&self) -> Result<KvSpec> {
-        let mut s = KvSpec::from_names(
-            &self.cache_type_k,
-            &self.cache_type_v,
-            &self.kv_layers,
-            &self.profile()?,
-        )?;
-        if let Some(v) = &self.kv_auto_asym {
-            s.auto_asym = on_off("kv-auto-asym", v)?;
-        }
-        if let Some(v) = &self.kv_rotation {
-            s.rotate = on_off("kv-rotation", v)?;
-        }
-        if self.no_kv_rotation {
-            s.rotate = false;
-        }
-        if let Some(m) = self.turbo_layer_adaptive {
-            if !tq::model::kv::LAYER_ADAPTIVE_MODES.contains(&m) {
-                return Err(Error::Usage(format!(
-                    "--turbo-layer-adaptive {m}: the fork has modes 0, 1, 2, 5, 6 and 7"
-                )));
-            }
-            s.layer_adaptive = Some(m);
-        }
-        if let Some(g) = &self.turbo_groups {
-            s.groups = tq::model::kv::TurboGroups::parse(g)?;
-        }
-        if let Some(t) = &self.turbo_codebook {
-            s.turbo4 = tq::model::Turbo4Table::parse(t)?;
-        }
-        Ok(s)
-    }
-}
-
-/// `--backend`: `None` for the CPU runtime, else the GPU backend (or the CPU emulation of the
-/// kernels) that runs the weights with mat-mul kernels.
-pub fn parse_backend(s: &str) -> Result<Option<BackendKind>> {
-    match s {
-        "cpu" => Ok(None),
-        "auto" => Ok(auto_backend()),
-        "wgpu" => Ok(Some(BackendKind::Wgpu)),
-        "cuda" => Ok(Some(BackendKind::Cuda)),
-        "metal" => Ok(Some(BackendKind::Metal)),
-        "cpu-emulation" => Ok(Some(BackendKind::Cpu)),
-        o => Err(Error::Usage(format!(
-            "--backend {}: expected cpu, auto, wgpu, cuda, metal or cpu-emulation",
-            tq::error::one_line(o)
-        ))),
-    }
-}
-
-/// `--backend auto`: the first GPU backend that is built in and opens (CUDA, Metal, wgpu), else
-/// the CPU runtime. The report's `backend` says which was used.
-fn auto_backend() -> Option<BackendKind> {
-    [BackendKind::Cuda, BackendKind::Metal, BackendKind::Wgpu]
-        .into_iter()
-        .find(|&k| tq::gpu::open_linear(k).is_ok())
-}
-
-/// `--text` or `--tokens`, if either was given.
-fn input(a: &EvalArgs) -> Option<Input<'_>> {
-    match (&a.tokens, &a.text) {
-        (Some(p), _) => Some(Input::TokenFile(p)),
-        (None, Some(p)) => Some(Input::Text(p)),
-        (None, None) => None,
-    }
-}
-
 pub fn run(a: EvalArgs) -> Result<()> {
-    let numerics = Numerics::parse(&a.numerics).ok_or_else(|| {
-        Error::Usage(format!(
-            "--numerics {}: expected ggml, f32, cuda (cuda-native) or cuda-q8_0",
-            tq::error::one_line(&a.numerics)
-        ))
-    })?;
-    let backend = parse_backend(&a.backend)?;
-    let format = match a.logits_format.as_str() {
-        "tq" => Format::Tq,
-        "llama" => Format::Llama,
-        o => {
-            return Err(Error::Usage(format!(
-                "--logits-format {o}: expected tq or llama"
-            )))
+    let threads = a.threads;
+    let job = EvalJob::resolve(flags(a))?;
+    super::with_thread_pool(threads, |threads| {
+        let r = job::run(&job, threads)?;
+        if job.flags.json {
+            println!("{}", r.json()?);
+        } else {
+            print!("{}", r.text());
         }
-    };
-    tq::io::check_outputs(
-        &[("--save-logits", a.save_logits.as_deref())],
-        &[
-            Some(&a.model),
-            a.reference.as_deref(),
-            a.ref_logits.as_deref(),
-            a.text.as_deref(),
-            a.tokens.as_deref(),
-        ],
-    )?;
-    super::with_thread_pool(a.threads, |threads| {
-        run_in_pool(&a, numerics, backend, format, threads)
+        Ok(())
     })
 }
 
-// Mostly printing: the banner, the progress bar, and the text and JSON reports.
-fn run_in_pool(
-    a: &EvalArgs,
-    numerics: Numerics,
-    backend: Option<BackendKind>,
-    format: Format,
-    threads: usize,
-) -> Result<()> {
-    let file = GgufFile::open(&a.model)?;
-    let mut model = Model::new(&file, numerics)?;
-    if let Some(b) = backend {
-        model.use_backend(b)?;
+/// The flags as the library's plain values.
+fn flags(a: EvalArgs) -> EvalFlags {
+    EvalFlags {
+        model: a.model,
+        text: a.text,
+        tokens: a.tokens,
+        ctx: a.ctx,
+        chunks: a.chunks,
+        reference: a.reference,
+        ref_logits: a.ref_logits,
+        save_logits: a.save_logits,
+        logits_format: a.logits_format,
+        json: a.json,
+        batch: a.batch,
+        numerics: a.numerics,
+        backend: a.backend,
+        kv: KvCacheFlags {
+            cache_type_k: a.kv.cache_type_k,
+            cache_type_v: a.kv.cache_type_v,
+            kv_layers: a.kv.kv_layers,
+            kv_target: a.kv.kv_target,
+            kv_type_map: a.kv.kv_type_map,
+            kv_auto_asym: a.kv.kv_auto_asym,
+            kv_rotation: a.kv.kv_rotation,
+            no_kv_rotation: a.kv.no_kv_rotation,
+            turbo_layer_adaptive: a.kv.turbo_layer_adaptive,
+            turbo_groups: a.kv.turbo_groups,
+            turbo_codebook: a.kv.turbo_codebook,
+        },
+        quiet: a.quiet,
     }
-    let kv_spec = a.kv.spec()?;
-    model.kv = kv_spec.resolve(
-        model.cfg.n_layer,
-        model.cfg.n_head,
-        model.cfg.n_head_kv,
-        model.cfg.head_dim,
-    )?;
-    let (kv_bits_k, kv_bits_v) = model.kv.bits(model.cfg.n_layer, model.cfg.head_dim);
-    let cuda_tensors = model.cuda_tensors();
-    let numerics_note = numerics_note(numerics, cuda_tensors.len());
-
-    let ref_file;
-    let mut ref_model = None;
-    if let Some(r) = &a.reference {
-        ref_file = GgufFile::open(r)?;
-        ref_model = Some(Model::new(&ref_file, numerics)?);
-    }
-    let (win, reference) = session::windows_and_reference(
-        &file,
-        input(a),
-        a.ctx,
-        a.chunks,
-        a.ref_logits.as_deref(),
-        ref_model.as_ref(),
-    )?;
-    let nv = model.cfg.n_vocab;
-    let batch = a.batch.unwrap_or_else(|| {
-        session::default_batch(&win, nv, ref_model.is_some() || backend.is_some())
-    });
-    let mut writer = match &a.save_logits {
-        Some(p) => Some(session::logits_writer(
-            p,
-            format,
-            &a.model,
-            numerics.name(),
-            &win,
-            nv,
-        )?),
-        None => None,
-    };
-
-    if !a.quiet && !a.json {
-        eprintln!(
-            "tq eval: {} ({}, {} blocks), {} windows x {} tokens, scoring {} per window, batch {} windows, {} threads, {} numerics, backend {}, KV {} ({:.3}/{:.3} bits per real value, target {})",
-            a.model.display(),
-            model.cfg.arch.name(),
-            model.cfg.n_layer,
-            win.n_chunk,
-            win.n_ctx,
-            win.scored_per_window(),
-            batch,
-            threads,
-            numerics.name(),
-            backend.map_or("cpu", |b| b.name()),
-            model.kv.describe(model.cfg.n_layer),
-            kv_bits_k,
-            kv_bits_v,
-            kv_spec.profile
-        );
-    }
-    let pb = if a.quiet {
-        indicatif::ProgressBar::hidden()
-    } else {
-        let pb = indicatif::ProgressBar::new(1);
-        pb.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {wide_bar} {percent}% ETA {eta}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        pb
-    };
-    let prog = |d: u64, t: u64| {
-        pb.set_length(t);
-        pb.set_position(d);
-    };
-    let res = evaluate(&model, &win, reference, writer.as_mut(), batch, &prog)?;
-    pb.finish_and_clear();
-    if let Some(w) = writer {
-        w.finish()?;
-    }
-
-    if a.json {
-        let j = serde_json::json!({
-            "model": a.model.display().to_string(),
-            "reference": a.reference.as_ref().or(a.ref_logits.as_ref()).map(|p| p.display().to_string()),
-            "numerics": numerics.name(),
-            "numerics_path": {
-                "name": numerics.name(),
-                "description": numerics.describe(),
-                "cuda_tensors": cuda_tensors.len(),
-                "note": numerics_note,
-            },
-            "backend": backend.map_or("cpu", |b| b.name()),
-            "kv": kv_json(&model.kv, &model.cfg, &kv_spec.profile),
-            "threads": threads,
-            "batch": batch,
-            "result": res,
-        });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&j)
-                .map_err(|e| Error::internal(format!("JSON encoding of the report failed: {e}")))?
-        );
-    } else {
-        print!("{}", render(&res));
-        if let Some(b) = &res.backend {
-            print!("{}", b.render());
-        }
-        println!("Numerics: {} ({})", numerics.name(), numerics.describe());
-        if let Some(n) = &numerics_note {
-            println!("  {n}");
-        }
-        println!(
-            "KV cache: {} ({:.3} bits per real value K, {:.3} V{})",
-            model.kv.describe(model.cfg.n_layer),
-            kv_bits_k,
-            kv_bits_v,
-            if model.kv.is_default() {
-                String::new()
-            } else {
-                format!(
-                    ", simulated as target '{}' builds it: turbo groups {}, {} turbo tables, stock types {}",
-                    kv_spec.profile,
-                    model.kv.groups.name(),
-                    model.kv.turbo4.name(),
-                    if model.kv.rotate { "rotated" } else { "not rotated" }
-                )
-            }
-        );
-    }
-    Ok(())
-}
-
-/// What the CUDA numerics did to this model (None for ggml / f32).
-fn numerics_note(numerics: Numerics, cuda_tensors: usize) -> Option<String> {
-    numerics.cuda_path()?;
-    Some(if cuda_tensors == 0 {
-        "no tq4_1s/tq3_1s weight in this model: the CUDA model changed nothing (same as ggml)"
-            .to_string()
-    } else {
-        format!(
-            "{cuda_tensors} tq4_1s/tq3_1s weights through the CUDA model (modelled per token as \
-             the fork's mat-vec kernels compute it; see docs/eval.md)"
-        )
-    })
-}
-
-/// The text report.
-pub fn render(r: &EvalResult) -> String {
-    let mut s = String::new();
-    s += &format!(
-        "windows {} x {} tokens, {} tokens scored, {:.1} s, {:.1} tokens/s\n",
-        r.n_chunk, r.n_ctx, r.tokens_scored, r.seconds, r.tokens_per_second
-    );
-    s += &format!("PPL = {:.4} +/- {:.5}\n", r.ppl.value, r.ppl.err);
-    if let Some(k) = &r.kld {
-        s += &format!(
-            "PPL(ref)               : {:.6} +/- {:.6}\n",
-            k.ppl_base.value, k.ppl_base.err
-        );
-        s += &format!(
-            "ln(PPL/PPL(ref))       : {:.6} +/- {:.6}\n",
-            k.ln_ppl_ratio.value, k.ln_ppl_ratio.err
-        );
-        s += &format!(
-            "Cor(ln PPL, ln PPL ref): {:.2}%\n",
-            100.0 * k.ln_ppl_correlation
-        );
-        s += &format!(
-            "Mean KLD               : {:.6} +/- {:.6}\n",
-            k.kld.value, k.kld.err
-        );
-        s += &format!(
-            "KLD median / 99% / 99.9% / max: {:.6} / {:.6} / {:.6} / {:.6}\n",
-            k.kld_median, k.kld_p99, k.kld_p999, k.kld_max
-        );
-        s += &format!(
-            "RMS dp                 : {:.3} +/- {:.3} %\n",
-            100.0 * k.p_diff_rms.value,
-            100.0 * k.p_diff_rms.err
-        );
-        s += &format!(
-            "Same top-1             : {:.3} +/- {:.3} %\n",
-            100.0 * k.same_top.value,
-            100.0 * k.same_top.err
-        );
-    }
-    s
 }

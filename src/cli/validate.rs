@@ -1,12 +1,9 @@
-//! `tq validate ARTIFACT.gguf|DIR --ref REF.gguf --text F`: the CI gate. Flags are resolved here
-//! once; the checks, verdicts and reports are the library's (`tq::validate`, docs/validate.md).
-use std::path::{Path, PathBuf};
-use tq::error::{Error, Result};
-use tq::gpu::BackendKind;
-use tq::tokenizer::input::Input;
-use tq::types::profile::Profile;
-use tq::validate::policy::Policy;
-use tq::validate::{self as v, Chunks, GenSpec, RefSource, Report, Status, Thresholds};
+//! `tq validate ARTIFACT.gguf|DIR --ref REF.gguf --text F`: the CI gate. The flags are resolved
+//! once by the library (`tq::validate::job`), as are the checks, verdicts and reports
+//! (`tq::validate`, docs/validate.md).
+use std::path::PathBuf;
+use tq::error::Result;
+use tq::validate::job::{self, ValidateFlags, ValidateJob};
 
 #[derive(clap::Args)]
 pub struct ValidateArgs {
@@ -109,247 +106,45 @@ pub struct ValidateArgs {
     pub quiet: bool,
 }
 
-fn parse_kernels(s: &str) -> Result<Vec<BackendKind>> {
-    let mut v = vec![];
-    for k in s.split(',') {
-        match k.trim() {
-            "auto" => v.extend([BackendKind::Cuda, BackendKind::Metal, BackendKind::Wgpu]),
-            "none" => {}
-            "cpu" => v.push(BackendKind::Cpu),
-            "wgpu" => v.push(BackendKind::Wgpu),
-            "cuda" => v.push(BackendKind::Cuda),
-            "metal" => v.push(BackendKind::Metal),
-            o => {
-                return Err(Error::Usage(format!(
-                    "--kernels {}: expected auto, none, cpu, wgpu, cuda or metal",
-                    tq::error::one_line(o)
-                )))
-            }
-        }
-    }
-    v.dedup();
-    Ok(v)
-}
-
-fn parse_chunks(s: &str, max: usize) -> Result<Chunks> {
-    match s {
-        "auto" if max > 0 => Ok(Chunks::Auto { max }),
-        "auto" => Err(Error::Usage("--max-chunks must be at least 1".into())),
-        "all" => Ok(Chunks::All),
-        n => match n.parse::<usize>() {
-            Ok(n) if n > 0 => Ok(Chunks::Fixed(n)),
-            _ => Err(Error::Usage(format!(
-                "--chunks {}: expected a number of windows (1 or more), all or auto",
-                tq::error::one_line(n)
-            ))),
-        },
-    }
-}
-
-/// The artifacts: the file, or every *.gguf of the directory in name order (the reference excluded).
-fn artifacts(a: &ValidateArgs) -> Result<Vec<PathBuf>> {
-    if !a.artifact.is_dir() {
-        return Ok(vec![a.artifact.clone()]);
-    }
-    let rd = std::fs::read_dir(&a.artifact).map_err(|e| Error::io(&a.artifact, e))?;
-    let same = |p: &Path, q: &Option<PathBuf>| {
-        q.as_ref().is_some_and(|q| {
-            std::fs::canonicalize(p).ok().is_some()
-                && std::fs::canonicalize(p).ok() == std::fs::canonicalize(q).ok()
-        })
-    };
-    let mut v: Vec<PathBuf> = rd
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "gguf"))
-        .filter(|p| !same(p, &a.reference))
-        .collect();
-    v.sort();
-    if v.is_empty() {
-        return Err(Error::Usage(format!(
-            "{}: no *.gguf artifacts in this directory",
-            a.artifact.display()
-        )));
-    }
-    Ok(v)
-}
-
 pub fn run(a: ValidateArgs) -> Result<i32> {
-    let chunks = parse_chunks(&a.chunks, a.max_chunks)?;
-    let kernels = parse_kernels(&a.kernels)?;
-    // Checked here, once; each artifact's validation reads the flag again (`validate_one`).
-    super::eval::parse_backend(&a.backend)?;
-    let profile = Profile::select(a.target.as_deref(), a.type_map.as_deref())?;
-    let flags = Thresholds {
+    let threads = a.threads;
+    let job = ValidateJob::resolve(flags(a))?;
+    let o = super::with_thread_pool(threads, |_| job::run(&job))?;
+    print!("{}", o.render(job.flags.json)?);
+    Ok(o.exit_code())
+}
+
+/// The flags as the library's plain values.
+fn flags(a: ValidateArgs) -> ValidateFlags {
+    ValidateFlags {
+        artifact: a.artifact,
+        reference: a.reference,
+        ref_logits: a.ref_logits,
+        text: a.text,
+        tokens: a.tokens,
+        ctx: a.ctx,
+        chunks: a.chunks,
+        max_chunks: a.max_chunks,
         max_kld: a.max_kld,
         max_p99_kld: a.max_p99_kld,
         max_ppl_ratio: a.max_ppl_ratio,
         min_top1: a.min_top1,
         min_gen_agreement: a.min_gen_agreement,
+        policy: a.policy,
+        baseline: a.baseline,
         max_regression: a.max_regression,
-    };
-    flags.check()?;
-    let policy = a.policy.as_deref().map(Policy::load).transpose()?;
-    let baseline: Option<Report> = match &a.baseline {
-        None => None,
-        Some(p) => {
-            let t = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
-            Some(serde_json::from_str(&t).map_err(|e| {
-                Error::bad_input(
-                    p,
-                    format!(
-                        "not a tq validate --json report ({e}); make one with tq validate --json"
-                    ),
-                )
-            })?)
-        }
-    };
-    let list = artifacts(&a)?;
-    if list.len() > 1 && baseline.is_some() {
-        return Err(Error::Usage(
-            "--baseline compares one artifact; give a file, not a directory".into(),
-        ));
-    }
-    tq::io::check_outputs(
-        &[("--junit", a.junit.as_deref())],
-        &[
-            Some(&a.artifact),
-            a.reference.as_deref(),
-            a.ref_logits.as_deref(),
-            a.text.as_deref(),
-            a.tokens.as_deref(),
-            a.policy.as_deref(),
-            a.baseline.as_deref(),
-        ],
-    )?;
-    let reports = super::with_thread_pool(a.threads, |_| {
-        let mut reports = vec![];
-        for art in &list {
-            let name = art
-                .file_name()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let thresholds = match &policy {
-                None => flags,
-                Some(p) => {
-                    let rule = p.rule_for(&name).ok_or_else(|| {
-                        Error::Usage(format!(
-                            "{}: no rule of the policy matches '{}'; add a rule (\"match\": \"*\" matches all)",
-                            a.policy.as_ref().map_or(String::new(), |p| p.display().to_string()),
-                            tq::error::one_line(&name)
-                        ))
-                    })?;
-                    rule.thresholds.overlay(&flags)
-                }
-            };
-            reports.push(validate_one(
-                &a,
-                art,
-                &profile,
-                chunks,
-                &kernels,
-                thresholds,
-                baseline.as_ref(),
-            )?);
-        }
-        Ok(reports)
-    })?;
-    if let Some(j) = &a.junit {
-        tq::io::write_file(j, v::report::junit(&reports).as_bytes())?;
-    }
-    let verdict = v::worst(reports.iter().map(|r| r.verdict));
-    if a.json {
-        let j = if reports.len() == 1 {
-            serde_json::to_value(&reports[0])
-        } else {
-            serde_json::to_value(serde_json::json!({
-                "report_version": v::REPORT_VERSION,
-                "verdict": verdict,
-                "reports": reports,
-            }))
-        }
-        .and_then(|j| serde_json::to_string_pretty(&j))
-        .map_err(|e| Error::internal(format!("JSON encoding of the report failed: {e}")))?;
-        println!("{j}");
-    } else {
-        for r in &reports {
-            print!("{}", v::report::render(r));
-        }
-        if reports.len() > 1 {
-            println!(
-                "{} artifacts: {} (exit {})",
-                reports.len(),
-                verdict.name(),
-                verdict.exit_code()
-            );
-        }
-    }
-    Ok(match verdict {
-        Status::Skipped => 0,
-        s => s.exit_code(),
-    })
-}
-
-fn validate_one(
-    a: &ValidateArgs,
-    art: &Path,
-    profile: &Profile,
-    chunks: Chunks,
-    kernels: &[BackendKind],
-    thresholds: Thresholds,
-    baseline: Option<&Report>,
-) -> Result<Report> {
-    if !a.quiet && !a.json {
-        eprintln!("tq validate: checking {}", art.display());
-    }
-    let pb = if a.quiet || a.json {
-        indicatif::ProgressBar::hidden()
-    } else {
-        let pb = indicatif::ProgressBar::new(1);
-        pb.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {wide_bar} {percent}%",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        pb
-    };
-    let prog = |d: u64, t: u64| {
-        pb.set_length(t);
-        pb.set_position(d);
-    };
-    let input = match (&a.tokens, &a.text) {
-        (Some(p), _) => Some(Input::TokenFile(p)),
-        (None, Some(p)) => Some(Input::Text(p)),
-        (None, None) => None,
-    };
-    let reference = match (&a.reference, &a.ref_logits) {
-        (Some(p), _) => RefSource::Model(p),
-        (None, Some(p)) => RefSource::Logits(p),
-        (None, None) => RefSource::None,
-    };
-    let o = v::Options {
-        artifact: art,
-        profile,
-        reference,
-        input,
-        ctx: a.ctx,
-        chunks,
-        thresholds,
-        generation: (a.gen_prompts > 0).then_some(GenSpec {
-            prompts: a.gen_prompts,
-            prompt_tokens: a.prompt_tokens,
-            new_tokens: a.gen_tokens,
-            prompts_file: a.prompts.as_deref(),
-        }),
-        baseline,
-        kernels,
+        gen_prompts: a.gen_prompts,
+        gen_tokens: a.gen_tokens,
+        prompt_tokens: a.prompt_tokens,
+        prompts: a.prompts,
+        kernels: a.kernels,
         full: a.full,
-        backend: super::eval::parse_backend(&a.backend)?,
+        backend: a.backend,
+        target: a.target,
+        type_map: a.type_map,
+        json: a.json,
+        junit: a.junit,
         batch: a.batch,
-        progress: &prog,
-    };
-    let r = v::validate(&o);
-    pb.finish_and_clear();
-    r
+        quiet: a.quiet,
+    }
 }

@@ -1,9 +1,10 @@
 //! Lloyd-Max codebooks as a product: fit them (`math::lloyd_max` does the solving), read sample
 //! files and hand-written tables, evaluate any table against a distribution, and emit tables for
 //! engines ([`emit`]: text, JSON, C, CUDA, Metal, WGSL, Rust). `tq codebook` is a thin shell
-//! over this module; see `docs/codebook.md`.
+//! over [`job`]; see `docs/codebook.md`.
 
 pub(crate) mod emit;
+pub mod job;
 
 use emit::g;
 pub use emit::render;

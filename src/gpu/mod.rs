@@ -30,7 +30,8 @@
 //!   runtime's `--backend`), opened with [`open_linear`];
 //! - `cuda.rs`, `metal.rs`, `wgpu.rs`, `cpu.rs`: the devices (the CPU emulation is one more);
 //! - `turbo_spec.rs`: [`TurboSpec`], the turbo layouts and codebooks the kernels take;
-//! - `harness/`: [`check`] and its comparisons, test data and report.
+//! - `harness/`: [`check`] and its comparisons, test data and report, and `tq kernels check`
+//!   over the requested backends ([`kernels_check`]).
 //!
 //! The harness ([`check`]) runs every kernel on the conformance vectors and on random tensors of
 //! real shapes and compares with the CPU reference:
@@ -65,6 +66,7 @@ pub use self::harness::data::{
     random_activation, random_weights, reference_dots, rotate_query, rotate_query_groups,
     smollm2_weight_shapes, Conformance, Rng, Shape,
 };
+pub use self::harness::job as kernels_check;
 pub use self::harness::report::format_report;
 pub(crate) use self::harness::tq2r::{is_hadamard, row_decode};
 pub use self::harness::{check, CheckOptions, MatvecTime, Report, Throughput};

@@ -1,4 +1,5 @@
-//! `tq calib merge`: Hessian shards from `tq calib --shard I/N` → one Hessian file.
+//! `tq calib merge`: Hessian shards from `tq calib --shard I/N` → one Hessian file; and
+//! [`shard_windows`], which windows such a shard calibrates on and the metadata it records.
 //!
 //! Each shard holds `Σ XᵀX` over its windows (whole `--batch` chunks, so every f32 tile product
 //! is the one-process run's, bit for bit), accumulated in f64 from zero. The merge adds the
@@ -47,6 +48,37 @@ pub fn shard_meta(
         ),
         (META_WINDOWS_TOTAL.to_string(), n_win.to_string()),
     ])
+}
+
+/// `tq calib --shard I/N` (`s`): this shard's windows of all `windows` (whole batches of
+/// `batch` windows of `ctx` tokens) of the model at `model` (opened as `f`), with the whole run's
+/// fingerprint and the window range recorded in `meta` for `tq calib merge`. This is the
+/// calibration's `calib::job::ShardWindows`.
+pub fn shard_windows(
+    s: &str,
+    model: &Path,
+    f: &crate::gguf::GgufFile,
+    ctx: usize,
+    batch: usize,
+    windows: Vec<u32>,
+    meta: &mut BTreeMap<String, String>,
+) -> Result<Vec<u32>> {
+    let shard = Shard::parse(s)?;
+    let n_win = windows.len() / ctx;
+    let r = shard.window_range(n_win, batch).ok_or_else(|| {
+        Error::Usage(format!(
+            "tq calib --shard {shard}: {n_win} windows make {} batches of --batch {}; use at most that many shards",
+            n_win.div_ceil(batch),
+            batch
+        ))
+    })?;
+    let name = model
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let fp = fingerprint(&name, f.file_len(), &windows, ctx);
+    meta.extend(shard_meta(shard, r.clone(), n_win, &fp));
+    Ok(windows[r.start * ctx..r.end * ctx].to_vec())
 }
 
 #[derive(Debug)]

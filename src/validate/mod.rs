@@ -5,8 +5,11 @@
 //! greedy generation, and regression against a baseline report — and returns a [`Report`]
 //! whose verdict maps to the exit code (0 pass, 3 fail, 4 undecided). Bad input (a file that does
 //! not parse, a stale or foreign reference, a baseline made another way) is an `Error` (exit 2).
+//! [`job`] is the command: its flags resolved once, every artifact of a directory validated, and
+//! what it prints.
 
 mod generation;
+pub mod job;
 mod kernels;
 pub mod policy;
 mod quality;

@@ -1,9 +1,11 @@
 //! The parity harness: [`check`] runs every kernel of a [`Backend`] on the conformance vectors and
 //! on random tensors of real shapes, and compares each output with the CPU reference
-//! ([`compare`]); [`data`] makes the inputs, [`report`] prints the result.
+//! ([`compare`]); [`data`] makes the inputs, [`report`] prints the result; [`job`] is `tq kernels
+//! check` (every requested backend through [`check`], and the CUDA paths' CPU model).
 
 pub mod compare;
 pub mod data;
+pub mod job;
 pub mod report;
 pub mod tq2r;
 pub mod tq2t;

@@ -2,12 +2,13 @@
 //! calibration input detected once, LDLQ's settings as one value, the budget, the profile and the
 //! outputs. [`Job::resolve`] is the only place that looks at a `--calib` path's contents.
 
-use super::mix::Budget;
 use crate::calib::input::{is_hessian_file, TextOptions};
+use crate::convert::{self, Provenance};
 use crate::error::{Error, Result};
-use crate::plan::{self, recipe, Request};
+use crate::plan::{self, recipe, Plan, Request};
 use crate::quant::LdlqSettings;
 use crate::shard::Shard;
+use crate::source::TensorSource;
 use crate::types::profile::Profile;
 use crate::types::TensorType;
 use std::path::{Path, PathBuf};
@@ -323,7 +324,7 @@ fn budget(a: &ConvertFlags) -> Result<Option<Budget>> {
                 "--target-bpw {x}: expected bits per parameter in (0, 64], e.g. 4.5"
             )))
         }
-        (None, Some(s)) => Some(Budget::Bytes(super::mix::parse_size(s)?)),
+        (None, Some(s)) => Some(Budget::Bytes(parse_size(s)?)),
         (None, None) => None,
     };
     if a.kld_windows < 2 {
@@ -402,4 +403,92 @@ fn file_identity(p: &Path) -> String {
         ),
         Err(_) => String::new(),
     }
+}
+
+/// The byte budget asked for.
+#[derive(Clone, Copy, Debug)]
+pub enum Budget {
+    Bpw(f64),
+    Bytes(u64),
+}
+
+/// `100MB` (10⁶), `100MiB` (2²⁰), `1.5GB`, `105466560` (bytes).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" | "k" => 1e3,
+        "mb" | "m" => 1e6,
+        "gb" | "g" => 1e9,
+        "kib" => 1024.0,
+        "mib" => 1048576.0,
+        "gib" => 1073741824.0,
+        _ => f64::NAN,
+    };
+    match num.parse::<f64>() {
+        Ok(v) if v > 0.0 && mult.is_finite() && (v * mult) < 1e18 => Ok((v * mult).floor() as u64),
+        _ => Err(Error::Usage(format!(
+            "--target-size '{s}': expected bytes or a size like 100MB, 95MiB, 1.5GB"
+        ))),
+    }
+}
+
+/// The `tq.*` provenance of the output (None with `--no-provenance`).
+pub(super) fn provenance(job: &Job, extra: Vec<(String, String)>) -> Option<Provenance> {
+    let a = &job.flags;
+    if a.no_provenance {
+        return None;
+    }
+    Some(Provenance {
+        recipe: if job.request.keep_types {
+            "keep".into()
+        } else if job.mixing() {
+            "mix".into()
+        } else {
+            job.request.recipe.name.into()
+        },
+        flags: job.canonical_flags(),
+        input_name: a
+            .input
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        // Filled in by execute, which hashes the input while converting; a dry run counts
+        // the placeholder too, so its size is the written file's (a mix's budget depends on it).
+        input_blake3: convert::HASH_PLACEHOLDER.to_string(),
+        extra,
+    })
+}
+
+/// The file a plan gives with the marks convert will add (ldlq / imatrix) and its provenance:
+/// what a mix's budget counts.
+pub(super) fn file_size_of(
+    job: &Job,
+    src: &dyn TensorSource,
+    plan: &Plan,
+    calib: &crate::plan::mix::Calibration,
+    imatrix: Option<&std::collections::BTreeMap<String, Vec<f32>>>,
+    extra: Vec<(String, String)>,
+) -> Result<u64> {
+    use crate::plan::mix::Calibration;
+    let mut p = plan.clone();
+    match calib {
+        Calibration::File(f) => plan::assign_ldlq(&mut p, &f.index, job.ldlq.band),
+        Calibration::Memory(h) => plan::assign_ldlq(&mut p, h, job.ldlq.band),
+        Calibration::Imatrix(_) | Calibration::None => {}
+    }
+    if let Some(m) = imatrix {
+        plan::assign_importance(&mut p, m);
+    }
+    let prov = provenance(job, extra);
+    let md = convert::output_metadata(src.metadata(), &p, prov.as_ref(), true);
+    crate::gguf::writer::file_size(
+        src.gguf_version(),
+        &md,
+        &convert::tensor_specs(&p, &job.profile),
+    )
 }

@@ -16,7 +16,34 @@ pub mod report;
 mod run;
 
 pub use job::{CalibInput, ConvertFlags, Job};
-pub use run::{convert, Done, Outcome};
+pub use run::convert;
+
+use crate::convert::Stats;
+use crate::plan::Plan;
+use mix::MixReport;
+
+/// What a conversion did.
+pub struct Outcome {
+    pub plan: Plan,
+    /// The output file's size (the plan's, metadata included).
+    pub size: u64,
+    pub mix: Option<MixReport>,
+    pub done: Done,
+}
+
+pub enum Done {
+    /// `--dry-run`: nothing written.
+    DryRun,
+    /// `--shard I/N`: a fragment (its summary line).
+    Shard(String),
+    /// A GGUF written.
+    Written {
+        stats: Stats,
+        secs: f64,
+        /// `--verify`: the written file's mean KLD against the input, and the seconds it took.
+        verified: Option<(f64, f64)>,
+    },
+}
 
 #[cfg(test)]
 mod tests;

@@ -2,7 +2,7 @@
 //! table, JSON and summary lines the CLI prints from an [`Outcome`].
 
 use super::job::Job;
-use super::run::{Done, Outcome};
+use super::{Done, Outcome};
 use crate::error::{Error, Result};
 use crate::plan::{Action, Plan};
 

@@ -3,35 +3,12 @@
 
 use super::job::{CalibInput, Job};
 use super::mix::{self, MixReport};
+use super::{Done, Outcome};
 use crate::calib::sequential::SeqQuant;
-use crate::convert::{self, Calib, Provenance, Stats};
+use crate::convert::{self, Calib};
 use crate::error::{Error, Result};
 use crate::plan::{self, Plan};
-use crate::source::TensorSource;
 use std::path::Path;
-
-/// What a conversion did.
-pub struct Outcome {
-    pub plan: Plan,
-    /// The output file's size (the plan's, metadata included).
-    pub size: u64,
-    pub mix: Option<MixReport>,
-    pub done: Done,
-}
-
-pub enum Done {
-    /// `--dry-run`: nothing written.
-    DryRun,
-    /// `--shard I/N`: a fragment (its summary line).
-    Shard(String),
-    /// A GGUF written.
-    Written {
-        stats: Stats,
-        secs: f64,
-        /// `--verify`: the written file's mean KLD against the input, and the seconds it took.
-        verified: Option<(f64, f64)>,
-    },
-}
 
 /// Run `job`. Warnings (engine problems, fallbacks) and progress go to stderr unless `--quiet`.
 pub fn convert(job: &Job) -> Result<Outcome> {
@@ -58,7 +35,7 @@ pub fn convert(job: &Job) -> Result<Outcome> {
         let im = crate::calib::imatrix::load(p)?;
         plan::assign_importance(&mut plan, &im.entries);
     }
-    let prov = provenance(
+    let prov = super::job::provenance(
         job,
         mix.as_ref().map(|m| m.provenance()).unwrap_or_default(),
     );
@@ -327,60 +304,4 @@ fn refuse_partial(p: &Path, meta: &std::collections::BTreeMap<String, String>) -
             p.display()
         ),
     ))
-}
-
-/// The `tq.*` provenance of the output (None with `--no-provenance`).
-pub(super) fn provenance(job: &Job, extra: Vec<(String, String)>) -> Option<Provenance> {
-    let a = &job.flags;
-    if a.no_provenance {
-        return None;
-    }
-    Some(Provenance {
-        recipe: if job.request.keep_types {
-            "keep".into()
-        } else if job.mixing() {
-            "mix".into()
-        } else {
-            job.request.recipe.name.into()
-        },
-        flags: job.canonical_flags(),
-        input_name: a
-            .input
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        // Filled in by execute, which hashes the input while converting; a dry run counts
-        // the placeholder too, so its size is the written file's (a mix's budget depends on it).
-        input_blake3: convert::HASH_PLACEHOLDER.to_string(),
-        extra,
-    })
-}
-
-/// The file a plan gives with the marks convert will add (ldlq / imatrix) and its provenance:
-/// what a mix's budget counts.
-pub(super) fn file_size_of(
-    job: &Job,
-    src: &dyn TensorSource,
-    plan: &Plan,
-    calib: &crate::plan::mix::Calibration,
-    imatrix: Option<&std::collections::BTreeMap<String, Vec<f32>>>,
-    extra: Vec<(String, String)>,
-) -> Result<u64> {
-    use crate::plan::mix::Calibration;
-    let mut p = plan.clone();
-    match calib {
-        Calibration::File(f) => plan::assign_ldlq(&mut p, &f.index, job.ldlq.band),
-        Calibration::Memory(h) => plan::assign_ldlq(&mut p, h, job.ldlq.band),
-        Calibration::Imatrix(_) | Calibration::None => {}
-    }
-    if let Some(m) = imatrix {
-        plan::assign_importance(&mut p, m);
-    }
-    let prov = provenance(job, extra);
-    let md = convert::output_metadata(src.metadata(), &p, prov.as_ref(), true);
-    crate::gguf::writer::file_size(
-        src.gguf_version(),
-        &md,
-        &convert::tensor_specs(&p, &job.profile),
-    )
 }

@@ -7,7 +7,7 @@ mod report;
 pub use fit::{kld_of, reference_logits};
 pub use report::{MixReport, Probe};
 
-use super::job::{CalibInput, Job};
+use super::job::{Budget, CalibInput, Job};
 use crate::error::{Error, Result};
 use crate::plan::mix::{self, Calibration};
 use crate::plan::Plan;
@@ -15,38 +15,6 @@ use crate::source::TensorSource;
 use crate::types::profile::Profile;
 use crate::types::TensorType;
 use std::path::Path;
-
-/// The byte budget asked for.
-#[derive(Clone, Copy, Debug)]
-pub enum Budget {
-    Bpw(f64),
-    Bytes(u64),
-}
-
-/// `100MB` (10⁶), `100MiB` (2²⁰), `1.5GB`, `105466560` (bytes).
-pub fn parse_size(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "kb" | "k" => 1e3,
-        "mb" | "m" => 1e6,
-        "gb" | "g" => 1e9,
-        "kib" => 1024.0,
-        "mib" => 1048576.0,
-        "gib" => 1073741824.0,
-        _ => f64::NAN,
-    };
-    match num.parse::<f64>() {
-        Ok(v) if v > 0.0 && mult.is_finite() && (v * mult) < 1e18 => Ok((v * mult).floor() as u64),
-        _ => Err(Error::Usage(format!(
-            "--target-size '{s}': expected bytes or a size like 100MB, 95MiB, 1.5GB"
-        ))),
-    }
-}
 
 pub struct MixOpts<'a> {
     pub budget: Budget,
@@ -331,7 +299,7 @@ pub(crate) fn run(
     // The file the plan gives: provenance and the marks convert will add (ldlq / imatrix)
     // change the metadata's length, so they are counted.
     let size_of = |p: &Plan, rep: &MixReport| -> Result<u64> {
-        super::run::file_size_of(job, src, p, &calib, im.as_ref(), rep.provenance())
+        super::job::file_size_of(job, src, p, &calib, im.as_ref(), rep.provenance())
     };
     let rep = choose(&a.input, src, plan, &job.profile, &o, &calib, &size_of)?;
     // The base type (general.file_type) of a mix: its most common type by elements.

@@ -97,6 +97,7 @@ fn hook_variables_are_read_in_the_hooks_module_only() {
             "TQ_CONVERT_ABORT_AFTER",
             "TQ_CALIB_ABORT_AFTER",
             "_ABORT_AFTER\"",
+            "\"TQ_TEST_",
         ],
         &["io/hooks.rs"],
     );

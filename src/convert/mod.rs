@@ -420,6 +420,29 @@ fn resume_point(t: &Target, checkpoint: &Path) -> Result<Option<(usize, u64)>> {
     Ok(Some((c.next, c.pos)))
 }
 
+/// A run killed while finishing — after its last checkpoint, once the input's hash was filled
+/// into the header in place of [`HASH_PLACEHOLDER`], before the rename — left a complete partial
+/// output whose header holds the hash: resuming it, that header (the metadata with the hash
+/// found there) is the one to continue, and the fill then writes the same bytes again.
+fn filled_metadata(t: &Target, start: Option<(usize, u64)>) -> Option<Vec<(String, Value)>> {
+    const KEY: &str = "tq.input.blake3";
+    let (next, _) = start?;
+    if t.hash_input.is_none() || next < t.plan.entries.len() {
+        return None;
+    }
+    let partial = crate::io::partial_path(t.out).ok()?;
+    let f = crate::gguf::GgufFile::open_with(&partial, t.profile).ok()?;
+    let hash = f.get_str(KEY)?;
+    if hash == HASH_PLACEHOLDER || hash.len() != HASH_PLACEHOLDER.len() {
+        return None;
+    }
+    let mut md = t.metadata.to_vec();
+    md.iter_mut()
+        .filter(|(k, _)| k == KEY)
+        .for_each(|(_, v)| *v = Value::string(hash));
+    Some(md)
+}
+
 fn execute_with(
     t: &Target,
     on_progress: &(dyn Fn(u64) + Sync),
@@ -428,7 +451,9 @@ fn execute_with(
     let specs = tensor_specs(t.plan, t.profile);
     let checkpoint = crate::io::checkpoint_path(&crate::io::partial_path(t.out)?);
     let start = resume_point(t, &checkpoint)?;
-    let w = GgufWriter::create_resumable(t.out, t.version, t.metadata, &specs, start)?;
+    let filled = filled_metadata(t, start);
+    let metadata = filled.as_deref().unwrap_or(t.metadata);
+    let w = GgufWriter::create_resumable(t.out, t.version, metadata, &specs, start)?;
     // The input's blake3 (provenance) is computed on a thread of its own while the tensors are
     // converted and filled into the header's placeholder at the end, instead of a whole pass
     // over the input before anything starts.
@@ -454,6 +479,8 @@ fn execute_with(
                         w.write_data(&chunk)?;
                         done += chunk.len() as u64;
                         on_progress(done);
+                        // Test hook (TQ_TEST_DATA_DELAY_MS): widen the window inside a tensor.
+                        crate::io::hooks::pause(crate::io::hooks::Pause::Data);
                     }
                     Msg::Done(next) => {
                         let (tensor, pos) = w.sync()?;

@@ -13,6 +13,16 @@
 //! |---|---|---|
 //! | [`KillPoint::ConvertCheckpoint`] | `TQ_CONVERT_ABORT_AFTER` | after `tq convert` checkpoints a tensor |
 //! | [`KillPoint::CalibCheckpoint`] | `TQ_CALIB_ABORT_AFTER` | after `tq calib` checkpoints a block that leaves work to resume |
+//!
+//! A *pause* slows a run down where it passes, so that a test killing the process from outside
+//! (`tests/kill.rs`: SIGKILL at random instants) lands in a window that is otherwise too short to
+//! hit: it sleeps for the number of milliseconds in its variable (same parsing; at most 10 s),
+//! and does nothing else. Like the kill points, the variables are read once per process.
+//!
+//! | pause | variable | sleeps |
+//! |---|---|---|
+//! | [`Pause::Data`] | `TQ_TEST_DATA_DELAY_MS` | after each chunk of a resumable output's data is written (`tq convert`: a tensor's bytes; `tq calib`: a Hessian group's), before its checkpoint |
+//! | [`Pause::Rename`] | `TQ_TEST_RENAME_DELAY_MS` | in every output's commit, between the fsync of its temporary file and the rename: each checkpoint write, and the final rename of a partial output |
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -50,6 +60,50 @@ impl KillPoint {
 
     fn index(self) -> usize {
         self as usize
+    }
+}
+
+/// A place where a test may slow a run down (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pause {
+    /// A chunk of a resumable output's data was written (not yet checkpointed).
+    Data,
+    /// An output's temporary file is complete and synced, not yet renamed into place.
+    Rename,
+}
+
+impl Pause {
+    pub const ALL: [Pause; 2] = [Pause::Data, Pause::Rename];
+
+    /// The environment variable that sets this pause's milliseconds.
+    pub fn env(self) -> &'static str {
+        match self {
+            Pause::Data => "TQ_TEST_DATA_DELAY_MS",
+            Pause::Rename => "TQ_TEST_RENAME_DELAY_MS",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The longest pause, in milliseconds (a typo must not hang a run).
+const MAX_PAUSE_MS: usize = 10_000;
+
+/// Each pause's milliseconds, read from the environment once.
+fn pauses() -> &'static [Option<usize>; Pause::ALL.len()] {
+    static PAUSES: OnceLock<[Option<usize>; Pause::ALL.len()]> = OnceLock::new();
+    PAUSES.get_or_init(|| {
+        Pause::ALL
+            .map(|p| parse(std::env::var(p.env()).ok().as_deref()).map(|ms| ms.min(MAX_PAUSE_MS)))
+    })
+}
+
+/// Sleep for `p`'s milliseconds; does nothing when its variable is not set.
+pub fn pause(p: Pause) {
+    if let Some(ms) = pauses()[p.index()] {
+        std::thread::sleep(std::time::Duration::from_millis(ms as u64));
     }
 }
 
@@ -107,6 +161,11 @@ mod tests {
         for (i, p) in KillPoint::ALL.iter().enumerate() {
             assert_eq!(p.index(), i);
             assert!(p.env().starts_with("TQ_") && p.env().ends_with("_ABORT_AFTER"));
+        }
+        for (i, p) in Pause::ALL.iter().enumerate() {
+            assert_eq!(p.index(), i);
+            assert!(p.env().starts_with("TQ_TEST_") && p.env().ends_with("_DELAY_MS"));
+            assert!(!envs.contains(&p.env()));
         }
     }
 }

@@ -368,6 +368,8 @@ impl TempOutput {
         drop(file);
         // The target may have become a directory/device/pipe while we worked: still never replace it.
         refuse_non_regular("output", &self.final_path)?;
+        // Test hook (TQ_TEST_RENAME_DELAY_MS): widen the window before the rename.
+        hooks::pause(hooks::Pause::Rename);
         std::fs::rename(&self.tmp_path, &self.final_path)
             .map_err(|e| Error::io(&self.final_path, e))?;
         self.committed = true;

@@ -535,6 +535,8 @@ impl HessianWriter {
         }
         w.flush().map_err(|e| Error::io(&tmp, e))?;
         drop(w);
+        // Test hook (TQ_TEST_DATA_DELAY_MS): widen the window before the checkpoint.
+        crate::io::hooks::pause(crate::io::hooks::Pause::Data);
         if let Some(at) = slot {
             use std::os::unix::fs::FileExt;
             let digits = format!("{:0w$}", g.tokens, w = TOKEN_SLOT);

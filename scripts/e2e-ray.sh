@@ -31,7 +31,7 @@ w="$TQ_CACHE/e2e-ray"
 rm -rf "$w"; mkdir -p "$w/ray" "$w/check" "$w/slurm" "$w/k8s" "$w/bin"
 tokens=512 ctx=128 batch=1 shards=4
 convert=(--weights tq4_1s --ldlq-band 16)
-since() { echo "$(date +%s.%N) - $1" | bc | xargs printf '%.1f'; }
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 
 # --- 1. Ray: two nodes on this host ----------------------------------------------------------
 t0=$(date +%s.%N)
@@ -58,6 +58,12 @@ stop_cluster() {
 trap stop_cluster EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM HUP
+# Token authentication with a token of this run only, for the nodes, the driver and the workers.
+# Left unset, Ray 2.60 turns token mode on for `ray start --head` when ~/.ray/auth_token exists
+# (any local ray.init() writes one) but not for a node joining it, which is then refused.
+py_ray -c 'import secrets; print(secrets.token_hex(32), end="")' > "$rt/auth_token"
+chmod 600 "$rt/auth_token"
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$rt/auth_token"
 # Free ports for what would otherwise be fixed defaults shared by both nodes or by another Ray on
 # this machine (GCS 6379, dashboard 8265, dashboard agent 52365); every other port is 0 (any).
 read -r gcs dash agent_a agent_b <<< "$(py_ray -c '
@@ -74,6 +80,8 @@ start_node() {
   setsid "$ray" start "$@" > "$log" 2>&1 < /dev/null &
   sids+=("$!")
   wait "$!" || { echo "e2e-ray: ray start failed:" >&2; tail -20 "$log" >&2; exit 1; }
+  [ -n "$(ps -o pid= -s "${sids[-1]}")" ] \
+    || { echo "e2e-ray: no process left in session ${sids[-1]} after ray start: cannot stop this node" >&2; exit 1; }
 }
 start_node "$w/ray/head.log" --head --port "$gcs" --dashboard-port "$dash" \
   --include-dashboard false --dashboard-agent-listen-port "$agent_a" \

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # End to end: sharded calibration + conversion across two Ray nodes, and the Slurm and Kubernetes
 # files of docs/scale.md run as written. In CI (.ci/run). On SmolLM2, small enough for 2 cores:
-# 512 tokens of Botchan in 4 windows of 128 (--batch 1), --weights tq4_1s --ldlq-band 16.
+# 512 tokens of Botchan in 2 windows of 256 (--batch 1), --weights tq4_1s --ldlq-band 16. Disk:
+# SmolLM2's Hessian files are 805 MB each (f64); each run of the pipeline writes N shards + the
+# merged file, deleted once checked (at most about 3.3 GB under $TQ_CACHE/e2e-ray at a time), and
+# nothing large is left after a passing run.
 #
 #   bash scripts/e2e-ray.sh          (TQ_BIN=/path/to/tq to use a given binary)
 #
@@ -10,12 +13,13 @@
 #    with its own ports, in its own session (setsid) so that exactly these processes are stopped
 #    at exit (never `ray stop`, which stops every Ray on the machine). The driver
 #    (scripts/ray/tq_ray.py --place node_a,node_b) pins shard I of each stage to node_a (I even) or
-#    node_b (I odd): 4 calib shards -> merge -> 4 convert shards -> assemble. Fails unless the task
+#    node_b (I odd): 2 calib shards -> merge -> 4 convert shards -> assemble. Fails unless the task
 #    metadata shows every shard on the node it was pinned to, and both node IDs in each stage.
 # 2. Reference: one process, `tq convert --calib H.safetensors` of the merged Hessians. The Ray
 #    output must be cmp-identical to it.
 # 3. The Slurm job array of docs/scale.md (tq-shard.sbatch, extracted from the page): `bash -n`,
-#    then its per-index body run here for SLURM_ARRAY_TASK_ID=0..3 of each stage (calib, merge,
+#    then its per-index body run here for SLURM_ARRAY_TASK_ID=0..N-1 (N=2, the calib shards of
+#    step 1, so that the merged Hessians are the same bytes) of each stage (calib, merge,
 #    convert, assemble) with local paths; the assembled file must be cmp-identical to the reference.
 # 4. The Kubernetes Jobs of docs/scale.md (tq-shard.yaml): parsed with PyYAML, checked for
 #    completionMode Indexed and JOB_COMPLETION_INDEX, and each Job's container command run here
@@ -29,7 +33,9 @@ botchan=$("$TQ_ROOT/scripts/fetch-botchan.sh")
 tq=$(tq_bin)
 w="$TQ_CACHE/e2e-ray"
 rm -rf "$w"; mkdir -p "$w/ray" "$w/check" "$w/slurm" "$w/k8s" "$w/bin"
-tokens=512 ctx=128 batch=1 shards=4
+tokens=512 ctx=256 batch=1
+calib_shards=2 convert_shards=4   # Ray
+shards=$calib_shards              # N of the Slurm and Kubernetes files: one N for both stages
 convert=(--weights tq4_1s --ldlq-band 16)
 since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 
@@ -92,8 +98,8 @@ echo "ray: two nodes up in $(since "$t0") s (venv included)"
 
 t1=$(date +%s.%N)
 py_ray scripts/ray/tq_ray.py --tq "$tq" --model "$smol" --text "$botchan" --tokens "$tokens" \
-  --ctx "$ctx" --batch "$batch" --workdir "$w/ray" --calib-shards "$shards" \
-  --convert-shards "$shards" --address "127.0.0.1:$gcs" --place node_a,node_b --threads 1 \
+  --ctx "$ctx" --batch "$batch" --workdir "$w/ray" --calib-shards "$calib_shards" \
+  --convert-shards "$convert_shards" --address "127.0.0.1:$gcs" --place node_a,node_b --threads 1 \
   -o "$w/ray/out.gguf" -- "${convert[@]}" > "$w/ray/timings.json"
 t_ray=$(since "$t1")
 stop_cluster
@@ -130,7 +136,9 @@ EOF
 # --- 2. The reference: one process from the merged Hessians ----------------------------------
 # The file keeps its name (H.safetensors): the name is part of the output's provenance.
 t2=$(date +%s.%N)
-cp "$w/ray/H.safetensors" "$w/check/H.safetensors"
+rm -f "$w"/ray/calib-*.safetensors "$w"/ray/frag-*.tqfrag
+ln "$w/ray/H.safetensors" "$w/check/H.safetensors" 2> /dev/null \
+  || cp "$w/ray/H.safetensors" "$w/check/H.safetensors"
 "$tq" convert "$smol" "${convert[@]}" --calib "$w/check/H.safetensors" --threads 2 -q \
   -o "$w/check/out.gguf"
 echo "reference: one-process tq convert in $(since "$t2") s"
@@ -179,6 +187,7 @@ echo "slurm: tq-shard.sbatch, $shards array tasks per stage, in $(since "$t3") s
 cmp -s "$w/slurm/run/H.safetensors" "$w/ray/H.safetensors" \
   && echo "slurm: merged Hessians byte-identical to Ray's" \
   || echo "slurm: merged Hessians differ in bytes from Ray's (the outputs are compared next)"
+rm -rf "$w/slurm/run"
 same slurm "$w/slurm/out.gguf"
 
 # --- 4. The Kubernetes Jobs of docs/scale.md, their commands run here -------------------------
@@ -230,5 +239,7 @@ print(f"k8s: {len(docs)} documents parsed ({', '.join(k for k, _ in kinds)}); "
       f"Jobs run for {n} indices each")
 EOF
 echo "k8s: tq-shard.yaml, $shards indices per Indexed Job, in $(since "$t4") s"
+rm -rf "$w/k8s/run"
 same k8s "$w/k8s/out.gguf"
+rm -f "$w"/*/*.gguf "$w"/*/*.safetensors   # logs and the driver's JSON stay
 echo "e2e-ray: OK in $(since "$t_start") s (ray driver $t_ray s)"

@@ -3,7 +3,7 @@
 # files of docs/scale.md run as written. In CI (.ci/run). On SmolLM2, small enough for 2 cores:
 # 512 tokens of Botchan in 2 windows of 256 (--batch 1), --weights tq4_1s --ldlq-band 16. Disk:
 # SmolLM2's Hessian files are 805 MB each (f64); each run of the pipeline writes N shards + the
-# merged file, deleted once checked (at most about 3.3 GB under $TQ_CACHE/e2e-ray at a time), and
+# merged file, deleted once checked (at most about 3.6 GB under $TQ_CACHE/e2e-ray at a time), and
 # nothing large is left after a passing run.
 #
 #   bash scripts/e2e-ray.sh          (TQ_BIN=/path/to/tq to use a given binary)

@@ -635,25 +635,6 @@ fn tiny_with_tokenizer(dir: &Path) -> std::path::PathBuf {
     p
 }
 
-/// Deterministic English-like text.
-fn pseudo_text(words: usize) -> String {
-    let vocab = [
-        "the", "cat", "sat", "on", "mat", "he", "said", "that", "it", "was", "here", "when",
-        "rain", "fell", "over", "hills", "and", "then", "she", "went", "home", "quietly,",
-        "again.",
-    ];
-    let mut s = 1u64;
-    (0..words)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            vocab[(s >> 33) as usize % vocab.len()]
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 fn tensors_equal(a: &Path, b: &Path) -> bool {
     let (fa, fb) = (
         tq::gguf::GgufFile::open(a).unwrap(),
@@ -671,7 +652,7 @@ fn convert_calibrates_inline_on_text() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_with_tokenizer(dir.path());
     let text = dir.path().join("calib.txt");
-    std::fs::write(&text, pseudo_text(400)).unwrap();
+    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(400)).unwrap();
     let p = |n: &str| dir.path().join(n);
     let calib = |extra: &[&str], out: &Path| {
         let mut a = vec![

@@ -3,7 +3,10 @@
 //! built with `--features cuda` and NVRTC is present, and the kernel sources' constant tables.
 //!
 //! `TQ_REQUIRE_GPU=1` (set by scripts/ci-gpu.sh) turns "no wgpu adapter" into a failure, and
-//! `TQ_REQUIRE_NVRTC=1` (also set there) turns "libnvrtc not found" into one.
+//! `TQ_REQUIRE_NVRTC=1` (also set there) turns "libnvrtc not found" into one. Without them a test
+//! that cannot run is recorded (`fixtures::no_device` / `fixtures::not_run`), never passed
+//! silently. The CUDA parity test runs wherever an NVIDIA device is visible and must then pass;
+//! with none visible it is recorded as "not run: no device".
 
 #[path = "../fixtures/mod.rs"]
 mod fixtures;
@@ -42,6 +45,21 @@ fn require_nvrtc() -> bool {
     std::env::var("TQ_REQUIRE_NVRTC")
         .map(|v| v == "1")
         .unwrap_or(false)
+}
+
+/// A wgpu test whose backend did not open: with no adapter (absent) it is "not run: no device",
+/// a failure under `TQ_REQUIRE_GPU=1` (CI's lavapipe); a backend that is there but fails to open
+/// is a failure everywhere. The caller returns after it.
+#[cfg(feature = "wgpu")]
+fn wgpu_not_open(e: &gpu::OpenError) {
+    if require_gpu() {
+        panic!("TQ_REQUIRE_GPU=1 but {e}");
+    }
+    assert!(
+        e.is_absent(),
+        "the wgpu backend is there but failed to open: {e}"
+    );
+    fixtures::no_device(&e.to_string());
 }
 
 #[test]
@@ -670,10 +688,7 @@ fn wgpu_kernels_match_the_cpu_reference() {
     let mut b = match gpu::open_backend(BackendKind::Wgpu) {
         Ok(b) => b,
         Err(e) => {
-            if require_gpu() {
-                panic!("TQ_REQUIRE_GPU=1 but {e}");
-            }
-            eprintln!("SKIP: {e}");
+            wgpu_not_open(&e);
             return;
         }
     };
@@ -695,10 +710,7 @@ fn wgpu_model_run_is_within_the_bound_of_the_cpu_run() {
     use tq::eval::{evaluate, Reference, Windows};
     use tq::model::{Model, Numerics};
     if let Err(e) = gpu::open_linear(BackendKind::Wgpu) {
-        if require_gpu() {
-            panic!("TQ_REQUIRE_GPU=1 but {e}");
-        }
-        eprintln!("SKIP: {e}");
+        wgpu_not_open(&e);
         return;
     }
     let d = tempfile::tempdir().unwrap();
@@ -748,10 +760,7 @@ fn wgpu_conformance_backend() {
     let mut b = match gpu::open_backend(BackendKind::Wgpu) {
         Ok(b) => b,
         Err(e) => {
-            if require_gpu() {
-                panic!("TQ_REQUIRE_GPU=1 but {e}");
-            }
-            eprintln!("SKIP: {e}");
+            wgpu_not_open(&e);
             return;
         }
     };
@@ -776,10 +785,7 @@ fn wgpu_conformance_backend() {
 #[test]
 fn wgpu_wrong_tq2r_kernels_fail() {
     if let Err(e) = gpu::open_backend(BackendKind::Wgpu) {
-        if require_gpu() {
-            panic!("TQ_REQUIRE_GPU=1 but {e}");
-        }
-        eprintln!("SKIP: {e}");
+        wgpu_not_open(&e);
         return;
     }
     let edits = [
@@ -865,7 +871,8 @@ fn cuda_kernels_compile_with_nvrtc() {
         if require_nvrtc() {
             panic!("TQ_REQUIRE_NVRTC=1 but libnvrtc was not found (LD_LIBRARY_PATH)");
         }
-        eprintln!("SKIP: libnvrtc not found (put the NVRTC lib directory on LD_LIBRARY_PATH)");
+        // A missing library, not a missing device: a failure under TQ_REQUIRE_DATA=1.
+        fixtures::not_run("libnvrtc not found (put the NVRTC lib directory on LD_LIBRARY_PATH)");
         return;
     }
     for arch in [None, Some("compute_80"), Some("compute_90")] {
@@ -883,13 +890,49 @@ fn cuda_kernels_compile_with_nvrtc() {
     }
 }
 
+/// Whether an NVIDIA device is visible: `Ok(what)` when `nvidia-smi -L` lists a GPU or when
+/// libcuda loads and its driver counts a device (the backend's own test, `gpu::cuda`); `Err(why
+/// not)` otherwise.
+#[cfg(feature = "cuda")]
+fn nvidia_device_visible() -> Result<String, String> {
+    let smi = std::process::Command::new("nvidia-smi").arg("-L").output();
+    if let Ok(o) = &smi {
+        let out = String::from_utf8_lossy(&o.stdout);
+        if let Some(l) = out.lines().find(|l| l.starts_with("GPU ")) {
+            return Ok(format!("nvidia-smi: {l}"));
+        }
+    }
+    let smi = match smi {
+        Ok(o) => format!("nvidia-smi -L lists no GPU (exit {:?})", o.status.code()),
+        Err(e) => format!("no nvidia-smi ({e})"),
+    };
+    if !gpu::cuda::libcuda_present() {
+        return Err(format!("{smi}; libcuda not found"));
+    }
+    match cudarc::driver::CudaContext::device_count() {
+        Ok(n) if n > 0 => Ok(format!("libcuda: {n} device(s)")),
+        Ok(_) => Err(format!("{smi}; libcuda: 0 devices")),
+        Err(e) => Err(format!("{smi}; libcuda: {e:?}")),
+    }
+}
+
+/// The CUDA kernels on a real GPU. Required wherever an NVIDIA device is visible (the backend
+/// failing to open there, NVRTC missing included, fails the test); recorded as "not run: no
+/// device" where none is.
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_kernels_match_the_cpu_reference() {
-    let mut b = match gpu::open_backend(BackendKind::Cuda) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("SKIP: {e}");
+    let mut b = match (
+        gpu::open_backend(BackendKind::Cuda),
+        nvidia_device_visible(),
+    ) {
+        (Ok(b), _) => b,
+        (Err(e), Ok(dev)) => {
+            panic!("an NVIDIA device is visible ({dev}) but the CUDA backend did not open: {e}")
+        }
+        (Err(e), Err(why)) => {
+            assert!(e.is_absent(), "{e}");
+            fixtures::no_device(&format!("{why}; {e}"));
             return;
         }
     };
@@ -904,10 +947,7 @@ fn cuda_kernels_match_the_cpu_reference() {
 #[test]
 fn wgpu_wrong_tq2t_kernels_fail() {
     if let Err(e) = gpu::open_backend(BackendKind::Wgpu) {
-        if require_gpu() {
-            panic!("TQ_REQUIRE_GPU=1 but {e}");
-        }
-        eprintln!("SKIP: {e}");
+        wgpu_not_open(&e);
         return;
     }
     let edits = [
@@ -938,11 +978,10 @@ fn wgpu_wrong_tq2t_kernels_fail() {
     }
 }
 
-/// `--backend auto` skips absent backends but counts a backend whose kernels do not compile as a
-/// failure (exit 2, `FAILED`): a broken turbo kernel (through `TQ_KERNELS_DIR`) must not pass as
-/// "skipped". Runs where a compiler is present: NVRTC (CUDA, even with no GPU) or a wgpu adapter.
-#[test]
-fn auto_counts_kernel_compile_errors_as_failures() {
+/// The kernel sources of every language copied to a fresh temporary `TQ_KERNELS_DIR` with the
+/// turbo files made invalid, then `tq kernels check --backend auto --quick --types turbo2` on
+/// them: (exit code, stdout + stderr).
+fn auto_check_with_broken_turbo_kernels() -> (Option<i32>, String) {
     let dir = std::env::temp_dir().join(format!("tq-broken-kernels-{}", std::process::id()));
     for (lang, files) in [
         ("cuda", ["common.cuh", "tq.cu", "turbo.cu", "tq2r.cu"]),
@@ -989,8 +1028,35 @@ fn auto_counts_kernel_compile_errors_as_failures() {
             ),
         )
     };
-    let (code, text) = run(Some(&dir));
+    let r = run(Some(&dir));
     let _ = std::fs::remove_dir_all(&dir);
+    r
+}
+
+/// Built without a GPU backend (no `--features wgpu` / `cuda`), `--backend auto` has nothing to
+/// compile the broken kernels with: every backend is absent and skipped with its reason (none
+/// counted as failed), and the command says that no GPU backend is available. (The compile-error
+/// test below needs a backend built in; scripts/ci-gpu.sh runs it with both.)
+#[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+#[test]
+fn auto_without_gpu_backends_skips_them_all() {
+    let (_, text) = auto_check_with_broken_turbo_kernels();
+    assert!(!text.contains("FAILED"), "{text}");
+    for b in ["cuda", "wgpu", "metal"] {
+        assert!(text.contains(&format!("{b}: skipped")), "{b}: {text}");
+    }
+    assert!(text.contains("no GPU backend available"), "{text}");
+}
+
+/// `--backend auto` skips absent backends but counts a backend whose kernels do not compile as a
+/// failure (exit 2, `FAILED`): a broken turbo kernel (through `TQ_KERNELS_DIR`) must not pass as
+/// "skipped". Runs where a compiler is present: NVRTC (CUDA, even with no GPU) or a wgpu adapter;
+/// without one it is recorded as not run (missing NVRTC: `fixtures::not_run`; only a missing wgpu
+/// adapter: "no device").
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[test]
+fn auto_counts_kernel_compile_errors_as_failures() {
+    let (code, text) = auto_check_with_broken_turbo_kernels();
     let compilers = text.contains("cuda: FAILED") || text.contains("wgpu: FAILED");
     if !compilers {
         // Neither NVRTC nor a wgpu adapter here: every backend is absent and skipped.
@@ -999,7 +1065,12 @@ fn auto_counts_kernel_compile_errors_as_failures() {
         if require_gpu() || require_nvrtc() {
             panic!("CI: a compiler was required but the broken kernels were not compiled:\n{text}");
         }
-        eprintln!("SKIP: no NVRTC and no wgpu adapter: {text}");
+        let why = format!("no NVRTC and no wgpu adapter: {}", text.trim());
+        if cfg!(feature = "cuda") {
+            fixtures::not_run(&why);
+        } else {
+            fixtures::no_device(&why);
+        }
         return;
     }
     assert_eq!(code, Some(2), "{text}");

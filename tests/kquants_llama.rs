@@ -8,8 +8,9 @@
 //!   overflow of the super-scale, ...) quantized with our kernels must hash (blake3 of the tensor
 //!   data) to what llama-quantize produced, recorded in `fixtures/kquants_expected.json` by
 //!   `scripts/dev/kquants_llama_oracle.sh`. Runs everywhere, no llama.cpp needed.
-//! * `synthetic_matches_llama_quantize_live`: when `$TQ_CACHE/llama.cpp/build/bin/llama-quantize`
-//!   exists (`scripts/build-llama.sh`), writes the synthetic F32 GGUF, runs
+//! * `synthetic_matches_llama_quantize_live`: with `$TQ_CACHE/llama.cpp/build/bin/llama-quantize`
+//!   (`scripts/build-llama.sh`, which `scripts/test.sh` runs first; missing, the test is recorded
+//!   as not run, a failure under `TQ_REQUIRE_DATA=1`), writes the synthetic F32 GGUF, runs
 //!   `llama-quantize --pure` for every k-type and compares all bytes, reporting the first
 //!   differing block. With `TQ_KQ_RECORD=1` it (re)writes the recorded hashes from llama's output.
 //! * `iq4_*`: the same three checks for IQ4_NL / IQ4_XS (no extreme rows: llama-quantize rejects
@@ -19,7 +20,7 @@
 //!   no larger imatrix-weighted error `Σ imp·(x − q)²` than llama-quantize's, per type.
 //! * `smollm2_ffn_down_matches_llama`: real weights — SmolLM2's Q4_1 `ffn_down` tensors (rows of
 //!   1536 = 6 super-blocks) dequantized to f32 and quantized to every k-type must hash to the
-//!   recorded llama-quantize output (and match it live when llama-quantize is present).
+//!   recorded llama-quantize output, and match it live (llama-quantize missing: recorded as above).
 
 #[path = "../fixtures/mod.rs"]
 mod fixtures;
@@ -308,17 +309,13 @@ fn recording() -> bool {
         .unwrap_or(false)
 }
 
+/// llama.cpp's `llama-quantize` (`scripts/build-llama.sh`, which `scripts/test.sh` runs first);
+/// `None` is recorded as not run (a failure under `TQ_REQUIRE_DATA=1`).
 fn llama_quantize() -> Option<PathBuf> {
-    let p = fixtures::cache_dir().join("llama.cpp/build/bin/llama-quantize");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "SKIP live comparison: {} not built (scripts/build-llama.sh)",
-            p.display()
-        );
-        None
-    }
+    fixtures::data_file(
+        fixtures::cache_dir().join("llama.cpp/build/bin/llama-quantize"),
+        "scripts/build-llama.sh",
+    )
 }
 
 /// Run llama-quantize (with `--imatrix` when given) and return (tensor name → data bytes) of its
@@ -565,8 +562,9 @@ fn compare_live(
 
 /// Extreme rows (f16 overflow of d/dmin, f32 overflow inside the search) against ggml's
 /// `quantize_row_q*_K_ref` called directly: `$TQ_KQ_GGML_REF` names a small harness
-/// (`kq TYPE in.f32 out.bin`, TYPE 2..6) that `scripts/dev/kquants_llama_oracle.sh` compiles from
-/// llama.cpp's `ggml-quants.c` with ggml-base's flags. Recorded hashes are checked everywhere.
+/// (`kq TYPE in.f32 out.bin`, TYPE 2..6) that `scripts/build-ggml-ref.sh` compiles from
+/// llama.cpp's `ggml-quants.c` with ggml-base's flags (`scripts/test.sh` builds it and sets the
+/// variable; unset, the live part is recorded as not run). Recorded hashes are checked everywhere.
 #[test]
 fn extreme_rows_match_recorded_ggml_ref() {
     let t = Tensor {
@@ -574,7 +572,16 @@ fn extreme_rows_match_recorded_ggml_ref() {
         dims: [256, 8],
         data: extreme_rows(),
     };
-    if let Ok(bin) = std::env::var("TQ_KQ_GGML_REF") {
+    let live = std::env::var("TQ_KQ_GGML_REF")
+        .ok()
+        .filter(|v| !v.is_empty());
+    if live.is_none() {
+        fixtures::not_run(
+            "live comparison with ggml's quantize_row_q*_K_ref: TQ_KQ_GGML_REF unset \
+             (scripts/build-ggml-ref.sh builds the harness; scripts/test.sh sets it)",
+        );
+    }
+    if let Some(bin) = live {
         let dir = tempfile::tempdir().unwrap();
         let inp = dir.path().join("extreme.f32");
         let b: Vec<u8> = t.data.iter().flat_map(|v| v.to_le_bytes()).collect();

@@ -220,14 +220,13 @@ const SMOLLM2_CASES: &[(&str, &[u32])] = &[
 #[test]
 fn unicode_classes_match_llama_cpp_table() {
     use tq::tokenizer::unicode::{category, flags, is_ws};
-    let p = fixtures::cache_dir().join("llama.cpp/src/src/unicode-data.cpp");
-    let Ok(src) = std::fs::read_to_string(&p) else {
-        eprintln!(
-            "SKIP: {} absent (scripts/build-llama.sh fetches it)",
-            p.display()
-        );
+    let Some(p) = fixtures::data_file(
+        fixtures::cache_dir().join("llama.cpp/src/src/unicode-data.cpp"),
+        "scripts/build-llama.sh, which fetches the llama.cpp sources",
+    ) else {
         return;
     };
+    let src = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     let hex = |s: &str| u32::from_str_radix(s.trim().trim_start_matches("0x"), 16).unwrap();
     let section = |name: &str| {
         let a = src.find(name).unwrap();
@@ -434,7 +433,9 @@ fn write_gguf(dir: &std::path::Path, name: &str, meta: &[(String, Value)]) -> Gg
 #[ignore]
 fn dump_tokens() {
     let Ok(spec) = std::env::var("TQ_TOK_DUMP") else {
-        eprintln!("set TQ_TOK_DUMP=vocab.gguf:input.txt:output.txt:add_special");
+        fixtures::not_run(
+            "a tool run by hand: set TQ_TOK_DUMP=vocab.gguf:input.txt:output.txt:add_special",
+        );
         return;
     };
     let parts: Vec<&str> = spec.split(':').collect();

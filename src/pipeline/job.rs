@@ -94,8 +94,6 @@ pub struct Job {
     pub profile: Profile,
     pub request: Request<'static>,
     pub calib: CalibInput,
-    pub imatrix: Option<PathBuf>,
-    pub ldlq: LdlqSettings,
     pub budget: Option<Budget>,
     pub shard: Option<Shard>,
     /// `-o` (None only with `--dry-run`).
@@ -172,8 +170,6 @@ impl Job {
         Ok(Job {
             profile,
             request,
-            imatrix: f.imatrix.clone(),
-            ldlq: f.ldlq,
             budget,
             shard,
             output,
@@ -251,7 +247,7 @@ impl Job {
             }
             f.push(format!(
                 "--ldlq-band {} --damp {} --ldlq-refit {}",
-                self.ldlq.band, self.ldlq.damp, self.ldlq.refit
+                self.flags.ldlq.band, self.flags.ldlq.damp, self.flags.ldlq.refit
             ));
         }
         if let Some(x) = a.target_bpw {
@@ -273,7 +269,7 @@ impl Job {
                 a.kld_windows, a.kld_probes
             ));
         }
-        if let Some(c) = &self.imatrix {
+        if let Some(c) = &self.flags.imatrix {
             f.push(format!("--imatrix {}", name(c)));
         }
         f.join(" ")
@@ -286,12 +282,12 @@ impl Job {
         format!(
             "{} | --ldlq-band {} --damp {} --ldlq-refit {} | input {} | calib {} | imatrix {} | tq {}",
             self.canonical_flags(),
-            self.ldlq.band,
-            self.ldlq.damp,
-            self.ldlq.refit,
+            self.flags.ldlq.band,
+            self.flags.ldlq.damp,
+            self.flags.ldlq.refit,
             file_identity(&a.input),
             self.calib.path().map(file_identity).unwrap_or_default(),
-            self.imatrix.as_deref().map(file_identity).unwrap_or_default(),
+            self.flags.imatrix.as_deref().map(file_identity).unwrap_or_default(),
             env!("CARGO_PKG_VERSION")
         )
     }
@@ -477,8 +473,8 @@ pub(super) fn file_size_of(
     use crate::plan::mix::Calibration;
     let mut p = plan.clone();
     match calib {
-        Calibration::File(f) => plan::assign_ldlq(&mut p, &f.index, job.ldlq.band),
-        Calibration::Memory(h) => plan::assign_ldlq(&mut p, h, job.ldlq.band),
+        Calibration::File(f) => plan::assign_ldlq(&mut p, &f.index, job.flags.ldlq.band),
+        Calibration::Memory(h) => plan::assign_ldlq(&mut p, h, job.flags.ldlq.band),
         Calibration::Imatrix(_) | Calibration::None => {}
     }
     if let Some(m) = imatrix {

@@ -79,13 +79,15 @@ pub(crate) fn engine_issues(input: &str, issues: &[String]) {
     }
 }
 
-/// Write shard `job.shard`'s fragment; its summary line.
-pub(crate) fn shard(job: &crate::shard::fragment::Job) -> Result<String> {
-    let t0 = std::time::Instant::now();
-    let w = crate::shard::fragment::write(job, &|_| {})?;
+/// A written fragment's summary line.
+pub(crate) fn shard(
+    job: &crate::shard::fragment::Job,
+    w: &crate::shard::fragment::Written,
+    secs: f64,
+) -> String {
     let m = &w.manifest;
-    Ok(format!(
-        "tq convert: wrote fragment {} of shard {}/{} (tensors {}..{} of {}, {} bytes: {} converted, {} copied) in {:.1} s",
+    format!(
+        "tq convert: wrote fragment {} of shard {}/{} (tensors {}..{} of {}, {} bytes: {} converted, {} copied) in {secs:.1} s",
         job.out.display(),
         m.shard,
         m.shards,
@@ -95,8 +97,7 @@ pub(crate) fn shard(job: &crate::shard::fragment::Job) -> Result<String> {
         w.bytes,
         w.tensors_converted,
         w.tensors_copied,
-        t0.elapsed().as_secs_f64()
-    ))
+    )
 }
 
 /// `--dry-run --json`: the plan, its totals and the mix.

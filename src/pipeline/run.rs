@@ -15,7 +15,7 @@ pub fn convert(job: &Job) -> Result<Outcome> {
     let a = &job.flags;
     let src = crate::source::open(&a.input, &job.profile)?;
     let mut plan = plan::plan(src.tensors(), &job.request, &job.profile)?;
-    plan.ldlq = job.ldlq;
+    plan.ldlq = job.flags.ldlq;
     // What would make engines refuse the output: warnings, or (--strict) an error now.
     // Printed under --quiet too: a warning, not a notice.
     let issues = plan::check_engine(src.as_ref(), a.strict)?;
@@ -31,7 +31,7 @@ pub fn convert(job: &Job) -> Result<Outcome> {
     // Dropped at the end whatever happens: the mix's temporary folder.
     let _cleanup = Cleanup(mix.as_ref().and_then(|m| m.ref_logits.clone()));
     let mut loaded = load_calibration(job, &mut plan, &seq_now, pre)?;
-    if let Some(p) = &job.imatrix {
+    if let Some(p) = &job.flags.imatrix {
         let im = crate::calib::imatrix::load(p)?;
         plan::assign_importance(&mut plan, &im.entries);
     }
@@ -100,7 +100,9 @@ pub fn convert(job: &Job) -> Result<Outcome> {
             shard,
             out: &out,
         };
-        let line = super::report::shard(&fj)?;
+        let t0 = std::time::Instant::now();
+        let w = crate::shard::fragment::write(&fj, &|_| {})?;
+        let line = super::report::shard(&fj, &w, t0.elapsed().as_secs_f64());
         return Ok(Outcome {
             plan,
             size,
@@ -233,7 +235,7 @@ fn load_calibration(
     let a = &job.flags;
     if let Some(hessians) = pre {
         // A mix calibrated on the text already: the same Hessians, not a second run.
-        plan::assign_ldlq(plan, &hessians, job.ldlq.band);
+        plan::assign_ldlq(plan, &hessians, job.flags.ldlq.band);
         return Ok(Loaded::Hessians(hessians));
     }
     Ok(match &job.calib {
@@ -253,7 +255,7 @@ fn load_calibration(
             let (file, windows) =
                 crate::calib::input::text_windows(&a.input, &job.profile, path, &o)?;
             let expected = crate::calib::stream::expected(&file, windows.len() as u64)?;
-            plan::assign_ldlq(plan, &expected, job.ldlq.band);
+            plan::assign_ldlq(plan, &expected, job.flags.ldlq.band);
             Loaded::Stream {
                 file,
                 windows,
@@ -274,7 +276,7 @@ fn load_calibration(
                     path.display()
                 );
             }
-            plan::assign_ldlq(plan, &file.index, job.ldlq.band);
+            plan::assign_ldlq(plan, &file.index, job.flags.ldlq.band);
             Loaded::File(file)
         }
         CalibInput::None => Loaded::None,

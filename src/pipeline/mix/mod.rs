@@ -278,7 +278,7 @@ pub(crate) fn run(
         }
         CalibInput::None => {}
     }
-    if let Some(p) = &job.imatrix {
+    if let Some(p) = &job.flags.imatrix {
         im = Some(crate::calib::imatrix::load(p)?.entries);
     }
     let calib = match (&file, &mem, &im) {

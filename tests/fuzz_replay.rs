@@ -162,7 +162,7 @@ fn safetensors(tensors: &[(&str, &str, Vec<u64>, Vec<u8>)], meta: &[(&str, &str)
         .map(|(k, v)| (k.to_string(), (*v).into()))
         .collect();
     h.insert("__metadata__".into(), m.into());
-    let mut data = vec![];
+    let mut data: Vec<u8> = vec![];
     for (name, dtype, shape, d) in tensors {
         h.insert(
             name.to_string(),
@@ -281,4 +281,23 @@ fn imatrix_reader_survives_damaged_files() {
         iters(3000),
         entries::imatrix_reader,
     );
+}
+
+/// The knapsack's answers where it used to panic: an item whose every option costs NaN or +inf
+/// (no pick was recorded: index out of bounds), and sizes whose sum overflows 64 bits.
+#[test]
+fn mix_planner_answers_nan_infinite_and_overflowing_items() {
+    use tq::plan::mix::solve;
+    let items = vec![
+        vec![(10, 1.0), (20, 0.5)],
+        vec![(5, f64::NAN)],
+        vec![(5, f64::INFINITY), (6, f64::NAN)],
+    ];
+    let s = solve(&items, 40, 1 << 10).expect("within budget");
+    assert_eq!(s.choice, vec![1, 0, 0]);
+    assert_eq!(s.bytes, 30);
+    let huge = vec![vec![(u64::MAX - 1, 1.0)], vec![(u64::MAX - 1, 1.0)]];
+    assert_eq!(solve(&huge, u64::MAX, 1 << 10), None);
+    let ok = vec![vec![(u64::MAX / 2, 1.0)], vec![(u64::MAX / 2, 2.0)]];
+    assert_eq!(solve(&ok, u64::MAX, 1 << 10).unwrap().bytes, u64::MAX - 1);
 }

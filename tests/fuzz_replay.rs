@@ -196,7 +196,7 @@ fn spd(n: usize) -> Vec<f64> {
 
 #[test]
 fn mix_planner_survives_arbitrary_items() {
-    let mut r = Rng(seed() ^ 0x6d69_78);
+    let mut r = Rng(seed() ^ 0x006d_6978);
     let seeds: Vec<Vec<u8>> = (0..64)
         .map(|_| (0..r.below(160)).map(|_| r.next() as u8).collect())
         .collect();
@@ -243,11 +243,11 @@ fn hessian_reader_survives_damaged_files() {
 #[test]
 fn imatrix_reader_survives_damaged_files() {
     let mut dat = 2i32.to_le_bytes().to_vec();
-    for (name, n) in [("blk.0.attn_q.weight", 4), ("output.weight", 3)] {
+    for (name, n) in [("blk.0.attn_q.weight", 4i32), ("output.weight", 3)] {
         dat.extend((name.len() as i32).to_le_bytes());
         dat.extend(name.as_bytes());
         dat.extend(5i32.to_le_bytes());
-        dat.extend((n as i32).to_le_bytes());
+        dat.extend(n.to_le_bytes());
         for k in 0..n {
             dat.extend((0.5 + k as f32).to_le_bytes());
         }

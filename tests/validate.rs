@@ -624,3 +624,92 @@ fn prompts_file_sets_the_generation_prompts() {
     one_line_error(&err, "no prompts");
     assert!(err.contains("prompts.txt"), "{err}");
 }
+
+/// The generation gate can fail with its default settings (no `--min-gen-agreement`, 3 prompts of
+/// 16 tokens, 24 generated): a copy of the real SmolLM2's q8_0 conversion whose blocks write
+/// nothing back into the residual stream (every `attn_output` and `ffn_down` zeroed, written with
+/// tq's own GGUF writer; provenance kept, so the reference check still passes) predicts from the
+/// current token's embedding alone and loops; `tq validate` fails it (exit 3) on
+/// `generation/degenerate` and on nothing else, while the good q8_0 file passes with the same flags.
+#[test]
+fn generation_gate_fails_a_looping_model_with_default_thresholds() {
+    let Some(smol) = fixtures::smollm2() else {
+        return;
+    };
+    let Some(text) = fixtures::botchan() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("smol-q8_0.gguf");
+    let (code, _, err) = tq(&[
+        "convert",
+        s(&smol),
+        "--weights",
+        "q8_0",
+        "-q",
+        "-o",
+        s(&good),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let bad = dir.path().join("smol-q8_0-looping.gguf");
+    {
+        use tq::gguf::{GgufFile, GgufWriter, TensorSpec};
+        let f = GgufFile::open(&good).unwrap();
+        let specs: Vec<TensorSpec> = f.tensors.iter().map(|t| t.spec()).collect();
+        let mut w = GgufWriter::create(&bad, f.version, &f.metadata, &specs).unwrap();
+        let mut zeroed = 0;
+        for t in &f.tensors {
+            if t.name.ends_with(".attn_output.weight") || t.name.ends_with(".ffn_down.weight") {
+                w.write_data(&vec![0u8; t.size as usize]).unwrap();
+                zeroed += 1;
+            } else {
+                w.write_data(f.tensor_data(t)).unwrap();
+            }
+        }
+        w.finish().unwrap();
+        assert_eq!(zeroed, 60, "30 blocks x 2 tensors");
+    }
+    let run = |art: &Path| {
+        let (code, out, err) = tq(&[
+            "validate",
+            s(art),
+            "--ref",
+            s(&smol),
+            "--text",
+            s(&text),
+            "--ctx",
+            "128",
+            "--chunks",
+            "1",
+            "--kernels",
+            "none",
+            "--json",
+            "-q",
+        ]);
+        let r: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("exit {code}: {e}: {err}"));
+        (code, r)
+    };
+    let (code, r) = run(&good);
+    assert_eq!(code, 0, "{r}");
+    assert_eq!(check(&r, "generation", "degenerate")["status"], "pass");
+    let (code, r) = run(&bad);
+    assert_eq!(code, 3, "{r}");
+    let d = check(&r, "generation", "degenerate");
+    assert_eq!(d["status"], "fail", "{d}");
+    assert!(d["detail"].as_str().unwrap().contains("loop"), "{d}");
+    let failed: Vec<String> = r["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "fail")
+        .map(|c| format!("{}/{}", c["group"], c["name"]))
+        .collect();
+    assert_eq!(failed, vec!["\"generation\"/\"degenerate\""], "{r}");
+    // Every prompt loops; the reference's own continuations do not.
+    for p in r["generation"].as_array().unwrap() {
+        let flags = p["artifact_flags"].as_array().unwrap();
+        assert!(flags.iter().any(|f| f == "loop"), "{p}");
+        assert!(p["reference_flags"].as_array().unwrap().is_empty(), "{p}");
+    }
+}

@@ -164,12 +164,27 @@ fn load_gguf(path: &Path) -> Result<Imatrix> {
                 }
             }
         }
+        check_values(path, name, &v)?;
         out.entries.insert(name.to_string(), v);
     }
     if out.entries.is_empty() {
         return Err(bad("no NAME.in_sum2 tensors".into()));
     }
     Ok(out)
+}
+
+/// An importance is a mean of squares: finite and at least 0.
+fn check_values(path: &Path, name: &str, v: &[f32]) -> Result<()> {
+    match v.iter().position(|x| !(x.is_finite() && *x >= 0.0)) {
+        None => Ok(()),
+        Some(i) => Err(Error::bad_input(
+            path,
+            format!(
+                "imatrix entry '{name}' has {} at column {i} (a mean of squares is finite and at least 0): the file is damaged; make it again",
+                v[i]
+            ),
+        )),
+    }
 }
 
 fn load_dat(path: &Path, b: &[u8]) -> Result<Imatrix> {
@@ -208,7 +223,8 @@ fn load_dat(path: &Path, b: &[u8]) -> Result<Imatrix> {
         let v = vals
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+            .collect::<Vec<f32>>();
+        check_values(path, &name, &v)?;
         out.entries.insert(name, v);
     }
     Ok(out)

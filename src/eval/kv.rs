@@ -8,7 +8,7 @@ use std::path::Path;
 
 use super::kv_presets::{candidates, rule_text, Preset};
 use super::logits_file::{self, Format};
-use super::{evaluate, Reference, Windows};
+use super::{evaluate, Reference};
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, GgufWriter, TensorSpec, Value};
 use crate::model::kv::Profile;
@@ -112,8 +112,7 @@ pub fn measure(
 ) -> Result<Measurement> {
     let cfg = model.cfg.clone();
     let text = o.input.path();
-    let (toks, bos) = o.input.tokens(file)?;
-    let win = Windows::new(&toks, o.ctx, Some(o.chunks), bos)?;
+    let win = super::session::input_windows(file, &o.input, o.ctx, Some(o.chunks))?;
     let batch = (2048 / win.n_ctx).clamp(1, win.n_chunk);
     let tmp = crate::io::ScratchFile(std::env::temp_dir().join(format!(
         "tq-kv-ref-{}-{}.logits",

@@ -54,6 +54,12 @@ pub struct KvReport {
 /// Recommend a preset from the model's shape, or with `--measure` simulate every candidate on
 /// the text and choose; with `--write`, write the copy of the model that records it.
 pub fn run(a: &KvCmdFlags) -> Result<KvReport> {
+    if !(a.max_kld.is_finite() && a.max_kld >= 0.0) {
+        return Err(Error::Usage(format!(
+            "--max-kld {}: expected a mean KLD >= 0 (nats), e.g. 0.01",
+            a.max_kld
+        )));
+    }
     let profile = Profile::select(a.target.as_deref(), a.type_map.as_deref())?;
     let file = GgufFile::open(&a.model)?;
     let mut model = Model::new(&file, Numerics::Ggml)?;

@@ -16,6 +16,28 @@ use std::path::Path;
 /// file; an `input` given as well must start with the same tokens, and `ctx` must be the file's
 /// (512, the default, means "whatever the file has"). Otherwise the windows are cut from `input`
 /// and the reference is `ref_model` (or none).
+/// The input's windows of `ctx` tokens; a text too short for two is refused naming its file
+/// (the windows themselves see only tokens).
+pub fn input_windows(
+    file: &GgufFile,
+    input: &Input<'_>,
+    ctx: usize,
+    chunks: Option<usize>,
+) -> Result<Windows> {
+    let (toks, bos) = input.tokens(file)?;
+    if ctx >= 4 && toks.len() < 2 * ctx {
+        return Err(Error::bad_input(
+            input.path(),
+            format!(
+                "only {} tokens; at least {} (2 windows of {ctx}) are needed: give a longer text",
+                toks.len(),
+                2 * ctx
+            ),
+        ));
+    }
+    Windows::new(&toks, ctx, chunks, bos)
+}
+
 pub fn windows_and_reference<'m>(
     file: &GgufFile,
     input: Option<Input<'_>>,
@@ -55,8 +77,7 @@ pub fn windows_and_reference<'m>(
     let input = input.ok_or_else(|| {
         Error::Usage("tq eval: give --text FILE (or --tokens FILE, or --ref-logits FILE)".into())
     })?;
-    let (toks, bos) = input.tokens(file)?;
-    let win = Windows::new(&toks, ctx, chunks, bos)?;
+    let win = input_windows(file, &input, ctx, chunks)?;
     let r = match ref_model {
         Some(m) => Reference::Model(m),
         None => Reference::None,

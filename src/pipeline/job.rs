@@ -408,8 +408,14 @@ pub enum Budget {
     Bytes(u64),
 }
 
-/// `100MB` (10⁶), `100MiB` (2²⁰), `1.5GB`, `105466560` (bytes).
+/// `100MB` (10⁶), `100MiB` (2²⁰), `1.5GB`, `105466560` (bytes). Every refusal names the value
+/// and what a valid one looks like.
 pub fn parse_size(s: &str) -> Result<u64> {
+    let bad = |why: &str| {
+        Err(Error::Usage(format!(
+            "--target-size '{s}': {why}; give bytes or a size like 100MB, 95MiB, 1.5GB"
+        )))
+    };
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -423,13 +429,22 @@ pub fn parse_size(s: &str) -> Result<u64> {
         "kib" => 1024.0,
         "mib" => 1048576.0,
         "gib" => 1073741824.0,
-        _ => f64::NAN,
+        _ if t.starts_with('-') => return bad("a size cannot be negative"),
+        u if num.is_empty() || !u.chars().next().is_some_and(char::is_alphabetic) => {
+            return bad("not a number")
+        }
+        _ => {
+            return bad(&format!(
+                "unknown unit '{}' (B, KB, MB, GB, KiB, MiB, GiB)",
+                unit.trim()
+            ))
+        }
     };
     match num.parse::<f64>() {
-        Ok(v) if v > 0.0 && mult.is_finite() && (v * mult) < 1e18 => Ok((v * mult).floor() as u64),
-        _ => Err(Error::Usage(format!(
-            "--target-size '{s}': expected bytes or a size like 100MB, 95MiB, 1.5GB"
-        ))),
+        Err(_) => bad("not a number"),
+        Ok(v) if v * mult < 1.0 => bad("the size must be at least 1 byte"),
+        Ok(v) if v * mult >= 1e18 => bad("larger than any file tq can write (under 1e18 bytes)"),
+        Ok(v) => Ok((v * mult).floor() as u64),
     }
 }
 

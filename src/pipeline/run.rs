@@ -2,7 +2,7 @@
 //! calibrate → quantize → write → (verify) — returning what happened for the caller to print.
 
 use super::job::{CalibInput, Job};
-use super::mix::{self, MixReport};
+use super::mix;
 use super::{Done, Outcome};
 use crate::calib::sequential::SeqQuant;
 use crate::convert::{self, Calib};
@@ -14,8 +14,10 @@ use std::path::Path;
 pub fn convert(job: &Job) -> Result<Outcome> {
     let a = &job.flags;
     let src = crate::source::open(&a.input, &job.profile)?;
+    plan::check_overrides(src.tensors(), &job.request)?;
     let mut plan = plan::plan(src.tensors(), &job.request, &job.profile)?;
     plan.ldlq = job.flags.ldlq;
+    refuse_foreign_calibration(job, &plan)?;
     // What would make engines refuse the output: warnings, or (--strict) an error now.
     // Printed under --quiet too: a warning, not a notice.
     let issues = plan::check_engine(src.as_ref(), a.strict)?;
@@ -110,6 +112,23 @@ pub fn convert(job: &Job) -> Result<Outcome> {
             done: Done::Shard(line),
         });
     }
+    // `--verify` measures against reference logits of the input on `--kld-text` (the mix's when it
+    // made them). Made before anything is written, so a text too short or unreadable stops the run
+    // with nothing written; removed when this returns, whatever happens.
+    let verify_ref = match (&job.kld_text, a.verify) {
+        (Some(text), true) => Some(match mix.as_ref().and_then(|m| m.ref_logits.clone()) {
+            Some(r) => (r, Cleanup(None), 0.0),
+            None => {
+                let t = std::time::Instant::now();
+                let r =
+                    std::env::temp_dir().join(format!("tq-verify-{}.logits", std::process::id()));
+                let rm = Cleanup(Some(r.clone()));
+                mix::reference_logits(&a.input, text, job.flags.kld_windows, &r)?;
+                (r, rm, t.elapsed().as_secs_f64())
+            }
+        }),
+        _ => None,
+    };
     let pb = super::progress::bytes(a.quiet, size);
     let t0 = std::time::Instant::now();
     let cp = convert::Checkpoints {
@@ -152,10 +171,15 @@ pub fn convert(job: &Job) -> Result<Outcome> {
     let stats = convert::execute(&target, calib, &progress)?;
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
-    let verified = match (&job.kld_text, a.verify) {
-        (Some(text), true) => Some(verify(job, &out, text, mix.as_ref())?),
-        _ => None,
+    let verified = match &verify_ref {
+        Some((r, _, ref_secs)) => {
+            let t = std::time::Instant::now();
+            let k = mix::kld_of(&out, r, job.flags.kld_windows)?;
+            Some((k, ref_secs + t.elapsed().as_secs_f64()))
+        }
+        None => None,
     };
+    drop(verify_ref);
     Ok(Outcome {
         plan,
         size,
@@ -166,23 +190,6 @@ pub fn convert(job: &Job) -> Result<Outcome> {
             verified,
         },
     })
-}
-
-/// `--verify`: the written file's KLD against the input on the fit's windows (the mix's reference
-/// logits when it made them).
-fn verify(job: &Job, out: &Path, text: &Path, mix: Option<&MixReport>) -> Result<(f64, f64)> {
-    let t = std::time::Instant::now();
-    let w = job.flags.kld_windows;
-    let k = match mix.and_then(|m| m.ref_logits.clone()) {
-        Some(r) => mix::kld_of(out, &r, w)?,
-        None => {
-            let r = std::env::temp_dir().join(format!("tq-verify-{}.logits", std::process::id()));
-            let _rm = Cleanup(Some(r.clone()));
-            mix::reference_logits(&job.flags.input, text, w, &r)?;
-            mix::kld_of(out, &r, w)?
-        }
-    };
-    Ok((k, t.elapsed().as_secs_f64()))
 }
 
 /// Removes a temporary file when dropped, and its folder when that is one of ours (`tq-mix-PID`,
@@ -281,6 +288,35 @@ fn load_calibration(
         }
         CalibInput::None => Loaded::None,
     })
+}
+
+/// `--calib H.safetensors` and `--imatrix` made for another model (a tensor the input does not
+/// have, or other row lengths) are refused before any work (headers only for the Hessians).
+fn refuse_foreign_calibration(job: &Job, plan: &Plan) -> Result<()> {
+    if let CalibInput::Hessians { path, .. } = &job.calib {
+        let (file, _) = crate::quant::HessianFile::open(path)?;
+        plan::check_calibration_file(
+            plan,
+            path,
+            "Hessian",
+            "make one for this model with tq calib",
+            file.index
+                .groups
+                .values()
+                .flat_map(|g| g.tensors.iter().map(move |t| (t.as_str(), g.n))),
+        )?;
+    }
+    if let Some(p) = &job.flags.imatrix {
+        let im = crate::calib::imatrix::load(p)?;
+        plan::check_calibration_file(
+            plan,
+            p,
+            "imatrix entry",
+            "make one for this model (llama-imatrix, or tq calib --imatrix-out)",
+            im.entries.iter().map(|(k, v)| (k.as_str(), v.len())),
+        )?;
+    }
+    Ok(())
 }
 
 /// A Hessian file `tq calib` was interrupted while writing (`tq.complete = "false"`) is refused,

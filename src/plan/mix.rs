@@ -29,23 +29,25 @@ pub struct Solution {
     pub slack: u64,
 }
 
-/// The cheapest bytes of `items` (each item's smallest option).
+/// The cheapest bytes of `items` (each item's smallest option); `u64::MAX` when that does not
+/// fit in 64 bits (never within a budget).
 pub fn min_bytes(items: &[Vec<(u64, f64)>]) -> u64 {
     items
         .iter()
         .map(|o| o.iter().map(|x| x.0).min().unwrap_or(0))
-        .sum()
+        .fold(0u64, u64::saturating_add)
 }
 
 /// Minimize `Σ cost` subject to `Σ bytes ≤ budget`, one option `(bytes, cost)` per item, with the
 /// budget above the cheapest mix split into at most `cells` grid cells. `None`: even the cheapest
-/// mix is over the budget (or an item has no option).
+/// mix is over the budget (or an item has no option). A cost that is not a number counts as
+/// infinite (an option never preferred); at most 255 options per item.
 pub fn solve(items: &[Vec<(u64, f64)>], budget: u64, cells: u64) -> Option<Solution> {
     if items.iter().any(|o| o.is_empty()) {
         return None;
     }
     let base = min_bytes(items);
-    if base > budget {
+    if base > budget || base == u64::MAX {
         return None;
     }
     let room = budget - base;
@@ -73,9 +75,12 @@ pub fn solve(items: &[Vec<(u64, f64)>], budget: u64, cells: u64) -> Option<Solut
             if wk > cap {
                 continue;
             }
+            let cost = if cost.is_nan() { f64::INFINITY } else { cost };
             for c in wk..=cap {
                 let v = dp[c - wk] + cost;
-                if v < next[c] {
+                // The first option that fits is taken even at an infinite cost: every cell
+                // gets a pick (the cheapest option always fits, in 0 cells).
+                if v < next[c] || p[c] == u8::MAX {
                     next[c] = v;
                     p[c] = k as u8;
                 }
@@ -99,7 +104,7 @@ pub fn solve(items: &[Vec<(u64, f64)>], budget: u64, cells: u64) -> Option<Solut
         bytes,
         cost,
         grid,
-        slack: items.len() as u64 * (grid - 1),
+        slack: (items.len() as u64).saturating_mul(grid - 1),
     })
 }
 

@@ -74,7 +74,8 @@ pub fn parse_override(s: &str) -> Result<(Regex, TensorType)> {
             "--tensor-type '{s}': expected REGEX=TYPE, e.g. 'attn_v=q8_0'"
         ))
     })?;
-    let ty = TensorType::parse(ty)?;
+    let ty =
+        TensorType::parse(ty).map_err(|e| Error::Usage(format!("--tensor-type '{s}': {e}")))?;
     let re =
         Regex::new(re).map_err(|e| Error::Usage(format!("--tensor-type '{s}': bad regex: {e}")))?;
     Ok((re, ty))
@@ -82,12 +83,36 @@ pub fn parse_override(s: &str) -> Result<(Regex, TensorType)> {
 
 /// Read `--tensor-type-file`: one `REGEX=TYPE` per line, `#` comments.
 pub fn read_override_file(path: &std::path::Path) -> Result<Vec<(Regex, TensorType)>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        Error::bad_input(
+            path,
+            format!(
+                "not UTF-8 text (byte {}); --tensor-type-file takes one REGEX=TYPE per line",
+                e.utf8_error().valid_up_to()
+            ),
+        )
+    })?;
     text.lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .map(|l| parse_override(l).map_err(|e| Error::bad_input(path, e.to_string())))
         .collect()
+}
+
+/// Every `--tensor-type` / `--tensor-type-file` pattern must match a tensor of the input: one
+/// that matches none is a misspelled name or a rule for another model, refused with the pattern.
+pub fn check_overrides(tensors: &[SourceTensor], req: &Request) -> Result<()> {
+    for (re, ty) in &req.overrides {
+        if !tensors.iter().any(|t| re.is_match(&t.name)) {
+            return Err(Error::Usage(format!(
+                "--tensor-type '{}={}' matches no tensor of the input; check the names with `tq inspect` and fix or drop it",
+                re.as_str(),
+                ty.name()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The type llama-quantize falls back to when a row does not fit the block size.
@@ -358,6 +383,40 @@ fn unify_attention(entries: &mut [PlanEntry]) {
             }
         }
     }
+}
+
+/// A calibration file (`--calib H.safetensors`, `--imatrix`) made for another model is refused
+/// before anything is written: every entry `(tensor, columns)` must name a tensor of the plan
+/// (an expert member `NAME#e` names `NAME`) whose rows have that many columns. `what` says what
+/// an entry is, `remake` how to make a file for this model.
+pub fn check_calibration_file<'a>(
+    plan: &Plan,
+    file: &std::path::Path,
+    what: &str,
+    remake: &str,
+    entries: impl IntoIterator<Item = (&'a str, usize)>,
+) -> Result<()> {
+    for (name, n) in entries {
+        let base = crate::quant::tensor_of(name);
+        let Some(e) = plan.entries.iter().find(|e| e.name == base) else {
+            return Err(Error::bad_input(
+                file,
+                format!(
+                    "{what} for '{name}', a tensor the input does not have: the file was made for another model; {remake}"
+                ),
+            ));
+        };
+        if row_len(&e.dims) != n as u64 {
+            return Err(Error::bad_input(
+                file,
+                format!(
+                    "{what} for '{name}' has {n} columns but the tensor's rows have {}: the file was made for another model; {remake}",
+                    row_len(&e.dims)
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Give each stock tensor with a grid encoder its imatrix importance (`--imatrix`; tensors that

@@ -783,6 +783,17 @@ impl HessianFile {
             .expect("indexed from the file");
         let h = self.stores[key].decode(self.file.tensor_data(t), g.n);
         self.file.release(t);
+        if let Some(i) = h.iter().position(|v| !v.is_finite()) {
+            return Err(Error::bad_input(
+                &self.file.path,
+                format!(
+                    "Hessian '{key}' holds a non-finite value ({}) at row {}, column {}: the file is damaged; make it again with tq calib",
+                    h[i],
+                    i / g.n,
+                    i % g.n
+                ),
+            ));
+        }
         Ok(Hessian { h, ..g.clone() })
     }
 }

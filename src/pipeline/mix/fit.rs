@@ -195,7 +195,14 @@ pub fn reference_logits(input: &Path, text: &Path, windows: usize, out: &Path) -
         Some(windows),
         None,
         None,
-    )?;
+    )
+    .map_err(|e| match e {
+        // Name the flag the text came from.
+        Error::BadInput { path, msg } if path == text => {
+            Error::bad_input(path, format!("--kld-text: {msg}"))
+        }
+        e => e,
+    })?;
     let nv = model.cfg.n_vocab;
     let mut w = session::logits_writer(out, Format::Tq, input, "ggml", &win, nv)?;
     let batch = session::default_batch(&win, nv, false);

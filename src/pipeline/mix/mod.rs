@@ -190,7 +190,7 @@ pub fn choose(
     rep.min_file = set(plan, &mut rep, &cheapest)?;
     let too_small = |rep: &MixReport| {
         Error::Usage(format!(
-            "--target: {} bytes is below the smallest file the candidate types give ({} bytes = {:.3} bpw); raise the target or add smaller types with --types",
+            "the target of {} bytes (--target-size / --target-bpw) is below the smallest file the candidate types give ({} bytes = {:.3} bpw); raise the target or add smaller types with --types",
             rep.target,
             rep.min_file,
             rep.min_file as f64 * 8.0 / params as f64

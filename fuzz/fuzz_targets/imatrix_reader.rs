@@ -1,0 +1,11 @@
+//! Fuzz the imatrix reader (`tq convert --imatrix`, GGUF or legacy .dat); see
+//! `entries::imatrix_reader`.
+//! `tests/fuzz_replay.rs` replays a seeded mutated corpus through the same function.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+#[path = "entries.rs"]
+#[allow(dead_code)] // each target uses one entry
+mod entries;
+
+fuzz_target!(|data: &[u8]| entries::imatrix_reader(data));

@@ -301,3 +301,20 @@ fn mix_planner_answers_nan_infinite_and_overflowing_items() {
     let ok = vec![vec![(u64::MAX / 2, 1.0)], vec![(u64::MAX / 2, 2.0)]];
     assert_eq!(solve(&ok, u64::MAX, 1 << 10).unwrap().bytes, u64::MAX - 1);
 }
+
+#[path = "../fixtures/gguf_gen.rs"]
+#[allow(dead_code)] // this test uses two of the generators
+mod gguf_gen;
+
+/// The `gguf_pipeline` target (inspect, plan, metadata, convert of small files) on mutants of
+/// two valid models: a tiny llama with f32 weights (small enough to be converted for real) and
+/// the fixture with every value type and a mix of quantized tensors. Few mutants: each one that
+/// still parses runs the planner for every recipe and may convert.
+#[test]
+fn gguf_pipeline_survives_mutated_models() {
+    let seeds = vec![
+        gguf_gen::tiny_llama(1, 32, 64, 64).bytes,
+        gguf_gen::standard(3, None).bytes,
+    ];
+    replay("gguf_pipeline", &seeds, iters(300), entries::gguf_pipeline);
+}

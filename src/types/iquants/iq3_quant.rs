@@ -29,12 +29,12 @@ use std::sync::OnceLock;
 const GROUP_MAX_EPS_XXS: f32 = 1e-8;
 const KMAXQ: i32 = 8;
 
-fn grid_xxs() -> &'static GridMap<4> {
+pub(crate) fn grid_xxs() -> &'static GridMap<4> {
     static G: OnceLock<GridMap<4>> = OnceLock::new();
     G.get_or_init(|| GridMap::new(&grids::IQ3XXS_PACKED, 3, 7, 2))
 }
 
-fn grid_s() -> &'static GridMap<4> {
+pub(crate) fn grid_s() -> &'static GridMap<4> {
     static G: OnceLock<GridMap<4>> = OnceLock::new();
     G.get_or_init(|| GridMap::new(&grids::IQ3S_PACKED, 3, 7, 3))
 }
@@ -370,6 +370,14 @@ pub(crate) fn quantize_iq3_xxs(src: &[f32], out: &mut [u8]) {
 /// IQ3_S without an importance matrix (weights `x²`): the registry's encoder.
 pub(crate) fn quantize_iq3_s(src: &[f32], out: &mut [u8]) {
     quantize_row_iq3_s(src, None, out);
+}
+
+/// IQ3_XXS / IQ3_S: LDLQ rounds them onto their grids (`quant::ldlq::iq_lattice`).
+pub(crate) fn has_lattice_ldlq(ty: crate::types::TensorType) -> bool {
+    matches!(
+        ty,
+        crate::types::TensorType::IQ3XXS | crate::types::TensorType::IQ3S
+    )
 }
 
 /// One row with one importance per value, as `llama-quantize --imatrix` encodes it.

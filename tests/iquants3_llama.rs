@@ -69,7 +69,9 @@ fn edge_rows() -> Vec<f32> {
         g(304).iter().map(|v| -v.abs() - 0.1).collect(),
         spike,
         (0..256).map(|i| (i % 16) as f32 - 8.0).collect(),
-        (0..256).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect(),
+        (0..256)
+            .map(|i| if i % 2 == 0 { 1.0 } else { -1.0 })
+            .collect(),
         g(305)
             .iter()
             .enumerate()
@@ -218,7 +220,11 @@ fn imatrix(ts: &[Tensor], dir: &Path, ones: bool) -> Imatrix {
             },
         })
         .collect();
-    let path = dir.join(if ones { "ones.imatrix.gguf" } else { "imatrix.gguf" });
+    let path = dir.join(if ones {
+        "ones.imatrix.gguf"
+    } else {
+        "imatrix.gguf"
+    });
     tq::calib::imatrix::write_gguf(&diag, &path, "synthetic", 64).unwrap();
     let imx = tq::calib::imatrix::load(&path).unwrap();
     Imatrix { path, imx }
@@ -459,7 +465,10 @@ fn compare_recorded(ts: &[Tensor], key: &str) {
     let mut n = 0;
     for (tn, _) in TYPES {
         // The importance is used: the two modes differ on the first tensor.
-        let (a, b) = (&exp[key][tn]["imatrix"][&ts[0].name], &exp[key][tn]["plain"][&ts[0].name]);
+        let (a, b) = (
+            &exp[key][tn]["imatrix"][&ts[0].name],
+            &exp[key][tn]["plain"][&ts[0].name],
+        );
         assert_ne!(a, b, "{key} {tn}: the imatrix changed nothing");
         for mode in MODES {
             for t in ts {
@@ -486,7 +495,6 @@ fn synthetic_matches_recorded_llama_hashes() {
 fn synthetic_matches_llama_quantize_live() {
     compare_live(&synthetic(), &|| llama_metadata(2, 256, 4), "synthetic");
 }
-
 
 /// SmolLM2's `ffn_down` tensors (Q4_1, rows of 1536) decoded to f32.
 fn smollm2_ffn_down() -> Option<Vec<Tensor>> {
@@ -543,30 +551,29 @@ fn throughput() {
     let ts = [t];
     let im = imatrix(&ts, dir.path(), false);
     let threads = std::thread::available_parallelism().map_or(1, |v| v.get());
-    for (tn, ftype) in [("iq3_xxs", "IQ3_XXS")] {
-        let out = dir.path().join("out.gguf");
-        let t0 = std::time::Instant::now();
-        let o = Command::new(&bin)
-            .arg("--imatrix")
-            .arg(&im.path)
-            .arg("--pure")
-            .arg(&inp)
-            .arg(&out)
-            .arg(ftype)
-            .arg(threads.to_string())
-            .output()
-            .unwrap();
-        let t_llama = t0.elapsed().as_secs_f64();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let f = GgufFile::open(&out).unwrap();
-        let theirs = f.tensor_data(&f.tensors[0]).to_vec();
-        let t0 = std::time::Instant::now();
-        let ob = ours(tn, &ts[0], im.imx.for_tensor(&ts[0].name));
-        let t_ours = t0.elapsed().as_secs_f64();
-        assert_eq!(hash(&ob), hash(&theirs), "{tn}: bytes differ");
-        eprintln!(
-            "{tn} 11008x4096 with imatrix, {threads} threads: tq {t_ours:.2} s, llama-quantize {t_llama:.2} s (ratio {:.2}); bytes identical",
-            t_ours / t_llama
-        );
-    }
+    let (tn, ftype) = ("iq3_xxs", "IQ3_XXS");
+    let out = dir.path().join("out.gguf");
+    let t0 = std::time::Instant::now();
+    let o = Command::new(&bin)
+        .arg("--imatrix")
+        .arg(&im.path)
+        .arg("--pure")
+        .arg(&inp)
+        .arg(&out)
+        .arg(ftype)
+        .arg(threads.to_string())
+        .output()
+        .unwrap();
+    let t_llama = t0.elapsed().as_secs_f64();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let f = GgufFile::open(&out).unwrap();
+    let theirs = f.tensor_data(&f.tensors[0]).to_vec();
+    let t0 = std::time::Instant::now();
+    let ob = ours(tn, &ts[0], im.imx.for_tensor(&ts[0].name));
+    let t_ours = t0.elapsed().as_secs_f64();
+    assert_eq!(hash(&ob), hash(&theirs), "{tn}: bytes differ");
+    eprintln!(
+        "{tn} 11008x4096 with imatrix, {threads} threads: tq {t_ours:.2} s, llama-quantize {t_llama:.2} s (ratio {:.2}); bytes identical",
+        t_ours / t_llama
+    );
 }

@@ -96,7 +96,9 @@ pub(super) fn quantize_rows(ty: TensorType, rows: &[f32], f: &Factor, band: usiz
         db.extend_from_slice(&tmp);
     }
     // 2. The sweep.
-    let wcol: Vec<f64> = (0..n).map(|j| 1.0 / (f.u[j * n + j] * f.u[j * n + j])).collect();
+    let wcol: Vec<f64> = (0..n)
+        .map(|j| 1.0 / (f.u[j * n + j] * f.u[j * n + j]))
+        .collect();
     let mut x: Vec<f64> = rows.iter().map(|&v| v as f64).collect();
     let mut sel = vec![0u16; nr * n / 4];
     let mut neg = vec![false; nr * n];

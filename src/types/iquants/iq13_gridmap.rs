@@ -53,7 +53,8 @@ impl<const W: usize> GridMap<W> {
             if *m >= 0 {
                 continue;
             }
-            let pos: [i32; W] = std::array::from_fn(|j| ((key >> (bits as usize * j)) as u16 & mask) as i32);
+            let pos: [i32; W] =
+                std::array::from_fn(|j| ((key >> (bits as usize * j)) as u16 & mask) as i32);
             if pos.iter().any(|&l| l > max_level as i32) {
                 continue;
             }
@@ -95,9 +96,9 @@ impl<const W: usize> GridMap<W> {
     /// The key of `W` levels.
     #[inline]
     pub(crate) fn key(&self, l: &[i8]) -> usize {
-        l.iter()
-            .enumerate()
-            .fold(0usize, |k, (j, &v)| k | (v as usize) << (self.bits as usize * j))
+        l.iter().enumerate().fold(0usize, |k, (j, &v)| {
+            k | (v as usize) << (self.bits as usize * j)
+        })
     }
 
     /// Look up the point with levels `l` (each within the encoder's range).

@@ -104,7 +104,11 @@ fn best_neighbour(nbr: &[u16], x: &[f32], w: &[f32], s: f32, xx: &[f32; 3], l: &
     }
     // ggml falls back to a scan of the whole grid (whose distance reads the wrong value) and
     // then asserts; with finite inputs some neighbour's distance is finite.
-    let idx = if idx == usize::MAX { nbr[0] as usize } else { idx };
+    let idx = if idx == usize::MAX {
+        nbr[0] as usize
+    } else {
+        idx
+    };
     l.copy_from_slice(&g.levels(idx));
     idx
 }
@@ -135,7 +139,12 @@ fn rows_for(
 }
 
 /// `Σ w q x`, `Σ w q²` over the chosen rows (`q = xx(k)[level]`).
-fn refit(index: &[usize], xb: &[f32], w: &[f32], xx: impl Fn(usize) -> &'static [f32; 3]) -> (f32, f32) {
+fn refit(
+    index: &[usize],
+    xb: &[f32],
+    w: &[f32],
+    xx: impl Fn(usize) -> &'static [f32; 3],
+) -> (f32, f32) {
     let g = grid();
     let (mut sqx, mut sq2) = (0f32, 0f32);
     for (k, &ix) in index.iter().enumerate() {
@@ -324,7 +333,8 @@ pub(crate) fn quantize_row_iq1_m(x: &[f32], qw: Option<&[f32]>, out: &mut [u8]) 
             let (mut bi1, mut bi2, mut bk) = (usize::MAX, usize::MAX, -1i8);
             for i1 in 0..=BS {
                 for i2 in i1..=BS {
-                    let (mut qxp, mut qxm, mut q2p, mut q2m) = ([0f32; 2], [0f32; 2], [0f32; 2], [0f32; 2]);
+                    let (mut qxp, mut qxm, mut q2p, mut q2m) =
+                        ([0f32; 2], [0f32; 2], [0f32; 2], [0f32; 2]);
                     for h in 0..2 {
                         let sx = px[h][i1] + px[h][i2];
                         qxp[h] = txs[h] * p2 - sx;
@@ -332,8 +342,18 @@ pub(crate) fn quantize_row_iq1_m(x: &[f32], qw: Option<&[f32]>, out: &mut [u8]) 
                         q2p[h] = tws[h] * p2 * p2 + pw[h][i1] * cp1 + pw[h][i2] * cp2;
                         q2m[h] = tws[h] * m2 * m2 + pw[h][i1] * cm1 + pw[h][i2] * cm2;
                     }
-                    let sqx = [qxp[0] + qxp[1], qxp[0] + qxm[1], qxm[0] + qxp[1], qxm[0] + qxm[1]];
-                    let sq2 = [q2p[0] + q2p[1], q2p[0] + q2m[1], q2m[0] + q2p[1], q2m[0] + q2m[1]];
+                    let sqx = [
+                        qxp[0] + qxp[1],
+                        qxp[0] + qxm[1],
+                        qxm[0] + qxp[1],
+                        qxm[0] + qxm[1],
+                    ];
+                    let sq2 = [
+                        q2p[0] + q2p[1],
+                        q2p[0] + q2m[1],
+                        q2m[0] + q2p[1],
+                        q2m[0] + q2m[1],
+                    ];
                     for k in 0..4 {
                         if sq2[k] > 0.0 && sqx[k] * sqx[k] > best * sq2[k] {
                             scale = sqx[k] / sq2[k];

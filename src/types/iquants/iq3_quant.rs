@@ -41,7 +41,14 @@ pub(crate) fn grid_s() -> &'static GridMap<4> {
 
 /// ggml's `iq3_find_best_neighbour`: the neighbour of least `Σ w (s·q − x)²` (first on ties);
 /// writes its levels into `l` and returns its row.
-fn best_neighbour(g: &GridMap<4>, nbr: &[u16], x: &[f32], w: &[f32], s: f32, l: &mut [i8]) -> usize {
+fn best_neighbour(
+    g: &GridMap<4>,
+    nbr: &[u16],
+    x: &[f32],
+    w: &[f32],
+    s: f32,
+    l: &mut [i8],
+) -> usize {
     let mut best = f32::MAX;
     let mut idx = usize::MAX;
     for &r in nbr {
@@ -57,7 +64,11 @@ fn best_neighbour(g: &GridMap<4>, nbr: &[u16], x: &[f32], w: &[f32], s: f32, l: 
         }
     }
     // ggml asserts here; with finite inputs some d2 is finite.
-    let idx = if idx == usize::MAX { nbr[0] as usize } else { idx };
+    let idx = if idx == usize::MAX {
+        nbr[0] as usize
+    } else {
+        idx
+    };
     l.copy_from_slice(&g.levels(idx));
     idx
 }

@@ -37,11 +37,11 @@ pub(crate) mod iq3_quant;
 pub(crate) mod iq4;
 
 pub(crate) use iq1::{dequantize_iq1_m, dequantize_iq1_s, IQ1_M_BYTES, IQ1_S_BYTES};
+pub(crate) use iq1_quant::{quantize_iq1_m, quantize_iq1_s};
 pub(crate) use iq2::{
     dequantize_iq2_s, dequantize_iq2_xs, dequantize_iq2_xxs, IQ2_S_BYTES, IQ2_XS_BYTES,
     IQ2_XXS_BYTES,
 };
-pub(crate) use iq1_quant::{quantize_iq1_m, quantize_iq1_s};
 pub(crate) use iq3::{dequantize_iq3_s, dequantize_iq3_xxs, IQ3_S_BYTES, IQ3_XXS_BYTES};
 pub(crate) use iq3_quant::{quantize_iq3_s, quantize_iq3_xxs};
 pub use iq4::{quantize_iq4_nl, quantize_iq4_xs};

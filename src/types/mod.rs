@@ -143,8 +143,8 @@ pub enum LdlqKind {
     RowRotated,
     /// tq2_t: block-LDLQ in the whole-row rotated domain, the trellis as each block's quantizer.
     Trellis,
-    /// IQ3_XXS, IQ3_S: in the weights' own basis, natural order, 4-value grid rows as the
-    /// sweep's vector quantizer (scales from llama.cpp's weighted encoder).
+    /// IQ3_XXS, IQ3_S, IQ1_S, IQ1_M: in the weights' own basis, natural order, 4- or 8-value
+    /// grid rows as the sweep's vector quantizer (scales from llama.cpp's weighted encoder).
     Lattice,
 }
 
@@ -310,8 +310,8 @@ impl TensorType {
 
     /// Banded LDLQ can round this type (`quant::ldlq`): the TQ weights and the row-rotated types
     /// (in their rotated domain), and the stock types with a fixed-grid encoder ([`grid`]:
-    /// q8_0, q4_0, q5_0, q2_K … q6_K, iq4_nl, iq4_xs; no rotation, ordinary blocks), and iq3_xxs /
-    /// iq3_s (their grid rows as the sweep's vector quantizer).
+    /// q8_0, q4_0, q5_0, q2_K … q6_K, iq4_nl, iq4_xs; no rotation, ordinary blocks), and iq3_xxs,
+    /// iq3_s, iq1_s, iq1_m (their grid rows as the sweep's vector quantizer).
     pub fn has_ldlq(self) -> bool {
         self.ldlq().is_some()
     }
@@ -581,7 +581,7 @@ mod tests {
         assert_eq!(kinds(LdlqKind::Rotated), [TQ3_1S, TQ4_1S]);
         assert_eq!(kinds(LdlqKind::RowRotated), [TQ2R]);
         assert_eq!(kinds(LdlqKind::Trellis), [TQ2T]);
-        assert_eq!(kinds(LdlqKind::Lattice), [IQ3XXS, IQ3S]);
+        assert_eq!(kinds(LdlqKind::Lattice), [IQ3XXS, IQ1S, IQ3S, IQ1M]);
         assert_eq!(
             kinds(LdlqKind::Stock),
             [Q4_0, Q5_0, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K, IQ4NL, IQ4XS]

@@ -31,7 +31,7 @@ const GROUP_MAX_EPS_M: f32 = 1e-7;
 const X_P: [f32; 3] = [-1.0 + DELTA, DELTA, 1.0 + DELTA];
 const X_M: [f32; 3] = [-1.0 - DELTA, -DELTA, 1.0 - DELTA];
 
-fn grid() -> &'static GridMap<8> {
+pub(crate) fn grid() -> &'static GridMap<8> {
     static G: OnceLock<GridMap<8>> = OnceLock::new();
     G.get_or_init(|| GridMap::new(&grids::IQ1S_PACKED, 2, 2, 3))
 }

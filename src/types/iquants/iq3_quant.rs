@@ -383,12 +383,11 @@ pub(crate) fn quantize_iq3_s(src: &[f32], out: &mut [u8]) {
     quantize_row_iq3_s(src, None, out);
 }
 
-/// IQ3_XXS / IQ3_S: LDLQ rounds them onto their grids (`quant::ldlq::iq_lattice`).
+/// IQ3_XXS, IQ3_S, IQ1_S, IQ1_M: LDLQ rounds them onto their grids (`quant::ldlq::iq_lattice`,
+/// `quant::ldlq::iq1_lattice`).
 pub(crate) fn has_lattice_ldlq(ty: crate::types::TensorType) -> bool {
-    matches!(
-        ty,
-        crate::types::TensorType::IQ3XXS | crate::types::TensorType::IQ3S
-    )
+    use crate::types::TensorType::*;
+    matches!(ty, IQ3XXS | IQ3S | IQ1S | IQ1M)
 }
 
 /// One row with one importance per value, as `llama-quantize --imatrix` encodes it.

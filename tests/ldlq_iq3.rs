@@ -1,6 +1,6 @@
-//! LDLQ into IQ3_XXS / IQ3_S / IQ1_S / IQ1_M on real data: SmolLM2's 256-aligned `ffn_down` tensors with
-//! Hessians calibrated on Botchan. The bytes are ordinary IQ3 blocks (decoded by the registry's
-//! decoders, checked against gguf-py), the same size as llama.cpp's, and LDLQ's Hessian-weighted
+//! LDLQ into IQ3_XXS / IQ3_S / IQ1_S / IQ1_M on real data: SmolLM2's 256-aligned `ffn_down`
+//! tensors with Hessians calibrated on Botchan. The bytes are ordinary IQ3 / IQ1 blocks (decoded by
+//! the registry's decoders, checked against gguf-py), the same size as llama.cpp's; LDLQ's Hessian-weighted
 //! error `tr(ΔW H ΔWᵀ)` is compared with llama.cpp's importance-weighted encoder (what
 //! `llama-quantize --imatrix` writes, `tests/iquants3_llama.rs`) given the Hessian's diagonal.
 

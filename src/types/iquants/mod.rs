@@ -21,8 +21,11 @@
 //! ((scales_h >> 2*ib) & 3) << 4`, factor `d * (ls - 32)`, as ggml's `dequantize_row_iq4_xs`.
 //!
 //! IQ4_NL and IQ4_XS are also written (`iq4.rs`: llama-quantize's encoders, byte for byte; the
-//! importance-weighted and LDLQ encoders see them as grids in `types::grid`); the grid types are
-//! read only.
+//! importance-weighted and LDLQ encoders see them as grids in `types::grid`). IQ3_XXS, IQ3_S,
+//! IQ1_S and IQ1_M are written by llama.cpp's encoders, byte for byte with and without an imatrix
+//! (`iq3_quant.rs`, `iq1_quant.rs`, over the lattice map and neighbour lists of
+//! `iq13_gridmap.rs`); LDLQ rounds them in `quant::ldlq::{iq_lattice, iq1_lattice}`. The IQ2
+//! types are read only.
 //!
 //! The grids are numbers from `ggml-common.h` (via gguf-py; `grids.rs` says how they were made
 //! and checked); a 7-bit sign index picks 8 signs with even parity (`ksigns_iq2xs`).

@@ -67,7 +67,9 @@ impl<'a> Encoder<'a> {
     ) -> Encoder<'a> {
         match (ldlq, importance) {
             (Some((factor, band)), _) if ty.has_ldlq() => Encoder::Ldlq { factor, band },
-            (_, Some(imp)) if ty.ldlq_unrotated() => Encoder::Weighted(imp),
+            (_, Some(imp)) if ty.ldlq_unrotated() || iq_weighted(ty).is_some() => {
+                Encoder::Weighted(imp)
+            }
             _ => Encoder::Nearest,
         }
     }
@@ -80,6 +82,12 @@ impl<'a> Encoder<'a> {
             Encoder::Ldlq { .. } => "ldlq",
         }
     }
+}
+
+/// llama.cpp's own importance-weighted encoders (IQ3_XXS, IQ3_S, IQ1_S, IQ1_M: byte for byte
+/// `llama-quantize --imatrix`), for the grid types `types::grid` does not model.
+fn iq_weighted(ty: TensorType) -> Option<crate::types::iquants::iq3_quant::WeightedRowFn> {
+    crate::types::iquants::iq3_quant::weighted_encoder(ty)
 }
 
 /// Encode whole rows (`x` is `rows × row_len`, finite: callers check, naming the tensor) as `dst`
@@ -105,9 +113,12 @@ pub fn encode_rows(
     let mut buf = vec![0u8; x.len() / row_len * row_bytes];
     let rows = buf.par_chunks_mut(row_bytes).zip(x.par_chunks(row_len));
     match enc {
-        Encoder::Weighted(imp) => {
-            rows.for_each(|(ob, row)| crate::types::grid::quantize_weighted(dst, row, imp, ob))
-        }
+        Encoder::Weighted(imp) => match iq_weighted(dst) {
+            Some(f) => rows.for_each(|(ob, row)| f(row, imp, ob)),
+            None => {
+                rows.for_each(|(ob, row)| crate::types::grid::quantize_weighted(dst, row, imp, ob))
+            }
+        },
         _ => {
             rows.try_for_each(|(ob, row)| crate::types::quantize_rows(dst, row, ob, row_len, name))?
         }

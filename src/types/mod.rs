@@ -143,6 +143,9 @@ pub enum LdlqKind {
     RowRotated,
     /// tq2_t: block-LDLQ in the whole-row rotated domain, the trellis as each block's quantizer.
     Trellis,
+    /// IQ3_XXS, IQ3_S, IQ1_S, IQ1_M: in the weights' own basis, natural order, 4- or 8-value
+    /// grid rows as the sweep's vector quantizer (scales from llama.cpp's weighted encoder).
+    Lattice,
 }
 
 pub struct TypeInfo {
@@ -221,10 +224,10 @@ pub static TYPES: &[TypeInfo] = &[
     row!(Q8K,     "q8_K",     Stock(15),   KQuant,    kquants::QK_K,    c::Q8_K_BYTES,          None,                              None),
     row!(IQ2XXS,  "iq2_xxs",  Stock(16),   IQuant,    kquants::QK_K,    iquants::IQ2_XXS_BYTES, Some(iquants::dequantize_iq2_xxs), None),
     row!(IQ2XS,   "iq2_xs",   Stock(17),   IQuant,    kquants::QK_K,    iquants::IQ2_XS_BYTES,  Some(iquants::dequantize_iq2_xs),  None),
-    row!(IQ3XXS,  "iq3_xxs",  Stock(18),   IQuant,    kquants::QK_K,    iquants::IQ3_XXS_BYTES, Some(iquants::dequantize_iq3_xxs), None),
-    row!(IQ1S,    "iq1_s",    Stock(19),   IQuant,    kquants::QK_K,    iquants::IQ1_S_BYTES,   Some(iquants::dequantize_iq1_s),   None),
+    row!(IQ3XXS,  "iq3_xxs",  Stock(18),   IQuant,    kquants::QK_K,    iquants::IQ3_XXS_BYTES, Some(iquants::dequantize_iq3_xxs), Some(iquants::quantize_iq3_xxs)),
+    row!(IQ1S,    "iq1_s",    Stock(19),   IQuant,    kquants::QK_K,    iquants::IQ1_S_BYTES,   Some(iquants::dequantize_iq1_s),   Some(iquants::quantize_iq1_s)),
     row!(IQ4NL,   "iq4_nl",   Stock(20),   IQuant,    iquants::QK4_NL,  iquants::IQ4_NL_BYTES,  Some(iquants::dequantize_iq4_nl),  Some(iquants::quantize_iq4_nl)),
-    row!(IQ3S,    "iq3_s",    Stock(21),   IQuant,    kquants::QK_K,    iquants::IQ3_S_BYTES,   Some(iquants::dequantize_iq3_s),   None),
+    row!(IQ3S,    "iq3_s",    Stock(21),   IQuant,    kquants::QK_K,    iquants::IQ3_S_BYTES,   Some(iquants::dequantize_iq3_s),   Some(iquants::quantize_iq3_s)),
     row!(IQ2S,    "iq2_s",    Stock(22),   IQuant,    kquants::QK_K,    iquants::IQ2_S_BYTES,   Some(iquants::dequantize_iq2_s),   None),
     row!(IQ4XS,   "iq4_xs",   Stock(23),   IQuant,    iquants::QK_K,    iquants::IQ4_XS_BYTES,  Some(iquants::dequantize_iq4_xs),  Some(iquants::quantize_iq4_xs)),
     row!(I8,      "i8",       Stock(24),   Raw,       1,                size_of::<i8>(),        None,                              None),
@@ -232,7 +235,7 @@ pub static TYPES: &[TypeInfo] = &[
     row!(I32,     "i32",      Stock(26),   Raw,       1,                size_of::<i32>(),       None,                              None),
     row!(I64,     "i64",      Stock(27),   Raw,       1,                size_of::<i64>(),       None,                              None),
     row!(F64,     "f64",      Stock(28),   Raw,       1,                size_of::<f64>(),       None,                              None),
-    row!(IQ1M,    "iq1_m",    Stock(29),   IQuant,    kquants::QK_K,    iquants::IQ1_M_BYTES,   Some(iquants::dequantize_iq1_m),   None),
+    row!(IQ1M,    "iq1_m",    Stock(29),   IQuant,    kquants::QK_K,    iquants::IQ1_M_BYTES,   Some(iquants::dequantize_iq1_m),   Some(iquants::quantize_iq1_m)),
     row!(BF16,    "bf16",     Stock(30),   Float,     1,                size_of::<u16>(),       Some(float::dequantize_bf16),      Some(float::quantize_bf16)),
     row!(TQ1_0,   "tq1_0",    Stock(34),   Ternary,   kquants::QK_K,    ternary::TQ1_0_BYTES,   Some(ternary::dequantize_tq1_0),   None),
     row!(TQ2_0,   "tq2_0",    Stock(35),   Ternary,   kquants::QK_K,    ternary::TQ2_0_BYTES,   Some(ternary::dequantize_tq2_0),   None),
@@ -307,7 +310,8 @@ impl TensorType {
 
     /// Banded LDLQ can round this type (`quant::ldlq`): the TQ weights and the row-rotated types
     /// (in their rotated domain), and the stock types with a fixed-grid encoder ([`grid`]:
-    /// q8_0, q4_0, q5_0, q2_K … q6_K, iq4_nl, iq4_xs; no rotation, ordinary blocks).
+    /// q8_0, q4_0, q5_0, q2_K … q6_K, iq4_nl, iq4_xs; no rotation, ordinary blocks), and iq3_xxs,
+    /// iq3_s, iq1_s, iq1_m (their grid rows as the sweep's vector quantizer).
     pub fn has_ldlq(self) -> bool {
         self.ldlq().is_some()
     }
@@ -320,6 +324,7 @@ impl TensorType {
             Family::RowRotated => Some(LdlqKind::RowRotated),
             Family::RowTrellis => Some(LdlqKind::Trellis),
             _ if grid::supports(self) => Some(LdlqKind::Stock),
+            _ if iquants::iq3_quant::has_lattice_ldlq(self) => Some(LdlqKind::Lattice),
             _ => None,
         }
     }
@@ -576,6 +581,7 @@ mod tests {
         assert_eq!(kinds(LdlqKind::Rotated), [TQ3_1S, TQ4_1S]);
         assert_eq!(kinds(LdlqKind::RowRotated), [TQ2R]);
         assert_eq!(kinds(LdlqKind::Trellis), [TQ2T]);
+        assert_eq!(kinds(LdlqKind::Lattice), [IQ3XXS, IQ1S, IQ3S, IQ1M]);
         assert_eq!(
             kinds(LdlqKind::Stock),
             [Q4_0, Q5_0, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K, IQ4NL, IQ4XS]

@@ -9,12 +9,16 @@
 //! - `stock.rs`: the stock types, act-order onto pre-fitted grids, then the parameter refit
 //!   ([`LdlqKind::Stock`], [`Refit`]);
 //! - `rows.rs`: tq2_r in the whole-row rotated domain ([`LdlqKind::RowRotated`]);
+//! - `iq_lattice.rs`, `iq1_lattice.rs`: IQ3_XXS / IQ3_S and IQ1_S / IQ1_M, 4- or 8-value grid
+//!   rows as the rounding step ([`LdlqKind::Lattice`]);
 //! - `trellis.rs`, `psp.rs`: tq2_t's block-LDLQ with the trellis as each block's vector quantizer
 //!   ([`LdlqKind::Trellis`]) and its per-survivor Viterbi searches.
 //!
 //! This file dispatches on the kind ([`quantize_ldlq_refit`]) and holds the proxy loss.
 
 mod factor;
+mod iq1_lattice;
+mod iq_lattice;
 mod psp;
 mod rows;
 mod stock;
@@ -75,6 +79,10 @@ pub fn quantize_ldlq_refit(
                 stock::quantize_rows_stock(ty, rows, f, band, refit, o, stock::Mode::Gemm)
             }
             LdlqKind::RowRotated => rows::quantize_rows(rows, f, band, o),
+            LdlqKind::Lattice if matches!(ty, TensorType::IQ1S | TensorType::IQ1M) => {
+                iq1_lattice::quantize_rows(ty, rows, f, band, o)
+            }
+            LdlqKind::Lattice => iq_lattice::quantize_rows(ty, rows, f, band, o),
             LdlqKind::Trellis => unreachable!("handled above"),
         });
     out

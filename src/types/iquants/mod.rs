@@ -21,24 +21,32 @@
 //! ((scales_h >> 2*ib) & 3) << 4`, factor `d * (ls - 32)`, as ggml's `dequantize_row_iq4_xs`.
 //!
 //! IQ4_NL and IQ4_XS are also written (`iq4.rs`: llama-quantize's encoders, byte for byte; the
-//! importance-weighted and LDLQ encoders see them as grids in `types::grid`); the grid types are
-//! read only.
+//! importance-weighted and LDLQ encoders see them as grids in `types::grid`). IQ3_XXS, IQ3_S,
+//! IQ1_S and IQ1_M are written by llama.cpp's encoders, byte for byte with and without an imatrix
+//! (`iq3_quant.rs`, `iq1_quant.rs`, over the lattice map and neighbour lists of
+//! `iq13_gridmap.rs`); LDLQ rounds them in `quant::ldlq::{iq_lattice, iq1_lattice}`. The IQ2
+//! types are read only.
 //!
 //! The grids are numbers from `ggml-common.h` (via gguf-py; `grids.rs` says how they were made
 //! and checked); a 7-bit sign index picks 8 signs with even parity (`ksigns_iq2xs`).
 
 mod grids;
 mod iq1;
+pub(crate) mod iq13_gridmap;
+pub(crate) mod iq1_quant;
 mod iq2;
 mod iq3;
+pub(crate) mod iq3_quant;
 pub(crate) mod iq4;
 
 pub(crate) use iq1::{dequantize_iq1_m, dequantize_iq1_s, IQ1_M_BYTES, IQ1_S_BYTES};
+pub(crate) use iq1_quant::{quantize_iq1_m, quantize_iq1_s};
 pub(crate) use iq2::{
     dequantize_iq2_s, dequantize_iq2_xs, dequantize_iq2_xxs, IQ2_S_BYTES, IQ2_XS_BYTES,
     IQ2_XXS_BYTES,
 };
 pub(crate) use iq3::{dequantize_iq3_s, dequantize_iq3_xxs, IQ3_S_BYTES, IQ3_XXS_BYTES};
+pub(crate) use iq3_quant::{quantize_iq3_s, quantize_iq3_xxs};
 pub use iq4::{quantize_iq4_nl, quantize_iq4_xs};
 
 use crate::types::float::f16_at;

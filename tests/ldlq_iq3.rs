@@ -1,0 +1,84 @@
+//! LDLQ into IQ3_XXS / IQ3_S / IQ1_S / IQ1_M on real data: SmolLM2's 256-aligned `ffn_down`
+//! tensors with Hessians calibrated on Botchan. The bytes are ordinary IQ3 / IQ1 blocks (decoded by
+//! the registry's decoders, checked against gguf-py), the same size as llama.cpp's; LDLQ's Hessian-weighted
+//! error `tr(ΔW H ΔWᵀ)` is compared with llama.cpp's importance-weighted encoder (what
+//! `llama-quantize --imatrix` writes, `tests/iquants3_llama.rs`) given the Hessian's diagonal.
+
+#[path = "../fixtures/mod.rs"]
+mod fixtures;
+
+use fixtures::s;
+use tq::gguf::GgufFile;
+use tq::quant::{encode_rows, ldlq, Encoder};
+use tq::types::{self, TensorType};
+
+#[test]
+fn ldlq_halves_the_imatrix_encoders_error_on_smollm2_ffn_down() {
+    let Some(smol) = fixtures::smollm2() else {
+        return;
+    };
+    let Some(text) = fixtures::botchan() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let hp = dir.path().join("h.safetensors");
+    let (code, _, err) = fixtures::tq(&[
+        "calib",
+        s(&smol),
+        "--text",
+        s(&text),
+        "--tokens",
+        "2048",
+        "--ctx",
+        "512",
+        "-o",
+        s(&hp),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (hs, _) = tq::quant::Hessians::load(&hp).unwrap();
+    let f = GgufFile::open(&smol).unwrap();
+    for name in ["blk.7.ffn_down.weight", "blk.20.ffn_down.weight"] {
+        let t = f.tensors.iter().find(|t| t.name == name).unwrap();
+        let n = t.dims[0] as usize;
+        let mut w = vec![0f32; t.n_elements() as usize];
+        types::dequantize(t.ty, f.tensor_data(t), &mut w, name).unwrap();
+        // 64 rows keep the test fast; rows are independent.
+        w.truncate(64 * n);
+        let h = hs.for_tensor(name).unwrap();
+        // llama-imatrix's importance: the mean squared activation per column.
+        let imp: Vec<f32> = (0..n)
+            .map(|i| (h.h[i * n + i] / h.tokens as f64) as f32)
+            .collect();
+        for ty in [
+            TensorType::IQ3XXS,
+            TensorType::IQ3S,
+            TensorType::IQ1S,
+            TensorType::IQ1M,
+        ] {
+            let bytes = ty.bytes_for(w.len() as u64).unwrap() as usize;
+            let im = encode_rows(ty, name, &w, n, &Encoder::Weighted(&imp)).unwrap();
+            let rtn = encode_rows(ty, name, &w, n, &Encoder::Nearest).unwrap();
+            let fac = ldlq::factor_hessian(ty, h, 0.01, 0, name).unwrap();
+            let q = ldlq::quantize_ldlq(ty, &w, n, &fac, 0);
+            assert_eq!((q.len(), im.len()), (bytes, bytes), "{ty}: same bytes");
+            let dec = |b: &[u8]| {
+                let mut y = vec![0f32; w.len()];
+                types::dequantize(ty, b, &mut y, name).unwrap();
+                y
+            };
+            let l_im = ldlq::proxy_loss(&h.h, n, &w, &dec(&im));
+            let l_rtn = ldlq::proxy_loss(&h.h, n, &w, &dec(&rtn));
+            let l_ldlq = ldlq::proxy_loss(&h.h, n, &w, &dec(&q));
+            eprintln!(
+                "{name} {ty}: H-weighted relative error no imatrix {l_rtn:.3e}, imatrix {l_im:.3e}, LDLQ {l_ldlq:.3e} ({:.2}x the imatrix encoder's)",
+                l_ldlq / l_im
+            );
+            // The bar: at most half the imatrix encoder's error (measured on blk.7 / blk.20,
+            // 64 rows, 2048 calibration tokens: iq3_xxs 0.37x / 0.35x, iq3_s 0.35x / 0.32x,
+            // iq1_s 0.45x / 0.44x, iq1_m 0.45x / 0.43x).
+            assert!(l_ldlq <= 0.5 * l_im, "{name} {ty}: {l_ldlq} vs {l_im}");
+            // Deterministic.
+            assert_eq!(q, ldlq::quantize_ldlq(ty, &w, n, &fac, 0), "{ty}");
+        }
+    }
+}

@@ -14,7 +14,11 @@ use std::path::Path;
 pub fn convert(job: &Job) -> Result<Outcome> {
     let a = &job.flags;
     let src = crate::source::open(&a.input, &job.profile)?;
-    let mut plan = plan::plan(src.tensors(), &job.request, &job.profile)?;
+    let request = job.request_for(src.as_ref())?;
+    let mut plan = plan::plan(src.tensors(), &request, &job.profile)?;
+    if let Some(p) = job.preset {
+        plan.file_type = Some(p.file_type);
+    }
     plan.ldlq = job.flags.ldlq;
     // What would make engines refuse the output: warnings, or (--strict) an error now.
     // Printed under --quiet too: a warning, not a notice.

@@ -66,13 +66,22 @@ fn layered(n_layer: u32, n_head: u32, n_kv: u32, tied: bool) -> Vec<u8> {
     let (h, ff, rows) = (256u64, 512u64, 4u64);
     let md = vec![
         ("general.architecture".to_string(), Value::string("llama")),
-        ("general.name".to_string(), Value::string("tq preset oracle")),
+        (
+            "general.name".to_string(),
+            Value::string("tq preset oracle"),
+        ),
         ("llama.context_length".to_string(), Value::U32(256)),
         ("llama.embedding_length".to_string(), Value::U32(h as u32)),
         ("llama.block_count".to_string(), Value::U32(n_layer)),
-        ("llama.feed_forward_length".to_string(), Value::U32(ff as u32)),
+        (
+            "llama.feed_forward_length".to_string(),
+            Value::U32(ff as u32),
+        ),
         ("llama.attention.head_count".to_string(), Value::U32(n_head)),
-        ("llama.attention.head_count_kv".to_string(), Value::U32(n_kv)),
+        (
+            "llama.attention.head_count_kv".to_string(),
+            Value::U32(n_kv),
+        ),
         (
             "llama.attention.layer_norm_rms_epsilon".to_string(),
             Value::F32(1e-5),
@@ -198,8 +207,17 @@ fn llama_quantize() -> Option<PathBuf> {
 /// `blk.0.attn_k.weight - [ 576, 192, 1, 1], type = q4_1, size = ... (iq4_nl)` → name, type.
 fn parse_dry_run(log: &str) -> BTreeMap<String, String> {
     let mut m = BTreeMap::new();
-    for l in log.lines().filter(|l| l.starts_with('[') && l.contains(" type = ")) {
-        let name = l.split(']').nth(1).unwrap().split_whitespace().next().unwrap();
+    for l in log
+        .lines()
+        .filter(|l| l.starts_with('[') && l.contains(" type = "))
+    {
+        let name = l
+            .split(']')
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap();
         let dims: Vec<u64> = l
             .split('[')
             .nth(2)
@@ -330,7 +348,9 @@ fn diff(what: &str, tq: &Choice, llama: &Choice) -> Option<String> {
             for (n, t) in b {
                 match a.get(n) {
                     Some(x) if x == t => {}
-                    Some(x) => return Some(format!("{what}: {n} is {x} in tq, {t} in llama-quantize")),
+                    Some(x) => {
+                        return Some(format!("{what}: {n} is {x} in tq, {t} in llama-quantize"))
+                    }
                     None => return Some(format!("{what}: {n} ({t}) missing from tq's plan")),
                 }
             }
@@ -341,37 +361,56 @@ fn diff(what: &str, tq: &Choice, llama: &Choice) -> Option<String> {
         (a, b) if a == b => None,
         (a, b) => Some(format!(
             "{what}: tq {}, llama-quantize {}",
-            if matches!(a, Choice::NeedsImatrix) { "refuses without an imatrix" } else { "plans it" },
-            if matches!(b, Choice::NeedsImatrix) { "refuses without an imatrix" } else { "writes it" },
+            if matches!(a, Choice::NeedsImatrix) {
+                "refuses without an imatrix"
+            } else {
+                "plans it"
+            },
+            if matches!(b, Choice::NeedsImatrix) {
+                "refuses without an imatrix"
+            } else {
+                "writes it"
+            },
         )),
     }
 }
 
-/// Recorded form: "imatrix required", or type → comma-joined tensor names.
-fn to_json(c: &Choice) -> Json {
+/// Recorded form, compact: per model the sorted names of its ≥ 2-D tensors once, and per preset
+/// and mode one character per tensor (the type's index in the registry, from '0'), or
+/// "needs imatrix".
+fn code(t: &str) -> char {
+    let i = tq::types::TYPES.iter().position(|x| x.name == t).unwrap();
+    (b'0' + i as u8) as char
+}
+
+fn to_json(c: &Choice, names: &[String]) -> Json {
     match c {
         Choice::NeedsImatrix => json!("needs imatrix"),
         Choice::Types(m) => {
-            let mut by: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-            for (n, t) in m {
-                by.entry(t).or_default().push(n);
-            }
-            json!(by.into_iter().map(|(t, v)| (t, v.join(","))).collect::<BTreeMap<_, _>>())
+            assert_eq!(m.len(), names.len(), "tensor count");
+            json!(names.iter().map(|n| code(&m[n])).collect::<String>())
         }
     }
 }
 
-fn from_json(j: &Json) -> Choice {
-    if j.as_str() == Some("needs imatrix") {
+fn from_json(j: &Json, names: &[String]) -> Choice {
+    let s = j.as_str().unwrap();
+    if s == "needs imatrix" {
         return Choice::NeedsImatrix;
     }
-    let mut m = BTreeMap::new();
-    for (t, names) in j.as_object().unwrap() {
-        for n in names.as_str().unwrap().split(',') {
-            m.insert(n.to_string(), t.clone());
-        }
-    }
-    Choice::Types(m)
+    assert_eq!(s.len(), names.len(), "recorded tensor count");
+    Choice::Types(
+        names
+            .iter()
+            .zip(s.bytes())
+            .map(|(n, c)| {
+                (
+                    n.clone(),
+                    tq::types::TYPES[(c - b'0') as usize].name.to_string(),
+                )
+            })
+            .collect(),
+    )
 }
 
 fn recorded() -> Json {
@@ -395,7 +434,18 @@ fn preset_types_match_llama_quantize() {
         let f = GgufFile::open(&m.path).unwrap();
         let im = dir.path().join(format!("{}.imatrix.gguf", m.name));
         write_imatrix(&f, &im);
+        let names: Vec<String> = {
+            let mut v: Vec<String> = f
+                .tensors
+                .iter()
+                .filter(|t| t.dims.iter().filter(|&&d| d > 1).count() >= 2)
+                .map(|t| t.name.clone())
+                .collect();
+            v.sort();
+            v
+        };
         let mut per_model = serde_json::Map::new();
+        per_model.insert("tensors".into(), json!(names));
         let t0 = std::time::Instant::now();
         for p in PRESETS {
             let mut per_mode = serde_json::Map::new();
@@ -403,15 +453,27 @@ fn preset_types_match_llama_quantize() {
                 let what = format!("{} {} ({mode})", m.name, p.name);
                 let ours = tq_choice(&m.path, p.name, imx.is_some());
                 let mut oracles = vec![];
-                if let Some(j) = rec.get(&m.name).and_then(|r| r.get(p.name)).and_then(|r| r.get(mode)) {
-                    oracles.push(("recorded", from_json(j)));
+                if let Some(j) = rec
+                    .get(&m.name)
+                    .and_then(|r| r.get(p.name))
+                    .and_then(|r| r.get(mode))
+                {
+                    let rn: Vec<String> = rec[&m.name]["tensors"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.as_str().unwrap().to_string())
+                        .collect();
+                    oracles.push(("recorded", from_json(j, &rn)));
                 } else if !record {
-                    fails.push(format!("{what}: no recorded llama-quantize choice in {RECORDED}"));
+                    fails.push(format!(
+                        "{what}: no recorded llama-quantize choice in {RECORDED}"
+                    ));
                 }
                 if let Some(b) = &bin {
                     let out = dir.path().join("out.gguf");
                     let live = run_llama(b, &m, p.name, imx, &out);
-                    per_mode.insert(mode.into(), to_json(&live));
+                    per_mode.insert(mode.into(), to_json(&live, &names));
                     oracles.push(("live", live));
                 }
                 for (kind, want) in &oracles {
@@ -421,7 +483,9 @@ fn preset_types_match_llama_quantize() {
                     }
                 }
                 // The whole planner (overrides path, row constraints) agrees where tq can encode.
-                if let (Some(pipe), Some((_, want))) = (pipeline_types(&m.path, p.name, imx), oracles.first()) {
+                if let (Some(pipe), Some((_, want))) =
+                    (pipeline_types(&m.path, p.name, imx), oracles.first())
+                {
                     if let Some(d) = diff(&format!("{what}, tq convert --dry-run"), &pipe, want) {
                         fails.push(d);
                     }
@@ -434,28 +498,47 @@ fn preset_types_match_llama_quantize() {
     }
     if record && bin.is_some() {
         let mut all = rec.as_object().cloned().unwrap_or_default();
-        all.insert("presets".into(), json!(PRESETS.iter().map(|p| p.name).collect::<Vec<_>>()));
+        all.insert(
+            "presets".into(),
+            json!(PRESETS.iter().map(|p| p.name).collect::<Vec<_>>()),
+        );
         for (k, v) in fresh {
             all.insert(k, v);
         }
         let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(RECORDED);
-        std::fs::write(&p, serde_json::to_string_pretty(&Json::Object(all)).unwrap() + "\n").unwrap();
+        std::fs::write(
+            &p,
+            serde_json::to_string_pretty(&Json::Object(all)).unwrap() + "\n",
+        )
+        .unwrap();
     }
     assert!(compared > 0, "nothing compared");
-    assert!(fails.is_empty(), "{} differences:\n{}", fails.len(), fails.join("\n"));
+    assert!(
+        fails.is_empty(),
+        "{} differences:\n{}",
+        fails.len(),
+        fails.join("\n")
+    );
 }
 
 /// blake3 of each tensor's data.
 fn hashes(f: &GgufFile) -> BTreeMap<String, String> {
     f.tensors
         .iter()
-        .map(|t| (t.name.clone(), blake3::hash(f.tensor_data(t)).to_hex().to_string()))
+        .map(|t| {
+            (
+                t.name.clone(),
+                blake3::hash(f.tensor_data(t)).to_hex().to_string(),
+            )
+        })
         .collect()
 }
 
 #[test]
 fn smollm2_preset_bytes_match_llama_quantize() {
-    let Some(model) = fixtures::smollm2() else { return };
+    let Some(model) = fixtures::smollm2() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let rec = recorded();
     let bin = llama_quantize();
@@ -465,7 +548,15 @@ fn smollm2_preset_bytes_match_llama_quantize() {
     let mut fresh = serde_json::Map::new();
     for preset in ["Q4_K_M", "Q6_K", "Q8_0"] {
         let ours = dir.path().join(format!("tq-{preset}.gguf"));
-        let (code, _, err) = tq(&["convert", s(&model), "--preset", preset, "-o", s(&ours), "-q"]);
+        let (code, _, err) = tq(&[
+            "convert",
+            s(&model),
+            "--preset",
+            preset,
+            "-o",
+            s(&ours),
+            "-q",
+        ]);
         assert_eq!(code, 0, "tq convert --preset {preset}: {err}");
         let f = GgufFile::open(&ours).unwrap();
         let mine = hashes(&f);
@@ -503,7 +594,11 @@ fn smollm2_preset_bytes_match_llama_quantize() {
         for (kind, want) in oracles {
             assert_eq!(mine.len(), want.len(), "{preset}: tensor count vs {kind}");
             for (n, h) in &want {
-                assert_eq!(mine.get(n), Some(h), "{preset}: {n} data differs from llama-quantize's ({kind})");
+                assert_eq!(
+                    mine.get(n),
+                    Some(h),
+                    "{preset}: {n} data differs from llama-quantize's ({kind})"
+                );
             }
         }
     }
@@ -511,7 +606,11 @@ fn smollm2_preset_bytes_match_llama_quantize() {
         let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(RECORDED);
         let mut all = rec.as_object().cloned().unwrap();
         all.insert("smollm2_bytes".into(), Json::Object(fresh));
-        std::fs::write(&p, serde_json::to_string_pretty(&Json::Object(all)).unwrap() + "\n").unwrap();
+        std::fs::write(
+            &p,
+            serde_json::to_string_pretty(&Json::Object(all)).unwrap() + "\n",
+        )
+        .unwrap();
     }
 }
 
@@ -519,16 +618,39 @@ fn smollm2_preset_bytes_match_llama_quantize() {
 fn calibrated_preset_keeps_types_and_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m.gguf");
-    std::fs::write(&model, fixtures::gguf_gen::tiny_llama_tok(4, 256, 512).bytes).unwrap();
+    std::fs::write(
+        &model,
+        fixtures::gguf_gen::tiny_llama_tok(4, 256, 512).bytes,
+    )
+    .unwrap();
     let text = dir.path().join("calib.txt");
     std::fs::write(&text, fixtures::gguf_gen::pseudo_text(3000)).unwrap();
     let rtn = dir.path().join("rtn.gguf");
     let cal = dir.path().join("cal.gguf");
-    let (c, _, e) = tq(&["convert", s(&model), "--preset", "Q4_K_M", "-o", s(&rtn), "-q"]);
+    let (c, _, e) = tq(&[
+        "convert",
+        s(&model),
+        "--preset",
+        "Q4_K_M",
+        "-o",
+        s(&rtn),
+        "-q",
+    ]);
     assert_eq!(c, 0, "{e}");
     let (c, _, e) = tq(&[
-        "convert", s(&model), "--preset", "Q4_K_M", "--calib", s(&text), "--calib-tokens", "1024",
-        "--calib-ctx", "128", "-o", s(&cal), "-q",
+        "convert",
+        s(&model),
+        "--preset",
+        "Q4_K_M",
+        "--calib",
+        s(&text),
+        "--calib-tokens",
+        "1024",
+        "--calib-ctx",
+        "128",
+        "-o",
+        s(&cal),
+        "-q",
     ]);
     assert_eq!(c, 0, "{e}");
     let (a, b) = (GgufFile::open(&rtn).unwrap(), GgufFile::open(&cal).unwrap());
@@ -545,7 +667,10 @@ fn calibrated_preset_keeps_types_and_bytes() {
     assert_eq!(bytes_a, bytes_b, "total tensor bytes under --calib");
     // The 4-layer model's preset has q4_K, q6_K (layers 0 and 3) and q8_0/q6_K embeddings:
     // LDLQ changes the values of the calibrated matrices.
-    assert!(changed >= 8, "only {changed} quantized tensors changed under --calib");
+    assert!(
+        changed >= 8,
+        "only {changed} quantized tensors changed under --calib"
+    );
 }
 
 #[test]
@@ -562,8 +687,19 @@ fn preset_flag_errors() {
     let one_line = |e: &str| e.trim().lines().count() == 1;
     let (c, _, e) = run(&["--preset", "Q4_K_Z"]);
     assert_eq!(c, 2);
-    assert!(one_line(&e) && e.contains("unknown preset 'Q4_K_Z'") && e.contains("Q4_K_M") && e.contains("IQ2_XS"), "{e}");
-    for clash in [&["--weights", "q4_0"][..], &["--target-size", "1MB"], &["--target-bpw", "4"], &["--recipe", "pure"]] {
+    assert!(
+        one_line(&e)
+            && e.contains("unknown preset 'Q4_K_Z'")
+            && e.contains("Q4_K_M")
+            && e.contains("IQ2_XS"),
+        "{e}"
+    );
+    for clash in [
+        &["--weights", "q4_0"][..],
+        &["--target-size", "1MB"],
+        &["--target-bpw", "4"],
+        &["--recipe", "pure"],
+    ] {
         let mut a = vec!["--preset", "Q4_K_M"];
         a.extend_from_slice(clash);
         let (c, _, e) = run(&a);
@@ -574,7 +710,10 @@ fn preset_flag_errors() {
     for p in ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "Q2_K_S"] {
         let (c, _, e) = run(&["--preset", p]);
         assert_eq!(c, 2, "{p}: {e}");
-        assert!(one_line(&e) && e.contains("needs an importance matrix") && e.contains("--imatrix"), "{p}: {e}");
+        assert!(
+            one_line(&e) && e.contains("needs an importance matrix") && e.contains("--imatrix"),
+            "{p}: {e}"
+        );
     }
     // A type without an encoder in the registry is named (the message goes when the encoder
     // lands); a preset whose types all have one is planned.
@@ -583,7 +722,10 @@ fn preset_flag_errors() {
     let src = tq::source::open(&model, &Default::default()).unwrap();
     let facts = ModelFacts::of(src.as_ref()).unwrap();
     for p in PRESETS {
-        let o = Options { has_imatrix: true, ..Default::default() };
+        let o = Options {
+            has_imatrix: true,
+            ..Default::default()
+        };
         let types = preset::types(p, &facts, src.tensors(), &o).unwrap();
         let lacking = src
             .tensors()
@@ -594,7 +736,11 @@ fn preset_flag_errors() {
         match lacking {
             Some(t) => {
                 assert_eq!(c, 2, "{}: {e}", p.name);
-                assert!(one_line(&e) && e.contains("cannot encode yet") && e.contains(t.name()), "{}: {e}", p.name);
+                assert!(
+                    one_line(&e) && e.contains("cannot encode yet") && e.contains(t.name()),
+                    "{}: {e}",
+                    p.name
+                );
             }
             None => assert_eq!(c, 0, "{}: {e}", p.name),
         }

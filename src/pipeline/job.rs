@@ -189,7 +189,10 @@ impl Job {
     /// The request for this model: with `--preset`, every tensor's type as llama-quantize's
     /// rules give it for `src` (refused when a type needs an imatrix that is not given, or an
     /// encoder tq lacks); otherwise the request as resolved.
-    pub fn request_for(&self, src: &dyn TensorSource) -> Result<std::borrow::Cow<'_, Request<'static>>> {
+    pub fn request_for(
+        &self,
+        src: &dyn TensorSource,
+    ) -> Result<std::borrow::Cow<'_, Request<'static>>> {
         use plan::preset;
         let Some(p) = self.preset else {
             return Ok(std::borrow::Cow::Borrowed(&self.request));
@@ -217,8 +220,8 @@ impl Job {
                 p.name, t.name, c.ty
             )));
         }
-        if let Some((t, c)) = planned()
-            .find(|(t, c)| c.ty != t.ty && c.ty.info().quantize.is_none() && t.is_matrix())
+        if let Some((t, c)) =
+            planned().find(|(t, c)| c.ty != t.ty && c.ty.info().quantize.is_none() && t.is_matrix())
         {
             return Err(Error::Unsupported(format!(
                 "tq convert --preset {}: {} would be {}, which tq cannot encode yet; choose another preset",

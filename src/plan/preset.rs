@@ -116,7 +116,11 @@ pub fn parse(name: &str) -> Result<&'static Preset> {
         .ok_or_else(|| {
             Error::Usage(format!(
                 "unknown preset '{name}'; presets: {} (aliases Q3_K, Q4_K, Q5_K)",
-                PRESETS.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
+                PRESETS
+                    .iter()
+                    .map(|p| p.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ))
         })
 }
@@ -150,8 +154,11 @@ impl ModelFacts {
         // A per-layer array (some models) or one value; llama's n_gqa() reads layer 0.
         let first = |k: &str| -> Option<u64> {
             let v = get(&format!("{arch}.{k}"))?;
-            v.as_u64()
-                .or_else(|| v.as_array().and_then(|a| a.first()).and_then(|x| x.as_u64()))
+            v.as_u64().or_else(|| {
+                v.as_array()
+                    .and_then(|a| a.first())
+                    .and_then(|x| x.as_u64())
+            })
         };
         let n_layer = first("block_count").ok_or_else(|| {
             Error::bad_input(
@@ -176,11 +183,7 @@ impl ModelFacts {
     }
 
     fn n_gqa(&self) -> u32 {
-        if self.n_head_kv == 0 {
-            0
-        } else {
-            self.n_head / self.n_head_kv
-        }
+        self.n_head.checked_div(self.n_head_kv).unwrap_or(0)
     }
 
     /// llama.cpp's `LLM_TYPE_70B` (the one size class the rules read): 80-layer llama with GQA,
@@ -418,7 +421,12 @@ impl Pass<'_> {
     }
 
     /// `llama_tensor_get_type_impl`: the rules by role, position and architecture.
-    fn rules(&mut self, t: &SourceTensor, mut ty: TensorType, c: Cat) -> Result<(TensorType, &'static str)> {
+    fn rules(
+        &mut self,
+        t: &SourceTensor,
+        mut ty: TensorType,
+        c: Cat,
+    ) -> Result<(TensorType, &'static str)> {
         use Ftype as F;
         use TensorType::*;
         let (arch, name) = (self.m.arch.as_str(), t.name.as_str());
@@ -426,24 +434,42 @@ impl Pass<'_> {
         let gqa4 = self.m.n_gqa() >= 4;
         let n_exp = self.m.n_expert;
         if arch == "glm5-next"
-            && ["attn_q_a", "attn_q_b", "nextn.eh_proj"].iter().any(|s| name.contains(s))
+            && ["attn_q_a", "attn_q_b", "nextn.eh_proj"]
+                .iter()
+                .any(|s| name.contains(s))
             && !matches!(ty, F32 | BF16 | F16)
         {
             return Ok((Q8_0, "glm5-next projection kept q8_0"));
         }
-        const IQ2_GROUP: &[Ftype] = &[F::IQ2_XXS, F::IQ2_XS, F::IQ1_S, F::IQ2_S, F::IQ2_M, F::IQ1_M];
+        const IQ2_GROUP: &[Ftype] = &[
+            F::IQ2_XXS,
+            F::IQ2_XS,
+            F::IQ1_S,
+            F::IQ2_S,
+            F::IQ2_M,
+            F::IQ1_M,
+        ];
         let iq2sm = self.is(&[F::IQ2_S, F::IQ2_M]);
         let why;
         if c == Cat::Output || (self.tied && c == Cat::TokenEmbd) {
-            why = if c == Cat::Output { "output" } else { "token_embd (tied to the output)" };
+            why = if c == Cat::Output {
+                "output"
+            } else {
+                "token_embd (tied to the output)"
+            };
             if let Some(o) = self.o.output_type {
                 ty = o;
-            } else if self.ft == F::MXFP4_MOE
-                || falcon
-                || t.dims[0] % ty.block_size() as u64 != 0
-            {
+            } else if self.ft == F::MXFP4_MOE || falcon || t.dims[0] % ty.block_size() as u64 != 0 {
                 ty = Q8_0;
-            } else if self.is(&[F::IQ2_XXS, F::IQ2_XS, F::IQ3_XXS, F::IQ1_S, F::IQ2_S, F::IQ2_M, F::IQ1_M]) {
+            } else if self.is(&[
+                F::IQ2_XXS,
+                F::IQ2_XS,
+                F::IQ3_XXS,
+                F::IQ1_S,
+                F::IQ2_S,
+                F::IQ2_M,
+                F::IQ1_M,
+            ]) {
                 ty = Q5K;
             } else if ty != Q8_0 {
                 ty = Q6K;
@@ -453,7 +479,11 @@ impl Pass<'_> {
                 arch == "bailingmoe3" && matches!(c, Cat::FfnUp | Cat::FfnGate | Cat::FfnDown);
             let experts = t.dims.get(2).copied().unwrap_or(1) > 1;
             why = "MXFP4_MOE: experts mxfp4, the rest q8_0";
-            ty = if experts && (arch != "bailingmoe3" || bailing_expert) { MXFP4 } else { Q8_0 };
+            ty = if experts && (arch != "bailingmoe3" || bailing_expert) {
+                MXFP4
+            } else {
+                Q8_0
+            };
         } else if c == Cat::TokenEmbd {
             why = "token_embd";
             if let Some(e) = self.o.token_embd_type {
@@ -468,7 +498,13 @@ impl Pass<'_> {
         } else if self.is(IQ2_GROUP) {
             why = "2-bit i-quant rules";
             if is_attn_v(c) {
-                ty = if gqa4 || n_exp >= 4 { Q4K } else if iq2sm { IQ3S } else { Q2K };
+                ty = if gqa4 || n_exp >= 4 {
+                    Q4K
+                } else if iq2sm {
+                    IQ3S
+                } else {
+                    Q2K
+                };
                 self.i_attention_wv += 1;
             } else if n_exp == 8 && c == Cat::AttnK {
                 ty = Q4K;
@@ -493,7 +529,13 @@ impl Pass<'_> {
                 F::Q2_K => ty = if gqa4 { Q4K } else { Q3K },
                 F::Q2_K_S if gqa4 => ty = Q4K,
                 F::IQ3_XXS => {
-                    ty = if gqa4 { Q4K } else if !self.o.has_imatrix { IQ3S } else { IQ3XXS }
+                    ty = if gqa4 {
+                        Q4K
+                    } else if !self.o.has_imatrix {
+                        IQ3S
+                    } else {
+                        IQ3XXS
+                    }
                 }
                 F::IQ3_XS | F::IQ3_S if gqa4 => ty = Q4K,
                 F::IQ3_M => ty = Q4K,
@@ -534,11 +576,8 @@ impl Pass<'_> {
             let h = self.o.has_imatrix;
             match self.ft {
                 F::Q2_K => ty = Q3K,
-                F::Q2_K_S => {
-                    if i < n / 8 {
-                        ty = Q4K
-                    }
-                }
+                // (no later arm is for Q2_K_S, so a false guard changes nothing)
+                F::Q2_K_S if i < n / 8 => ty = Q4K,
                 F::IQ3_XXS if !h => ty = if i < n / 8 { Q4K } else { Q3K },
                 F::Q3_K_M => {
                     ty = if i < n / 16 {
@@ -577,8 +616,17 @@ impl Pass<'_> {
             if !falcon {
                 if n_exp == 8 {
                     if self.is(&[
-                        F::Q2_K, F::IQ3_XS, F::IQ3_XXS, F::Q3_K_S, F::Q3_K_M, F::IQ4_NL,
-                        F::Q4_K_S, F::Q4_K_M, F::IQ3_S, F::IQ3_M, F::IQ4_XS,
+                        F::Q2_K,
+                        F::IQ3_XS,
+                        F::IQ3_XXS,
+                        F::Q3_K_S,
+                        F::Q3_K_M,
+                        F::IQ4_NL,
+                        F::Q4_K_S,
+                        F::Q4_K_M,
+                        F::IQ3_S,
+                        F::IQ3_M,
+                        F::IQ4_XS,
                     ]) {
                         ty = Q5K;
                     }
@@ -598,7 +646,11 @@ impl Pass<'_> {
             // (attn_qkv has its own rule in llama-quantize, but it is attn_v-like and never
             // reaches it.)
             why = "ffn gate/up";
-            let counter = if c == Cat::FfnGate { self.i_ffn_gate } else { self.i_ffn_up };
+            let counter = if c == Cat::FfnGate {
+                self.i_ffn_gate
+            } else {
+                self.i_ffn_up
+            };
             let (i, n) = layer_of(self, counter, name)?;
             if self.ft == F::IQ3_XS && i >= n / 8 && i < 7 * n / 8 {
                 ty = IQ3XXS;
@@ -618,18 +670,30 @@ impl Pass<'_> {
     /// rules, then the row fallback.
     fn choose(&mut self, p: &Preset, t: &SourceTensor) -> Result<Choice> {
         let c = category(&t.name);
-        let keep = |why: &str| Choice { ty: t.ty, why: why.into(), needs_imatrix: false };
+        let keep = |why: &str| Choice {
+            ty: t.ty,
+            why: why.into(),
+            needs_imatrix: false,
+        };
         if !allows_quantization(&self.m.arch, t) {
             return Ok(keep("never quantized by llama-quantize: kept"));
         }
         let manual = self.o.overrides.iter().find(|(re, _)| re.is_match(&t.name));
         if let (Some(e), Cat::TokenEmbd) = (self.o.token_embd_type, c) {
             if !(t.name == "per_layer_token_embd.weight" && manual.is_some()) {
-                return Ok(Choice { ty: e, why: "--token-embedding-type".into(), needs_imatrix: false });
+                return Ok(Choice {
+                    ty: e,
+                    why: "--token-embedding-type".into(),
+                    needs_imatrix: false,
+                });
             }
         }
         if let (Some(o), Cat::Output) = (self.o.output_type, c) {
-            return Ok(Choice { ty: o, why: "--output-tensor-type".into(), needs_imatrix: false });
+            return Ok(Choice {
+                ty: o,
+                why: "--output-tensor-type".into(),
+                needs_imatrix: false,
+            });
         }
         let (mut ty, mut why) = (p.default, "default type".to_string());
         if p.default.is_quantized() {
@@ -647,11 +711,18 @@ impl Pass<'_> {
                 ))
             })?;
             if f != ty {
-                why = format!("{why}; {ty} -> {f}: rows of {ncols} are not a multiple of {}", ty.block_size());
+                why = format!(
+                    "{why}; {ty} -> {f}: rows of {ncols} are not a multiple of {}",
+                    ty.block_size()
+                );
                 ty = f;
             }
         }
-        Ok(Choice { needs_imatrix: needs_imatrix(&t.name, ty, p.ftype), ty, why })
+        Ok(Choice {
+            needs_imatrix: needs_imatrix(&t.name, ty, p.ftype),
+            ty,
+            why,
+        })
     }
 }
 
@@ -674,7 +745,10 @@ pub fn types(
         m,
         o,
         tied: !tensors.iter().any(|t| t.name == "output.weight"),
-        n_attention_wv: tensors.iter().filter(|t| is_attn_v(category(&t.name))).count() as i64,
+        n_attention_wv: tensors
+            .iter()
+            .filter(|t| is_attn_v(category(&t.name)))
+            .count() as i64,
         i_attention_wv: 0,
         i_ffn_down: 0,
         i_ffn_gate: 0,

@@ -78,6 +78,7 @@ impl SeqQuant {
             token_embd_type: None,
             keep_types: false,
             strict: false,
+            preset: None,
         };
         let tensors: Vec<SourceTensor> = f.tensors.iter().map(SourceTensor::of_gguf).collect();
         let mut p = crate::plan::plan(&tensors, &req, &Profile::default())?;

@@ -16,6 +16,11 @@ pub struct ConvertArgs {
     /// any of them but no --weights, the default is tq4_1s.
     #[arg(long)]
     pub weights: Option<String>,
+    /// llama-quantize's file type by name (Q4_K_M, Q6_K, IQ4_XS, IQ2_XS, ...): every tensor gets
+    /// the type llama-quantize would give it, then round-to-nearest, --imatrix or --calib apply
+    /// as usual. Not with --weights, --recipe, --target-bpw or --target-size.
+    #[arg(long, value_name = "NAME")]
+    pub preset: Option<String>,
     /// pure | config-i | hybrid | premium (see `docs/user-guide.md`).
     #[arg(long)]
     pub recipe: Option<String>,
@@ -174,6 +179,7 @@ fn flags(a: ConvertArgs) -> ConvertFlags {
         input: a.input,
         output: a.output,
         weights: a.weights,
+        preset: a.preset,
         recipe: a.recipe,
         tensor_type: a.tensor_type,
         tensor_type_file: a.tensor_type_file,

@@ -19,6 +19,8 @@ pub struct ConvertFlags {
     pub input: PathBuf,
     pub output: Option<PathBuf>,
     pub weights: Option<String>,
+    /// `--preset NAME`: llama-quantize's file type by name (Q4_K_M, IQ2_XS, ...).
+    pub preset: Option<String>,
     pub recipe: Option<String>,
     pub tensor_type: Vec<String>,
     pub tensor_type_file: Option<PathBuf>,
@@ -93,6 +95,9 @@ pub struct Job {
     pub flags: ConvertFlags,
     pub profile: Profile,
     pub request: Request<'static>,
+    /// `--preset`: the request's types come from llama-quantize's rules once the model is read
+    /// ([`Job::request_for`]).
+    pub preset: Option<&'static plan::preset::Preset>,
     pub calib: CalibInput,
     pub budget: Option<Budget>,
     pub shard: Option<Shard>,
@@ -141,8 +146,9 @@ impl Job {
                 f.type_map.as_deref(),
             ],
         )?;
+        let preset = check_preset(&f)?;
         let budget = budget(&f)?;
-        let request = request(&f)?;
+        let request = request(&f, preset)?;
         let kld_text = f
             .kld_text
             .clone()
@@ -170,6 +176,7 @@ impl Job {
         Ok(Job {
             profile,
             request,
+            preset,
             budget,
             shard,
             output,
@@ -177,6 +184,56 @@ impl Job {
             calib,
             flags: f,
         })
+    }
+
+    /// The request for this model: with `--preset`, every tensor's type as llama-quantize's
+    /// rules give it for `src` (refused when a type needs an imatrix that is not given, or an
+    /// encoder tq lacks); otherwise the request as resolved.
+    pub fn request_for(
+        &self,
+        src: &dyn TensorSource,
+    ) -> Result<std::borrow::Cow<'_, Request<'static>>> {
+        use plan::preset;
+        let Some(p) = self.preset else {
+            return Ok(std::borrow::Cow::Borrowed(&self.request));
+        };
+        let facts = preset::ModelFacts::of(src)?;
+        // With calibration, the rules that differ for an imatrix take the imatrix branch: the
+        // file is compared with llama-quantize + imatrix.
+        let has_imatrix = self.flags.imatrix.is_some() || self.calib != CalibInput::None;
+        let opts = preset::Options {
+            has_imatrix,
+            output_type: self.request.output_type,
+            token_embd_type: self.request.token_embd_type,
+            overrides: &self.request.overrides,
+        };
+        let types = preset::types(p, &facts, src.tensors(), &opts)?;
+        // llama-quantize's refusal first (it holds whatever tq can encode), then tq's encoders.
+        let planned = || {
+            src.tensors()
+                .iter()
+                .filter_map(|t| types.get(&t.name).map(|c| (t, c)))
+        };
+        if let Some((t, c)) = planned().find(|(_, c)| c.needs_imatrix && !has_imatrix) {
+            return Err(Error::Usage(format!(
+                "tq convert --preset {}: {} would be {}, which (as in llama-quantize) needs an importance matrix; give --imatrix FILE or --calib TEXT",
+                p.name, t.name, c.ty
+            )));
+        }
+        if let Some((t, c)) =
+            planned().find(|(t, c)| c.ty != t.ty && c.ty.info().quantize.is_none() && t.is_matrix())
+        {
+            return Err(Error::Unsupported(format!(
+                "tq convert --preset {}: {} would be {}, which tq cannot encode yet; choose another preset",
+                p.name, t.name, c.ty
+            )));
+        }
+        let mut r = self.request.clone();
+        r.preset = Some(std::sync::Arc::new(plan::PresetTypes {
+            name: p.name,
+            types,
+        }));
+        Ok(std::borrow::Cow::Owned(r))
     }
 
     /// `--calib TEXT`'s options for the calibration run.
@@ -206,10 +263,13 @@ impl Job {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default()
         };
-        let mut f = vec![
-            format!("--weights {}", req.weights),
-            format!("--recipe {}", req.recipe.name),
-        ];
+        let mut f = match self.preset {
+            Some(p) => vec![format!("--preset {}", p.name)],
+            None => vec![
+                format!("--weights {}", req.weights),
+                format!("--recipe {}", req.recipe.name),
+            ],
+        };
         for o in &a.tensor_type {
             f.push(format!("--tensor-type {o}"));
         }
@@ -348,9 +408,33 @@ fn budget(a: &ConvertFlags) -> Result<Option<Budget>> {
     Ok(b)
 }
 
-fn request(a: &ConvertFlags) -> Result<Request<'static>> {
+/// `--preset NAME`: a known name, and none of the flags that choose the types another way.
+fn check_preset(a: &ConvertFlags) -> Result<Option<&'static plan::preset::Preset>> {
+    let Some(name) = &a.preset else {
+        return Ok(None);
+    };
+    let p = plan::preset::parse(name)?;
+    let clash = [
+        ("--weights", a.weights.is_some()),
+        ("--recipe", a.recipe.is_some()),
+        ("--target-bpw", a.target_bpw.is_some()),
+        ("--target-size", a.target_size.is_some()),
+    ];
+    if let Some((flag, _)) = clash.iter().find(|(_, on)| *on) {
+        return Err(Error::Usage(format!(
+            "tq convert: --preset {} chooses every tensor's type; drop {flag} (or drop --preset)",
+            p.name
+        )));
+    }
+    Ok(Some(p))
+}
+
+fn request(
+    a: &ConvertFlags,
+    preset: Option<&'static plan::preset::Preset>,
+) -> Result<Request<'static>> {
     let parse = |t: &Option<String>| t.as_deref().map(TensorType::parse).transpose();
-    let weights = parse(&a.weights)?;
+    let weights = parse(&a.weights)?.or(preset.map(|p| p.default));
     let recipe = a.recipe.as_deref().map(recipe::parse).transpose()?;
     let mut overrides = a
         .tensor_type
@@ -364,6 +448,7 @@ fn request(a: &ConvertFlags) -> Result<Request<'static>> {
     let token_embd_type = parse(&a.token_embedding_type)?;
     let mixing = a.target_bpw.is_some() || a.target_size.is_some();
     let keep_types = !mixing
+        && preset.is_none()
         && weights.is_none()
         && recipe.is_none()
         && overrides.is_empty()
@@ -382,6 +467,7 @@ fn request(a: &ConvertFlags) -> Result<Request<'static>> {
         token_embd_type,
         keep_types,
         strict: a.strict,
+        preset: None,
     })
 }
 
@@ -455,7 +541,9 @@ pub(super) fn provenance(job: &Job, extra: Vec<(String, String)>) -> Option<Prov
         return None;
     }
     Some(Provenance {
-        recipe: if job.request.keep_types {
+        recipe: if let Some(p) = job.preset {
+            format!("preset {}", p.name)
+        } else if job.request.keep_types {
             "keep".into()
         } else if job.mixing() {
             "mix".into()

@@ -14,8 +14,12 @@ use std::path::Path;
 pub fn convert(job: &Job) -> Result<Outcome> {
     let a = &job.flags;
     let src = crate::source::open(&a.input, &job.profile)?;
-    plan::check_overrides(src.tensors(), &job.request)?;
-    let mut plan = plan::plan(src.tensors(), &job.request, &job.profile)?;
+    let request = job.request_for(src.as_ref())?;
+    plan::check_overrides(src.tensors(), &request)?;
+    let mut plan = plan::plan(src.tensors(), &request, &job.profile)?;
+    if let Some(p) = job.preset {
+        plan.file_type = Some(p.file_type);
+    }
     plan.ldlq = job.flags.ldlq;
     refuse_foreign_calibration(job, &plan)?;
     // What would make engines refuse the output: warnings, or (--strict) an error now.

@@ -4,6 +4,7 @@
 
 mod engine;
 pub mod mix;
+pub mod preset;
 pub mod recipe;
 
 pub use engine::{check_engine, engine_checks, GGML_MAX_NAME};
@@ -54,7 +55,15 @@ pub struct Plan {
     pub ldlq: crate::quant::LdlqSettings,
 }
 
+/// A preset's per-tensor types (`--preset`), computed from the model by [`preset::types`].
+#[derive(Clone, Debug)]
+pub struct PresetTypes {
+    pub name: &'static str,
+    pub types: std::collections::BTreeMap<String, preset::Choice>,
+}
+
 /// What the user asked for.
+#[derive(Clone)]
 pub struct Request<'a> {
     pub weights: TensorType,
     pub recipe: &'a Recipe,
@@ -65,6 +74,9 @@ pub struct Request<'a> {
     /// Keep every tensor's source type (no quantization at all); used for copies/round trips.
     pub keep_types: bool,
     pub strict: bool,
+    /// `--preset`: each tensor's type as llama-quantize's file type gives it (overrides, output
+    /// and token-embedding types already applied by the preset's rules, as llama-quantize does).
+    pub preset: Option<std::sync::Arc<PresetTypes>>,
 }
 
 /// Parse `REGEX=TYPE`.
@@ -115,18 +127,18 @@ pub fn check_overrides(tensors: &[SourceTensor], req: &Request) -> Result<()> {
     Ok(())
 }
 
-/// The type llama-quantize falls back to when a row does not fit the block size.
+/// The type a tensor falls back to when its rows do not fit the block size: llama-quantize's
+/// table for stock types ([`preset::fallback`]); tq2_t's rows of 32·odd values go to the scalar
+/// row-rotated 2-bit type.
 fn row_fallback(t: TensorType) -> TensorType {
-    use TensorType::*;
     match t {
-        Q2K | Q3K | IQ4XS | IQ2XXS | IQ2XS | IQ2S | IQ3XXS | IQ3S | IQ1S | IQ1M => IQ4NL,
-        Q4K => Q5_0,
-        Q5K => Q5_1,
-        Q6K => Q8_0,
-        TQ1_0 | TQ2_0 => Q4_0,
-        // Rows of 32·odd values: the scalar row-rotated 2-bit type.
-        TQ2T => TQ2R,
-        _ => F16,
+        TensorType::TQ2T => TensorType::TQ2R,
+        // Any row length that is a multiple of 32 but not of 256 (the fallback is only asked for
+        // rows the type does not fit).
+        _ => match preset::fallback(t, 32) {
+            Some(f) if f != t => f,
+            _ => TensorType::F16,
+        },
     }
 }
 
@@ -258,6 +270,16 @@ fn choose(t: &SourceTensor, req: &Request, n_layers: u32) -> PlanEntry {
         } else {
             e.reasons.push("non-float tensor copied".into());
         }
+        return e;
+    }
+    if let Some(c) = req.preset.as_ref().and_then(|p| {
+        p.types
+            .get(&t.name)
+            .map(|c| (c, format!("preset {}: {}", p.name, c.why)))
+    }) {
+        e.dst = c.0.ty;
+        e.reasons.push(c.1);
+        apply_constraints(&mut e);
         return e;
     }
     let (role, layer) = classify(&t.name);

@@ -249,6 +249,7 @@ fn write_group(
         token_embd_type: None,
         keep_types: true,
         strict: false,
+        preset: None,
     };
     let mut p = plan::plan(src.tensors(), &keep, profile)?;
     p.ldlq = plan.ldlq;

@@ -2,6 +2,7 @@
 //! candidate type, map it to KLD with a per-model fit against measured single-tensor KLDs, solve
 //! the knapsack (`crate::plan::mix`) and set the plan's types; `--verify` measures the written file.
 mod fit;
+mod probe;
 mod report;
 
 pub use fit::{kld_of, reference_logits};

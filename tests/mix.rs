@@ -420,3 +420,70 @@ fn verify_max_kld_gates_the_written_file() {
     let (code, _, err) = run("-1", &text);
     assert_eq!(code, 2, "{err}");
 }
+
+/// Off a terminal, every long phase of a mix prints progress lines with an ETA on stderr (every
+/// `TQ_PROGRESS_SECS`, 10 by default; shortened here), `-q` prints none, and `--json` keeps
+/// stdout one JSON document.
+#[test]
+fn mix_phases_print_progress_with_eta_off_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write(
+        dir.path(),
+        "tiny.gguf",
+        &fixtures::gguf_gen::tiny_llama_tok(2, 256, 256),
+    );
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(2500)).unwrap();
+    let out = dir.path().join("mix.gguf");
+    let run = |quiet: bool| {
+        let mut args = vec![
+            "convert",
+            s(&model),
+            "--target",
+            "upstream",
+            "--target-bpw",
+            "6",
+            "--calib",
+            s(&text),
+            "--calib-tokens",
+            "1024",
+            "--kld-probes",
+            "4",
+            "--verify",
+            "--json",
+            "-o",
+            s(&out),
+        ];
+        if quiet {
+            args.push("-q");
+        }
+        fixtures::tq_env(&args, &[("TQ_PROGRESS_SECS", "0.001")])
+    };
+    let (code, stdout, err) = run(false);
+    assert_eq!(code, 0, "{err}");
+    assert!(json(&stdout)["mix"].is_object(), "{stdout}");
+    for phase in [
+        "sensitivity",
+        "KLD reference",
+        "KLD probes",
+        "writing",
+        "verify",
+    ] {
+        let lines: Vec<&str> = err
+            .lines()
+            .filter(|l| l.starts_with(&format!("tq: {phase} ")))
+            .collect();
+        assert!(
+            lines.iter().any(|l| l.contains("elapsed, eta ")),
+            "{phase}: no progress line in\n{err}"
+        );
+        assert!(
+            lines.iter().any(|l| l.contains(" done in ")),
+            "{phase}: no end line in\n{err}"
+        );
+    }
+    let (code, stdout, err) = run(true);
+    assert_eq!(code, 0, "{err}");
+    assert!(json(&stdout)["mix"].is_object());
+    assert_eq!(err, "", "-q prints nothing");
+}

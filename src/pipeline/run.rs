@@ -110,7 +110,7 @@ pub fn convert(job: &Job) -> Result<Outcome> {
             done: Done::Shard(line),
         });
     }
-    let pb = super::progress::bytes(a.quiet, size);
+    let mut pb = super::progress::bytes(a.quiet, size);
     let t0 = std::time::Instant::now();
     let cp = convert::Checkpoints {
         resume: a.resume,
@@ -174,12 +174,12 @@ fn verify(job: &Job, out: &Path, text: &Path, mix: Option<&MixReport>) -> Result
     let t = std::time::Instant::now();
     let w = job.flags.kld_windows;
     let k = match mix.and_then(|m| m.ref_logits.clone()) {
-        Some(r) => mix::kld_of(out, &r, w)?,
+        Some(r) => mix::kld_of(out, &r, w, "verify", job.flags.quiet)?,
         None => {
             let r = std::env::temp_dir().join(format!("tq-verify-{}.logits", std::process::id()));
             let _rm = Cleanup(Some(r.clone()));
-            mix::reference_logits(&job.flags.input, text, w, &r)?;
-            mix::kld_of(out, &r, w)?
+            mix::reference_logits(&job.flags.input, text, w, &r, job.flags.quiet)?;
+            mix::kld_of(out, &r, w, "verify", job.flags.quiet)?
         }
     };
     Ok((k, t.elapsed().as_secs_f64()))

@@ -43,7 +43,7 @@ pub(super) fn fit(
     // --verify, and convert removes it).
     let mut guard = RemoveDirOnDrop(Some(dir.clone()));
     let ref_path = dir.join("ref.logits");
-    reference_logits(input, text, o.kld_windows, &ref_path)?;
+    reference_logits(input, text, o.kld_windows, &ref_path, o.quiet)?;
     rep.ref_logits = Some(ref_path.clone());
     // Probes: members spread evenly over the items, alternately at the cheapest candidate and
     // the one in the middle, so the fit spans small and large errors.
@@ -121,7 +121,7 @@ pub(super) fn fit(
         .collect();
     let mut run: Vec<usize> = (0..jobs.len()).collect();
     run.sort_by_key(|&r| starts[r]);
-    let pb = crate::pipeline::progress::steps(o.quiet, jobs.len() as u64, "KLD probes");
+    let mut pb = crate::pipeline::progress::steps(o.quiet, jobs.len() as u64, "KLD probes");
     for (done, &r) in run.iter().enumerate() {
         let (job, idx, ty) = &jobs[r];
         let subs = substitutes(src, plan, profile, idx, *ty, calib)?;
@@ -204,7 +204,13 @@ impl Drop for RemoveDirOnDrop {
 }
 
 /// The input model's logits on the first `windows` windows of `text` (ctx 512).
-pub fn reference_logits(input: &Path, text: &Path, windows: usize, out: &Path) -> Result<()> {
+pub fn reference_logits(
+    input: &Path,
+    text: &Path,
+    windows: usize,
+    out: &Path,
+    quiet: bool,
+) -> Result<()> {
     let file = GgufFile::open(input).map_err(|e| {
         Error::Usage(format!(
             "--kld-text / --verify evaluate the input model, which must be a GGUF file ({e})"
@@ -222,25 +228,41 @@ pub fn reference_logits(input: &Path, text: &Path, windows: usize, out: &Path) -
     let nv = model.cfg.n_vocab;
     let mut w = session::logits_writer(out, Format::Tq, input, "ggml", &win, nv)?;
     let batch = session::default_batch(&win, nv, false);
+    let mut pb = crate::pipeline::progress::steps(quiet, 1, "KLD reference (block passes)");
     evaluate(
         &model,
         &win,
         Reference::None,
         Some(&mut w),
         batch,
-        &|_, _| {},
+        &|d, t| {
+            pb.set_length(t);
+            pb.set_position(d)
+        },
     )?;
+    pb.finish_and_clear();
     w.finish()
 }
 
-/// Mean KLD of `model` against the saved reference logits.
-pub fn kld_of(model: &Path, ref_logits: &Path, windows: usize) -> Result<f64> {
+/// Mean KLD of `model` against the saved reference logits (progress as `what` unless `quiet`).
+pub fn kld_of(
+    model: &Path,
+    ref_logits: &Path,
+    windows: usize,
+    what: &str,
+    quiet: bool,
+) -> Result<f64> {
     let file = GgufFile::open(model)?;
     let m = Model::new(&file, Numerics::Ggml)?;
     let (win, r) =
         session::windows_and_reference(&file, None, 512, Some(windows), Some(ref_logits), None)?;
     let batch = session::default_batch(&win, m.cfg.n_vocab, false);
-    let res = evaluate(&m, &win, r, None, batch, &|_, _| {})?;
+    let mut pb = crate::pipeline::progress::steps(quiet, 1, what);
+    let res = evaluate(&m, &win, r, None, batch, &|d, t| {
+        pb.set_length(t);
+        pb.set_position(d)
+    })?;
+    pb.finish_and_clear();
     res.kld
         .map(|k| k.kld.value)
         .ok_or_else(|| Error::internal("no KLD was computed against the reference"))
@@ -410,7 +432,7 @@ mod tests {
         let mut plan = plan::plan(src.tensors(), &req, &profile).unwrap();
         plan.ldlq.band = 64;
         let ref_path = p("ref.logits");
-        reference_logits(&model, &text, 2, &ref_path).unwrap();
+        reference_logits(&model, &text, 2, &ref_path, true).unwrap();
         let at = |n: &str| plan.entries.iter().position(|e| e.name == n).unwrap();
         use TensorType::*;
         let cases: Vec<(Vec<usize>, TensorType)> = vec![
@@ -430,7 +452,7 @@ mod tests {
         for (k, (idx, ty)) in cases.iter().enumerate() {
             let out = p(&format!("probe-{k}.gguf"));
             write_group(src.as_ref(), &plan, &profile, idx, *ty, &calib, &out).unwrap();
-            let old = kld_of(&out, &ref_path, 2).unwrap();
+            let old = kld_of(&out, &ref_path, 2, "", true).unwrap();
             let subs = substitutes(src.as_ref(), &plan, &profile, idx, *ty, &calib).unwrap();
             // The substituted bytes are the copy's.
             let copy = GgufFile::open(&out).unwrap();

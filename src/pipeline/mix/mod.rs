@@ -59,7 +59,7 @@ pub fn choose(
         Calibration::None => "identity: plain squared error (no --calib/--imatrix)",
     };
     let t0 = std::time::Instant::now();
-    let pb = super::progress::steps(o.quiet, items.len() as u64, "sensitivity");
+    let mut pb = super::progress::steps(o.quiet, items.len() as u64, "sensitivity");
     let mut table = mix::measure(src, plan, &items, calib, o.rows, &|d, _| {
         pb.set_position(d as u64)
     })?;
@@ -143,6 +143,7 @@ pub fn choose(
     rep.fit_s = t1.elapsed().as_secs_f64();
 
     let t2 = std::time::Instant::now();
+    let mut pb = super::progress::steps(o.quiet, 1, "knapsack");
     let global = rep.alpha.unwrap_or(1.0);
     let role_alpha = rep.role_alpha.clone();
     let alpha_of = |name: &str| *role_alpha.get(mix::role_of(name)).unwrap_or(&global);
@@ -239,6 +240,8 @@ pub fn choose(
         .sqrt();
     rep.grid = sol.grid;
     rep.slack = sol.slack;
+    pb.set_position(1);
+    pb.finish_and_clear();
     rep.dp_s = t2.elapsed().as_secs_f64();
     Ok(rep)
 }

@@ -7,7 +7,7 @@
 //! runs whole.
 //!
 //! Probes are run in the order of their first block. The hidden states of one block boundary
-//! are kept (`windows × 512 × n_embd × 4` bytes: 4.7 MB for SmolLM2 at 2 windows, 16.8 MB for
+//! are kept (`windows × 512 × n_embd × 4` bytes: 2.4 MB for SmolLM2 at 2 windows, 16.8 MB for
 //! a 7B shape) and advanced through the input's blocks as the probes move down the model, so the
 //! states cost one extra forward pass of the input over all probes together.
 

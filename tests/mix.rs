@@ -420,3 +420,158 @@ fn verify_max_kld_gates_the_written_file() {
     let (code, _, err) = run("-1", &text);
     assert_eq!(code, 2, "{err}");
 }
+
+/// Off a terminal, every long phase of a mix prints progress lines with an ETA on stderr (every
+/// `TQ_PROGRESS_SECS`, 10 by default; shortened here), `-q` prints none, and `--json` keeps
+/// stdout one JSON document.
+#[test]
+fn mix_phases_print_progress_with_eta_off_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write(
+        dir.path(),
+        "tiny.gguf",
+        &fixtures::gguf_gen::tiny_llama_tok(2, 256, 256),
+    );
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(2500)).unwrap();
+    let out = dir.path().join("mix.gguf");
+    let run = |quiet: bool| {
+        let mut args = vec![
+            "convert",
+            s(&model),
+            "--target",
+            "upstream",
+            "--target-bpw",
+            "6",
+            "--calib",
+            s(&text),
+            "--calib-tokens",
+            "1024",
+            "--kld-probes",
+            "4",
+            "--verify",
+            "--json",
+            "-o",
+            s(&out),
+        ];
+        if quiet {
+            args.push("-q");
+        }
+        fixtures::tq_env(&args, &[("TQ_PROGRESS_SECS", "0.001")])
+    };
+    let (code, stdout, err) = run(false);
+    assert_eq!(code, 0, "{err}");
+    assert!(json(&stdout)["mix"].is_object(), "{stdout}");
+    for phase in [
+        "sensitivity",
+        "KLD reference",
+        "KLD probes",
+        "writing",
+        "verify",
+    ] {
+        let lines: Vec<&str> = err
+            .lines()
+            .filter(|l| l.starts_with(&format!("tq: {phase} ")))
+            .collect();
+        assert!(
+            lines.iter().any(|l| l.contains("elapsed, eta ")),
+            "{phase}: no progress line in\n{err}"
+        );
+        assert!(
+            lines.iter().any(|l| l.contains(" done in ")),
+            "{phase}: no end line in\n{err}"
+        );
+    }
+    let (code, stdout, err) = run(true);
+    assert_eq!(code, 0, "{err}");
+    assert!(json(&stdout)["mix"].is_object());
+    assert_eq!(err, "", "-q prints nothing");
+}
+
+/// `--mix-cache`: a second size on the same model reuses the first run's measurements (no
+/// sensitivity or KLD probes run: no progress lines for them, and a line saying so) and writes
+/// the file a cold run at that size writes, byte for byte; another KLD setting measures again;
+/// a file that is not a cache is a one-line error, exit 2, nothing written.
+#[test]
+fn mix_cache_plans_a_second_size_without_measuring() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write(
+        dir.path(),
+        "tiny.gguf",
+        &fixtures::gguf_gen::tiny_llama_tok(2, 256, 256),
+    );
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(2500)).unwrap();
+    let cache = dir.path().join("mix-cache.json");
+    let run = |bpw: &str, out: &Path, extra: &[&str]| {
+        let args = [
+            &[
+                "convert",
+                s(&model),
+                "--target",
+                "upstream",
+                "--target-bpw",
+                bpw,
+                "--calib",
+                s(&text),
+                "--calib-tokens",
+                "1024",
+                "--kld-probes",
+                "4",
+                "--json",
+                "-o",
+                s(out),
+            ][..],
+            extra,
+        ]
+        .concat();
+        let (code, _, err) = fixtures::tq_env(&args, &[("TQ_PROGRESS_SECS", "0.001")]);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        err
+    };
+    let measured = |err: &str| err.contains("tq: sensitivity ") || err.contains("tq: KLD probes ");
+    let with_cache = ["--mix-cache", s(&cache)];
+    let err = run("6", &dir.path().join("a.gguf"), &with_cache);
+    assert!(
+        err.contains("no cache yet; measuring") && measured(&err),
+        "{err}"
+    );
+    assert!(cache.exists());
+    let b = dir.path().join("b.gguf");
+    let err = run("5", &b, &with_cache);
+    assert!(err.contains("measurements reused"), "{err}");
+    assert!(!measured(&err), "measured again:\n{err}");
+    let c = dir.path().join("c.gguf");
+    let err = run("5", &c, &[]);
+    assert!(measured(&err), "{err}");
+    assert!(
+        std::fs::read(&b).unwrap() == std::fs::read(&c).unwrap(),
+        "the file planned from the cache differs from a cold run's"
+    );
+    // Another row sample: measured again, and the cache replaced.
+    let err = run("5", &c, &[&with_cache[..], &["--mix-rows", "32"]].concat());
+    assert!(
+        err.contains("measured with another settings; measuring") && measured(&err),
+        "{err}"
+    );
+    // Not a cache.
+    std::fs::write(&cache, "not json").unwrap();
+    let o = dir.path().join("d.gguf");
+    let (code, _, err) = tq(&[
+        "convert",
+        s(&model),
+        "--target-bpw",
+        "6",
+        "--mix-cache",
+        s(&cache),
+        "-o",
+        s(&o),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("mix-cache.json") && err.contains("--mix-cache"),
+        "{err}"
+    );
+    assert!(!o.exists());
+}

@@ -227,6 +227,7 @@ pub fn gguf_pipeline(data: &[u8]) {
             token_embd_type: None,
             keep_types,
             strict: false,
+            preset: None,
         };
         let Ok(plan) = plan::plan(&tensors, &req, &profile) else {
             continue;

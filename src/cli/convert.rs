@@ -133,6 +133,11 @@ pub struct ConvertArgs {
     /// per role of a llama block).
     #[arg(long, default_value_t = 14)]
     pub kld_probes: usize,
+    /// Save the mix's measurements (sensitivity, single-tensor KLDs, fit) in FILE, or reuse
+    /// them when FILE holds those of this model, calibration, candidate types and KLD text: a
+    /// second size plans in seconds.
+    #[arg(long, value_name = "FILE")]
+    pub mix_cache: Option<PathBuf>,
     /// After writing, measure the output's KLD against the input on --kld-text.
     #[arg(long)]
     pub verify: bool,
@@ -212,6 +217,7 @@ fn flags(a: ConvertArgs) -> ConvertFlags {
         kld_text: a.kld_text,
         kld_windows: a.kld_windows,
         kld_probes: a.kld_probes,
+        mix_cache: a.mix_cache,
         verify: a.verify,
         max_kld: a.max_kld,
         no_provenance: a.no_provenance,

@@ -244,6 +244,61 @@ pub fn execute_range(
     sink: &mut (dyn FnMut(&[u8]) -> Result<()> + Send),
     on_progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Stats> {
+    run_range(
+        src,
+        plan,
+        range,
+        &mut |p| match hessians {
+            None => p
+                .produce(&mut Hessians::default(), &|_, _| true)
+                .and_then(|()| p.finish()),
+            Some(file) => produce_from_file(p, file),
+        },
+        sink,
+        on_progress,
+    )
+}
+
+/// The bytes the plan's entry `i` has in the converted file (tensor data, no padding), from
+/// `calib` (a Hessian file, or the entry's Hessian groups in memory): what [`execute`] writes
+/// for it, without writing anything (the mix's KLD probes substitute them into the model).
+pub fn entry_bytes(src: &dyn TensorSource, plan: &Plan, i: usize, calib: Calib) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(plan.entries.get(i).map_or(0, |e| e.bytes as usize));
+    let mut sink = |b: &[u8]| -> Result<()> {
+        out.extend_from_slice(b);
+        Ok(())
+    };
+    let (file, mut hs) = match calib {
+        Calib::File(f) => (Some(f), None),
+        Calib::Hessians(h) => (None, Some(h)),
+        _ => (None, None),
+    };
+    run_range(
+        src,
+        plan,
+        i..i + 1,
+        &mut |p| match (file, hs.as_mut()) {
+            (Some(f), _) => produce_from_file(p, f),
+            (None, Some(h)) => p.produce(h, &|_, _| true).and_then(|()| p.finish()),
+            (None, None) => p
+                .produce(&mut Hessians::default(), &|_, _| true)
+                .and_then(|()| p.finish()),
+        },
+        &mut sink,
+        &|_| {},
+    )?;
+    Ok(out)
+}
+
+/// The producer over `range` (`produce` drives it), its bytes handed to `sink` in order.
+fn run_range(
+    src: &dyn TensorSource,
+    plan: &Plan,
+    range: std::ops::Range<usize>,
+    produce: &mut dyn FnMut(&mut Producer) -> Result<()>,
+    sink: &mut (dyn FnMut(&[u8]) -> Result<()> + Send),
+    on_progress: &(dyn Fn(u64) + Sync),
+) -> Result<Stats> {
     let (tx, rx) = std::sync::mpsc::sync_channel::<Msg>(2);
     let mut stats = Stats {
         bytes_written: 0,
@@ -265,12 +320,7 @@ pub fn execute_range(
         });
         let mut p = Producer::new(src, plan, tx, range.start.min(plan.entries.len()));
         p.end = range.end.min(plan.entries.len());
-        let produced = match hessians {
-            None => p
-                .produce(&mut Hessians::default(), &|_, _| true)
-                .and_then(|()| p.finish()),
-            Some(file) => produce_from_file(&mut p, file),
-        };
+        let produced = produce(&mut p);
         stats.tensors_converted = p.converted;
         stats.tensors_copied = p.copied;
         drop(p);

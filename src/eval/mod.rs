@@ -12,4 +12,6 @@ pub mod logits_file;
 pub(crate) mod perplexity;
 pub mod session;
 
-pub use perplexity::{evaluate, evaluate_until, EvalResult, Reference, Windows};
+pub use perplexity::{
+    evaluate, evaluate_from, evaluate_until, EvalResult, Reference, Resume, Windows,
+};

@@ -154,11 +154,56 @@ pub fn evaluate(
 pub fn evaluate_until(
     model: &Model,
     win: &Windows,
+    reference: Reference,
+    save: Option<&mut Writer>,
+    batch: usize,
+    progress: Progress,
+    stop: Option<&dyn Fn(&EvalResult) -> bool>,
+) -> Result<EvalResult> {
+    run(model, win, reference, save, batch, progress, stop, None)
+}
+
+/// Where each batch's forward pass starts: at block `layer`, from the hidden states that
+/// `states(w0, w1)` gives for windows `w0..w1` (block `layer`'s input, as
+/// [`Model::blocks`] leaves it; `layer == n_layer`: the last block's output rows). A model that
+/// differs from another only in blocks `layer..` and its head gives, from the other's states,
+/// the logits its whole forward pass would (the mix's KLD probes).
+pub struct Resume<'s> {
+    pub layer: usize,
+    pub states: &'s dyn Fn(usize, usize) -> Result<Vec<f32>>,
+}
+
+/// [`evaluate`] with every batch resumed at a block (see [`Resume`]): the same result as
+/// [`evaluate`] on the whole model when the states are the model's own.
+pub fn evaluate_from(
+    model: &Model,
+    win: &Windows,
+    reference: Reference,
+    batch: usize,
+    resume: &Resume,
+) -> Result<EvalResult> {
+    run(
+        model,
+        win,
+        reference,
+        None,
+        batch,
+        &|_, _| {},
+        None,
+        Some(resume),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    model: &Model,
+    win: &Windows,
     mut reference: Reference,
     mut save: Option<&mut Writer>,
     batch: usize,
     progress: Progress,
     stop: Option<&dyn Fn(&EvalResult) -> bool>,
+    resume: Option<&Resume>,
 ) -> Result<EvalResult> {
     let t0 = std::time::Instant::now();
     let nv = model.cfg.n_vocab;
@@ -229,7 +274,17 @@ pub fn evaluate_until(
             total,
         };
         let tf = std::time::Instant::now();
-        let logits = model.forward(&input, win.n_ctx, first, Some(&mut prog))?;
+        let logits = match resume {
+            None => model.forward(&input, win.n_ctx, first, Some(&mut prog))?,
+            Some(r) => model.forward_from(
+                w1 - w0,
+                win.n_ctx,
+                first,
+                r.layer,
+                (r.states)(w0, w1)?,
+                Some(&mut prog),
+            )?,
+        };
         bacc.seconds_backend += tf.elapsed().as_secs_f64();
         if let Some(t) = &twin {
             let mut prog = LayerProgress {

@@ -50,7 +50,10 @@ impl TensorInfo {
 
 pub struct GgufFile {
     pub path: PathBuf,
-    mmap: Mmap,
+    /// Shared with the views [`GgufFile::with_tensors`] makes.
+    mmap: std::sync::Arc<Mmap>,
+    /// Tensors whose data a view holds in memory instead of the file's (by name).
+    overlay: Vec<(String, Vec<u8>)>,
     pub version: u32,
     pub metadata: Vec<(String, Value)>,
     pub tensors: Vec<TensorInfo>,
@@ -101,7 +104,8 @@ impl GgufFile {
         let parsed = parse(&mmap, profile).map_err(|msg| Error::bad_input(&path, msg))?;
         Ok(GgufFile {
             path,
-            mmap,
+            mmap: std::sync::Arc::new(mmap),
+            overlay: Vec::new(),
             version: parsed.version,
             metadata: parsed.metadata,
             tensors: parsed.tensors,
@@ -140,8 +144,49 @@ impl GgufFile {
         self.tensors.iter().find(|t| t.name == name)
     }
 
+    /// A view of this file with some tensors' data replaced in memory: `(name, type, type id,
+    /// bytes)` each, the bytes those of `type` for the tensor's shape (what a conversion would
+    /// write for it). Nothing is written; the rest is read from the same map. The mix's KLD
+    /// probes evaluate a model with one tensor quantized this way.
+    pub fn with_tensors(&self, subs: Vec<(String, TensorType, u32, Vec<u8>)>) -> Result<GgufFile> {
+        let mut tensors = self.tensors.clone();
+        let mut overlay = self.overlay.clone();
+        for (name, ty, type_id, data) in subs {
+            let t = tensors
+                .iter_mut()
+                .find(|t| t.name == name)
+                .ok_or_else(|| Error::bad_input(&self.path, format!("{name}: no such tensor")))?;
+            let want = ty.bytes_for(t.n_elements());
+            if want != Some(data.len() as u64) {
+                return Err(Error::internal(format!(
+                    "{name}: {} bytes given for {ty}, which needs {want:?}",
+                    data.len()
+                )));
+            }
+            t.ty = ty;
+            t.type_id = type_id;
+            t.size = data.len() as u64;
+            overlay.retain(|(n, _)| *n != name);
+            overlay.push((name, data));
+        }
+        Ok(GgufFile {
+            path: self.path.clone(),
+            mmap: self.mmap.clone(),
+            overlay,
+            version: self.version,
+            metadata: self.metadata.clone(),
+            tensors,
+            alignment: self.alignment,
+            data_offset: self.data_offset,
+            header_len: self.header_len,
+        })
+    }
+
     /// Zero-copy view of a tensor's bytes (bounds were validated at open).
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
+        if let Some((_, d)) = self.overlay.iter().find(|(n, _)| *n == t.name) {
+            return d;
+        }
         let start = (self.data_offset + t.offset) as usize;
         &self.mmap[start..start + t.size as usize]
     }
@@ -150,6 +195,9 @@ impl GgufFile {
     /// streaming through a model larger than RAM keeps RSS bounded. The map is read-only and
     /// file-backed, so the pages are simply re-read if touched again. Best effort.
     pub fn release(&self, t: &TensorInfo) {
+        if self.overlay.iter().any(|(n, _)| *n == t.name) {
+            return;
+        }
         let start = self.data_offset + t.offset;
         crate::io::drop_pages(&self.mmap, start, start + t.size);
     }

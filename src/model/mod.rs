@@ -9,6 +9,7 @@ pub(crate) mod kernels;
 pub mod kv;
 pub mod layer;
 pub(crate) mod matmul;
+pub(crate) mod moe;
 pub(crate) mod rope;
 pub(crate) mod runtime;
 

@@ -5,7 +5,6 @@
 
 use super::attention::{causal_attention, AttnShape};
 use super::config::Config;
-use super::config::{LayerNames, Moe};
 use super::kernels::{placements, Kernels, Placement};
 use super::kv::{hadamard_blocks, round_trip, KvCache, KvLayer};
 use super::layer::{dequantize_rows, glu_rows, load_f32, rms_norm_rows, LayerWeights, LinearSet};
@@ -245,7 +244,7 @@ impl<'a> Model<'a> {
     }
 
     /// ggml rounding of activations (also for the non-TQ weights under CUDA numerics).
-    fn ggml(&self) -> bool {
+    pub(crate) fn ggml(&self) -> bool {
         matches!(self.numerics, Numerics::Ggml | Numerics::Cuda(_))
     }
 
@@ -303,21 +302,68 @@ impl<'a> Model<'a> {
     /// Run `n_win` windows of `seq` tokens each (`tokens.len() == n_win * seq`; position 0 at
     /// the start of each window, windows independent) and return the logits of positions
     /// `out_from..seq` of every window: `(n_win * (seq - out_from)) × n_vocab`, window-major.
-    // One function on purpose: the block loop is the streaming contract (one block's weights
-    // dequantized at a time, the observer called at each linear input), kept readable in one place.
     pub fn forward(
         &self,
         tokens: &[u32],
         seq: usize,
         out_from: usize,
+        observer: Option<&mut dyn Observer>,
+    ) -> Result<Vec<f32>> {
+        assert!(seq > 0 && tokens.len() % seq == 0 && out_from < seq);
+        let x = self.embed(tokens)?;
+        self.forward_from(tokens.len() / seq, seq, out_from, 0, x, observer)
+    }
+
+    /// [`Model::forward`] from the input `x` of block `from` (the hidden states of `n_win`
+    /// windows of `seq` positions, `n_win * seq × n_embd`, as [`Model::blocks`] leaves them):
+    /// blocks `from..` and the output head. `from == n_layer`: the head only (then `x` is the
+    /// last block's output, already cut to the output rows).
+    pub fn forward_from(
+        &self,
+        n_win: usize,
+        seq: usize,
+        out_from: usize,
+        from: usize,
+        x: Vec<f32>,
+        mut observer: Option<&mut dyn Observer>,
+    ) -> Result<Vec<f32>> {
+        let n = self.cfg.n_layer;
+        let x = match observer.as_deref_mut() {
+            Some(o) => self.blocks(n_win, seq, out_from, from..n, x, Some(o))?,
+            None => self.blocks(n_win, seq, out_from, from..n, x, None)?,
+        };
+        self.head(n_win, seq, out_from, x, observer)
+    }
+
+    /// Blocks `layers` on the hidden states `x` (`n_win * seq × n_embd`, block `layers.start`'s
+    /// input), returning block `layers.end`'s input. When `layers` ends with the last block,
+    /// only the output rows (`out_from..seq` of each window) come back, unless the observer
+    /// watches the linear inputs.
+    // One function on purpose: the block loop is the streaming contract (one block's weights
+    // dequantized at a time, the observer called at each linear input), kept readable in one place.
+    pub fn blocks(
+        &self,
+        n_win: usize,
+        seq: usize,
+        out_from: usize,
+        layers: std::ops::Range<usize>,
+        mut x: Vec<f32>,
         mut observer: Option<&mut dyn Observer>,
     ) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
         let watch = observer.as_ref().is_some_and(|o| o.wants_inputs());
-        assert!(seq > 0 && tokens.len() % seq == 0 && out_from < seq);
-        let n_win = tokens.len() / seq;
-        let rows = tokens.len();
+        assert!(seq > 0 && out_from < seq && layers.end <= cfg.n_layer);
+        let rows = n_win * seq;
         let e = cfg.n_embd;
+        if layers.is_empty() {
+            return Ok(x);
+        }
+        if x.len() != rows * e {
+            return Err(Error::internal(format!(
+                "blocks: {} hidden values for {rows} rows of {e}",
+                x.len()
+            )));
+        }
         let threads = self.threads;
         let ggml = self.ggml();
         let shape0 = AttnShape {
@@ -346,7 +392,6 @@ impl<'a> Model<'a> {
             .flat_map(|w| (out_from..seq).map(move |p| w * seq + p))
             .collect();
 
-        let mut x = self.embed(tokens)?;
         let mut h = vec![0f32; rows * e];
         let mut qkv = vec![0f32; rows * ld];
         let mut att = vec![0f32; rows * qd];
@@ -354,7 +399,7 @@ impl<'a> Model<'a> {
         let mut act = vec![0f32; rows * cfg.n_ff];
         let mut tmp = vec![0f32; rows * e];
 
-        for l in 0..cfg.n_layer {
+        for l in layers {
             if let Some(o) = observer.as_deref_mut() {
                 o.layer_start(l);
             }
@@ -527,9 +572,26 @@ impl<'a> Model<'a> {
                 o.layer_end(l)?;
             }
         }
-        drop((qkv, att, gu, act, tmp, kern));
+        Ok(x)
+    }
 
-        // Final norm on the output rows, then the output projection in vocabulary slices.
+    /// The output head on the last block's output `x` (all rows, or only the output rows):
+    /// the final norm on the output rows, then the output projection in vocabulary slices.
+    fn head(
+        &self,
+        n_win: usize,
+        seq: usize,
+        out_from: usize,
+        x: Vec<f32>,
+        observer: Option<&mut dyn Observer>,
+    ) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let e = cfg.n_embd;
+        let threads = self.threads;
+        let watch = observer.as_ref().is_some_and(|o| o.wants_inputs());
+        let keep: Vec<usize> = (0..n_win)
+            .flat_map(|w| (out_from..seq).map(move |p| w * seq + p))
+            .collect();
         let xo: Vec<f32> = if x.len() == keep.len() * e {
             x
         } else {
@@ -627,123 +689,6 @@ impl<'a> Model<'a> {
     }
 }
 
-impl Model<'_> {
-    /// The mixture-of-experts feed-forward of block `l` on normed rows `h` (`rows × n_embd`)
-    /// (the caller reports the router's input to an observer),
-    /// into `out` (llama.cpp's `build_moe_ffn` for softmax gating): router logits → softmax →
-    /// the `n_used` most probable experts (ties: lower index, as ggml's argsort keeps them for
-    /// up to 16 experts) → weights renormalized → each expert's SwiGLU on its rows, scaled by
-    /// its weight → the slots summed in rank order. One expert's weights are dequantized at a
-    /// time.
-    // One function on purpose: routing, the per-expert loop and the ordered sum are the contract.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn moe_ffn<'o, 'p>(
-        &self,
-        l: usize,
-        moe: &Moe,
-        router: &LinearSet,
-        h: &[f32],
-        rows: usize,
-        out: &mut [f32],
-        mut observer: Option<&'o mut (dyn Observer + 'p)>,
-    ) -> Result<()> {
-        let e = self.cfg.n_embd;
-        let (nx, k, nff) = (moe.n_expert, moe.n_used, moe.n_ff_exp);
-        let (ggml, threads) = (self.ggml(), self.threads);
-        let mut logits = vec![0f32; rows * nx];
-        router.forward_on(h, rows, &mut logits, ggml, threads, None)?;
-        let (sel, wts) = route(&logits, rows, moe);
-        // Rows routed to each expert, with their (row, rank) slots, in token order.
-        let mut routed: Vec<Vec<(usize, usize)>> = vec![vec![]; nx];
-        for r in 0..rows {
-            for j in 0..k {
-                routed[sel[r * k + j]].push((r, j));
-            }
-        }
-        let names = LayerNames::new(l);
-        let gate_up = [names.ffn_gate_exps.as_str(), names.ffn_up_exps.as_str()];
-        let mut slots = vec![0f32; rows * k * e];
-        for (x, list) in routed.iter().enumerate() {
-            if list.is_empty() {
-                continue;
-            }
-            let n = list.len();
-            let mut xe = vec![0f32; n * e];
-            for (i, &(r, _)) in list.iter().enumerate() {
-                xe[i * e..(i + 1) * e].copy_from_slice(&h[r * e..(r + 1) * e]);
-            }
-            if let Some(o) = observer.as_deref_mut() {
-                o.expert_input(l, x, &gate_up, &xe, n, e);
-            }
-            let gu_set = LinearSet::load_rows(self.file, &gate_up, x * nff, (x + 1) * nff)?;
-            let mut gu = vec![0f32; n * 2 * nff];
-            gu_set.forward(&xe, n, &mut gu, ggml, threads);
-            drop(gu_set);
-            let mut act = vec![0f32; n * nff];
-            glu_rows(&gu, &mut act, nff, false, ggml);
-            if let Some(o) = observer.as_deref_mut() {
-                o.expert_input(l, x, &[&names.ffn_down_exps], &act, n, nff);
-            }
-            let down =
-                LinearSet::load_rows(self.file, &[&names.ffn_down_exps], x * e, (x + 1) * e)?;
-            let mut ye = vec![0f32; n * e];
-            down.forward(&act, n, &mut ye, ggml, threads);
-            for (i, &(r, j)) in list.iter().enumerate() {
-                let w = wts[r * k + j];
-                let dst = &mut slots[(r * k + j) * e..(r * k + j + 1) * e];
-                for (d, v) in dst.iter_mut().zip(&ye[i * e..(i + 1) * e]) {
-                    *d = v * w;
-                }
-            }
-        }
-        out[..rows * e]
-            .par_chunks_mut(e)
-            .zip(slots.par_chunks(k * e))
-            .for_each(|(o, s)| {
-                o.copy_from_slice(&s[..e]);
-                for j in 1..k {
-                    o.iter_mut()
-                        .zip(&s[j * e..(j + 1) * e])
-                        .for_each(|(a, b)| *a += b);
-                }
-            });
-        Ok(())
-    }
-}
-
-/// Top-k routing of router logits (`rows × n_expert`): per row the chosen experts in rank order
-/// and their weights (`rows × n_used` each). Softmax as ggml's (max-shifted `exp`, the sum in
-/// f64, one f32 reciprocal), a stable descending sort (ties: lower index first), then the
-/// weights renormalized by their f32 sum (clamped below at 2⁻¹⁴, as llama.cpp) and scaled.
-pub(crate) fn route(logits: &[f32], rows: usize, moe: &Moe) -> (Vec<usize>, Vec<f32>) {
-    let (nx, k) = (moe.n_expert, moe.n_used);
-    let mut sel = vec![0usize; rows * k];
-    let mut wts = vec![0f32; rows * k];
-    for r in 0..rows {
-        let z = &logits[r * nx..(r + 1) * nx];
-        let mx = z.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let mut p: Vec<f32> = z.iter().map(|v| (v - mx).exp()).collect();
-        let sum: f64 = p.iter().map(|&v| v as f64).sum();
-        let inv = (1.0 / sum) as f32;
-        p.iter_mut().for_each(|v| *v *= inv);
-        let mut idx: Vec<usize> = (0..nx).collect();
-        idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
-        let w = &mut wts[r * k..(r + 1) * k];
-        for j in 0..k {
-            sel[r * k + j] = idx[j];
-            w[j] = p[idx[j]];
-        }
-        if moe.norm {
-            let s: f32 = w.iter().sum::<f32>().max(6.103_515_6e-5);
-            w.iter_mut().for_each(|v| *v /= s);
-        }
-        if let Some(sc) = moe.scale {
-            w.iter_mut().for_each(|v| *v *= sc);
-        }
-    }
-    (sel, wts)
-}
-
 /// Gemma's post-norm of a block output (rows of width `cols`), in place.
 pub(crate) fn post_norm(w: &Option<Vec<f32>>, y: &mut [f32], eps: f32, cols: usize) {
     if let Some(w) = w {
@@ -756,43 +701,4 @@ fn add_into(x: &mut [f32], y: &[f32]) {
     x.par_chunks_mut(4096)
         .zip(y.par_chunks(4096))
         .for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(a, b)| *a += b));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn moe(n_expert: usize, n_used: usize, norm: bool) -> Moe {
-        Moe {
-            n_expert,
-            n_used,
-            n_ff_exp: 1,
-            norm,
-            scale: None,
-        }
-    }
-
-    #[test]
-    fn routing_picks_the_most_probable_and_breaks_ties_by_lower_index() {
-        // Row 0: distinct logits. Row 1: all equal (every expert tied): experts 0 and 1, as
-        // ggml's argsort (an insertion sort for up to 16 values) keeps equal values in order.
-        // Row 2: a tie at the k boundary between experts 1 and 3.
-        let logits = [
-            0.1f32, 2.0, -1.0, 1.5, //
-            0.5, 0.5, 0.5, 0.5, //
-            3.0, 1.0, -2.0, 1.0,
-        ];
-        let (sel, w) = route(&logits, 3, &moe(4, 2, true));
-        assert_eq!(sel, vec![1, 3, 0, 1, 0, 1]);
-        for r in 0..3 {
-            assert!((w[2 * r] + w[2 * r + 1] - 1.0).abs() < 1e-6, "renormalized");
-        }
-        assert_eq!(w[2], w[3]);
-        // Softmax ratio kept: p1/p3 = e^(2.0-1.5).
-        assert!((w[0] / w[1] - (0.5f32).exp()).abs() < 1e-5);
-        // Without renormalization the weights are the softmax probabilities.
-        let (_, w) = route(&logits[..4], 1, &moe(4, 2, false));
-        let z: f32 = logits[..4].iter().map(|v| v.exp()).sum();
-        assert!((w[0] - 2f32.exp() / z).abs() < 1e-6);
-    }
 }

@@ -49,6 +49,8 @@ pub struct ConvertFlags {
     pub kld_text: Option<PathBuf>,
     pub kld_windows: usize,
     pub kld_probes: usize,
+    /// `--mix-cache FILE`: the mix's measurements, reused when they fit, else made and saved.
+    pub mix_cache: Option<PathBuf>,
     pub verify: bool,
     /// `--max-kld X` (with `--verify`): the gate.
     pub max_kld: Option<f64>,
@@ -388,6 +390,12 @@ fn budget(a: &ConvertFlags) -> Result<Option<Budget>> {
             "--kld-windows {}: at least 2 windows (the evaluator's minimum)",
             a.kld_windows
         )));
+    }
+    if b.is_none() && a.mix_cache.is_some() {
+        return Err(Error::Usage(
+            "tq convert: --mix-cache holds a mix's measurements; give --target-bpw or --target-size"
+                .into(),
+        ));
     }
     if b.is_none() && a.types.is_some() {
         return Err(Error::Usage(

@@ -127,13 +127,13 @@ pub fn convert(job: &Job) -> Result<Outcome> {
                 let r =
                     std::env::temp_dir().join(format!("tq-verify-{}.logits", std::process::id()));
                 let rm = Cleanup(Some(r.clone()));
-                mix::reference_logits(&a.input, text, job.flags.kld_windows, &r)?;
+                mix::reference_logits(&a.input, text, job.flags.kld_windows, &r, a.quiet)?;
                 (r, rm, t.elapsed().as_secs_f64())
             }
         }),
         _ => None,
     };
-    let pb = super::progress::bytes(a.quiet, size);
+    let mut pb = super::progress::bytes(a.quiet, size);
     let t0 = std::time::Instant::now();
     let cp = convert::Checkpoints {
         resume: a.resume,
@@ -178,7 +178,7 @@ pub fn convert(job: &Job) -> Result<Outcome> {
     let verified = match &verify_ref {
         Some((r, _, ref_secs)) => {
             let t = std::time::Instant::now();
-            let k = mix::kld_of(&out, r, job.flags.kld_windows)?;
+            let k = mix::kld_of(&out, r, job.flags.kld_windows, "verify", a.quiet)?;
             Some((k, ref_secs + t.elapsed().as_secs_f64()))
         }
         None => None,

@@ -1,6 +1,7 @@
 //! The mix's KLD fit: single tensors quantized as convert would, each in an otherwise unchanged
 //! copy of the input, evaluated against the input's logits; `KLD ≈ α × error` per role.
 
+use super::probe::{Probes, Substitute};
 use super::report::{MixReport, Probe};
 use super::MixOpts;
 use crate::convert;
@@ -42,7 +43,7 @@ pub(super) fn fit(
     // --verify, and convert removes it).
     let mut guard = RemoveDirOnDrop(Some(dir.clone()));
     let ref_path = dir.join("ref.logits");
-    reference_logits(input, text, o.kld_windows, &ref_path)?;
+    reference_logits(input, text, o.kld_windows, &ref_path, o.quiet)?;
     rep.ref_logits = Some(ref_path.clone());
     // Probes: members spread evenly over the items, alternately at the cheapest candidate and
     // the one in the middle, so the fit spans small and large errors.
@@ -68,7 +69,9 @@ pub(super) fn fit(
     }
     let k = o.probes.min(flat.len());
     let per_role = k.div_ceil(roles.len().max(1));
-    let pb = crate::pipeline::progress::steps(o.quiet, k as u64, "KLD fit");
+    // The probes' tensors and types first, then measured in the order of their first block
+    // (see probe.rs): (probe, entries, type).
+    let mut jobs: Vec<(Job, Vec<usize>, TensorType)> = vec![];
     for j in 0..k {
         let (_, members) = &roles[j % roles.len()];
         let q = j / roles.len();
@@ -86,40 +89,60 @@ pub(super) fn fit(
             order[(order.len() / 4).saturating_sub(1)]
         };
         let i = idx[m];
-        let out = dir.join(format!("probe-{j}.gguf"));
-        write_group(src, plan, profile, &[i], tys[opt], calib, &out)?;
-        let kld = kld_of(&out, &ref_path, o.kld_windows)?;
-        let _ = std::fs::remove_file(&out);
         rep.probes.push(Probe {
             tensor: plan.entries[i].name.clone(),
             ty: tys[opt],
             err: est[opt].err,
-            kld,
+            kld: 0.0,
         });
-        pb.set_position(j as u64 + 1);
+        jobs.push((Job::Probe(j), vec![i], tys[opt]));
     }
-    pb.finish_and_clear();
     // Tensors without calibration data: every candidate measured (the source type costs 0).
     for (it, (idx, tys)) in items.iter().enumerate() {
         if !uncal[it] {
             continue;
         }
-        let mut d = vec![];
-        for &t in tys {
+        for (c, &t) in tys.iter().enumerate() {
             let i = idx[0];
-            let k = if t == plan.entries[i].src && idx.len() == 1 {
-                0.0
-            } else {
-                let out = dir.join("direct.gguf");
-                write_group(src, plan, profile, idx, t, calib, &out)?;
-                let k = kld_of(&out, &ref_path, o.kld_windows)?;
-                let _ = std::fs::remove_file(&out);
-                k
-            };
-            rep.direct.push((plan.entries[i].name.clone(), t, k));
-            d.push(k);
+            if !(t == plan.entries[i].src && idx.len() == 1) {
+                jobs.push((Job::Direct(it, c), idx.clone(), t));
+            }
         }
-        direct[it] = Some(d);
+        direct[it] = Some(vec![0.0; tys.len()]);
+    }
+    let file = GgufFile::open(input)?;
+    let mut probes = Probes::new(&file, &ref_path, o.kld_windows)?;
+    let starts: Vec<usize> = jobs
+        .iter()
+        .map(|(_, idx, _)| {
+            let names: Vec<&str> = idx.iter().map(|&i| plan.entries[i].name.as_str()).collect();
+            probes.start_of(&names)
+        })
+        .collect();
+    let mut run: Vec<usize> = (0..jobs.len()).collect();
+    run.sort_by_key(|&r| starts[r]);
+    let mut pb = crate::pipeline::progress::steps(o.quiet, jobs.len() as u64, "KLD probes");
+    for (done, &r) in run.iter().enumerate() {
+        let (job, idx, ty) = &jobs[r];
+        let subs = substitutes(src, plan, profile, idx, *ty, calib)?;
+        let kld = probes.kld(subs)?;
+        match *job {
+            Job::Probe(j) => rep.probes[j].kld = kld,
+            Job::Direct(it, c) => {
+                if let Some(d) = direct[it].as_mut() {
+                    d[c] = kld;
+                }
+            }
+        }
+        pb.set_position(done as u64 + 1);
+    }
+    pb.finish_and_clear();
+    for (it, (idx, tys)) in items.iter().enumerate() {
+        if let Some(d) = &direct[it] {
+            for (&t, &k) in tys.iter().zip(d) {
+                rep.direct.push((plan.entries[idx[0]].name.clone(), t, k));
+            }
+        }
     }
     // Fit in log space: ln KLD = ln α + ln error, i.e. α is the geometric mean of the
     // probes' KLD/error ratios (a least-squares slope would be set by the one largest probe).
@@ -181,7 +204,13 @@ impl Drop for RemoveDirOnDrop {
 }
 
 /// The input model's logits on the first `windows` windows of `text` (ctx 512).
-pub fn reference_logits(input: &Path, text: &Path, windows: usize, out: &Path) -> Result<()> {
+pub fn reference_logits(
+    input: &Path,
+    text: &Path,
+    windows: usize,
+    out: &Path,
+    quiet: bool,
+) -> Result<()> {
     let file = GgufFile::open(input).map_err(|e| {
         Error::Usage(format!(
             "--kld-text / --verify evaluate the input model, which must be a GGUF file ({e})"
@@ -206,41 +235,63 @@ pub fn reference_logits(input: &Path, text: &Path, windows: usize, out: &Path) -
     let nv = model.cfg.n_vocab;
     let mut w = session::logits_writer(out, Format::Tq, input, "ggml", &win, nv)?;
     let batch = session::default_batch(&win, nv, false);
+    let mut pb = crate::pipeline::progress::steps(quiet, 1, "KLD reference (block passes)");
     evaluate(
         &model,
         &win,
         Reference::None,
         Some(&mut w),
         batch,
-        &|_, _| {},
+        &|d, t| {
+            pb.set_length(t);
+            pb.set_position(d)
+        },
     )?;
+    pb.finish_and_clear();
     w.finish()
 }
 
-/// Mean KLD of `model` against the saved reference logits.
-pub fn kld_of(model: &Path, ref_logits: &Path, windows: usize) -> Result<f64> {
+/// Mean KLD of `model` against the saved reference logits (progress as `what` unless `quiet`).
+pub fn kld_of(
+    model: &Path,
+    ref_logits: &Path,
+    windows: usize,
+    what: &str,
+    quiet: bool,
+) -> Result<f64> {
     let file = GgufFile::open(model)?;
     let m = Model::new(&file, Numerics::Ggml)?;
     let (win, r) =
         session::windows_and_reference(&file, None, 512, Some(windows), Some(ref_logits), None)?;
     let batch = session::default_batch(&win, m.cfg.n_vocab, false);
-    let res = evaluate(&m, &win, r, None, batch, &|_, _| {})?;
+    let mut pb = crate::pipeline::progress::steps(quiet, 1, what);
+    let res = evaluate(&m, &win, r, None, batch, &|d, t| {
+        pb.set_length(t);
+        pb.set_position(d)
+    })?;
+    pb.finish_and_clear();
     res.kld
         .map(|k| k.kld.value)
         .ok_or_else(|| Error::internal("no KLD was computed against the reference"))
 }
 
-/// A copy of the input with only the entries `idx` quantized to `ty`, the way convert would.
-#[allow(clippy::too_many_arguments)]
-fn write_group(
+/// What a probe measures: probe `j` of the fit, or candidate `c` of an uncalibrated item `it`.
+#[derive(Clone, Copy)]
+enum Job {
+    Probe(usize),
+    Direct(usize, usize),
+}
+
+/// The plan of the input with only the entries `idx` quantized to `ty`, the way convert would
+/// (every other tensor kept as it is).
+fn probe_plan(
     src: &dyn TensorSource,
     plan: &Plan,
     profile: &Profile,
     idx: &[usize],
     ty: TensorType,
     calib: &Calibration,
-    out: &Path,
-) -> Result<()> {
+) -> Result<Plan> {
     let keep = Request {
         weights: TensorType::Q8_0,
         recipe: &plan::recipe::RECIPES[0],
@@ -266,44 +317,168 @@ fn write_group(
             .bytes_for(e.dims.iter().product())
             .ok_or_else(|| Error::Unsupported(format!("{}: does not fit {ty}", e.name)))?;
     }
-    let names: Vec<String> = idx.iter().map(|&i| p.entries[i].name.clone()).collect();
     match calib {
         Calibration::File(f) => plan::assign_ldlq(&mut p, &f.index, plan.ldlq.band),
         Calibration::Memory(h) => plan::assign_ldlq(&mut p, h, plan.ldlq.band),
         Calibration::Imatrix(m) => plan::assign_importance(&mut p, m),
         Calibration::None => {}
     }
-    let md = convert::output_metadata(src.metadata(), &p, None, false);
-    let cp = convert::Checkpoints {
-        resume: false,
-        key: String::new(),
-        quiet: true,
-    };
-    let target = convert::Target {
-        src,
-        plan: &p,
-        metadata: &md,
-        version: src.gguf_version(),
-        profile,
-        out,
-        hash_input: None,
-        cp: &cp,
-    };
-    let none = |_| {};
-    let calib = match calib {
-        Calibration::File(f) => convert::Calib::File(f),
-        Calibration::Memory(hs) => {
-            // Only this tensor's Hessian group goes along (a copy of all would be the model's).
-            let mut one = crate::quant::Hessians::default();
-            for name in &names {
-                if let Some(g) = hs.for_tensor(name) {
-                    one.groups.insert(g.tensors.join(","), g.clone());
+    Ok(p)
+}
+
+/// The entries `idx` quantized to `ty` as convert would write them, to substitute in memory.
+fn substitutes(
+    src: &dyn TensorSource,
+    plan: &Plan,
+    profile: &Profile,
+    idx: &[usize],
+    ty: TensorType,
+    calib: &Calibration,
+) -> Result<Vec<Substitute>> {
+    let p = probe_plan(src, plan, profile, idx, ty, calib)?;
+    let id = profile
+        .id_of(ty)
+        .ok_or_else(|| Error::internal(format!("{ty}: no id in the profile")))?;
+    idx.iter()
+        .map(|&i| {
+            let c = match calib {
+                Calibration::File(f) => convert::Calib::File(f),
+                Calibration::Memory(hs) => {
+                    // Only this tensor's Hessian group (a copy of all would be the model's).
+                    let mut one = crate::quant::Hessians::default();
+                    if let Some(g) = hs.for_tensor(&p.entries[i].name) {
+                        one.groups.insert(g.tensors.join(","), g.clone());
+                    }
+                    convert::Calib::Hessians(one)
                 }
+                _ => convert::Calib::None,
+            };
+            let bytes = convert::entry_bytes(src, &p, i, c)?;
+            Ok((p.entries[i].name.clone(), ty, id, bytes))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::calib::input::{calibrate_text, TextOptions};
+
+    /// The copy-based probe this replaced: the input converted whole into a file with only
+    /// `idx` quantized to `ty`, evaluated from that file.
+    fn write_group(
+        src: &dyn TensorSource,
+        plan: &Plan,
+        profile: &Profile,
+        idx: &[usize],
+        ty: TensorType,
+        calib: &Calibration,
+        out: &Path,
+    ) -> Result<()> {
+        let p = probe_plan(src, plan, profile, idx, ty, calib)?;
+        let md = convert::output_metadata(src.metadata(), &p, None, false);
+        let cp = convert::Checkpoints {
+            resume: false,
+            key: String::new(),
+            quiet: true,
+        };
+        let target = convert::Target {
+            src,
+            plan: &p,
+            metadata: &md,
+            version: src.gguf_version(),
+            profile,
+            out,
+            hash_input: None,
+            cp: &cp,
+        };
+        let c = match calib {
+            Calibration::Memory(hs) => {
+                let mut all = crate::quant::Hessians::default();
+                for (k, g) in &hs.groups {
+                    all.groups.insert(k.clone(), g.clone());
+                }
+                convert::Calib::Hessians(all)
             }
-            convert::Calib::Hessians(one)
+            _ => convert::Calib::None,
+        };
+        convert::execute(&target, c, &|_| {})?;
+        Ok(())
+    }
+
+    /// The probes in memory, resumed at their first block, give the KLDs of the copies they
+    /// replaced (same tensors, types, LDLQ bytes and windows), for tensors in every block, the
+    /// token embeddings (a whole pass) and the output projection (the head only), measured in
+    /// an order that makes the kept hidden states go back to the embeddings.
+    #[test]
+    fn probes_in_memory_equal_the_copies() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = |n: &str| dir.path().join(n);
+        let model = p("m.gguf");
+        std::fs::write(&model, crate::gguf_gen::tiny_llama_tok(3, 256, 256).bytes).unwrap();
+        let text = p("t.txt");
+        std::fs::write(&text, crate::gguf_gen::pseudo_text(2500)).unwrap();
+        let profile = Profile::default();
+        let o = TextOptions {
+            tokens: 512,
+            ctx: 64,
+            batch: 4,
+            quiet: true,
+        };
+        let hs = calibrate_text(&model, &profile, &text, &o).unwrap();
+        let calib = Calibration::Memory(&hs);
+        let src = crate::source::open(&model, &profile).unwrap();
+        let req = Request {
+            weights: TensorType::Q4K,
+            recipe: &plan::recipe::RECIPES[0],
+            overrides: vec![],
+            output_type: None,
+            token_embd_type: None,
+            keep_types: false,
+            strict: false,
+            preset: None,
+        };
+        let mut plan = plan::plan(src.tensors(), &req, &profile).unwrap();
+        plan.ldlq.band = 64;
+        let ref_path = p("ref.logits");
+        reference_logits(&model, &text, 2, &ref_path, true).unwrap();
+        let at = |n: &str| plan.entries.iter().position(|e| e.name == n).unwrap();
+        use TensorType::*;
+        let cases: Vec<(Vec<usize>, TensorType)> = vec![
+            (vec![at("blk.2.ffn_down.weight")], Q3K),
+            (vec![at("blk.0.attn_q.weight")], Q4K),
+            (vec![at("output.weight")], Q4_0),
+            (vec![at("blk.1.attn_v.weight")], Q2K),
+            (
+                vec![at("blk.1.ffn_gate.weight"), at("blk.2.ffn_up.weight")],
+                IQ4XS,
+            ),
+            (vec![at("token_embd.weight")], Q4K),
+            (vec![at("blk.2.attn_output.weight")], Q5K),
+        ];
+        let file = GgufFile::open(&model).unwrap();
+        let mut probes = Probes::new(&file, &ref_path, 2).unwrap();
+        for (k, (idx, ty)) in cases.iter().enumerate() {
+            let out = p(&format!("probe-{k}.gguf"));
+            write_group(src.as_ref(), &plan, &profile, idx, *ty, &calib, &out).unwrap();
+            let old = kld_of(&out, &ref_path, 2, "", true).unwrap();
+            let subs = substitutes(src.as_ref(), &plan, &profile, idx, *ty, &calib).unwrap();
+            // The substituted bytes are the copy's.
+            let copy = GgufFile::open(&out).unwrap();
+            for (name, t, _, bytes) in &subs {
+                let ct = copy.tensor(name).unwrap();
+                assert_eq!(ct.ty, *t);
+                assert!(copy.tensor_data(ct) == &bytes[..], "{name}: bytes differ");
+            }
+            let new = probes.kld(subs).unwrap();
+            eprintln!("probe {k} ({ty}): copy {old:.9}, in memory {new:.9}");
+            assert!(old > 0.0, "{k}: the probe changes the model");
+            assert!(
+                (new - old).abs() <= 1e-9 * old.max(1e-6),
+                "{k}: copy {old} vs in memory {new}"
+            );
         }
-        _ => convert::Calib::None,
-    };
-    convert::execute(&target, calib, &none)?;
-    Ok(())
+        // Resumed probes ran fewer blocks than whole passes would.
+        assert!(probes.blocks_run < 3 * cases.len(), "{}", probes.blocks_run);
+    }
 }

@@ -1,7 +1,9 @@
 //! `tq convert --target-bpw X | --target-size SIZE`: measure each tensor's sensitivity to each
 //! candidate type, map it to KLD with a per-model fit against measured single-tensor KLDs, solve
 //! the knapsack (`crate::plan::mix`) and set the plan's types; `--verify` measures the written file.
+mod cache;
 mod fit;
+mod probe;
 mod report;
 
 pub use fit::{kld_of, reference_logits};
@@ -25,6 +27,8 @@ pub struct MixOpts<'a> {
     pub kld_windows: usize,
     pub probes: usize,
     pub quiet: bool,
+    /// `--mix-cache FILE` and what its measurements depend on besides the candidate types.
+    pub(crate) cache: Option<(&'a Path, cache::Key)>,
 }
 
 /// Choose the plan's types for the budget. `size_of(plan)` is the file size the plan gives with
@@ -57,12 +61,59 @@ pub fn choose(
         Calibration::Imatrix(_) => "imatrix diagonal (weighted block fit as convert)",
         Calibration::None => "identity: plain squared error (no --calib/--imatrix)",
     };
+    // The measurements from --mix-cache when they were made for this model, calibration,
+    // candidates and KLD text.
+    let key = o.cache.as_ref().map(|(p, k)| {
+        let mut k = cache::Key(k.0.clone());
+        let names: Vec<&str> = types.iter().map(|t| t.name()).collect();
+        k.0.push(("types", names.join(",")));
+        (*p, k)
+    });
+    let cached = match &key {
+        Some((p, k)) => match cache::load(p, k)? {
+            cache::Loaded::Hit(m) => {
+                let fits = m.table.len() == items.len()
+                    && m.direct.len() == items.len()
+                    && m.table.iter().zip(&items).all(|(per, (idx, tys))| {
+                        per.len() == idx.len() && per.iter().all(|c| c.len() == tys.len())
+                    });
+                if !fits {
+                    return Err(Error::bad_input(
+                        p,
+                        "--mix-cache: its measurements do not match this model's tensors; delete it or give another file",
+                    ));
+                }
+                if !o.quiet {
+                    eprintln!(
+                        "tq: --mix-cache {}: measurements reused ({} tensors' sensitivity, {} KLD probes); planning only",
+                        p.display(),
+                        m.table.iter().map(Vec::len).sum::<usize>(),
+                        m.probes.len()
+                    );
+                }
+                Some(m)
+            }
+            cache::Loaded::Miss(why) => {
+                if !o.quiet {
+                    eprintln!("tq: --mix-cache {}: {why}; measuring", p.display());
+                }
+                None
+            }
+        },
+        None => None,
+    };
     let t0 = std::time::Instant::now();
-    let pb = super::progress::steps(o.quiet, items.len() as u64, "sensitivity");
-    let mut table = mix::measure(src, plan, &items, calib, o.rows, &|d, _| {
-        pb.set_position(d as u64)
-    })?;
-    pb.finish_and_clear();
+    let mut table = match &cached {
+        Some(m) => m.table.clone(),
+        None => {
+            let mut pb = super::progress::steps(o.quiet, items.len() as u64, "sensitivity");
+            let t = mix::measure(src, plan, &items, calib, o.rows, &|d, _| {
+                pb.set_position(d as u64)
+            })?;
+            pb.finish_and_clear();
+            t
+        }
+    };
     let sens_s = t0.elapsed().as_secs_f64();
 
     let mut rep = MixReport {
@@ -105,7 +156,15 @@ pub fn choose(
         .collect();
     let t1 = std::time::Instant::now();
     let mut direct: Vec<Option<Vec<f64>>> = vec![None; items.len()];
-    if let Some(text) = o.kld_text {
+    if let Some(m) = &cached {
+        rep.probes = m.probes.clone();
+        rep.direct = m.direct_report.clone();
+        direct = m.direct.clone();
+        rep.alpha = m.alpha;
+        rep.role_alpha = m.role_alpha.clone();
+        rep.r2 = m.r2;
+        rep.r2_roles = m.r2_roles;
+    } else if let Some(text) = o.kld_text {
         fit::fit(
             input,
             src,
@@ -120,6 +179,19 @@ pub fn choose(
             &mut rep,
             &mut direct,
         )?;
+    }
+    if let (Some((p, k)), None) = (&key, &cached) {
+        let m = cache::Measured {
+            table: table.clone(),
+            probes: rep.probes.clone(),
+            direct: direct.clone(),
+            direct_report: rep.direct.clone(),
+            alpha: rep.alpha,
+            role_alpha: rep.role_alpha.clone(),
+            r2: rep.r2,
+            r2_roles: rep.r2_roles,
+        };
+        cache::save(p, k, &m)?;
     }
     if rep.alpha.is_none() {
         direct.iter_mut().for_each(|d| *d = None);
@@ -142,6 +214,7 @@ pub fn choose(
     rep.fit_s = t1.elapsed().as_secs_f64();
 
     let t2 = std::time::Instant::now();
+    let mut pb = super::progress::steps(o.quiet, 1, "knapsack");
     let global = rep.alpha.unwrap_or(1.0);
     let role_alpha = rep.role_alpha.clone();
     let alpha_of = |name: &str| *role_alpha.get(mix::role_of(name)).unwrap_or(&global);
@@ -238,6 +311,8 @@ pub fn choose(
         .sqrt();
     rep.grid = sol.grid;
     rep.slack = sol.slack;
+    pb.set_position(1);
+    pb.finish_and_clear();
     rep.dp_s = t2.elapsed().as_secs_f64();
     Ok(rep)
 }
@@ -287,7 +362,12 @@ pub(crate) fn run(
         (_, _, Some(m)) => Calibration::Imatrix(m),
         _ => Calibration::None,
     };
+    let cache = match &a.mix_cache {
+        Some(p) => Some((p.as_path(), cache_key(job)?)),
+        None => None,
+    };
     let o = MixOpts {
+        cache,
         budget,
         types: a.types.as_deref(),
         rows: a.mix_rows.max(1),
@@ -312,4 +392,55 @@ pub(crate) fn run(
         plan.file_type = job.profile.file_type_of(t);
     }
     Ok((rep, mem))
+}
+
+/// What a mix's measurements depend on besides the candidate types: the model's and the
+/// calibration's contents (blake3), the KLD text, the settings and the target profile.
+fn cache_key(job: &Job) -> Result<cache::Key> {
+    let a = &job.flags;
+    let hash = |p: &Path| crate::io::hash_file(p);
+    let mut calib = match &job.calib {
+        CalibInput::None => "none".to_string(),
+        CalibInput::Hessians { path, .. } => format!("hessians {}", hash(path)?),
+        CalibInput::Text {
+            path,
+            tokens,
+            ctx,
+            batch,
+            sequential,
+        } => format!(
+            "text {} tokens {tokens} ctx {ctx} batch {batch} sequential {sequential}",
+            hash(path)?
+        ),
+    };
+    if let Some(p) = &a.imatrix {
+        calib += &format!(" imatrix {}", hash(p)?);
+    }
+    let kld = match &job.kld_text {
+        Some(p) => format!(
+            "{} windows {} probes {}",
+            hash(p)?,
+            a.kld_windows,
+            a.kld_probes
+        ),
+        None => "none".into(),
+    };
+    let l = &a.ldlq;
+    Ok(cache::Key(vec![
+        ("model", hash(&a.input)?),
+        ("calibration", calib),
+        ("kld_text", kld),
+        (
+            "settings",
+            format!(
+                "profile {} mix-rows {} ldlq band {} damp {} refit {} tq {}",
+                job.profile.name,
+                a.mix_rows.max(1),
+                l.band,
+                l.damp,
+                l.refit,
+                env!("CARGO_PKG_VERSION")
+            ),
+        ),
+    ]))
 }

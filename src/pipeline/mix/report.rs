@@ -4,6 +4,7 @@ use crate::types::TensorType;
 use std::path::PathBuf;
 
 /// One measured single-tensor KLD of the fit.
+#[derive(Clone)]
 pub struct Probe {
     pub tensor: String,
     pub ty: TensorType,

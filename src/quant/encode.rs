@@ -160,6 +160,26 @@ mod tests {
             .collect()
     }
 
+    /// tq2_t's round-to-nearest encoder (rows in parallel, each row's Viterbi searches
+    /// independent) gives the same bytes on 1, 2 and 5 threads.
+    #[test]
+    fn tq2t_rows_same_bytes_for_any_thread_count() {
+        let (n, k) = (12, 512);
+        let mut g = crate::math::splitmix::SplitMix64::new(32);
+        let x: Vec<f32> = (0..n * k).map(|_| g.gauss() as f32).collect();
+        let run = |threads: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| encode_rows(TensorType::TQ2T, "t", &x, k, &Encoder::Nearest).unwrap())
+        };
+        let one = run(1);
+        assert_eq!(one.len(), n * k / 64 * 17);
+        assert_eq!(one, run(2));
+        assert_eq!(one, run(5));
+    }
+
     #[test]
     fn the_choice_follows_the_type() {
         let imp = vec![1f32; 256];

@@ -24,6 +24,8 @@
 //! format and lives with LDLQ in `quant::ldlq::trellis` / `quant::ldlq::psp`.
 
 use super::tq2r;
+
+mod step;
 use crate::error::Result;
 
 /// Values per block (one tail-biting trellis, one scale).
@@ -130,32 +132,61 @@ impl Scratch {
 }
 
 fn init_costs(x0: f32, w0: f32, dc: &[f32], l: u32, ends: Ends, cost: &mut [f32]) {
-    let ns = dc.len();
-    for (s, c) in cost.iter_mut().enumerate() {
-        let ok = match ends {
-            Ends::Free => true,
-            Ends::Wrap(top) => (s >> 2) as u32 == top,
-        };
-        let e = x0 - dc[s];
-        *c = if ok { w0 * (e * e) } else { f32::INFINITY };
-    }
-    debug_assert_eq!(ns, 1 << l);
-}
-
-/// Best final state (lowest index on ties) and the trace back to the codes.
-fn trace(cost: &[f32], bp: &[u8], n: usize, l: u32, ends: Ends, codes: &mut [u8]) -> f32 {
-    let lowmask = (1u32 << (l - 2)) - 1;
-    let mut best = (f32::INFINITY, 0u32);
-    for (s, &c) in cost.iter().enumerate() {
-        let ok = match ends {
-            Ends::Free => true,
-            Ends::Wrap(top) => (s as u32 & lowmask) == top,
-        };
-        if ok && c < best.0 {
-            best = (c, s as u32);
+    debug_assert_eq!(dc.len(), 1 << l);
+    let first = |c: &mut f32, d: f32| {
+        let e = x0 - d;
+        *c = w0 * (e * e);
+    };
+    match ends {
+        Ends::Free => cost.iter_mut().zip(dc).for_each(|(c, &d)| first(c, d)),
+        Ends::Wrap(top) => {
+            // Only the four states whose upper bits are the wrap start finite.
+            cost.fill(f32::INFINITY);
+            let s0 = (top as usize) << 2;
+            for s in s0..s0 + 4 {
+                first(&mut cost[s], dc[s]);
+            }
         }
     }
+}
+
+/// Best final state (lowest index on ties) and the trace back to the codes (the fast search's;
+/// [`viterbi_ref`] spells out the plain definition).
+fn trace(cost: &[f32], bp: &[u8], n: usize, l: u32, ends: Ends, codes: &mut [u8]) -> f32 {
     let q = cost.len() / 4;
+    let mut best = (f32::INFINITY, 0u32);
+    // In increasing state order with a strict `<`: the lowest index wins ties.
+    let mut consider = |s: usize| {
+        if cost[s] < best.0 {
+            best = (cost[s], s as u32);
+        }
+    };
+    match ends {
+        // The first state holding the minimum is what the strict-`<` scan picks (lane-wise
+        // minima, then the first match: no serial chain through 4096 compares).
+        Ends::Free => {
+            let mut lanes = [f32::INFINITY; 8];
+            for c in cost.chunks_exact(8) {
+                for (m, &v) in lanes.iter_mut().zip(c) {
+                    *m = if v < *m { v } else { *m };
+                }
+            }
+            let rest = cost.chunks_exact(8).remainder();
+            let m = lanes
+                .iter()
+                .chain(rest)
+                .fold(f32::INFINITY, |a, &v| if v < a { v } else { a });
+            if m < f32::INFINITY {
+                consider(
+                    cost.iter()
+                        .position(|&c| c == m)
+                        .expect("the minimum is present"),
+                );
+            }
+        }
+        // Tail-biting: the four states whose lower bits are the wrap.
+        Ends::Wrap(top) => (0..4).for_each(|t| consider(top as usize + t * q)),
+    }
     let mut s = best.1;
     for i in (0..n).rev() {
         codes[i] = (s & 3) as u8;
@@ -174,10 +205,18 @@ fn trace(cost: &[f32], bp: &[u8], n: usize, l: u32, ends: Ends, codes: &mut [u8]
 pub fn viterbi_ref(x: &[f32], wt: &[f32], dc: &[f32], l: u32, ends: Ends, codes: &mut [u8]) -> f32 {
     let (n, ns) = (x.len(), 1usize << l);
     let q = ns / 4;
+    let lowmask = (1u32 << (l - 2)) - 1;
     let mut cost = vec![0f32; ns];
     let mut next = vec![0f32; ns];
     let mut bp = vec![0u8; n * q];
-    init_costs(x[0], wt[0], dc, l, ends, &mut cost);
+    for (s, c) in cost.iter_mut().enumerate() {
+        let ok = match ends {
+            Ends::Free => true,
+            Ends::Wrap(top) => (s >> 2) as u32 == top,
+        };
+        let e = x[0] - dc[s];
+        *c = if ok { wt[0] * (e * e) } else { f32::INFINITY };
+    }
     for i in 1..n {
         for s in 0..ns {
             let p = s >> 2;
@@ -194,7 +233,24 @@ pub fn viterbi_ref(x: &[f32], wt: &[f32], dc: &[f32], l: u32, ends: Ends, codes:
         }
         std::mem::swap(&mut cost, &mut next);
     }
-    trace(&cost, &bp, n, l, ends, codes)
+    let mut best = (f32::INFINITY, 0u32);
+    for (s, &c) in cost.iter().enumerate() {
+        let ok = match ends {
+            Ends::Free => true,
+            Ends::Wrap(top) => (s as u32 & lowmask) == top,
+        };
+        if ok && c < best.0 {
+            best = (c, s as u32);
+        }
+    }
+    let mut s = best.1;
+    for i in (0..n).rev() {
+        codes[i] = (s & 3) as u8;
+        if i > 0 {
+            s = (s >> 2) | ((bp[i * q + (s >> 2) as usize] as u32) << (l - 2));
+        }
+    }
+    best.0
 }
 
 /// The same search restructured: the four states `4p + b` share their predecessors, so the
@@ -230,8 +286,9 @@ pub fn viterbi(
     trace(&sc.cost, &sc.bp, n, l, ends, codes)
 }
 
-/// One trellis step after the squared errors: AVX2 when the CPU has it (same operations, so the
-/// same bits), else the baseline build.
+/// One trellis step: the fused AVX2 kernel ([`step::step_avx2`]) when the CPU has AVX2 and the
+/// trellis has at least 128 states, else the portable [`step_generic`]; the same operations on
+/// every element either way, so the same bits (a test holds them equal).
 #[allow(clippy::too_many_arguments)]
 fn step(
     xi: f32,
@@ -244,32 +301,18 @@ fn step(
     next: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked above); the function is safe code otherwise.
-        unsafe { step_avx2(xi, wi, dc, cost, dist, min, bp, next) };
+    if (cost.len() / 4) % step::GROUP == 0 && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 and q is a multiple of the kernel's group (checked above);
+        // `viterbi` passes equal lengths for cost, dc and next and q back pointers.
+        unsafe { step::step_avx2(xi, wi, dc, cost, bp, next) };
         return;
     }
     step_generic(xi, wi, dc, cost, dist, min, bp, next)
 }
 
-#[cfg(target_arch = "x86_64")]
+/// The portable step: the squared errors, the minimum per predecessor group, the sums, each a
+/// contiguous pass the compiler vectorizes.
 #[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2")]
-unsafe fn step_avx2(
-    xi: f32,
-    wi: f32,
-    dc: &[f32],
-    cost: &[f32],
-    dist: &mut [f32],
-    min: &mut [f32],
-    bp: &mut [u8],
-    next: &mut [f32],
-) {
-    step_generic(xi, wi, dc, cost, dist, min, bp, next)
-}
-
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
 fn step_generic(
     xi: f32,
     wi: f32,
@@ -609,6 +652,108 @@ mod tests {
                 let eb = viterbi(&x, &wt, &dc, l, ends, &mut sc, &mut b);
                 assert_eq!(a, b, "l={l} {ends:?}");
                 assert_eq!(ea.to_bits(), eb.to_bits(), "l={l} {ends:?}");
+            }
+        }
+    }
+
+    /// The fused AVX2 step is the portable step bit for bit (costs, back pointers) on random
+    /// costs with exact ties between predecessors, infinite costs (the wrapped start), unit and
+    /// non-unit weights, for every state size it runs at.
+    #[test]
+    fn avx2_step_equals_portable_step() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            let mut g = SplitMix64::new(77);
+            for l in [7u32, 10, 12] {
+                let ns = 1usize << l;
+                let q = ns / 4;
+                let mut sc = Scratch::new(l, 1);
+                let dc: Vec<f32> = codebook(l).iter().map(|c| 0.7 * c).collect();
+                for trial in 0..20 {
+                    let mut cost: Vec<f32> = (0..ns).map(|_| (g.gauss() as f32).abs()).collect();
+                    for p in 0..q {
+                        match g.next_u64() % 5 {
+                            // Ties: some predecessors equal, in every position pattern.
+                            0 => cost[p + q] = cost[p],
+                            1 => cost[p + 3 * q] = cost[p + 2 * q],
+                            2 => cost[p + 2 * q] = cost[p + q],
+                            3 => (1..4).for_each(|t| cost[p + t * q] = f32::INFINITY),
+                            _ => (0..4).for_each(|t| cost[p + t * q] = f32::INFINITY),
+                        }
+                    }
+                    let xi = g.gauss() as f32;
+                    let wi = if trial % 2 == 0 {
+                        1.0
+                    } else {
+                        (g.gauss() as f32).exp()
+                    };
+                    let (mut n1, mut n2) = (vec![0f32; ns], vec![0f32; ns]);
+                    let (mut b1, mut b2) = (vec![9u8; q], vec![7u8; q]);
+                    step_generic(
+                        xi,
+                        wi,
+                        &dc,
+                        &cost,
+                        &mut sc.dist,
+                        &mut sc.min,
+                        &mut b1,
+                        &mut n1,
+                    );
+                    // SAFETY: AVX2 checked above, lengths as the kernel requires.
+                    unsafe { step::step_avx2(xi, wi, &dc, &cost, &mut b2, &mut n2) };
+                    assert_eq!(b1, b2, "l={l} trial {trial}");
+                    assert!(
+                        n1.iter().zip(&n2).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "l={l} trial {trial}"
+                    );
+                }
+            }
+        } else {
+            eprintln!("NOT RUN: avx2_step_equals_portable_step: the CPU has no AVX2");
+        }
+    }
+
+    /// The whole-block encoder (the dispatching search) gives the reference search's bytes on
+    /// Gaussian and heavy-tailed rows and on a codebook with repeated words (ties), weighted
+    /// and not: encode with the reference search spliced in must give the same block.
+    #[test]
+    fn fast_viterbi_equals_reference_at_the_format_size() {
+        let mut g = SplitMix64::new(12);
+        let mut cb = codebook(L);
+        let tied = {
+            let mut t = cb.clone();
+            for s in (0..t.len() - 1).step_by(3) {
+                t[s + 1] = t[s];
+            }
+            t
+        };
+        let mut sc = Scratch::new(L, QK);
+        for trial in 0..6 {
+            if trial >= 3 {
+                cb = tied.clone();
+            }
+            let x: Vec<f32> = (0..QK)
+                .map(|_| {
+                    let v = g.gauss() as f32;
+                    if trial % 2 == 1 {
+                        v * v * v
+                    } else {
+                        v
+                    }
+                })
+                .collect();
+            let wt: Vec<f32> = if trial % 3 == 2 {
+                (0..QK).map(|_| (g.gauss() as f32).exp()).collect()
+            } else {
+                vec![1.0; QK]
+            };
+            let dc: Vec<f32> = cb.iter().map(|c| 0.8 * c).collect();
+            for ends in [Ends::Free, Ends::Wrap(0), Ends::Wrap(777)] {
+                let (mut a, mut b) = (vec![0u8; QK], vec![0u8; QK]);
+                let ea = viterbi_ref(&x, &wt, &dc, L, ends, &mut a);
+                let eb = viterbi(&x, &wt, &dc, L, ends, &mut sc, &mut b);
+                assert_eq!(a, b, "trial {trial} {ends:?}");
+                assert_eq!(ea.to_bits(), eb.to_bits(), "trial {trial} {ends:?}");
             }
         }
     }

@@ -213,6 +213,43 @@ pub(crate) fn viterbi_beam(
     bs: &mut BeamScratch,
     codes: &mut [u8],
 ) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked above); the body is safe code.
+        return unsafe { viterbi_beam_avx2(x, ub, dc, top, k, bs, codes) };
+    }
+    viterbi_beam_body(x, ub, dc, top, k, bs, codes)
+}
+
+/// [`viterbi_beam`] compiled for AVX2 (wider vectors for the same operations: the same bits; a test
+/// holds it to the baseline build).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn viterbi_beam_avx2(
+    x: &[f32],
+    ub: &[f64],
+    dc: &[f32],
+    top: u32,
+    k: usize,
+    bs: &mut BeamScratch,
+    codes: &mut [u8],
+) -> f32 {
+    viterbi_beam_body(x, ub, dc, top, k, bs, codes)
+}
+
+/// The search itself (both builds).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn viterbi_beam_body(
+    x: &[f32],
+    ub: &[f64],
+    dc: &[f32],
+    top: u32,
+    k: usize,
+    bs: &mut BeamScratch,
+    codes: &mut [u8],
+) -> f32 {
     let ns = 1usize << L;
     let mask = ns as u32 - 1;
     let lowmask = (1u32 << (L - 2)) - 1;
@@ -444,6 +481,32 @@ mod tests {
             })
             .collect();
         (u, a)
+    }
+
+    /// The AVX2 build of the beam search gives the baseline build's codes and metric bit for
+    /// bit, at the format's beam and a narrow one.
+    #[test]
+    fn beam_avx2_build_equals_baseline_build() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            let cb = format_codebook();
+            for seed in 0..4u64 {
+                let (u, _) = upper_and_form(500 + seed);
+                let xf = gauss(QK, 600 + seed);
+                let dc: Vec<f32> = cb.iter().map(|&c| (0.6 + 0.1 * seed as f32) * c).collect();
+                let top = (seed as u32 * 337) & 1023;
+                for k in [16, 128] {
+                    let (mut c1, mut c2) = ([0u8; QK], [0u8; QK]);
+                    let mut bs = BeamScratch::default();
+                    let m1 = viterbi_beam_body(&xf, &u, &dc, top, k, &mut bs, &mut c1);
+                    // SAFETY: AVX2 checked above.
+                    let m2 = unsafe { viterbi_beam_avx2(&xf, &u, &dc, top, k, &mut bs, &mut c2) };
+                    assert_eq!((c1, m1.to_bits()), (c2, m2.to_bits()), "seed {seed} k {k}");
+                }
+            }
+        } else {
+            eprintln!("NOT RUN: beam_avx2_build_equals_baseline_build: the CPU has no AVX2");
+        }
     }
 
     /// The per-survivor search equals its definition bit for bit (codes and metric), its metric

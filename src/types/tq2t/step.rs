@@ -1,0 +1,82 @@
+//! One add-compare-select step of tq2_t's Viterbi search written for AVX2: the minimum over the
+//! four predecessors of eight predecessor groups at once, each minimum broadcast to its four
+//! successors in registers (one `vpermps` per eight successors) and added to their squared errors
+//! computed in the same pass, the eight back pointers of each group packed to bytes. The same
+//! operations on every element as the portable step (`super::step_generic`, which a test holds it
+//! to bit for bit): `min(b, a)` is `if b < a { b } else { a }`, the errors are `wi · (e · e)`
+//! (the multiply by a unit weight is skipped: `1 · v` is `v`), the sum is `m + d`.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// Predecessor groups per iteration (four vectors of eight).
+pub(super) const GROUP: usize = 32;
+
+/// `next[4p + b] = min_t cost[p + t·q] + wi · (xi − dc[4p + b])²` and `bp[p]` = the lowest `t`
+/// reaching the minimum, for `q = cost.len() / 4` a multiple of [`GROUP`].
+///
+/// # Safety
+/// The CPU must have AVX2; `cost`, `dc` and `next` must have the same length `4q`, `bp` at
+/// least `q` entries, and `q % GROUP == 0`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn step_avx2(
+    xi: f32,
+    wi: f32,
+    dc: &[f32],
+    cost: &[f32],
+    bp: &mut [u8],
+    next: &mut [f32],
+) {
+    let ns = cost.len();
+    let q = ns / 4;
+    assert!(dc.len() == ns && next.len() == ns && bp.len() >= q && q % GROUP == 0);
+    let unit = wi == 1.0;
+    let xv = _mm256_set1_ps(xi);
+    let wv = _mm256_set1_ps(wi);
+    let one = _mm256_set1_epi32(1);
+    let two = _mm256_set1_epi32(2);
+    let spread = [
+        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+        _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+        _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5),
+        _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7),
+    ];
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let (cp, dp, np) = (cost.as_ptr(), dc.as_ptr(), next.as_mut_ptr());
+    for p0 in (0..q).step_by(GROUP) {
+        let mut tv = [_mm256_setzero_si256(); 4];
+        for (k, t) in tv.iter_mut().enumerate() {
+            let p = p0 + 8 * k;
+            // SAFETY (all loads and stores): p + 8 ≤ q, so p + 3q + 8 ≤ 4q = ns, and
+            // 4p + 32 ≤ 4q = ns; the asserts above hold the lengths.
+            let a = _mm256_loadu_ps(cp.add(p));
+            let b = _mm256_loadu_ps(cp.add(p + q));
+            let c = _mm256_loadu_ps(cp.add(p + 2 * q));
+            let d = _mm256_loadu_ps(cp.add(p + 3 * q));
+            let m01 = _mm256_min_ps(b, a);
+            let k01 = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LT_OQ>(b, a));
+            let m23 = _mm256_min_ps(d, c);
+            let k23 = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LT_OQ>(d, c));
+            let m = _mm256_min_ps(m23, m01);
+            let km = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LT_OQ>(m23, m01));
+            let t01 = _mm256_and_si256(k01, one);
+            let t23 = _mm256_or_si256(_mm256_and_si256(k23, one), two);
+            *t = _mm256_blendv_epi8(t01, t23, km);
+            for (j, idx) in spread.iter().enumerate() {
+                let s = 4 * p + 8 * j;
+                let mj = _mm256_permutevar8x32_ps(m, *idx);
+                let e = _mm256_sub_ps(xv, _mm256_loadu_ps(dp.add(s)));
+                let e2 = _mm256_mul_ps(e, e);
+                let dist = if unit { e2 } else { _mm256_mul_ps(wv, e2) };
+                _mm256_storeu_ps(np.add(s), _mm256_add_ps(mj, dist));
+            }
+        }
+        // 32 codes (each 0..=3) as bytes in p order: the packs interleave the 128-bit lanes
+        // (dword i of the packed vector holds codes 4·order[i]..), the permute puts them back.
+        let lo = _mm256_packs_epi32(tv[0], tv[1]);
+        let hi = _mm256_packs_epi32(tv[2], tv[3]);
+        let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(lo, hi), order);
+        _mm256_storeu_si256(bp.as_mut_ptr().add(p0) as *mut __m256i, bytes);
+    }
+}

@@ -364,7 +364,7 @@ fn unify_attention(entries: &mut [PlanEntry]) {
 /// also have LDLQ keep LDLQ). The importance map is name → per-column weights.
 pub fn assign_importance(plan: &mut Plan, imatrix: &std::collections::BTreeMap<String, Vec<f32>>) {
     for e in &mut plan.entries {
-        if e.action == Action::Copy || e.ldlq || !e.dst.ldlq_unrotated() {
+        if e.action == Action::Copy || e.ldlq || !e.dst.imatrix_weighted() {
             continue;
         }
         match imatrix.get(&e.name) {

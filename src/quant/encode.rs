@@ -67,7 +67,7 @@ impl<'a> Encoder<'a> {
     ) -> Encoder<'a> {
         match (ldlq, importance) {
             (Some((factor, band)), _) if ty.has_ldlq() => Encoder::Ldlq { factor, band },
-            (_, Some(imp)) if ty.ldlq_unrotated() => Encoder::Weighted(imp),
+            (_, Some(imp)) if ty.imatrix_weighted() => Encoder::Weighted(imp),
             _ => Encoder::Nearest,
         }
     }
@@ -105,9 +105,12 @@ pub fn encode_rows(
     let mut buf = vec![0u8; x.len() / row_len * row_bytes];
     let rows = buf.par_chunks_mut(row_bytes).zip(x.par_chunks(row_len));
     match enc {
-        Encoder::Weighted(imp) => {
-            rows.for_each(|(ob, row)| crate::types::grid::quantize_weighted(dst, row, imp, ob))
-        }
+        Encoder::Weighted(imp) => match crate::types::iquants::weighted_encoder(dst) {
+            Some(f) => rows.for_each(|(ob, row)| f(row, imp, ob)),
+            None => {
+                rows.for_each(|(ob, row)| crate::types::grid::quantize_weighted(dst, row, imp, ob))
+            }
+        },
         _ => {
             rows.try_for_each(|(ob, row)| crate::types::quantize_rows(dst, row, ob, row_len, name))?
         }
@@ -166,12 +169,13 @@ mod tests {
             TensorType::TQ4_1S,
             TensorType::Q4K,
             TensorType::Q8_0,
+            TensorType::IQ2XS,
             TensorType::F16,
         ] {
             let e = Encoder::choose(ty, Some((&f, 0)), Some(&imp));
             let want = if ty.has_ldlq() {
                 "ldlq"
-            } else if ty.ldlq_unrotated() {
+            } else if ty.imatrix_weighted() {
                 "imatrix"
             } else {
                 "rtn"
@@ -180,7 +184,7 @@ mod tests {
             let e = Encoder::choose(ty, None, Some(&imp));
             assert_eq!(
                 e.name(),
-                if ty.ldlq_unrotated() {
+                if ty.imatrix_weighted() {
                     "imatrix"
                 } else {
                     "rtn"

@@ -300,6 +300,7 @@ pub fn factor_hessian_owned(
         Some(LdlqKind::Stock) => return factor_act_order(h, n, damp, refit, what),
         Some(LdlqKind::RowRotated | LdlqKind::Trellis) => rotate_hessian_rows_in_place(&mut h, n)?,
         Some(LdlqKind::Rotated) | None => rotate_hessian_in_place(&mut h, n),
+        Some(LdlqKind::IqGrid) => {}
     }
     factor_owned(h, n, damp, what)
 }

@@ -9,12 +9,15 @@
 //! - `stock.rs`: the stock types, act-order onto pre-fitted grids, then the parameter refit
 //!   ([`LdlqKind::Stock`], [`Refit`]);
 //! - `rows.rs`: tq2_r in the whole-row rotated domain ([`LdlqKind::RowRotated`]);
+//! - `iq_grid.rs`: IQ2_XXS / IQ2_XS / IQ2_S, 8-value grid rows at scales fixed by the weighted
+//!   encoder ([`LdlqKind::IqGrid`]);
 //! - `trellis.rs`, `psp.rs`: tq2_t's block-LDLQ with the trellis as each block's vector quantizer
 //!   ([`LdlqKind::Trellis`]) and its per-survivor Viterbi searches.
 //!
 //! This file dispatches on the kind ([`quantize_ldlq_refit`]) and holds the proxy loss.
 
 mod factor;
+mod iq_grid;
 mod psp;
 mod rows;
 mod stock;
@@ -75,6 +78,7 @@ pub fn quantize_ldlq_refit(
                 stock::quantize_rows_stock(ty, rows, f, band, refit, o, stock::Mode::Gemm)
             }
             LdlqKind::RowRotated => rows::quantize_rows(rows, f, band, o),
+            LdlqKind::IqGrid => iq_grid::quantize_rows(ty, rows, f, band, o),
             LdlqKind::Trellis => unreachable!("handled above"),
         });
     out

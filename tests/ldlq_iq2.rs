@@ -71,7 +71,9 @@ fn ldlq_beats_the_imatrix_encoder_on_smollm2_ffn_down() {
             l_64 / l_im
         );
         assert!(l_im < l_rtn, "{ty}: the imatrix was not used");
-        assert!(l_ldlq < l_im, "{ty}: {l_ldlq} vs imatrix {l_im}");
+        // Issue 30's bar: at most half the imatrix encoder's error (measured 0.39–0.40x with
+        // 2048 calibration tokens, docs/bench/iquants.md).
+        assert!(l_ldlq <= 0.5 * l_im, "{ty}: {l_ldlq} vs imatrix {l_im}");
         // Deterministic for any thread count (rows are grouped by a fixed partition).
         let one = rayon::ThreadPoolBuilder::new()
             .num_threads(1)

@@ -83,3 +83,60 @@ fn ldlq_beats_the_imatrix_encoder_on_smollm2_ffn_down() {
         assert!(one == q, "{ty}: bytes depend on the thread count");
     }
 }
+
+/// `tq convert --weights iq2_xs --calib TEXT` on a tiny model: the 256-wide `ffn_down` rows are
+/// IQ2_XS rounded with LDLQ (recorded in `tq.tensor_methods`), differ from the imatrix-free
+/// encoding at the same size, and the file is the same for 1 and 3 threads.
+#[test]
+fn convert_calib_rounds_iq2_with_ldlq() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    std::fs::write(&model, fixtures::gguf_gen::tiny_llama_tok(2, 64, 256).bytes).unwrap();
+    let text = dir.path().join("calib.txt");
+    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(400)).unwrap();
+    let p = |n: &str| dir.path().join(n);
+    let convert = |extra: &[&str], out: &std::path::Path| {
+        let mut a = vec![
+            "convert",
+            s(&model),
+            "--weights",
+            "iq2_xs",
+            "--target",
+            "upstream",
+            "-q",
+            "-o",
+            s(out),
+        ];
+        a.extend(extra);
+        let (code, _, err) = fixtures::tq(&a);
+        assert_eq!(code, 0, "{err}");
+        GgufFile::open(out).unwrap()
+    };
+    let calib = [
+        "--calib",
+        s(&text),
+        "--calib-tokens",
+        "512",
+        "--calib-ctx",
+        "32",
+    ];
+    let mut a1 = calib.to_vec();
+    a1.extend(["--threads", "1"]);
+    let mut a3 = calib.to_vec();
+    a3.extend(["--threads", "3"]);
+    let f1 = convert(&a1, &p("ldlq1.gguf"));
+    let f3 = convert(&a3, &p("ldlq3.gguf"));
+    let rtn = convert(&[], &p("rtn.gguf"));
+    let name = "blk.1.ffn_down.weight";
+    let methods = format!("{:?}", f1.get("tq.tensor_methods").unwrap());
+    assert!(methods.contains(&format!("{name}=iq2_xs:ldlq")), "{methods}");
+    let (t1, t3, tr) = (
+        f1.tensor(name).unwrap(),
+        f3.tensor(name).unwrap(),
+        rtn.tensor(name).unwrap(),
+    );
+    assert_eq!(t1.ty, TensorType::IQ2XS);
+    assert!(f1.tensor_data(t1) == f3.tensor_data(t3), "thread count");
+    assert_eq!(t1.size, tr.size);
+    assert!(f1.tensor_data(t1) != rtn.tensor_data(tr), "LDLQ had no effect");
+}

@@ -129,7 +129,10 @@ fn convert_calib_rounds_iq2_with_ldlq() {
     let rtn = convert(&[], &p("rtn.gguf"));
     let name = "blk.1.ffn_down.weight";
     let methods = format!("{:?}", f1.get("tq.tensor_methods").unwrap());
-    assert!(methods.contains(&format!("{name}=iq2_xs:ldlq")), "{methods}");
+    assert!(
+        methods.contains(&format!("{name}=iq2_xs:ldlq")),
+        "{methods}"
+    );
     let (t1, t3, tr) = (
         f1.tensor(name).unwrap(),
         f3.tensor(name).unwrap(),
@@ -138,5 +141,8 @@ fn convert_calib_rounds_iq2_with_ldlq() {
     assert_eq!(t1.ty, TensorType::IQ2XS);
     assert!(f1.tensor_data(t1) == f3.tensor_data(t3), "thread count");
     assert_eq!(t1.size, tr.size);
-    assert!(f1.tensor_data(t1) != rtn.tensor_data(tr), "LDLQ had no effect");
+    assert!(
+        f1.tensor_data(t1) != rtn.tensor_data(tr),
+        "LDLQ had no effect"
+    );
 }

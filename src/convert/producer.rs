@@ -249,9 +249,16 @@ impl<'a> Producer<'a> {
         let h = hs
             .for_tensor_mut(&e.name)
             .expect("planner checked the Hessian");
-        // The factor is of the Hessian rotated (or permuted) for the type's LDLQ kind: key on
-        // both (iq4_xs and iq2_xs are one family but factor differently).
-        let fam = |x: &PlanEntry| format!("{:?}:{}", x.dst.ldlq(), h.tensors.join(","));
+        // The factor is of the Hessian rotated (or permuted) for the type's family and LDLQ
+        // kind: key on all three (iq4_xs and iq2_xs are one family but factor differently).
+        let fam = |x: &PlanEntry| {
+            format!(
+                "{:?}:{:?}:{}",
+                x.dst.family(),
+                x.dst.ldlq(),
+                h.tensors.join(",")
+            )
+        };
         let key = fam(e);
         if let Some((f, _)) = self.factors.get(&key) {
             return Ok(f.clone());

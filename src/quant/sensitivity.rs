@@ -138,9 +138,12 @@ pub(crate) fn encode(
 ) -> Result<Vec<u8>> {
     let factor = match w {
         Weighting::Hessian { h, ldlq } if ty.has_ldlq() => {
-            // One factor per LDLQ kind (act-order for the stock grids, natural order for IQ2,
-            // rotated for the TQ types).
-            let key = format!("{:?}", ty.ldlq());
+            // Act-order for the stock grids; per family otherwise (IQ2: natural order).
+            let key = if ty.ldlq_unrotated() {
+                "act-order".to_string()
+            } else {
+                format!("{:?}", ty.family())
+            };
             Some(match factors.get(&key) {
                 Some(f) => f.clone(),
                 None => {

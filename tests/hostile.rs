@@ -151,11 +151,7 @@ fn types_and_tensor_type_flags_are_checked() {
         &["--types", "unknown tensor type 'q9_9'"],
     );
     e.refuses(&mix(",,"), 2, &["--types", "give at least one type"]);
-    e.refuses(
-        &mix("iq2_xxs"),
-        2,
-        &["--types", "cannot write type iq2_xxs"],
-    );
+    e.refuses(&mix("tq1_0"), 2, &["--types", "cannot write type tq1_0"]);
     // Candidates none of which a tensor can take (the token embedding is never TQ): the tensor
     // is named with what to add.
     e.refuses(

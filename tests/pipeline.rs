@@ -132,9 +132,9 @@ fn every_weight_type_converts_in_every_calibration_mode() {
                 "{ty}: no LDLQ, yet --calib changed the bytes"
             );
         }
-        // The imatrix reaches the stock grid types and the i-quant lattice types (iq3_xxs, iq3_s,
-        // iq1_s, iq1_m: llama.cpp's own weighted encoders).
-        if ty.ldlq_unrotated() || ty.ldlq() == Some(tq::types::LdlqKind::Lattice) {
+        // The imatrix reaches the stock grid types and the i-quants with llama.cpp's own weighted
+        // encoders (iq2_*, iq3_xxs, iq3_s, iq1_s, iq1_m).
+        if ty.imatrix_weighted() {
             assert_ne!(get("none"), get("imatrix"), "{ty}: --imatrix had no effect");
         } else {
             assert_eq!(

@@ -249,8 +249,16 @@ impl<'a> Producer<'a> {
         let h = hs
             .for_tensor_mut(&e.name)
             .expect("planner checked the Hessian");
-        // The factor is of the Hessian rotated for the type's family: key on both.
-        let fam = |x: &PlanEntry| format!("{:?}:{}", x.dst.family(), h.tensors.join(","));
+        // The factor is of the Hessian rotated (or permuted) for the type's family and LDLQ
+        // kind: key on all three (iq4_xs and iq2_xs are one family but factor differently).
+        let fam = |x: &PlanEntry| {
+            format!(
+                "{:?}:{:?}:{}",
+                x.dst.family(),
+                x.dst.ldlq(),
+                h.tensors.join(",")
+            )
+        };
         let key = fam(e);
         if let Some((f, _)) = self.factors.get(&key) {
             return Ok(f.clone());
@@ -286,9 +294,7 @@ impl<'a> Producer<'a> {
             .enumerate()
             .skip(i)
             .rev()
-            .find(|(_, x)| {
-                x.ldlq && x.dst.family() == e.dst.family() && h.tensors.contains(&x.name)
-            })
+            .find(|(_, x)| x.ldlq && h.tensors.contains(&x.name) && fam(x) == key)
             .map_or(i, |(j, _)| j);
         self.factors.insert(key, (f.clone(), last));
         Ok(f)

@@ -445,8 +445,7 @@ pub fn check_calibration_file<'a>(
 /// also have LDLQ keep LDLQ). The importance map is name → per-column weights.
 pub fn assign_importance(plan: &mut Plan, imatrix: &std::collections::BTreeMap<String, Vec<f32>>) {
     for e in &mut plan.entries {
-        let iq = crate::types::iquants::iq3_quant::weighted_encoder(e.dst).is_some();
-        if e.action == Action::Copy || e.ldlq || !(e.dst.ldlq_unrotated() || iq) {
+        if e.action == Action::Copy || e.ldlq || !e.dst.imatrix_weighted() {
             continue;
         }
         match imatrix.get(&e.name) {

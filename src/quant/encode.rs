@@ -67,9 +67,7 @@ impl<'a> Encoder<'a> {
     ) -> Encoder<'a> {
         match (ldlq, importance) {
             (Some((factor, band)), _) if ty.has_ldlq() => Encoder::Ldlq { factor, band },
-            (_, Some(imp)) if ty.ldlq_unrotated() || iq_weighted(ty).is_some() => {
-                Encoder::Weighted(imp)
-            }
+            (_, Some(imp)) if ty.imatrix_weighted() => Encoder::Weighted(imp),
             _ => Encoder::Nearest,
         }
     }
@@ -82,12 +80,6 @@ impl<'a> Encoder<'a> {
             Encoder::Ldlq { .. } => "ldlq",
         }
     }
-}
-
-/// llama.cpp's own importance-weighted encoders (IQ3_XXS, IQ3_S, IQ1_S, IQ1_M: byte for byte
-/// `llama-quantize --imatrix`), for the grid types `types::grid` does not model.
-fn iq_weighted(ty: TensorType) -> Option<crate::types::iquants::iq3_quant::WeightedRowFn> {
-    crate::types::iquants::iq3_quant::weighted_encoder(ty)
 }
 
 /// Encode whole rows (`x` is `rows × row_len`, finite: callers check, naming the tensor) as `dst`
@@ -113,7 +105,7 @@ pub fn encode_rows(
     let mut buf = vec![0u8; x.len() / row_len * row_bytes];
     let rows = buf.par_chunks_mut(row_bytes).zip(x.par_chunks(row_len));
     match enc {
-        Encoder::Weighted(imp) => match iq_weighted(dst) {
+        Encoder::Weighted(imp) => match crate::types::iquants::weighted_encoder(dst) {
             Some(f) => rows.for_each(|(ob, row)| f(row, imp, ob)),
             None => {
                 rows.for_each(|(ob, row)| crate::types::grid::quantize_weighted(dst, row, imp, ob))
@@ -197,12 +189,13 @@ mod tests {
             TensorType::TQ4_1S,
             TensorType::Q4K,
             TensorType::Q8_0,
+            TensorType::IQ2XS,
             TensorType::F16,
         ] {
             let e = Encoder::choose(ty, Some((&f, 0)), Some(&imp));
             let want = if ty.has_ldlq() {
                 "ldlq"
-            } else if ty.ldlq_unrotated() {
+            } else if ty.imatrix_weighted() {
                 "imatrix"
             } else {
                 "rtn"
@@ -211,7 +204,7 @@ mod tests {
             let e = Encoder::choose(ty, None, Some(&imp));
             assert_eq!(
                 e.name(),
-                if ty.ldlq_unrotated() {
+                if ty.imatrix_weighted() {
                     "imatrix"
                 } else {
                     "rtn"

@@ -138,6 +138,7 @@ pub(crate) fn encode(
 ) -> Result<Vec<u8>> {
     let factor = match w {
         Weighting::Hessian { h, ldlq } if ty.has_ldlq() => {
+            // Act-order for the stock grids; per family otherwise (IQ2: natural order).
             let key = if ty.ldlq_unrotated() {
                 "act-order".to_string()
             } else {

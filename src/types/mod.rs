@@ -146,6 +146,9 @@ pub enum LdlqKind {
     /// IQ3_XXS, IQ3_S, IQ1_S, IQ1_M: in the weights' own basis, natural order, 4- or 8-value
     /// grid rows as the sweep's vector quantizer (scales from llama.cpp's weighted encoder).
     Lattice,
+    /// The IQ2 grid types: in the weights' own basis and natural order, the block scales fixed by
+    /// the importance-weighted encoder, each 8-value group rounded to a grid row and signs.
+    IqGrid,
 }
 
 pub struct TypeInfo {
@@ -222,13 +225,13 @@ pub static TYPES: &[TypeInfo] = &[
     row!(Q5K,     "q5_K",     Stock(13),   KQuant,    kquants::QK_K,    kquants::Q5_K_BYTES,    Some(kquants::dequantize_q5_k),    Some(kquants::quantize_q5_k)),
     row!(Q6K,     "q6_K",     Stock(14),   KQuant,    kquants::QK_K,    kquants::Q6_K_BYTES,    Some(kquants::dequantize_q6_k),    Some(kquants::quantize_q6_k)),
     row!(Q8K,     "q8_K",     Stock(15),   KQuant,    kquants::QK_K,    c::Q8_K_BYTES,          None,                              None),
-    row!(IQ2XXS,  "iq2_xxs",  Stock(16),   IQuant,    kquants::QK_K,    iquants::IQ2_XXS_BYTES, Some(iquants::dequantize_iq2_xxs), None),
-    row!(IQ2XS,   "iq2_xs",   Stock(17),   IQuant,    kquants::QK_K,    iquants::IQ2_XS_BYTES,  Some(iquants::dequantize_iq2_xs),  None),
+    row!(IQ2XXS,  "iq2_xxs",  Stock(16),   IQuant,    kquants::QK_K,    iquants::IQ2_XXS_BYTES, Some(iquants::dequantize_iq2_xxs), Some(iquants::quantize_iq2_xxs)),
+    row!(IQ2XS,   "iq2_xs",   Stock(17),   IQuant,    kquants::QK_K,    iquants::IQ2_XS_BYTES,  Some(iquants::dequantize_iq2_xs),  Some(iquants::quantize_iq2_xs)),
     row!(IQ3XXS,  "iq3_xxs",  Stock(18),   IQuant,    kquants::QK_K,    iquants::IQ3_XXS_BYTES, Some(iquants::dequantize_iq3_xxs), Some(iquants::quantize_iq3_xxs)),
     row!(IQ1S,    "iq1_s",    Stock(19),   IQuant,    kquants::QK_K,    iquants::IQ1_S_BYTES,   Some(iquants::dequantize_iq1_s),   Some(iquants::quantize_iq1_s)),
     row!(IQ4NL,   "iq4_nl",   Stock(20),   IQuant,    iquants::QK4_NL,  iquants::IQ4_NL_BYTES,  Some(iquants::dequantize_iq4_nl),  Some(iquants::quantize_iq4_nl)),
     row!(IQ3S,    "iq3_s",    Stock(21),   IQuant,    kquants::QK_K,    iquants::IQ3_S_BYTES,   Some(iquants::dequantize_iq3_s),   Some(iquants::quantize_iq3_s)),
-    row!(IQ2S,    "iq2_s",    Stock(22),   IQuant,    kquants::QK_K,    iquants::IQ2_S_BYTES,   Some(iquants::dequantize_iq2_s),   None),
+    row!(IQ2S,    "iq2_s",    Stock(22),   IQuant,    kquants::QK_K,    iquants::IQ2_S_BYTES,   Some(iquants::dequantize_iq2_s),   Some(iquants::quantize_iq2_s)),
     row!(IQ4XS,   "iq4_xs",   Stock(23),   IQuant,    iquants::QK_K,    iquants::IQ4_XS_BYTES,  Some(iquants::dequantize_iq4_xs),  Some(iquants::quantize_iq4_xs)),
     row!(I8,      "i8",       Stock(24),   Raw,       1,                size_of::<i8>(),        None,                              None),
     row!(I16,     "i16",      Stock(25),   Raw,       1,                size_of::<i16>(),       None,                              None),
@@ -310,8 +313,9 @@ impl TensorType {
 
     /// Banded LDLQ can round this type (`quant::ldlq`): the TQ weights and the row-rotated types
     /// (in their rotated domain), and the stock types with a fixed-grid encoder ([`grid`]:
-    /// q8_0, q4_0, q5_0, q2_K … q6_K, iq4_nl, iq4_xs; no rotation, ordinary blocks), and iq3_xxs,
-    /// iq3_s, iq1_s, iq1_m (their grid rows as the sweep's vector quantizer).
+    /// q8_0, q4_0, q5_0, q2_K … q6_K, iq4_nl, iq4_xs; no rotation, ordinary blocks), and the
+    /// i-quant grid types: iq3_xxs, iq3_s, iq1_s, iq1_m (their grid rows as the sweep's vector
+    /// quantizer) and the IQ2 types group by group.
     pub fn has_ldlq(self) -> bool {
         self.ldlq().is_some()
     }
@@ -325,6 +329,7 @@ impl TensorType {
             Family::RowTrellis => Some(LdlqKind::Trellis),
             _ if grid::supports(self) => Some(LdlqKind::Stock),
             _ if iquants::iq3_quant::has_lattice_ldlq(self) => Some(LdlqKind::Lattice),
+            _ if iquants::iq2_groups::supports(self) => Some(LdlqKind::IqGrid),
             _ => None,
         }
     }
@@ -332,6 +337,13 @@ impl TensorType {
     /// LDLQ rounds this type in the weights' own basis (a stock type: engines do not rotate).
     pub fn ldlq_unrotated(self) -> bool {
         self.ldlq() == Some(LdlqKind::Stock)
+    }
+
+    /// An importance matrix (`--imatrix`) weights this type's encoder: the stock types with a
+    /// fixed-grid encoder ([`grid`]) and the i-quants encoded as llama-quantize does with one
+    /// (`iquants::weighted_encoder`).
+    pub fn imatrix_weighted(self) -> bool {
+        self.ldlq_unrotated() || iquants::weighted_encoder(self).is_some()
     }
 
     /// Blocks hold tq2_r's whole-row rotated row (tq2_r, tq2_t; the registry gives them a
@@ -582,6 +594,7 @@ mod tests {
         assert_eq!(kinds(LdlqKind::RowRotated), [TQ2R]);
         assert_eq!(kinds(LdlqKind::Trellis), [TQ2T]);
         assert_eq!(kinds(LdlqKind::Lattice), [IQ3XXS, IQ1S, IQ3S, IQ1M]);
+        assert_eq!(kinds(LdlqKind::IqGrid), [IQ2XXS, IQ2XS, IQ2S]);
         assert_eq!(
             kinds(LdlqKind::Stock),
             [Q4_0, Q5_0, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K, IQ4NL, IQ4XS]

@@ -299,7 +299,8 @@ pub fn factor_hessian_owned(
     match ty.ldlq() {
         Some(LdlqKind::Stock) => return factor_act_order(h, n, damp, refit, what),
         Some(LdlqKind::RowRotated | LdlqKind::Trellis) => rotate_hessian_rows_in_place(&mut h, n)?,
-        Some(LdlqKind::Lattice) => {}
+        // The i-quant grid types: the weights' own basis, natural order.
+        Some(LdlqKind::Lattice | LdlqKind::IqGrid) => {}
         Some(LdlqKind::Rotated) | None => rotate_hessian_in_place(&mut h, n),
     }
     factor_owned(h, n, damp, what)

@@ -11,6 +11,8 @@
 //! - `rows.rs`: tq2_r in the whole-row rotated domain ([`LdlqKind::RowRotated`]);
 //! - `iq_lattice.rs`, `iq1_lattice.rs`: IQ3_XXS / IQ3_S and IQ1_S / IQ1_M, 4- or 8-value grid
 //!   rows as the rounding step ([`LdlqKind::Lattice`]);
+//! - `iq_grid.rs`: IQ2_XXS / IQ2_XS / IQ2_S, 8-value grid rows at scales fixed by the weighted
+//!   encoder ([`LdlqKind::IqGrid`]);
 //! - `trellis.rs`, `psp.rs`: tq2_t's block-LDLQ with the trellis as each block's vector quantizer
 //!   ([`LdlqKind::Trellis`]) and its per-survivor Viterbi searches.
 //!
@@ -18,6 +20,7 @@
 
 mod factor;
 mod iq1_lattice;
+mod iq_grid;
 mod iq_lattice;
 mod psp;
 mod rows;
@@ -83,6 +86,7 @@ pub fn quantize_ldlq_refit(
                 iq1_lattice::quantize_rows(ty, rows, f, band, o)
             }
             LdlqKind::Lattice => iq_lattice::quantize_rows(ty, rows, f, band, o),
+            LdlqKind::IqGrid => iq_grid::quantize_rows(ty, rows, f, band, o),
             LdlqKind::Trellis => unreachable!("handled above"),
         });
     out

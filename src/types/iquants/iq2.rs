@@ -6,7 +6,7 @@ use super::{expand, grids, sign, KSIGNS, QK_K};
 use crate::types::float::f16_at;
 
 const F16: usize = size_of::<u16>();
-const LEVELS: [i8; 3] = [0x08, 0x19, 0x2b];
+pub(super) const LEVELS: [i8; 3] = [0x08, 0x19, 0x2b];
 
 /// `block_iq2_xxs`: `d: f16`, `qs: [u16; 32]`.
 pub(crate) const IQ2_XXS_BYTES: usize = 66;

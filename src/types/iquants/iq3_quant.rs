@@ -390,12 +390,9 @@ pub(crate) fn has_lattice_ldlq(ty: crate::types::TensorType) -> bool {
     matches!(ty, IQ3XXS | IQ3S | IQ1S | IQ1M)
 }
 
-/// One row with one importance per value, as `llama-quantize --imatrix` encodes it.
-pub(crate) type WeightedRowFn = fn(row: &[f32], imp: &[f32], out: &mut [u8]);
-
 /// The importance-weighted row encoder of IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (llama.cpp's, byte for
 /// byte), if `ty` is one of them.
-pub(crate) fn weighted_encoder(ty: crate::types::TensorType) -> Option<WeightedRowFn> {
+pub(crate) fn weighted_encoder(ty: crate::types::TensorType) -> Option<super::WeightedFn> {
     use super::iq1_quant::{quantize_row_iq1_m, quantize_row_iq1_s};
     use crate::types::TensorType::*;
     match ty {

@@ -35,6 +35,8 @@ mod iq1;
 pub(crate) mod iq13_gridmap;
 pub(crate) mod iq1_quant;
 mod iq2;
+pub(crate) mod iq2_groups;
+mod iq2_quant;
 mod iq3;
 pub(crate) mod iq3_quant;
 pub(crate) mod iq4;
@@ -45,11 +47,30 @@ pub(crate) use iq2::{
     dequantize_iq2_s, dequantize_iq2_xs, dequantize_iq2_xxs, IQ2_S_BYTES, IQ2_XS_BYTES,
     IQ2_XXS_BYTES,
 };
+pub use iq2_quant::{quantize_iq2_s, quantize_iq2_xs, quantize_iq2_xxs};
 pub(crate) use iq3::{dequantize_iq3_s, dequantize_iq3_xxs, IQ3_S_BYTES, IQ3_XXS_BYTES};
 pub(crate) use iq3_quant::{quantize_iq3_s, quantize_iq3_xxs};
 pub use iq4::{quantize_iq4_nl, quantize_iq4_xs};
 
 use crate::types::float::f16_at;
+
+/// An encoder that takes per-column importance the way llama-quantize takes an imatrix (`src`:
+/// whole super-blocks of rows, `imp`: one weight per column of a row), byte-identical with
+/// `llama-quantize --imatrix`.
+pub(crate) type WeightedFn = fn(src: &[f32], imp: &[f32], out: &mut [u8]);
+
+/// The i-quants whose importance-weighted encoder is llama.cpp's own (`Encoder::Weighted` uses it
+/// in place of `types::grid`'s fit): the IQ2 types here, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M in
+/// `iq3_quant`. One dispatch for every i-quant encoder.
+pub(crate) fn weighted_encoder(ty: crate::types::TensorType) -> Option<WeightedFn> {
+    use crate::types::TensorType::*;
+    match ty {
+        IQ2XXS => Some(iq2_quant::quantize_iq2_xxs_with),
+        IQ2XS => Some(iq2_quant::quantize_iq2_xs_with),
+        IQ2S => Some(iq2_quant::quantize_iq2_s_with),
+        _ => iq3_quant::weighted_encoder(ty),
+    }
+}
 
 /// ggml's `kvalues_iq4nl`.
 pub const KVALUES_IQ4NL: [i8; 16] = [

@@ -1,0 +1,61 @@
+//! LDLQ for the IQ2 grid types (IQ2_XXS, IQ2_XS, IQ2_S: [`LdlqKind::IqGrid`]) in the weights' own
+//! basis and natural column order (the 8 values of a grid row are adjacent columns, so no
+//! act-order): every block's scales are fixed first by llama.cpp's importance-weighted encoder
+//! with the damped Hessian diagonal as the importance (`iquants::weighted_encoder`, what
+//! `--imatrix` writes), then GPTQ's sweep runs column by column; at the first column of each
+//! 8-value group the row's current targets (its weights plus the error fed forward so far) are
+//! rounded to the best grid row and signs at the group's scale under the weights `1/U_jj²`
+//! (`iquants::iq2_groups::best_group`), and every column's error then goes forward as usual.
+//!
+//! [`LdlqKind::IqGrid`]: crate::types::LdlqKind::IqGrid
+
+use super::sweep::sweep;
+use super::Factor;
+use crate::types::iquants::{iq2_groups, weighted_encoder};
+use crate::types::TensorType;
+
+/// Rows of an IQ2 type sharing one sweep (`rows`: whole rows of `f.n`), written into `out`.
+pub(super) fn quantize_rows(ty: TensorType, rows: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
+    let n = f.n;
+    debug_assert!(f.perm.is_none(), "IQ2 LDLQ sweeps in natural order");
+    let (bs, bb) = (ty.block_size(), ty.block_bytes());
+    let row_bytes = n / bs * bb;
+    let nr = rows.len() / n;
+    let enc = weighted_encoder(ty).expect("an IQ2 type");
+    let imp: Vec<f32> = f.diag.iter().map(|&v| v as f32).collect();
+    for (row, o) in rows.chunks_exact(n).zip(out.chunks_exact_mut(row_bytes)) {
+        enc(row, &imp, o);
+    }
+    const G: usize = iq2_groups::GROUP;
+    let ng = n / G;
+    let mut scales = vec![0f32; nr * ng];
+    for (b, s) in out.chunks_exact(bb).zip(scales.chunks_exact_mut(bs / G)) {
+        iq2_groups::group_scales(ty, b, s);
+    }
+    let w: Vec<f64> = (0..n)
+        .map(|j| {
+            let u = f.u[j * n + j];
+            1.0 / (u * u)
+        })
+        .collect();
+    let mut x: Vec<f64> = rows.iter().map(|&v| v as f64).collect();
+    let mut vals = vec![[0f32; G]; nr];
+    let mut codes = vec![(0u16, 0u8); nr * ng];
+    sweep(&mut x, n, f, band, |r, j, xr| {
+        if j % G == 0 {
+            let g = j / G;
+            let (idx, s, v) =
+                iq2_groups::best_group(ty, scales[r * ng + g], &xr[j..j + G], &w[j..j + G]);
+            vals[r] = v;
+            codes[r * ng + g] = (idx, s);
+        }
+        vals[r][j % G] as f64
+    });
+    let gpb = bs / G;
+    for (k, b) in out.chunks_exact_mut(bb).enumerate() {
+        for g in 0..gpb {
+            let (idx, s) = codes[k * gpb + g];
+            iq2_groups::put_group(ty, b, g, idx, s);
+        }
+    }
+}

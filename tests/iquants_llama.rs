@@ -1,0 +1,588 @@
+//! The IQ2 encoders (IQ2_XXS, IQ2_XS, IQ2_S) against llama.cpp's own `llama-quantize`, byte for
+//! byte. llama.cpp quantizes these types only with an importance matrix (IQ2_XXS / IQ2_XS assert
+//! one; llama-quantize refuses all three without `--imatrix` except for `token_embd` / `output`),
+//! so every case writes an imatrix with tq (`calib::imatrix::write_gguf`), runs
+//! `llama-quantize --imatrix FILE --pure in.gguf out.gguf TYPE` and encodes the same tensors with
+//! tq's `Encoder::Weighted` given the same imatrix as `tq::calib::imatrix::load` reads it:
+//!
+//! * `imatrix_ones`: importance 1 everywhere, which is also what the registry's IQ2_XXS / IQ2_XS
+//!   encoders (no imatrix) use — checked equal to them here;
+//! * `imatrix_spread`: per-column importance 1/100 .. 100, as real imatrices have;
+//! * `no_imatrix` (IQ2_S only): `token_embd.weight` and `output.weight`, which llama-quantize
+//!   writes without an imatrix (ggml's own weights `σ²/4 + x²`), against the registry's IQ2_S;
+//! * `smollm2_ffn_down`: SmolLM2's 30 `ffn_down` matrices (rows of 1536) decoded to f32, with a
+//!   spread imatrix.
+//!
+//! llama-quantize's `IQ2_M` file type has IQ2_S as its default tensor type (and `IQ2_S` has
+//! IQ2_XS), so `--pure IQ2_M` writes IQ2_S tensors. Each case checks recorded hashes of
+//! llama-quantize's output (`fixtures/iq2_expected.json`, recorded with `TQ_KQ_RECORD=1` by
+//! `scripts/dev/kquants_llama_oracle.sh`) everywhere, and llama-quantize live where it is built
+//! (missing: recorded as not run, a failure under `TQ_REQUIRE_DATA=1`).
+
+#[path = "../fixtures/mod.rs"]
+mod fixtures;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use fixtures::gguf_gen::{build_with_data, gaussian, pseudo_bytes};
+use serde_json::{json, Value as Json};
+use tq::gguf::{GString, GgufFile, Value};
+use tq::quant::{encode_rows, Diagonal, Encoder};
+use tq::types::{self, TensorType};
+
+/// (type, llama-quantize file type whose default tensor type it is).
+const IQ2: [(&str, &str); 3] = [
+    ("iq2_xxs", "IQ2_XXS"),
+    ("iq2_xs", "IQ2_XS"),
+    ("iq2_s", "IQ2_M"),
+];
+
+const EXPECTED: &str = "fixtures/iq2_expected.json";
+
+struct Tensor {
+    name: String,
+    /// ggml order: [row length, rows].
+    dims: [u64; 2],
+    data: Vec<f32>,
+}
+
+fn uniform(seed: u64, n: usize) -> Vec<f32> {
+    pseudo_bytes(seed, 4 * n)
+        .chunks_exact(4)
+        .map(|c| {
+            (u32::from_le_bytes([c[0], c[1], c[2], c[3]]) >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// 16 edge rows of 256: zeros, constants, tiny values around both group epsilons, one spike,
+/// exact lattice values, odd sign counts, sparse rows, large values.
+fn edge_rows() -> Vec<f32> {
+    let g = |seed: u64| gaussian(seed, 256, 1.0);
+    let mut spike = vec![0.0; 256];
+    spike[37] = 3.0;
+    let rows: Vec<Vec<f32>> = vec![
+        vec![0.0; 256],
+        vec![0.5; 256],
+        vec![-0.75; 256],
+        g(301).iter().map(|v| v * 1e-9).collect(), // below IQ2_S's epsilon only
+        g(302).iter().map(|v| v * 1e-20).collect(), // below both
+        spike,
+        (0..256).map(|i| [8.0, 25.0, 43.0][i % 3]).collect(), // the decoded levels
+        (0..256)
+            .map(|i| if i % 8 == 3 { -1.0 } else { 1.0 })
+            .collect(), // one negative per row: odd parity
+        g(305)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| if i < 128 { 0.0 } else { *v })
+            .collect(),
+        g(306).iter().map(|v| v * 1e4).collect(),
+        g(307).iter().map(|v| v.abs() + 0.1).collect(),
+        g(308).iter().map(|v| -v.abs() - 0.1).collect(),
+        g(309)
+            .iter()
+            .zip(pseudo_bytes(310, 256))
+            .map(|(v, b)| if b < 230 { 0.0 } else { *v })
+            .collect(),
+        g(311)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * (1u32 << (i / 32)) as f32)
+            .collect(),
+        vec![-0.0; 256],
+        g(312)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| if i % 16 == 5 { 1e3 } else { v * 1e-3 })
+            .collect(),
+    ];
+    rows.concat()
+}
+
+fn synthetic(prefix: &str) -> Vec<Tensor> {
+    let mut ts = Vec::new();
+    let mut add = |name: &str, cols: u64, rows: u64, data: Vec<f32>| {
+        assert_eq!(data.len() as u64, cols * rows, "{name}");
+        ts.push(Tensor {
+            name: format!("{prefix}{name}"),
+            dims: [cols, rows],
+            data,
+        });
+    };
+    add("attn_q.weight", 256, 48, gaussian(101, 256 * 48, 0.02));
+    let ranged: Vec<f32> = gaussian(102, 512 * 32, 1.0)
+        .chunks(512)
+        .enumerate()
+        .flat_map(|(r, row)| {
+            let s = (2.0f32).powi((r as i32 * 7) % 33 - 24) * (1.0 + r as f32 / 64.0);
+            row.iter().map(move |v| v * s).collect::<Vec<_>>()
+        })
+        .collect();
+    add("ffn_up.weight", 512, 32, ranged);
+    let g1 = gaussian(103, 768 * 24, 1.0);
+    let g2 = gaussian(104, 768 * 24, 1.0);
+    let heavy: Vec<f32> = g1
+        .iter()
+        .zip(&g2)
+        .enumerate()
+        .map(|(i, (a, b))| a * (0.75 * b).exp() * if i % 97 == 0 { 30.0 } else { 1.0 } * 0.05)
+        .collect();
+    add("ffn_down.weight", 768, 24, heavy);
+    add("attn_output.weight", 256, 16, edge_rows());
+    add("ffn_gate.weight", 1024, 8, uniform(105, 1024 * 8));
+    ts
+}
+
+fn llama_metadata(n_layers: u32, n_embd: u32, n_head: u32) -> Vec<(String, Value)> {
+    let s = |x: &str| Value::String(GString::from(x));
+    vec![
+        ("general.architecture".into(), s("llama")),
+        ("general.name".into(), s("tq iq2 oracle")),
+        ("llama.context_length".into(), Value::U32(256)),
+        ("llama.embedding_length".into(), Value::U32(n_embd)),
+        ("llama.block_count".into(), Value::U32(n_layers)),
+        ("llama.feed_forward_length".into(), Value::U32(4 * n_embd)),
+        ("llama.attention.head_count".into(), Value::U32(n_head)),
+        ("llama.attention.head_count_kv".into(), Value::U32(n_head)),
+        (
+            "llama.attention.layer_norm_rms_epsilon".into(),
+            Value::F32(1e-5),
+        ),
+        ("general.file_type".into(), Value::U32(0)),
+    ]
+}
+
+fn write_f32_gguf(path: &Path, md: Vec<(String, Value)>, ts: &[Tensor]) {
+    let data = ts
+        .iter()
+        .map(|t| {
+            let b: Vec<u8> = t.data.iter().flat_map(|v| v.to_le_bytes()).collect();
+            (t.name.clone(), t.dims.to_vec(), 0u32, b)
+        })
+        .collect();
+    std::fs::write(path, build_with_data(3, None, md, data).bytes).expect("write f32 gguf");
+}
+
+/// Per-column importance for every tensor: `ones` (exactly 1 after llama's `sum / count`) or a
+/// spread 1/100 .. 100.
+fn imatrix_diagonals(ts: &[Tensor], ones: bool) -> Vec<Diagonal> {
+    ts.iter()
+        .enumerate()
+        .map(|(k, t)| Diagonal {
+            tensors: vec![t.name.clone()],
+            tokens: 64,
+            d: if ones {
+                vec![64.0; t.dims[0] as usize]
+            } else {
+                uniform(900 + k as u64, t.dims[0] as usize)
+                    .iter()
+                    .map(|u| 64.0 * 10f64.powf(2.0 * *u as f64))
+                    .collect()
+            },
+        })
+        .collect()
+}
+
+fn hash(b: &[u8]) -> String {
+    blake3::hash(b).to_hex().to_string()
+}
+
+fn recording() -> bool {
+    std::env::var("TQ_KQ_RECORD").is_ok_and(|v| v == "1")
+}
+
+fn expected() -> Json {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(EXPECTED);
+    let s = std::fs::read_to_string(&p).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run scripts/dev/kquants_llama_oracle.sh)",
+            p.display()
+        )
+    });
+    serde_json::from_str(&s).expect("iq2_expected.json")
+}
+
+fn record(key: &str, section: Json) {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(EXPECTED);
+    let mut j: Json = std::fs::read_to_string(&p)
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or_else(|| json!({}));
+    j["about"] = json!(
+        "Facts from llama.cpp (the copy vendored in the PyPI sdist llama-cpp-python==0.3.36, built by scripts/build-llama.sh): blake3 of each tensor's data bytes as written by llama-quantize [--imatrix FILE] --pure <in.gguf> <out.gguf> {IQ2_XXS,IQ2_XS,IQ2_M} from F32 input, the imatrix written by tq (see tests/iquants_llama.rs for the tensors and importances). Recorded by scripts/dev/kquants_llama_oracle.sh; checked by tests/iquants_llama.rs."
+    );
+    j[key] = section;
+    std::fs::write(&p, serde_json::to_string_pretty(&j).unwrap() + "\n").expect("write expected");
+    eprintln!("recorded {key} into {}", p.display());
+}
+
+/// `$TQ_CACHE/llama.cpp/build/bin/llama-quantize`, or `None` recorded as not run.
+fn llama_quantize() -> Option<PathBuf> {
+    fixtures::data_file(
+        fixtures::cache_dir().join("llama.cpp/build/bin/llama-quantize"),
+        "scripts/build-llama.sh",
+    )
+}
+
+fn run_llama(
+    bin: &Path,
+    inp: &Path,
+    out: &Path,
+    ftype: &str,
+    imatrix: Option<&Path>,
+) -> BTreeMap<String, (TensorType, Vec<u8>)> {
+    let mut cmd = Command::new(bin);
+    if let Some(im) = imatrix {
+        cmd.arg("--imatrix").arg(im);
+    }
+    let o = cmd
+        .arg("--pure")
+        .arg(inp)
+        .arg(out)
+        .arg(ftype)
+        .arg("2")
+        .output()
+        .expect("run llama-quantize");
+    assert!(
+        o.status.success(),
+        "llama-quantize {ftype} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let f = GgufFile::open(out).expect("open llama-quantize output");
+    let r = f
+        .tensors
+        .iter()
+        .map(|t| (t.name.clone(), (t.ty, f.tensor_data(t).to_vec())))
+        .collect();
+    std::fs::remove_file(out).ok();
+    r
+}
+
+/// The first differing block of `a` (ours) vs `b` (llama.cpp), described; `None` when equal.
+fn first_diff(ty: TensorType, t: &Tensor, a: &[u8], b: &[u8]) -> Option<String> {
+    if a == b {
+        return None;
+    }
+    if a.len() != b.len() {
+        return Some(format!("{}: size {} vs llama {}", t.name, a.len(), b.len()));
+    }
+    let (bb, bs) = (ty.block_bytes(), ty.block_size());
+    let nblocks = a.len() / bb;
+    let bad: Vec<usize> = (0..nblocks)
+        .filter(|&k| a[k * bb..(k + 1) * bb] != b[k * bb..(k + 1) * bb])
+        .collect();
+    let k = bad[0];
+    let (ba, bl) = (&a[k * bb..(k + 1) * bb], &b[k * bb..(k + 1) * bb]);
+    let bytes: Vec<usize> = (0..bb).filter(|&i| ba[i] != bl[i]).collect();
+    Some(format!(
+        "{} {}: {} of {nblocks} blocks differ; first: block {k} (row {}), bytes at {:?}\n  ours  {:02x?}\n  llama {:02x?}\n  x[..16] {:?}",
+        t.name,
+        ty.name(),
+        bad.len(),
+        k / (t.dims[0] as usize / bs),
+        &bytes[..bytes.len().min(16)],
+        ba,
+        bl,
+        &t.data[k * bs..k * bs + 16],
+    ))
+}
+
+/// How tq encodes one case.
+#[derive(Clone, Copy)]
+enum Ours<'a> {
+    /// The registry's encoder (no imatrix).
+    Registry,
+    /// `--imatrix`: the importance-weighted encoder, the imatrix as tq loads it.
+    Imatrix(&'a tq::calib::imatrix::Imatrix),
+}
+
+fn ours(ty: TensorType, t: &Tensor, how: Ours) -> Vec<u8> {
+    match how {
+        Ours::Registry => {
+            let mut out = vec![0u8; ty.bytes_for(t.data.len() as u64).unwrap() as usize];
+            types::quantize(ty, &t.data, &mut out, &t.name).expect("quantize");
+            out
+        }
+        Ours::Imatrix(im) => {
+            let imp = im.for_tensor(&t.name).expect("imatrix entry");
+            let enc = Encoder::choose(ty, None, Some(imp));
+            assert_eq!(enc.name(), "imatrix", "{ty}");
+            encode_rows(ty, &t.name, &t.data, t.dims[0] as usize, &enc).expect("encode")
+        }
+    }
+}
+
+/// One case: recorded hashes always; llama-quantize live (and re-recording) when it is built.
+/// `imatrix`: the diagonals to write as llama.cpp's imatrix (`None`: no `--imatrix`).
+fn check_case(key: &str, ts: &[Tensor], tys: &[(&str, &str)], imatrix: Option<Vec<Diagonal>>) {
+    let dir = tempfile::tempdir().unwrap();
+    let im_path = dir.path().join("imatrix.gguf");
+    let im = imatrix.map(|d| {
+        tq::calib::imatrix::write_gguf(&d, &im_path, "synthetic", 64).unwrap();
+        tq::calib::imatrix::load(&im_path).unwrap()
+    });
+    let how = im.as_ref().map_or(Ours::Registry, Ours::Imatrix);
+    let mine: Vec<Vec<Vec<u8>>> = tys
+        .iter()
+        .map(|(tn, _)| {
+            let ty = TensorType::from_name(tn).unwrap();
+            ts.iter().map(|t| ours(ty, t, how)).collect()
+        })
+        .collect();
+    if let Some(bin) = llama_quantize() {
+        let inp = dir.path().join("in-f32.gguf");
+        write_f32_gguf(&inp, llama_metadata(30, 576, 9), ts);
+        let mut section = serde_json::Map::new();
+        let mut problems = Vec::new();
+        for ((tname, ftype), mine) in tys.iter().zip(&mine) {
+            let ty = TensorType::from_name(tname).unwrap();
+            let out = dir.path().join(format!("{tname}.gguf"));
+            let theirs = run_llama(&bin, &inp, &out, ftype, im.as_ref().map(|_| &*im_path));
+            let mut hashes = serde_json::Map::new();
+            let mut same = 0;
+            for (t, ob) in ts.iter().zip(mine) {
+                let (lty, lb) = &theirs[&t.name];
+                assert_eq!(*lty, ty, "{}: llama-quantize wrote {lty}", t.name);
+                hashes.insert(t.name.clone(), json!(hash(lb)));
+                match first_diff(ty, t, ob, lb) {
+                    None => same += 1,
+                    Some(d) => problems.push(d),
+                }
+            }
+            eprintln!(
+                "{key} {tname}: {same}/{} tensors byte-identical to llama-quantize",
+                ts.len()
+            );
+            section.insert(tname.to_string(), Json::Object(hashes));
+        }
+        if recording() {
+            record(key, Json::Object(section));
+        }
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+    let exp = expected();
+    let mut bad = Vec::new();
+    for ((tname, _), mine) in tys.iter().zip(&mine) {
+        for (t, ob) in ts.iter().zip(mine) {
+            let want = exp[key][tname][&t.name]
+                .as_str()
+                .unwrap_or_else(|| panic!("no recorded hash for {key} {tname} {}", t.name));
+            if hash(ob) != want {
+                bad.push(format!("{tname} {}", t.name));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{key}: differ from llama-quantize: {bad:?}");
+}
+
+#[test]
+fn imatrix_ones_matches_llama_and_the_registry() {
+    let ts = synthetic("blk.0.");
+    // Importance 1 is the registry's IQ2_XXS / IQ2_XS encoder.
+    let d = imatrix_diagonals(&ts, true);
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("ones.gguf");
+    tq::calib::imatrix::write_gguf(&d, &p, "ones", 64).unwrap();
+    let im = tq::calib::imatrix::load(&p).unwrap();
+    for tn in ["iq2_xxs", "iq2_xs"] {
+        let ty = TensorType::from_name(tn).unwrap();
+        for t in &ts {
+            assert!(
+                im.for_tensor(&t.name).unwrap().iter().all(|&v| v == 1.0),
+                "ones"
+            );
+            assert_eq!(
+                ours(ty, t, Ours::Registry),
+                ours(ty, t, Ours::Imatrix(&im)),
+                "{tn} {}",
+                t.name
+            );
+        }
+    }
+    check_case("imatrix_ones", &ts, &IQ2, Some(d));
+}
+
+#[test]
+fn imatrix_spread_matches_llama() {
+    let ts = synthetic("blk.1.");
+    let d = imatrix_diagonals(&ts, false);
+    check_case("imatrix_spread", &ts, &IQ2, Some(d));
+}
+
+/// IQ2_S without an imatrix: the tensors llama-quantize writes without one.
+#[test]
+fn iq2_s_without_imatrix_matches_llama() {
+    let mut s = synthetic("");
+    let mut edge = s.swap_remove(3);
+    let mut g = s.swap_remove(0);
+    edge.name = "token_embd.weight".into();
+    g.name = "output.weight".into();
+    let ts = [edge, g];
+    check_case("no_imatrix", &ts, &IQ2[2..], None);
+}
+
+/// SmolLM2's `ffn_down` tensors (Q4_1, rows of 1536) decoded to f32.
+fn smollm2_ffn_down() -> Option<Vec<Tensor>> {
+    let path = fixtures::smollm2()?;
+    let f = GgufFile::open(&path).expect("open SmolLM2");
+    let ts: Vec<Tensor> = f
+        .tensors
+        .iter()
+        .filter(|t| t.name.ends_with("ffn_down.weight") && t.dims[0] % 256 == 0)
+        .map(|t| {
+            let mut data = vec![0f32; t.n_elements() as usize];
+            types::dequantize(t.ty, f.tensor_data(t), &mut data, &t.name).unwrap();
+            Tensor {
+                name: t.name.clone(),
+                dims: [t.dims[0], t.dims[1]],
+                data,
+            }
+        })
+        .collect();
+    assert_eq!(ts.len(), 30, "SmolLM2-135M has 30 ffn_down tensors");
+    Some(ts)
+}
+
+#[test]
+fn smollm2_ffn_down_matches_llama() {
+    let Some(ts) = smollm2_ffn_down() else { return };
+    let d = imatrix_diagonals(&ts, false);
+    check_case("smollm2_ffn_down", &ts, &IQ2, Some(d));
+}
+
+/// `tq convert --weights iq2_xs` writes the registry's IQ2_XS bytes where rows hold 256-value
+/// super-blocks (falling back to iq4_nl elsewhere, as llama-quantize does), with `--imatrix` the
+/// importance-weighted bytes (`Encoder::Weighted`, checked against llama-quantize above), and the
+/// same file for any thread count.
+#[test]
+fn convert_writes_iq2_with_and_without_imatrix() {
+    let dir = tempfile::tempdir().unwrap();
+    // n_embd 64: attention/ffn_gate/up rows of 64 fall back; ffn_down rows of 256 hold IQ2.
+    let fx = fixtures::gguf_gen::tiny_llama(1, 64, 256, 96);
+    let inp = dir.path().join("in.gguf");
+    std::fs::write(&inp, &fx.bytes).unwrap();
+    let src = GgufFile::open(&inp).unwrap();
+    let name = "blk.0.ffn_down.weight";
+    let x = src.tensor_f32(src.tensor(name).unwrap()).unwrap();
+    let imp: Vec<f32> = uniform(77, 256)
+        .iter()
+        .map(|u| 10f32.powf(2.0 * u))
+        .collect();
+    let d = Diagonal {
+        tensors: vec![name.to_string()],
+        tokens: 10,
+        d: imp.iter().map(|&v| v as f64 * 10.0).collect(),
+    };
+    let im_path = dir.path().join("imatrix.gguf");
+    tq::calib::imatrix::write_gguf(&[d], &im_path, "t", 10).unwrap();
+    let im = tq::calib::imatrix::load(&im_path).unwrap();
+    for tn in ["iq2_xxs", "iq2_xs", "iq2_s"] {
+        let ty = TensorType::from_name(tn).unwrap();
+        let t = Tensor {
+            name: name.into(),
+            dims: [256, x.len() as u64 / 256],
+            data: x.clone(),
+        };
+        for with_im in [false, true] {
+            let mut outs = vec![];
+            for th in ["1", "3"] {
+                let out = dir.path().join(format!("{tn}-{with_im}-{th}.gguf"));
+                let mut args = vec!["convert", fixtures::s(&inp), "--weights", tn];
+                if with_im {
+                    args.extend(["--imatrix", fixtures::s(&im_path)]);
+                }
+                args.extend([
+                    "--target",
+                    "upstream",
+                    "--threads",
+                    th,
+                    "-q",
+                    "-o",
+                    fixtures::s(&out),
+                ]);
+                let (code, _, err) = fixtures::tq(&args);
+                assert_eq!(code, 0, "{err}");
+                let f = GgufFile::open(&out).unwrap();
+                let tt = f.tensor(name).unwrap();
+                assert_eq!(tt.ty, ty, "{tn}");
+                let want = if with_im {
+                    ours(ty, &t, Ours::Imatrix(&im))
+                } else {
+                    ours(ty, &t, Ours::Registry)
+                };
+                assert!(f.tensor_data(tt) == &want[..], "{tn} imatrix {with_im}");
+                assert_eq!(
+                    f.tensor(&name.replace("ffn_down", "attn_q")).unwrap().ty,
+                    TensorType::IQ4NL
+                );
+                outs.push(std::fs::read(out).unwrap());
+            }
+            assert!(outs[0] == outs[1], "{tn}: bytes depend on the thread count");
+        }
+    }
+}
+
+/// Encode time of IQ2_XS (with an imatrix) on a 7B-shaped `ffn_down` (4096 rows of 11008) against
+/// llama-quantize on the same tensor and imatrix, both on `TQ_BENCH_THREADS` threads (default 1):
+/// wall time of `llama-quantize --imatrix --pure IN OUT IQ2_XS T` and of tq's `encode_rows` in a
+/// T-thread pool (the bytes are compared too). docs/bench/iquants.md:
+/// `cargo test --release --test iquants_llama encode_time -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn encode_time_iq2_xs_7b_shape() {
+    let Some(bin) = llama_quantize() else { return };
+    let threads: usize = std::env::var("TQ_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let (cols, rows) = (11008u64, 4096u64);
+    let t = Tensor {
+        name: "blk.0.ffn_down.weight".into(),
+        dims: [cols, rows],
+        data: gaussian(4242, (cols * rows) as usize, 0.02),
+    };
+    let ts = [t];
+    let dir = tempfile::tempdir().unwrap();
+    let inp = dir.path().join("7b-ffn_down-f32.gguf");
+    write_f32_gguf(&inp, llama_metadata(1, 4096, 32), &ts);
+    let im_path = dir.path().join("imatrix.gguf");
+    tq::calib::imatrix::write_gguf(&imatrix_diagonals(&ts, false), &im_path, "bench", 64).unwrap();
+    let im = tq::calib::imatrix::load(&im_path).unwrap();
+    let out = dir.path().join("out.gguf");
+    let t0 = std::time::Instant::now();
+    let st = Command::new(&bin)
+        .arg("--imatrix")
+        .arg(&im_path)
+        .arg("--pure")
+        .arg(&inp)
+        .arg(&out)
+        .arg("IQ2_XS")
+        .arg(threads.to_string())
+        .output()
+        .expect("run llama-quantize");
+    let t_llama = t0.elapsed().as_secs_f64();
+    assert!(st.status.success());
+    let log =
+        String::from_utf8_lossy(&st.stdout).to_string() + &String::from_utf8_lossy(&st.stderr);
+    for l in log.lines().filter(|l| l.contains("time")) {
+        eprintln!("llama-quantize: {}", l.trim());
+    }
+    let f = GgufFile::open(&out).unwrap();
+    let theirs = f.tensor_data(f.tensor(&ts[0].name).unwrap()).to_vec();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    let ty = TensorType::IQ2XS;
+    let t1 = std::time::Instant::now();
+    let mine = pool.install(|| ours(ty, &ts[0], Ours::Imatrix(&im)));
+    let t_tq = t1.elapsed().as_secs_f64();
+    assert!(mine == theirs, "bytes differ from llama-quantize");
+    eprintln!(
+        "IQ2_XS 4096x11008, {threads} thread(s): llama-quantize (whole command) {t_llama:.2} s, tq encode_rows {t_tq:.2} s, ratio tq/llama {:.2}",
+        t_tq / t_llama
+    );
+}

@@ -156,6 +156,7 @@ pub fn run(a: ConvertArgs) -> Result<i32> {
     let job = Job::resolve(flags(a))?;
     super::with_thread_pool(threads, |_| {
         let o = pipeline::convert(&job)?;
+        tq::quant::ldlq::prof::report();
         match &o.done {
             Done::DryRun if job.flags.json => println!("{}", report::plan_json(&job, &o)?),
             Done::DryRun => print!("{}", report::plan_text(&job, &o)),

@@ -163,35 +163,17 @@ pub fn factor_owned(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Fact
     let mut lambda = damp;
     let mut h = Some(h);
     for attempt in 0..7 {
+        let shift = lambda * mean_diag;
         let hh = h.as_ref().expect("kept until the Cholesky succeeds");
-        // Reversal trick: chol(J H J) = L Lᵀ ⇒ H = M Mᵀ with M = J L J upper ⇒ H⁻¹ = Uᵀ U, U = J L⁻¹ J.
-        let mut l = Mat::<f64>::from_fn(n, n, |i, j| {
-            if j > i {
-                return 0.0; // only the lower triangle is read (as faer's `llt` copies it)
-            }
-            let (ri, rj) = (n - 1 - i, n - 1 - j);
-            hh[ri * n + rj] + if i == j { lambda * mean_diag } else { 0.0 }
-        });
-        if cholesky_lower_in_place(&mut l).is_err() {
+        let diag = (0..n).map(|i| hh[i * n + i] + shift).collect();
+        let Some(u) = (if factor_f32() {
+            inverse_factor_f32(&mut h, n, shift)
+        } else {
+            inverse_factor_f64(&mut h, n, shift)
+        }) else {
             lambda *= 10.0;
             continue;
-        }
-        let diag = (0..n).map(|i| hh[i * n + i] + lambda * mean_diag).collect();
-        drop(h.take());
-        let mut linv = Mat::<f64>::zeros(n, n);
-        faer::linalg::triangular_inverse::invert_lower_triangular(
-            linv.as_mut(),
-            l.as_ref(),
-            Par::rayon(0),
-        );
-        drop(l);
-        let mut u = vec![0f64; n * n];
-        u.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
-            for j in i..n {
-                // U[i][j] = Linv[n-1-i][n-1-j] (lower part of Linv, since n-1-i >= n-1-j).
-                row[j] = linv[(n - 1 - i, n - 1 - j)];
-            }
-        });
+        };
         if attempt > 0 {
             eprintln!(
                 "tq: {what}: Hessian not positive definite; damping raised to {lambda:.3e}·mean(diag)"
@@ -210,6 +192,108 @@ pub fn factor_owned(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Fact
     Err(Error::Unsupported(format!(
         "{what}: Hessian is not positive definite even with damping {lambda:.1e}; recalibrate with more tokens"
     )))
+}
+
+/// Whether the factor is computed in f32 (`TQ_LDLQ_FACTOR_F32=1`, an experiment; the default and
+/// the shipped path is f64). Precision per step, measured (docs/bench/speed.md, "LDLQ
+/// factorization"): the rotation stays f64 (0.6% of the timed LDLQ work); the Cholesky and the
+/// triangular inverse are f64 by default: in f32 they took 31–37% less wall time on a 7B-shaped
+/// block but change the output bytes (KLD on SmolLM2 equal within its error, 0.0720 vs 0.0723), and
+/// together they are ≈ 11% of the timed work, so the saving (≈ 5% of user CPU, within the noise of
+/// a loaded machine) did not justify new bytes; the sweep stays f64 (it was not tried in f32).
+fn factor_f32() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TQ_LDLQ_FACTOR_F32").is_some_and(|v| v != "0"))
+}
+
+/// `U` (n×n row-major, upper) with `(H + shift·I)⁻¹ = Uᵀ U`, or `None` when the Cholesky fails
+/// (`h` is then kept for a retry with more damping; on success it is dropped once factored).
+/// Reversal trick: chol(J H J) = L Lᵀ ⇒ H = M Mᵀ with M = J L J upper ⇒ H⁻¹ = Uᵀ U, U = J L⁻¹ J.
+/// Both the Cholesky and the triangular inverse run in f64.
+fn inverse_factor_f64(h: &mut Option<Vec<f64>>, n: usize, shift: f64) -> Option<Vec<f64>> {
+    let hh = h.as_ref().expect("kept until the Cholesky succeeds");
+    let mut l = Mat::<f64>::from_fn(n, n, |i, j| {
+        if j > i {
+            return 0.0; // only the lower triangle is read (as faer's `llt` copies it)
+        }
+        let (ri, rj) = (n - 1 - i, n - 1 - j);
+        hh[ri * n + rj] + if i == j { shift } else { 0.0 }
+    });
+    let t = super::prof::start();
+    let ok = cholesky_lower_in_place(&mut l);
+    super::prof::add(super::prof::Phase::Cholesky, t);
+    ok.ok()?;
+    drop(h.take()); // at most two n×n f64 matrices alive: the factor and its inverse
+    let t = super::prof::start();
+    let mut linv = Mat::<f64>::zeros(n, n);
+    faer::linalg::triangular_inverse::invert_lower_triangular(
+        linv.as_mut(),
+        l.as_ref(),
+        Par::rayon(0),
+    );
+    drop(l);
+    let mut u = vec![0f64; n * n];
+    u.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
+        for j in i..n {
+            // U[i][j] = Linv[n-1-i][n-1-j] (lower part of Linv, since n-1-i >= n-1-j).
+            row[j] = linv[(n - 1 - i, n - 1 - j)];
+        }
+    });
+    super::prof::add(super::prof::Phase::Inverse, t);
+    Some(u)
+}
+
+/// [`inverse_factor_f64`] with the Cholesky and the triangular inverse in f32 (the Hessian is
+/// rounded to f32 after the shift; `U` is widened back to f64 for the sweep).
+pub(crate) fn inverse_factor_f32(
+    h: &mut Option<Vec<f64>>,
+    n: usize,
+    shift: f64,
+) -> Option<Vec<f64>> {
+    let hh = h.as_ref().expect("kept until the Cholesky succeeds");
+    use faer::dyn_stack::{MemBuffer, MemStack};
+    use faer::linalg::cholesky::llt::factor::{cholesky_in_place, cholesky_in_place_scratch};
+    let mut l = Mat::<f32>::from_fn(n, n, |i, j| {
+        if j > i {
+            return 0.0;
+        }
+        let (ri, rj) = (n - 1 - i, n - 1 - j);
+        (hh[ri * n + rj] + if i == j { shift } else { 0.0 }) as f32
+    });
+    let t = super::prof::start();
+    let par = faer::get_global_parallelism();
+    let mut mem = MemBuffer::new(cholesky_in_place_scratch::<f32>(n, par, Default::default()));
+    let ok = cholesky_in_place(
+        l.as_mut(),
+        Default::default(),
+        par,
+        MemStack::new(&mut mem),
+        Default::default(),
+    );
+    super::prof::add(super::prof::Phase::Cholesky, t);
+    ok.ok()?;
+    drop(h.take());
+    for j in 1..n {
+        for i in 0..j {
+            l[(i, j)] = 0.0;
+        }
+    }
+    let t = super::prof::start();
+    let mut linv = Mat::<f32>::zeros(n, n);
+    faer::linalg::triangular_inverse::invert_lower_triangular(
+        linv.as_mut(),
+        l.as_ref(),
+        Par::rayon(0),
+    );
+    drop(l);
+    let mut u = vec![0f64; n * n];
+    u.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
+        for j in i..n {
+            row[j] = linv[(n - 1 - i, n - 1 - j)] as f64;
+        }
+    });
+    super::prof::add(super::prof::Phase::Inverse, t);
+    Some(u)
 }
 
 /// Damp and factor `h` permuted to decreasing diagonal (ties by index: deterministic), for the
@@ -296,6 +380,7 @@ pub fn factor_hessian_owned(
     refit: usize,
     what: &str,
 ) -> Result<Factor> {
+    let t = super::prof::start();
     match ty.ldlq() {
         Some(LdlqKind::Stock) => return factor_act_order(h, n, damp, refit, what),
         Some(LdlqKind::RowRotated | LdlqKind::Trellis) => rotate_hessian_rows_in_place(&mut h, n)?,
@@ -303,6 +388,7 @@ pub fn factor_hessian_owned(
         Some(LdlqKind::Lattice | LdlqKind::IqGrid) => {}
         Some(LdlqKind::Rotated) | None => rotate_hessian_in_place(&mut h, n),
     }
+    super::prof::add(super::prof::Phase::Rotate, t);
     factor_owned(h, n, damp, what)
 }
 
@@ -396,5 +482,64 @@ mod tests {
             }
         }
         assert!(rotate_hessian(&h, n) == want);
+    }
+
+    /// The f32 factor (an experiment behind `TQ_LDLQ_FACTOR_F32`) against the f64 one on a
+    /// correlated Hessian of the TQ4_1S basis, 1% damping: `U` within 1e-4 of max|U| entrywise, and
+    /// the TQ4_1S full-band proxy loss tr(ΔW H ΔWᵀ) within 1% (tolerances stated here, measured
+    /// errors are far below them); and its bits do not depend on the thread count.
+    #[test]
+    fn f32_factor_agrees_with_f64_and_is_thread_independent() {
+        let (n, rows) = (384, 8);
+        let h = rotate_hessian(&hessian(n, 600, 9), n);
+        let shift = 0.01 * (0..n).map(|i| h[i * n + i]).sum::<f64>() / n as f64;
+        let u64_ = inverse_factor_f64(&mut Some(h.clone()), n, shift).unwrap();
+        let in_pool = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| inverse_factor_f32(&mut Some(h.clone()), n, shift).unwrap())
+        };
+        let u32_ = in_pool(1);
+        assert!(
+            in_pool(2) == u32_,
+            "f32 factor differs between 1 and 2 threads"
+        );
+        let max = u64_.iter().fold(0f64, |a, x| a.max(x.abs()));
+        let err = u64_
+            .iter()
+            .zip(&u32_)
+            .fold(0f64, |a, (x, y)| a.max((x - y).abs()));
+        assert!(err < 1e-4 * max, "|U32 - U64| {err:e} vs max|U| {max:e}");
+        // Proxy loss of TQ4_1S full-band LDLQ with either factor (H in the natural basis).
+        let h0 = hessian(n, 600, 9);
+        let mut s = 3;
+        let w: Vec<f32> = (0..rows * n).map(|_| lcg(&mut s) as f32 * 0.05).collect();
+        let loss = |u: Vec<f64>| {
+            let diag = (0..n).map(|i| h[i * n + i] + shift).collect();
+            let f = Factor {
+                n,
+                u,
+                diag,
+                perm: None,
+                damp: 0.01,
+                h: None,
+                refit: 0,
+            };
+            let q = super::super::quantize_ldlq(TensorType::TQ4_1S, &w, n, &f, 0);
+            let mut y = vec![0f32; w.len()];
+            crate::types::dequantize_rows(TensorType::TQ4_1S, &q, &mut y, n, "w").unwrap();
+            super::super::proxy_loss(&h0, n, &w, &y)
+        };
+        let (l64, l32) = (loss(u64_), loss(u32_));
+        assert!(
+            (l32 - l64).abs() < 0.01 * l64,
+            "proxy loss f32 {l32:e} vs f64 {l64:e}"
+        );
+        eprintln!(
+            "proxy loss f64 {l64:e}, f32 {l32:e}, |dU|/max|U| {:e}",
+            err / max
+        );
     }
 }

@@ -22,6 +22,7 @@ mod factor;
 mod iq1_lattice;
 mod iq_grid;
 mod iq_lattice;
+pub mod prof;
 mod psp;
 mod rows;
 mod stock;

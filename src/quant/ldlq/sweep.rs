@@ -35,6 +35,7 @@ pub(crate) fn sweep(
     let mut j0 = 0;
     while j0 < n {
         let j1 = (j0 + LAZY).min(n);
+        let t = super::prof::start();
         for j in j0..j1 {
             let urow = &f.u[j * n..(j + 1) * n];
             for r in 0..rows {
@@ -53,6 +54,8 @@ pub(crate) fn sweep(
                 }
             }
         }
+        super::prof::add(super::prof::Phase::SweepBatch, t);
+        let t = super::prof::start();
         // Columns after the batch that the band reaches: k in [j1, (j1 − 1) + band].
         let k_end = (j1 - 1 + band + 1).min(n);
         if k_end > j1 {
@@ -83,6 +86,7 @@ pub(crate) fn sweep(
                 }
             }
         }
+        super::prof::add(super::prof::Phase::SweepGemm, t);
         j0 = j1;
     }
     loss

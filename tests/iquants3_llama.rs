@@ -44,15 +44,6 @@ struct Tensor {
     data: Vec<f32>,
 }
 
-fn uniform(seed: u64, n: usize) -> Vec<f32> {
-    pseudo_bytes(seed, 4 * n)
-        .chunks_exact(4)
-        .map(|c| {
-            (u32::from_le_bytes([c[0], c[1], c[2], c[3]]) >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-        })
-        .collect()
-}
-
 /// Edge rows of 256 values: zeros, constants, tiny and subnormal values, ties, sparse rows,
 /// zero groups between non-zero ones (IQ3_S's write-position quirk), outliers.
 fn edge_rows() -> Vec<f32> {
@@ -153,7 +144,11 @@ fn synthetic() -> Vec<Tensor> {
         .collect();
     add("blk.0.ffn_down.weight", 768, heavy);
     add("blk.0.attn_output.weight", 256, edge_rows());
-    add("blk.1.ffn_gate.weight", 1024, uniform(105, 1024 * 12));
+    add(
+        "blk.1.ffn_gate.weight",
+        1024,
+        fixtures::gguf_gen::uniform(105, 1024 * 12),
+    );
     ts
 }
 
@@ -192,10 +187,6 @@ fn ty(name: &str) -> TensorType {
     TensorType::from_name(name).unwrap()
 }
 
-fn hash(b: &[u8]) -> String {
-    blake3::hash(b).to_hex().to_string()
-}
-
 /// The per-column importances: a wide spread (1/100 .. 100) as real imatrices have, or all ones
 /// (`ones`), written as a GGUF imatrix and read back as llama-quantize reads it (sum / count).
 struct Imatrix {
@@ -213,7 +204,7 @@ fn imatrix(ts: &[Tensor], dir: &Path, ones: bool) -> Imatrix {
             d: if ones {
                 vec![64.0; t.dims[0] as usize]
             } else {
-                uniform(900 + k as u64, t.dims[0] as usize)
+                fixtures::gguf_gen::uniform(900 + k as u64, t.dims[0] as usize)
                     .iter()
                     .map(|u| 64.0 * 10f64.powf(2.0 * *u as f64))
                     .collect()
@@ -248,13 +239,6 @@ fn ours_mode(tn: &str, mode: &str, t: &Tensor, im: &Imatrix) -> Vec<u8> {
         "imatrix" => ours(tn, t, im.imx.for_tensor(&t.name)),
         _ => ours(tn, t, None),
     }
-}
-
-fn llama_quantize() -> Option<PathBuf> {
-    fixtures::data_file(
-        fixtures::cache_dir().join("llama.cpp/build/bin/llama-quantize"),
-        "scripts/build-llama.sh",
-    )
 }
 
 fn run_llama(
@@ -414,7 +398,7 @@ fn recording() -> bool {
 
 /// Every type and mode of `ts` against llama-quantize live; false when it is missing.
 fn compare_live(ts: &[Tensor], md: &dyn Fn() -> Vec<(String, Value)>, key: &str) -> bool {
-    let Some(bin) = llama_quantize() else {
+    let Some(bin) = fixtures::llama_quantize() else {
         return false;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -431,7 +415,7 @@ fn compare_live(ts: &[Tensor], md: &dyn Fn() -> Vec<(String, Value)>, key: &str)
                 let lb = theirs
                     .get(&t.name)
                     .unwrap_or_else(|| panic!("{} missing from llama output", t.name));
-                hashes.insert(t.name.clone(), json!(hash(lb)));
+                hashes.insert(t.name.clone(), json!(fixtures::blake3_hex(lb)));
                 let ob = ours_mode(tn, mode, t, &im);
                 match first_diff(tn, t, &ob, lb) {
                     None => {
@@ -475,7 +459,7 @@ fn compare_recorded(ts: &[Tensor], key: &str) {
                 let want = exp[key][tn][mode][&t.name]
                     .as_str()
                     .unwrap_or_else(|| panic!("no recorded hash for {key} {tn} {mode} {}", t.name));
-                if hash(&ours_mode(tn, mode, t, &im)) != want {
+                if fixtures::blake3_hex(&ours_mode(tn, mode, t, &im)) != want {
                     bad.push(format!("{tn} {mode} {}", t.name));
                 }
                 n += 1;
@@ -538,7 +522,9 @@ fn smollm2_ffn_down_matches_llama() {
 #[test]
 #[ignore]
 fn throughput() {
-    let Some(bin) = llama_quantize() else { return };
+    let Some(bin) = fixtures::llama_quantize() else {
+        return;
+    };
     let (n, rows) = (4096usize, 11008usize);
     let t = Tensor {
         name: "blk.0.ffn_up.weight".into(),
@@ -571,7 +557,11 @@ fn throughput() {
     let t0 = std::time::Instant::now();
     let ob = ours(tn, &ts[0], im.imx.for_tensor(&ts[0].name));
     let t_ours = t0.elapsed().as_secs_f64();
-    assert_eq!(hash(&ob), hash(&theirs), "{tn}: bytes differ");
+    assert_eq!(
+        fixtures::blake3_hex(&ob),
+        fixtures::blake3_hex(&theirs),
+        "{tn}: bytes differ"
+    );
     eprintln!(
         "{tn} 11008x4096 with imatrix, {threads} threads: tq {t_ours:.2} s, llama-quantize {t_llama:.2} s (ratio {:.2}); bytes identical",
         t_ours / t_llama

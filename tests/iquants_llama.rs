@@ -23,7 +23,7 @@
 mod fixtures;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use fixtures::gguf_gen::{build_with_data, gaussian, pseudo_bytes};
@@ -46,15 +46,6 @@ struct Tensor {
     /// ggml order: [row length, rows].
     dims: [u64; 2],
     data: Vec<f32>,
-}
-
-fn uniform(seed: u64, n: usize) -> Vec<f32> {
-    pseudo_bytes(seed, 4 * n)
-        .chunks_exact(4)
-        .map(|c| {
-            (u32::from_le_bytes([c[0], c[1], c[2], c[3]]) >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-        })
-        .collect()
 }
 
 /// 16 edge rows of 256: zeros, constants, tiny values around both group epsilons, one spike,
@@ -132,7 +123,12 @@ fn synthetic(prefix: &str) -> Vec<Tensor> {
         .collect();
     add("ffn_down.weight", 768, 24, heavy);
     add("attn_output.weight", 256, 16, edge_rows());
-    add("ffn_gate.weight", 1024, 8, uniform(105, 1024 * 8));
+    add(
+        "ffn_gate.weight",
+        1024,
+        8,
+        fixtures::gguf_gen::uniform(105, 1024 * 8),
+    );
     ts
 }
 
@@ -177,17 +173,13 @@ fn imatrix_diagonals(ts: &[Tensor], ones: bool) -> Vec<Diagonal> {
             d: if ones {
                 vec![64.0; t.dims[0] as usize]
             } else {
-                uniform(900 + k as u64, t.dims[0] as usize)
+                fixtures::gguf_gen::uniform(900 + k as u64, t.dims[0] as usize)
                     .iter()
                     .map(|u| 64.0 * 10f64.powf(2.0 * *u as f64))
                     .collect()
             },
         })
         .collect()
-}
-
-fn hash(b: &[u8]) -> String {
-    blake3::hash(b).to_hex().to_string()
 }
 
 fn recording() -> bool {
@@ -217,14 +209,6 @@ fn record(key: &str, section: Json) {
     j[key] = section;
     std::fs::write(&p, serde_json::to_string_pretty(&j).unwrap() + "\n").expect("write expected");
     eprintln!("recorded {key} into {}", p.display());
-}
-
-/// `$TQ_CACHE/llama.cpp/build/bin/llama-quantize`, or `None` recorded as not run.
-fn llama_quantize() -> Option<PathBuf> {
-    fixtures::data_file(
-        fixtures::cache_dir().join("llama.cpp/build/bin/llama-quantize"),
-        "scripts/build-llama.sh",
-    )
 }
 
 fn run_llama(
@@ -332,7 +316,7 @@ fn check_case(key: &str, ts: &[Tensor], tys: &[(&str, &str)], imatrix: Option<Ve
             ts.iter().map(|t| ours(ty, t, how)).collect()
         })
         .collect();
-    if let Some(bin) = llama_quantize() {
+    if let Some(bin) = fixtures::llama_quantize() {
         let inp = dir.path().join("in-f32.gguf");
         write_f32_gguf(&inp, llama_metadata(30, 576, 9), ts);
         let mut section = serde_json::Map::new();
@@ -346,7 +330,7 @@ fn check_case(key: &str, ts: &[Tensor], tys: &[(&str, &str)], imatrix: Option<Ve
             for (t, ob) in ts.iter().zip(mine) {
                 let (lty, lb) = &theirs[&t.name];
                 assert_eq!(*lty, ty, "{}: llama-quantize wrote {lty}", t.name);
-                hashes.insert(t.name.clone(), json!(hash(lb)));
+                hashes.insert(t.name.clone(), json!(fixtures::blake3_hex(lb)));
                 match first_diff(ty, t, ob, lb) {
                     None => same += 1,
                     Some(d) => problems.push(d),
@@ -370,7 +354,7 @@ fn check_case(key: &str, ts: &[Tensor], tys: &[(&str, &str)], imatrix: Option<Ve
             let want = exp[key][tname][&t.name]
                 .as_str()
                 .unwrap_or_else(|| panic!("no recorded hash for {key} {tname} {}", t.name));
-            if hash(ob) != want {
+            if fixtures::blake3_hex(ob) != want {
                 bad.push(format!("{tname} {}", t.name));
             }
         }
@@ -467,7 +451,7 @@ fn convert_writes_iq2_with_and_without_imatrix() {
     let src = GgufFile::open(&inp).unwrap();
     let name = "blk.0.ffn_down.weight";
     let x = src.tensor_f32(src.tensor(name).unwrap()).unwrap();
-    let imp: Vec<f32> = uniform(77, 256)
+    let imp: Vec<f32> = fixtures::gguf_gen::uniform(77, 256)
         .iter()
         .map(|u| 10f32.powf(2.0 * u))
         .collect();
@@ -533,7 +517,9 @@ fn convert_writes_iq2_with_and_without_imatrix() {
 #[test]
 #[ignore]
 fn encode_time_iq2_xs_7b_shape() {
-    let Some(bin) = llama_quantize() else { return };
+    let Some(bin) = fixtures::llama_quantize() else {
+        return;
+    };
     let threads: usize = std::env::var("TQ_BENCH_THREADS")
         .ok()
         .and_then(|v| v.parse().ok())

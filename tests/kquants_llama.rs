@@ -26,7 +26,7 @@
 mod fixtures;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use fixtures::gguf_gen::{build_with_data, gaussian, pseudo_bytes};
@@ -53,15 +53,6 @@ struct Tensor {
     /// ggml order: [row length, rows].
     dims: [u64; 2],
     data: Vec<f32>,
-}
-
-fn uniform(seed: u64, n: usize) -> Vec<f32> {
-    pseudo_bytes(seed, 4 * n)
-        .chunks_exact(4)
-        .map(|c| {
-            (u32::from_le_bytes([c[0], c[1], c[2], c[3]]) >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-        })
-        .collect()
 }
 
 /// 32 edge rows of 256 values each.
@@ -228,7 +219,12 @@ fn synthetic() -> Vec<Tensor> {
         .collect();
     add("blk.0.ffn_down.weight", 768, 48, heavy);
     add("blk.0.attn_output.weight", 256, 32, edge_rows());
-    add("blk.1.ffn_gate.weight", 1024, 24, uniform(105, 1024 * 24));
+    add(
+        "blk.1.ffn_gate.weight",
+        1024,
+        24,
+        fixtures::gguf_gen::uniform(105, 1024 * 24),
+    );
     ts
 }
 
@@ -273,10 +269,6 @@ fn ours(ty: TensorType, t: &Tensor) -> Vec<u8> {
     out
 }
 
-fn hash(b: &[u8]) -> String {
-    blake3::hash(b).to_hex().to_string()
-}
-
 fn expected() -> Json {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(EXPECTED);
     let s = std::fs::read_to_string(&p).unwrap_or_else(|e| {
@@ -307,15 +299,6 @@ fn recording() -> bool {
     std::env::var("TQ_KQ_RECORD")
         .map(|v| v == "1")
         .unwrap_or(false)
-}
-
-/// llama.cpp's `llama-quantize` (`scripts/build-llama.sh`, which `scripts/test.sh` runs first);
-/// `None` is recorded as not run (a failure under `TQ_REQUIRE_DATA=1`).
-fn llama_quantize() -> Option<PathBuf> {
-    fixtures::data_file(
-        fixtures::cache_dir().join("llama.cpp/build/bin/llama-quantize"),
-        "scripts/build-llama.sh",
-    )
 }
 
 /// Run llama-quantize (with `--imatrix` when given) and return (tensor name → data bytes) of its
@@ -413,7 +396,7 @@ fn recorded_synthetic(tys: &[(&str, &str)], key: &str) {
             let want = exp[tname][&t.name]
                 .as_str()
                 .unwrap_or_else(|| panic!("no recorded hash for {tname} {}", t.name));
-            let got = hash(&ours(ty, t));
+            let got = fixtures::blake3_hex(&ours(ty, t));
             if got != want {
                 bad.push(format!("{tname} {}", t.name));
             }
@@ -426,7 +409,9 @@ fn recorded_synthetic(tys: &[(&str, &str)], key: &str) {
 
 #[test]
 fn synthetic_matches_llama_quantize_live() {
-    let Some(bin) = llama_quantize() else { return };
+    let Some(bin) = fixtures::llama_quantize() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let inp = dir.path().join("synthetic-f32.gguf");
     let ts = synthetic();
@@ -436,7 +421,9 @@ fn synthetic_matches_llama_quantize_live() {
 
 #[test]
 fn iq4_synthetic_matches_llama_quantize_live() {
-    let Some(bin) = llama_quantize() else { return };
+    let Some(bin) = fixtures::llama_quantize() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let inp = dir.path().join("synthetic-f32.gguf");
     let ts = synthetic();
@@ -450,7 +437,9 @@ fn iq4_synthetic_matches_llama_quantize_live() {
 /// synthetic tensor must be no larger than llama.cpp's (measured 0.83–0.95×).
 #[test]
 fn iq4_weighted_is_no_worse_than_llama_imatrix() {
-    let Some(bin) = llama_quantize() else { return };
+    let Some(bin) = fixtures::llama_quantize() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let inp = dir.path().join("synthetic-f32.gguf");
     let ts = synthetic();
@@ -462,7 +451,7 @@ fn iq4_weighted_is_no_worse_than_llama_imatrix() {
         .map(|(k, t)| tq::quant::Diagonal {
             tensors: vec![t.name.clone()],
             tokens: 64,
-            d: uniform(900 + k as u64, t.dims[0] as usize)
+            d: fixtures::gguf_gen::uniform(900 + k as u64, t.dims[0] as usize)
                 .iter()
                 .map(|u| 64.0 * 10f64.powf(2.0 * *u as f64))
                 .collect(),
@@ -538,7 +527,7 @@ fn compare_live(
                 "{}: llama-quantize --pure wrote {lty}, not {ty}",
                 t.name
             );
-            hashes.insert(t.name.clone(), json!(hash(lb)));
+            hashes.insert(t.name.clone(), json!(fixtures::blake3_hex(lb)));
             let ob = ours(ty, t);
             match first_diff(ty, t, &ob, lb) {
                 None => {
@@ -599,7 +588,10 @@ fn extreme_rows_match_recorded_ggml_ref() {
                 .expect("run ggml ref harness");
             assert!(st.success(), "{bin} failed");
             let theirs = std::fs::read(&out).unwrap();
-            section.insert(tname.to_string(), json!({ "extreme": hash(&theirs) }));
+            section.insert(
+                tname.to_string(),
+                json!({ "extreme": fixtures::blake3_hex(&theirs) }),
+            );
             let ob = ours(ty, &t);
             match first_diff(ty, &t, &ob, &theirs) {
                 None => eprintln!(
@@ -619,7 +611,11 @@ fn extreme_rows_match_recorded_ggml_ref() {
         let want = exp["ggml_ref_extreme"][tname]["extreme"]
             .as_str()
             .unwrap_or_else(|| panic!("no recorded hash for {tname} extreme"));
-        assert_eq!(hash(&ours(ktype(tname), &t)), want, "{tname} extreme rows");
+        assert_eq!(
+            fixtures::blake3_hex(&ours(ktype(tname), &t)),
+            want,
+            "{tname} extreme rows"
+        );
     }
 }
 
@@ -659,7 +655,7 @@ fn iq4_smollm2_ffn_down_matches_llama() {
 
 fn smollm2_matches(tys: &[(&str, &str)], key: &str) {
     let Some(ts) = smollm2_ffn_down() else { return };
-    if let Some(bin) = llama_quantize() {
+    if let Some(bin) = fixtures::llama_quantize() {
         let dir = tempfile::tempdir().unwrap();
         let inp = dir.path().join("smollm2-ffn_down-f32.gguf");
         write_f32_gguf(&inp, llama_metadata(30, 576, 9), &ts);
@@ -674,7 +670,7 @@ fn smollm2_matches(tys: &[(&str, &str)], key: &str) {
             let want = exp[tname][&t.name]
                 .as_str()
                 .unwrap_or_else(|| panic!("no recorded hash for {tname} {}", t.name));
-            if hash(&ours(ty, t)) != want {
+            if fixtures::blake3_hex(&ours(ty, t)) != want {
                 bad.push(format!("{tname} {}", t.name));
             }
         }

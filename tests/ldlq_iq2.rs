@@ -15,28 +15,9 @@ use tq::types::{self, TensorType};
 
 #[test]
 fn ldlq_beats_the_imatrix_encoder_on_smollm2_ffn_down() {
-    let Some(smol) = fixtures::smollm2() else {
+    let Some((smol, hs)) = fixtures::smollm2_botchan_hessians(2048) else {
         return;
     };
-    let Some(text) = fixtures::botchan() else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let hp = dir.path().join("h.safetensors");
-    let (code, _, err) = fixtures::tq(&[
-        "calib",
-        s(&smol),
-        "--text",
-        s(&text),
-        "--tokens",
-        "2048",
-        "--ctx",
-        "512",
-        "-o",
-        s(&hp),
-    ]);
-    assert_eq!(code, 0, "{err}");
-    let (hs, _) = tq::quant::Hessians::load(&hp).unwrap();
     let f = GgufFile::open(&smol).unwrap();
     let name = "blk.7.ffn_down.weight";
     let t = f.tensors.iter().find(|t| t.name == name).unwrap();

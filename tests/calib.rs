@@ -91,6 +91,15 @@ fn hessian_stores_round_trip() {
     let p = |n: &str| dir.path().join(n);
     let (code, err) = run_tq(&calib_args(&model, &toks, &p("f64.safetensors"), &[]), None);
     assert_eq!(code, 0, "{err}");
+    assert!(err.contains("tq calib: wrote"), "{err}");
+    // -q: the same file, nothing on stderr.
+    let quiet = p("quiet.safetensors");
+    let (code, err) = run_tq(&calib_args(&model, &toks, &quiet, &["-q"]), None);
+    assert_eq!((code, err.as_str()), (0, ""));
+    assert_eq!(
+        std::fs::read(&quiet).unwrap(),
+        std::fs::read(p("f64.safetensors")).unwrap()
+    );
     let (exact, _) = tq::quant::Hessians::load(&p("f64.safetensors")).unwrap();
     let data: u64 = exact.groups.values().map(|g| (g.n * g.n * 8) as u64).sum();
     for (store, bytes) in [("f32", data / 2), ("f32-upper", 0)] {

@@ -40,6 +40,8 @@ pub struct CalibFlags {
     pub ldlq_refit: usize,
     pub checkpoint_secs: f64,
     pub shard: Option<String>,
+    /// No progress lines and no notices (errors are still printed).
+    pub quiet: bool,
 }
 
 /// `--shard I/N`: this shard's windows (whole `batch` chunks) of all `windows`, recording in the
@@ -98,6 +100,7 @@ pub fn calibrate(a: &CalibFlags, shard_windows: ShardWindows) -> Result<()> {
             top_k: a.top_k,
             cache_mib: a.gen_cache_mib,
             save_tokens: a.save_tokens.as_deref(),
+            quiet: a.quiet,
         };
         let windows = self_generate(&a.model, &f, &o)?;
         extra_meta.insert(
@@ -167,15 +170,17 @@ pub fn calibrate(a: &CalibFlags, shard_windows: ShardWindows) -> Result<()> {
             sequential: seq.as_ref(),
             checkpoint_secs: a.checkpoint_secs,
             extra_meta,
-            quiet: false,
+            quiet: a.quiet,
         },
     )?;
-    eprintln!(
-        "tq calib: wrote {} Hessians to {} ({})",
-        c.diagonals.len(),
-        a.output.display(),
-        a.store
-    );
+    if !a.quiet {
+        eprintln!(
+            "tq calib: wrote {} Hessians to {} ({})",
+            c.diagonals.len(),
+            a.output.display(),
+            a.store
+        );
+    }
     if let Some(p) = &a.imatrix_out {
         let dataset = a
             .text
@@ -185,10 +190,12 @@ pub fn calibrate(a: &CalibFlags, shard_windows: ShardWindows) -> Result<()> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "self-generated".into());
         super::imatrix::write_gguf(&c.diagonals, p, &dataset, a.ctx)?;
-        eprintln!(
-            "tq calib: wrote the imatrix (Hessian diagonals) to {}",
-            p.display()
-        );
+        if !a.quiet {
+            eprintln!(
+                "tq calib: wrote the imatrix (Hessian diagonals) to {}",
+                p.display()
+            );
+        }
     }
     Ok(())
 }

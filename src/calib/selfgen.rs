@@ -153,6 +153,8 @@ pub struct SelfGenerate<'a> {
     pub cache_mib: usize,
     /// Also write the sampled tokens here (one window per line, readable as a token file).
     pub save_tokens: Option<&'a Path>,
+    /// No progress or rate lines.
+    pub quiet: bool,
 }
 
 /// Sample calibration windows from the model at `path` (opened as `f`, run with f32 numerics),
@@ -179,10 +181,11 @@ pub fn self_generate(path: &Path, f: &GgufFile, o: &SelfGenerate) -> Result<Vec<
             seed: o.seed,
             top_k: o.top_k,
             cache_bytes: o.cache_mib.saturating_mul(1 << 20),
-            quiet: false,
+            quiet: o.quiet,
         },
     )?;
-    eprintln!(
+    if !o.quiet {
+        eprintln!(
         "tq calib: self-generated {} windows x {} tokens ({} sampled) in {:.1} s: {:.1} tokens/s ({} of {} blocks{} kept dequantized)",
         o.windows,
         o.ctx,
@@ -193,6 +196,7 @@ pub fn self_generate(path: &Path, f: &GgufFile, o: &SelfGenerate) -> Result<Vec<
         model.cfg.n_layer,
         if st.output_cached { " and the output" } else { "" }
     );
+    }
     if let Some(p) = o.save_tokens {
         let text: Vec<String> = toks
             .chunks(o.ctx)

@@ -85,6 +85,9 @@ pub struct CalibArgs {
     /// merge` sums a complete set (see docs/scale.md). Not with --sequential.
     #[arg(long, value_name = "I/N", conflicts_with = "sequential")]
     pub shard: Option<String>,
+    /// No progress lines and no notices (errors are still printed).
+    #[arg(short, long)]
+    pub quiet: bool,
 }
 
 pub fn run(a: CalibArgs) -> Result<()> {
@@ -122,5 +125,6 @@ fn flags(a: CalibArgs) -> CalibFlags {
         ldlq_refit: a.ldlq_refit,
         checkpoint_secs: a.checkpoint_secs,
         shard: a.shard,
+        quiet: a.quiet,
     }
 }

@@ -465,3 +465,85 @@ fn incremental_decoder_matches_the_forward_pass_on_every_architecture() {
         assert!(worst < 1e-4, "{n}: decoder vs forward {worst}");
     }
 }
+
+/// The calibrated mix on the MoE fixtures: expert tensors are knapsack items (all experts of a
+/// tensor share one type, as llama.cpp stores them) priced by the per-expert Hessians (so they
+/// join the KLD fit instead of being probed once per candidate), every expert LDLQ'd in the probes
+/// and the file, routers stay f32, the file is within the budget, and it beats the uncalibrated
+/// mix at the same budget on llama.cpp's F16 distributions.
+#[test]
+fn mix_on_moe_fixtures() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = synthetic_text();
+    let calib = dir.path().join("calib.txt");
+    std::fs::write(&calib, &text[text.len() / 2..]).unwrap();
+    for n in ["qwen3moe", "mixtral"] {
+        let model = write_fixture(dir.path(), n);
+        let mut kld = vec![];
+        for calibrated in [true, false] {
+            let out = dir.path().join(format!("{n}-{calibrated}.gguf"));
+            let mut args = vec![
+                "convert",
+                s(&model),
+                "--target",
+                "upstream",
+                "--target-bpw",
+                "9",
+                "--json",
+                "-o",
+                s(&out),
+            ];
+            if calibrated {
+                args.extend(["--calib", s(&calib), "--calib-ctx", "128"]);
+                args.extend(["--kld-text", s(&calib)]);
+            }
+            let (code, o, err) = tq(&args);
+            assert_eq!(code, 0, "{n}: {err}");
+            assert!(!err.contains("experts saw fewer"), "{n}: {err}");
+            let j: serde_json::Value = serde_json::from_str(&o).unwrap();
+            let m = &j["mix"];
+            assert!(
+                m["file_bytes"].as_u64() <= m["target_bytes"].as_u64(),
+                "{n}: {m}"
+            );
+            let f = GgufFile::open(&out).unwrap();
+            let mut quantized_experts = 0;
+            for t in &f.tensors {
+                if t.name.contains("ffn_gate_inp") {
+                    assert_eq!(t.ty.name(), "f32", "{n}: router {}", t.name);
+                }
+                if t.name.contains("_exps") && t.ty.name() != "f16" {
+                    quantized_experts += 1;
+                }
+            }
+            assert!(quantized_experts > 0, "{n}: no expert tensor quantized");
+            if calibrated {
+                assert!(
+                    m["weighting"].as_str().unwrap().starts_with("hessian"),
+                    "{m}"
+                );
+                // Experts are priced by their Hessians, not probed once per candidate.
+                for d in m["direct"].as_array().unwrap() {
+                    let t = d["tensor"].as_str().unwrap();
+                    assert!(!t.contains("_exps"), "{n}: {t} measured directly");
+                }
+            }
+            let kld_ref = arch_dir().join(format!("{n}.kld"));
+            let (code, o, err) =
+                tq(&["eval", s(&out), "--ref-logits", s(&kld_ref), "--json", "-q"]);
+            assert_eq!(code, 0, "{n}: {err}");
+            let r = serde_json::from_str::<serde_json::Value>(&o).unwrap()["result"].clone();
+            kld.push(r["kld"]["kld"]["value"].as_f64().unwrap());
+        }
+        eprintln!(
+            "{n}: KLD calibrated mix {:.5}, plain mix {:.5}",
+            kld[0], kld[1]
+        );
+        assert!(
+            kld[0] < kld[1],
+            "{n}: calibrated {} vs plain {}",
+            kld[0],
+            kld[1]
+        );
+    }
+}

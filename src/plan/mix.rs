@@ -163,9 +163,11 @@ pub fn candidates_for(e: &PlanEntry, types: &[TensorType]) -> Vec<TensorType> {
 }
 
 /// Plan entries the mix chooses a type for: the matrices (2-D or more) tq can decode. Vectors
-/// (norms, biases) keep the planner's f32.
+/// (norms, biases) and MoE routers (as llama-quantize) keep the planner's f32.
 pub fn mixable(e: &PlanEntry) -> bool {
-    e.dims.iter().filter(|&&d| d > 1).count() >= 2 && e.src.info().dequantize.is_some()
+    e.dims.iter().filter(|&&d| d > 1).count() >= 2
+        && e.src.info().dequantize.is_some()
+        && classify(&e.name).0 != Role::Router
 }
 
 /// The mix's items: plan entry indices chosen together, and the types each may take. Under a
@@ -341,6 +343,10 @@ pub fn measure(
         let mut per = vec![];
         for &i in idx {
             let e = &plan.entries[i];
+            if let Some(est) = expert_errors(src, plan, i, tys, calib, sample)? {
+                per.push(est);
+                continue;
+            }
             let n = row_len(&e.dims) as usize;
             let n_rows: u64 = e.dims.iter().skip(1).product();
             let picks = sample_rows(n_rows, sample);
@@ -401,12 +407,98 @@ pub fn measure(
     Ok(table)
 }
 
-/// `e` has calibration data in `calib` of its row length (a Hessian, or an imatrix entry).
+/// A 3-D expert tensor with per-expert Hessians: each expert's sampled rows measured under its
+/// own Hessian, quantized as convert will (LDLQ, or round-to-nearest under
+/// [`MIN_EXPERT_TOKENS`](crate::quant::hessian::MIN_EXPERT_TOKENS) tokens), and the experts'
+/// per-token errors summed weighted by the share of the layer's routed tokens each saw (an
+/// expert no token reached costs nothing). All experts of a tensor share one type, as llama.cpp
+/// stores them. None: not an expert tensor, or no expert Hessians (the dense path measures it).
+fn expert_errors(
+    src: &dyn crate::source::TensorSource,
+    plan: &Plan,
+    i: usize,
+    tys: &[TensorType],
+    calib: &Calibration,
+    sample: usize,
+) -> Result<Option<Vec<crate::quant::sensitivity::Estimate>>> {
+    use crate::quant::sensitivity::{errors, sample_rows, Estimate, Factors, Weighting};
+    use std::borrow::Cow;
+    let e = &plan.entries[i];
+    let [n, per, n_exp] = e.dims[..] else {
+        return Ok(None);
+    };
+    let (n, n_exp) = (n as usize, n_exp as usize);
+    let mut hs: Vec<Option<Cow<crate::quant::Hessian>>> = Vec::with_capacity(n_exp);
+    for x in 0..n_exp {
+        hs.push(match calib {
+            Calibration::Memory(h) => h.for_expert(&e.name, x).map(Cow::Borrowed),
+            Calibration::File(f) => match f.index.for_expert(&e.name, x) {
+                Some(g) => Some(Cow::Owned(f.load_group(&g.tensors.join(","))?)),
+                None => None,
+            },
+            _ => None,
+        });
+    }
+    let hs: Vec<_> = hs.into_iter().map(|h| h.filter(|h| h.n == n)).collect();
+    let total: u64 = hs.iter().flatten().map(|h| h.tokens).sum();
+    if total == 0 {
+        return Ok(None);
+    }
+    let k = sample.div_ceil(n_exp).max(1);
+    let mut sum = vec![(0f64, 0f64); tys.len()];
+    for (x, h) in hs.iter().enumerate() {
+        let Some(h) = h.as_deref().filter(|h| h.tokens > 0) else {
+            continue;
+        };
+        let picks = sample_rows(per, k);
+        let mut rows = vec![0f32; picks.len() * n];
+        for (r, buf) in picks.iter().zip(rows.chunks_mut(n)) {
+            let row = x as u64 * per + r;
+            src.read_rows_f32(i, row, buf)?;
+            crate::quant::check_finite(&e.name, row, buf)?;
+        }
+        let w = if h.tokens >= crate::quant::hessian::MIN_EXPERT_TOKENS {
+            Weighting::Hessian { h, ldlq: plan.ldlq }
+        } else {
+            Weighting::HessianRtn(h)
+        };
+        let share = h.tokens as f64 / total as f64;
+        let est = errors(&e.name, &rows, n, per, tys, &w, &mut Factors::new())?;
+        for (s, t) in sum.iter_mut().zip(est) {
+            s.0 += share * t.err;
+            s.1 += (share * t.se).powi(2);
+        }
+    }
+    Ok(Some(
+        sum.into_iter()
+            .map(|(err, var)| Estimate {
+                err,
+                se: var.sqrt(),
+            })
+            .collect(),
+    ))
+}
+
+/// `e` has calibration data in `calib` of its row length (a Hessian, an expert's Hessian, or an
+/// imatrix entry).
 pub fn has_weights(calib: &Calibration, e: &PlanEntry) -> bool {
     let n = row_len(&e.dims) as usize;
+    // A 3-D expert tensor: any expert's Hessian ([`expert_errors`] measures it).
+    let n_exp = if e.dims.len() == 3 {
+        e.dims[2] as usize
+    } else {
+        0
+    };
+    let any = |hs: &crate::quant::Hessians| {
+        hs.for_tensor(&e.name).is_some_and(|h| h.n == n)
+            || (0..n_exp).any(|x| {
+                hs.for_expert(&e.name, x)
+                    .is_some_and(|h| h.n == n && h.tokens > 0)
+            })
+    };
     match calib {
-        Calibration::File(f) => f.index.for_tensor(&e.name).is_some_and(|h| h.n == n),
-        Calibration::Memory(h) => h.for_tensor(&e.name).is_some_and(|h| h.n == n),
+        Calibration::File(f) => any(&f.index),
+        Calibration::Memory(h) => any(h),
         Calibration::Imatrix(m) => m.get(&e.name).is_some_and(|v| v.len() == n),
         Calibration::None => false,
     }

@@ -24,6 +24,9 @@ pub(crate) enum Weighting<'a> {
     Diagonal(&'a [f32]),
     /// No calibration: plain squared error, round-to-nearest.
     Identity,
+    /// `Δ H Δᵀ` (per token) of round-to-nearest: what convert does with an expert whose Hessian
+    /// saw too few tokens for LDLQ.
+    HessianRtn(&'a Hessian),
 }
 
 /// One candidate's estimate for the whole tensor.
@@ -71,7 +74,7 @@ pub(crate) fn errors(
 /// Per-row errors of `q` against `a` (`k × n`): `Δ H Δᵀ` as one product `(Δ H) ∘ Δ` summed by
 /// row (faer, sequential), the diagonal forms directly. Same values as [`row_error`] (tested).
 pub(crate) fn row_errors(a: &[f32], q: &[f32], n: usize, w: &Weighting) -> Vec<f64> {
-    let Weighting::Hessian { h, .. } = w else {
+    let (Weighting::Hessian { h, .. } | Weighting::HessianRtn(h)) = w else {
         return a
             .chunks(n)
             .zip(q.chunks(n))
@@ -160,7 +163,7 @@ pub(crate) fn encode(
     let (band, imp) = match w {
         Weighting::Hessian { ldlq, .. } => (ldlq.band, None),
         Weighting::Diagonal(imp) => (0, Some(*imp)),
-        Weighting::Identity => (0, None),
+        Weighting::Identity | Weighting::HessianRtn(_) => (0, None),
     };
     let enc = super::Encoder::choose(ty, factor.as_deref().map(|f| (f, band)), imp);
     super::encode_rows(ty, name, rows, n, &enc)
@@ -170,7 +173,7 @@ pub(crate) fn encode(
 fn row_error(a: &[f32], b: &[f32], w: &Weighting) -> f64 {
     let d: Vec<f64> = a.iter().zip(b).map(|(x, y)| (*y - *x) as f64).collect();
     match w {
-        Weighting::Hessian { h, .. } => {
+        Weighting::Hessian { h, .. } | Weighting::HessianRtn(h) => {
             let n = d.len();
             let mut s = 0f64;
             for (i, hi) in h.h.chunks(n).enumerate() {

@@ -345,8 +345,17 @@ fn substitutes(
                 Calibration::File(f) => convert::Calib::File(f),
                 Calibration::Memory(hs) => {
                     // Only this tensor's Hessian group (a copy of all would be the model's).
+                    // An expert tensor's Hessians are one per expert (`NAME#e`).
                     let mut one = crate::quant::Hessians::default();
-                    if let Some(g) = hs.for_tensor(&p.entries[i].name) {
+                    let e = &p.entries[i];
+                    let n_exp = if e.dims.len() == 3 {
+                        e.dims[2] as usize
+                    } else {
+                        0
+                    };
+                    let groups = std::iter::once(hs.for_tensor(&e.name))
+                        .chain((0..n_exp).map(|x| hs.for_expert(&e.name, x)));
+                    for g in groups.flatten() {
                         one.groups.insert(g.tensors.join(","), g.clone());
                     }
                     convert::Calib::Hessians(one)

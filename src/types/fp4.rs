@@ -213,7 +213,7 @@ mod tests {
         }
         assert!(y[3 * QK_MXFP4..].iter().all(|&v| v == -0.75)); // −0.75 = −6 · 2^−3: exact
         assert_eq!(mxfp4_exponent(2f32.powi(-126)), 255); // the C cast's wrap
-        // log2f(f32::MAX) rounds to 128.0, so e = 253, not the exact floor's 252.
+                                                          // log2f(f32::MAX) rounds to 128.0, so e = 253, not the exact floor's 252.
         assert_eq!(mxfp4_exponent(f32::MAX), 253);
     }
 }

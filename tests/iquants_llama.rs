@@ -365,10 +365,22 @@ fn convert_writes_iq2_with_and_without_imatrix() {
     }
 }
 
-/// Encode time of IQ2_XS (with an imatrix) on a 7B-shaped `ffn_down` (4096 rows of 11008) against
-/// llama-quantize on the same tensor and imatrix, both on `TQ_BENCH_THREADS` threads (default 1):
-/// wall time of `llama-quantize --imatrix --pure IN OUT IQ2_XS T` and of tq's `encode_rows` in a
-/// T-thread pool (the bytes are compared too). docs/bench/iquants.md:
+/// CPU seconds (user + system) of this process, or of its waited-for children.
+fn cpu_seconds(who: i32) -> f64 {
+    // SAFETY: getrusage fills the zeroed struct it is given; `who` is RUSAGE_SELF/CHILDREN.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::getrusage(who, &mut ru) }, 0, "getrusage");
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    s(ru.ru_utime) + s(ru.ru_stime)
+}
+
+/// Encode time of IQ2_XS (with an imatrix) on a 7B-shaped `ffn_down` (rows of 11008; 4096 rows,
+/// or `TQ_BENCH_ROWS`) against llama-quantize on the same tensor and imatrix, both on
+/// `TQ_BENCH_THREADS` threads (default 1), `TQ_BENCH_ROUNDS` alternated rounds (default 3: llama,
+/// tq, llama, tq, ...). Per run the CPU time (getrusage: llama-quantize's whole process — load,
+/// grid set-up, quantize, write — as a waited-for child; tq's `encode_rows` in a T-thread pool,
+/// grid set-up included on the first round only) and the wall time; the bytes are compared every
+/// round. docs/bench/iquants.md:
 /// `cargo test --release --test iquants_llama encode_time -- --ignored --nocapture`.
 #[test]
 #[ignore]
@@ -376,11 +388,18 @@ fn encode_time_iq2_xs_7b_shape() {
     let Some(bin) = fixtures::llama_quantize() else {
         return;
     };
-    let threads: usize = std::env::var("TQ_BENCH_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
-    let (cols, rows) = (11008u64, 4096u64);
+    let env = |k: &str, d: usize| -> usize {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let (threads, rows, rounds) = (
+        env("TQ_BENCH_THREADS", 1),
+        env("TQ_BENCH_ROWS", 4096) as u64,
+        env("TQ_BENCH_ROUNDS", 3),
+    );
+    let cols = 11008u64;
     let t = Tensor {
         name: "blk.0.ffn_down.weight".into(),
         dims: [cols, rows],
@@ -394,37 +413,55 @@ fn encode_time_iq2_xs_7b_shape() {
     tq::calib::imatrix::write_gguf(&imatrix_diagonals(&ts, false), &im_path, "bench", 64).unwrap();
     let im = tq::calib::imatrix::load(&im_path).unwrap();
     let out = dir.path().join("out.gguf");
-    let t0 = std::time::Instant::now();
-    let st = Command::new(&bin)
-        .arg("--imatrix")
-        .arg(&im_path)
-        .arg("--pure")
-        .arg(&inp)
-        .arg(&out)
-        .arg("IQ2_XS")
-        .arg(threads.to_string())
-        .output()
-        .expect("run llama-quantize");
-    let t_llama = t0.elapsed().as_secs_f64();
-    assert!(st.status.success());
-    let log =
-        String::from_utf8_lossy(&st.stdout).to_string() + &String::from_utf8_lossy(&st.stderr);
-    for l in log.lines().filter(|l| l.contains("time")) {
-        eprintln!("llama-quantize: {}", l.trim());
-    }
-    let f = GgufFile::open(&out).unwrap();
-    let theirs = f.tensor_data(f.tensor(&ts[0].name).unwrap()).to_vec();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .unwrap();
     let ty = TensorType::IQ2XS;
-    let t1 = std::time::Instant::now();
-    let mine = pool.install(|| ours(ty, &ts[0], Ours::Imatrix(&im)));
-    let t_tq = t1.elapsed().as_secs_f64();
-    assert!(mine == theirs, "bytes differ from llama-quantize");
+    let (mut cpu_l, mut cpu_t) = (vec![], vec![]);
+    for round in 0..rounds {
+        let (c0, w0) = (
+            cpu_seconds(libc::RUSAGE_CHILDREN),
+            std::time::Instant::now(),
+        );
+        let st = Command::new(&bin)
+            .arg("--imatrix")
+            .arg(&im_path)
+            .arg("--pure")
+            .arg(&inp)
+            .arg(&out)
+            .arg("IQ2_XS")
+            .arg(threads.to_string())
+            .output()
+            .expect("run llama-quantize");
+        let (w_llama, c_llama) = (
+            w0.elapsed().as_secs_f64(),
+            cpu_seconds(libc::RUSAGE_CHILDREN) - c0,
+        );
+        assert!(st.status.success());
+        let f = GgufFile::open(&out).unwrap();
+        let theirs = f.tensor_data(f.tensor(&ts[0].name).unwrap()).to_vec();
+        let (c0, w0) = (cpu_seconds(libc::RUSAGE_SELF), std::time::Instant::now());
+        let mine = pool.install(|| ours(ty, &ts[0], Ours::Imatrix(&im)));
+        let (w_tq, c_tq) = (
+            w0.elapsed().as_secs_f64(),
+            cpu_seconds(libc::RUSAGE_SELF) - c0,
+        );
+        assert!(mine == theirs, "bytes differ from llama-quantize");
+        eprintln!(
+            "round {round}: llama-quantize cpu {c_llama:.2} s (wall {w_llama:.2}), tq cpu {c_tq:.2} s (wall {w_tq:.2}), cpu ratio tq/llama {:.2}",
+            c_tq / c_llama
+        );
+        cpu_l.push(c_llama);
+        cpu_t.push(c_tq);
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (ml, mt) = (med(&mut cpu_l), med(&mut cpu_t));
     eprintln!(
-        "IQ2_XS 4096x11008, {threads} thread(s): llama-quantize (whole command) {t_llama:.2} s, tq encode_rows {t_tq:.2} s, ratio tq/llama {:.2}",
-        t_tq / t_llama
+        "IQ2_XS {rows}x{cols}, {threads} thread(s), {rounds} alternated rounds: median CPU llama-quantize {ml:.2} s, tq {mt:.2} s, ratio tq/llama {:.2}; bytes identical",
+        mt / ml
     );
 }

@@ -159,7 +159,7 @@ fn edge_rows() -> Vec<f32> {
     rows.push(
         (0..256)
             .map(|i| {
-                let p = 2f32.powi((i / 32) as i32 * 3 - 10);
+                let p = 2f32.powi((i / 32) * 3 - 10);
                 if i % 2 == 0 {
                     p
                 } else {
@@ -171,7 +171,7 @@ fn edge_rows() -> Vec<f32> {
     rows.push(
         (0..256)
             .map(|i| {
-                let p = 2f32.powi((i / 32) as i32 * 5 - 20) * (1.0 - f32::EPSILON / 2.0);
+                let p = 2f32.powi((i / 32) * 5 - 20) * (1.0 - f32::EPSILON / 2.0);
                 if i % 32 == 0 {
                     p
                 } else {
@@ -347,8 +347,11 @@ fn smollm2_ffn_down_matches_llama() {
     compare_recorded(&ts, "smollm2_ffn_down");
 }
 
+/// Tensor name → (type, blake3 of its data).
+type Hashes = BTreeMap<String, (String, String)>;
+
 /// (type, data hash) of every tensor of a GGUF file.
-fn file_hashes(f: &GgufFile) -> BTreeMap<String, (String, String)> {
+fn file_hashes(f: &GgufFile) -> Hashes {
     f.tensors
         .iter()
         .map(|t| {
@@ -413,7 +416,7 @@ fn presets_write_llama_quantize_bytes() {
                 f.tensors.iter().any(|t| t.ty == want_ty),
                 "{what}: no tensor written as {want_ty}"
             );
-            let mut oracles: Vec<(&str, BTreeMap<String, (String, String)>)> = vec![];
+            let mut oracles: Vec<(&str, Hashes)> = vec![];
             if let Some(b) = &bin {
                 let theirs = dir.path().join(format!("llama-{name}-{preset}.gguf"));
                 let o = std::process::Command::new(b)

@@ -115,9 +115,9 @@ pub(crate) fn quantize_mxfp4(src: &[f32], out: &mut [u8]) {
         let e = mxfp4_exponent(amax);
         let d = e8m0_half(e);
         b[0] = e;
-        let h = QK_MXFP4 / 2;
-        for j in 0..h {
-            b[1 + j] = nearest_code(x[j], d) | nearest_code(x[j + h], d) << 4;
+        let (lo, hi) = x.split_at(QK_MXFP4 / 2);
+        for ((o, &a), &c) in b[1..].iter_mut().zip(lo).zip(hi) {
+            *o = nearest_code(a, d) | nearest_code(c, d) << 4;
         }
     }
 }

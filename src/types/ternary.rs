@@ -114,7 +114,7 @@ fn trit_of(v: f32) -> u8 {
 #[inline(always)]
 fn pack_trits(trits: impl Iterator<Item = u8>, n: u32) -> u8 {
     let t = trits.fold(0u16, |q, xi| q * 3 + xi as u16) * 3u16.pow(5 - n);
-    ((t * 256 + 242) / 243) as u8
+    (t * 256).div_ceil(243) as u8
 }
 
 /// TQ1_0 from f32, as ggml's `quantize_row_tq1_0_ref`: bytes 0..32 hold values `m + 32n`,
@@ -128,14 +128,14 @@ pub(crate) fn quantize_tq1_0(src: &[f32], out: &mut [u8]) {
     {
         let (d, id) = ternary_scale(x);
         let q = |i: usize| trit_of(x[i] * id);
-        for m in 0..32 {
-            b[m] = pack_trits((0..5).map(|n| q(m + 32 * n)), 5);
+        for (m, o) in b[..32].iter_mut().enumerate() {
+            *o = pack_trits((0..5).map(|n| q(m + 32 * n)), 5);
         }
-        for m in 0..16 {
-            b[32 + m] = pack_trits((0..5).map(|n| q(160 + m + 16 * n)), 5);
+        for (m, o) in b[32..QS].iter_mut().enumerate() {
+            *o = pack_trits((0..5).map(|n| q(160 + m + 16 * n)), 5);
         }
-        for j in 0..QK_K / 64 {
-            b[QS + j] = pack_trits((0..4).map(|n| q(240 + j + 4 * n)), 4);
+        for (j, o) in b[QS..QS + QK_K / 64].iter_mut().enumerate() {
+            *o = pack_trits((0..4).map(|n| q(240 + j + 4 * n)), 4);
         }
         b[TQ1_0_BYTES - F16..].copy_from_slice(&f32_to_f16_bits(d).to_le_bytes());
     }
@@ -149,10 +149,9 @@ pub(crate) fn quantize_tq2_0(src: &[f32], out: &mut [u8]) {
         .zip(out.chunks_exact_mut(TQ2_0_BYTES))
     {
         let (d, id) = ternary_scale(x);
-        for (half, x) in x.chunks_exact(128).enumerate() {
-            for m in 0..32 {
-                b[32 * half + m] =
-                    (0..4).fold(0u8, |q, l| q | (trit_of(x[m + 32 * l] * id) & 3) << (2 * l));
+        for (x, qs) in x.chunks_exact(128).zip(b[..QK_K / 4].chunks_exact_mut(32)) {
+            for (m, o) in qs.iter_mut().enumerate() {
+                *o = (0..4).fold(0u8, |q, l| q | (trit_of(x[m + 32 * l] * id) & 3) << (2 * l));
             }
         }
         b[QK_K / 4..].copy_from_slice(&f32_to_f16_bits(d).to_le_bytes());

@@ -151,7 +151,7 @@ fn types_and_tensor_type_flags_are_checked() {
         &["--types", "unknown tensor type 'q9_9'"],
     );
     e.refuses(&mix(",,"), 2, &["--types", "give at least one type"]);
-    e.refuses(&mix("tq1_0"), 2, &["--types", "cannot write type tq1_0"]);
+    e.refuses(&mix("nvfp4"), 2, &["--types", "cannot write type nvfp4"]);
     // Candidates none of which a tensor can take (the token embedding is never TQ): the tensor
     // is named with what to add.
     e.refuses(

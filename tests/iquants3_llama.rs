@@ -21,11 +21,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use fixtures::gguf_gen::{build_with_data, gaussian, pseudo_bytes};
+use fixtures::gguf_gen::{gaussian, pseudo_bytes};
+use fixtures::llama_oracle::{
+    self, first_diff, llama_metadata, smollm2_ffn_down, ty, write_f32_gguf, Expected, Tensor,
+    SMOLLM2_SHAPE,
+};
 use serde_json::{json, Value as Json};
-use tq::gguf::{GString, GgufFile, Value};
+use tq::gguf::{GgufFile, Value};
 use tq::quant::{encode_rows, Encoder};
-use tq::types::{self, TensorType};
 
 /// (type, llama-quantize ftype).
 const TYPES: [(&str, &str); 4] = [
@@ -35,14 +38,15 @@ const TYPES: [(&str, &str); 4] = [
     ("iq1_m", "IQ1_M"),
 ];
 
-const EXPECTED: &str = "fixtures/iquants3_expected.json";
+const EXPECTED: Expected = Expected {
+    path: "fixtures/iquants3_expected.json",
+    about: "Facts from llama.cpp (the copy vendored in the PyPI sdist llama-cpp-python==0.3.36, built by scripts/build-llama.sh): blake3 of each tensor's data bytes as written by llama-quantize --pure from F32 input, per type (iq3_xxs, iq3_s, iq1_s, iq1_m) and mode: 'imatrix' with the test's imatrix (written by tq), 'plain' without one (iq3_xxs / iq1_m: as a lone output.weight, which llama-quantize encodes without an imatrix; iq1_s: an imatrix of ones). Recorded by scripts/dev/iquants3_llama_oracle.sh; checked by tests/iquants3_llama.rs.",
+    script: "scripts/dev/iquants3_llama_oracle.sh",
+    record_var: "TQ_IQ3_RECORD",
+};
 
-struct Tensor {
-    name: String,
-    /// ggml order: [row length, rows].
-    dims: [u64; 2],
-    data: Vec<f32>,
-}
+/// `general.name` of the F32 input files.
+const NAME: &str = "tq i-quant oracle";
 
 /// Edge rows of 256 values: zeros, constants, tiny and subnormal values, ties, sparse rows,
 /// zero groups between non-zero ones (IQ3_S's write-position quirk), outliers.
@@ -152,41 +156,6 @@ fn synthetic() -> Vec<Tensor> {
     ts
 }
 
-fn llama_metadata(n_layers: u32, n_embd: u32, n_head: u32) -> Vec<(String, Value)> {
-    let s = |x: &str| Value::String(GString::from(x));
-    vec![
-        ("general.architecture".into(), s("llama")),
-        ("general.name".into(), s("tq i-quant oracle")),
-        ("llama.context_length".into(), Value::U32(256)),
-        ("llama.embedding_length".into(), Value::U32(n_embd)),
-        ("llama.block_count".into(), Value::U32(n_layers)),
-        ("llama.feed_forward_length".into(), Value::U32(4 * n_embd)),
-        ("llama.attention.head_count".into(), Value::U32(n_head)),
-        ("llama.attention.head_count_kv".into(), Value::U32(n_head)),
-        (
-            "llama.attention.layer_norm_rms_epsilon".into(),
-            Value::F32(1e-5),
-        ),
-        ("general.file_type".into(), Value::U32(0)),
-    ]
-}
-
-fn write_f32_gguf(path: &Path, md: Vec<(String, Value)>, ts: &[&Tensor]) {
-    let data = ts
-        .iter()
-        .map(|t| {
-            let b: Vec<u8> = t.data.iter().flat_map(|v| v.to_le_bytes()).collect();
-            (t.name.clone(), t.dims.to_vec(), 0u32, b)
-        })
-        .collect();
-    let fx = build_with_data(3, None, md, data);
-    std::fs::write(path, fx.bytes).expect("write f32 gguf");
-}
-
-fn ty(name: &str) -> TensorType {
-    TensorType::from_name(name).unwrap()
-}
-
 /// The per-column importances: a wide spread (1/100 .. 100) as real imatrices have, or all ones
 /// (`ones`), written as a GGUF imatrix and read back as llama-quantize reads it (sum / count).
 struct Imatrix {
@@ -241,6 +210,8 @@ fn ours_mode(tn: &str, mode: &str, t: &Tensor, im: &Imatrix) -> Vec<u8> {
     }
 }
 
+/// The shared oracle's `llama-quantize --pure` run, every tensor checked to be of `ftype`'s type:
+/// (tensor name → data bytes).
 fn run_llama(
     bin: &Path,
     inp: &Path,
@@ -248,34 +219,13 @@ fn run_llama(
     ftype: &str,
     imatrix: Option<&Path>,
 ) -> BTreeMap<String, Vec<u8>> {
-    let mut cmd = Command::new(bin);
-    if let Some(im) = imatrix {
-        cmd.arg("--imatrix").arg(im);
-    }
-    let o = cmd
-        .arg("--pure")
-        .arg(inp)
-        .arg(out)
-        .arg(ftype)
-        .arg("2")
-        .output()
-        .expect("run llama-quantize");
-    assert!(
-        o.status.success(),
-        "llama-quantize {ftype} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let f = GgufFile::open(out).expect("open llama-quantize output");
-    let m = f
-        .tensors
-        .iter()
-        .map(|t| {
-            assert_eq!(t.ty, ty(&ftype.to_ascii_lowercase()), "{}", t.name);
-            (t.name.clone(), f.tensor_data(t).to_vec())
+    llama_oracle::run_llama(bin, inp, out, ftype, imatrix)
+        .into_iter()
+        .map(|(name, (t, b))| {
+            assert_eq!(t, ty(&ftype.to_ascii_lowercase()), "{name}");
+            (name, b)
         })
-        .collect();
-    std::fs::remove_file(out).ok();
-    m
+        .collect()
 }
 
 /// llama-quantize's bytes for every tensor of `ts`, in `mode`.
@@ -318,7 +268,7 @@ fn llama_bytes(
                     dims: [w, rows],
                     data: group.iter().flat_map(|t| t.data.iter().copied()).collect(),
                 };
-                write_f32_gguf(&inp, llama_metadata(1, 256, 4), &[&cat]);
+                write_f32_gguf(&inp, llama_metadata(NAME, 1, 256, 4), &[&cat]);
                 let b = run_llama(bin, &inp, &out, ftype, None)
                     .remove("output.weight")
                     .expect("output.weight");
@@ -333,67 +283,6 @@ fn llama_bytes(
             res
         }
     }
-}
-
-/// Describe the first differing block of `a` (ours) vs `b` (llama.cpp); `None` when equal.
-fn first_diff(tyn: &str, t: &Tensor, a: &[u8], b: &[u8]) -> Option<String> {
-    if a == b {
-        return None;
-    }
-    let ty = ty(tyn);
-    if a.len() != b.len() {
-        return Some(format!("{}: size {} vs llama {}", t.name, a.len(), b.len()));
-    }
-    let (bb, bs) = (ty.block_bytes(), ty.block_size());
-    let nblocks = a.len() / bb;
-    let bad: Vec<usize> = (0..nblocks)
-        .filter(|&k| a[k * bb..(k + 1) * bb] != b[k * bb..(k + 1) * bb])
-        .collect();
-    let k = bad[0];
-    let per_row = t.dims[0] as usize / bs;
-    let (ba, bl) = (&a[k * bb..(k + 1) * bb], &b[k * bb..(k + 1) * bb]);
-    let bytes: Vec<usize> = (0..bb).filter(|&i| ba[i] != bl[i]).collect();
-    Some(format!(
-        "{} {tyn}: {} of {nblocks} blocks differ; first: block {k} (row {}, block {} in row), bytes at {:?}\n  ours  {:02x?}\n  llama {:02x?}",
-        t.name,
-        bad.len(),
-        k / per_row,
-        k % per_row,
-        &bytes[..bytes.len().min(16)],
-        ba,
-        bl,
-    ))
-}
-
-fn expected() -> Json {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(EXPECTED);
-    let s = std::fs::read_to_string(&p).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (run scripts/dev/iquants3_llama_oracle.sh)",
-            p.display()
-        )
-    });
-    serde_json::from_str(&s).expect("iquants3_expected.json")
-}
-
-fn record(key: &str, section: Json) {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(EXPECTED);
-    let mut j: Json = std::fs::read_to_string(&p)
-        .ok()
-        .and_then(|s| serde_json::from_str(&s).ok())
-        .unwrap_or_else(|| json!({}));
-    j["about"] = json!(
-        "Facts from llama.cpp (the copy vendored in the PyPI sdist llama-cpp-python==0.3.36, built by scripts/build-llama.sh): blake3 of each tensor's data bytes as written by llama-quantize --pure from F32 input, per type (iq3_xxs, iq3_s, iq1_s, iq1_m) and mode: 'imatrix' with the test's imatrix (written by tq), 'plain' without one (iq3_xxs / iq1_m: as a lone output.weight, which llama-quantize encodes without an imatrix; iq1_s: an imatrix of ones). Recorded by scripts/dev/iquants3_llama_oracle.sh; checked by tests/iquants3_llama.rs."
-    );
-    j[key] = section;
-    std::fs::write(&p, serde_json::to_string_pretty(&j).unwrap() + "\n").expect("write expected");
-    eprintln!("recorded {key} into {}", p.display());
-}
-
-fn recording() -> bool {
-    std::env::var("TQ_IQ3_RECORD")
-        .map(|v| v == "1")
-        .unwrap_or(false)
 }
 
 /// Every type and mode of `ts` against llama-quantize live; false when it is missing.
@@ -417,7 +306,7 @@ fn compare_live(ts: &[Tensor], md: &dyn Fn() -> Vec<(String, Value)>, key: &str)
                     .unwrap_or_else(|| panic!("{} missing from llama output", t.name));
                 hashes.insert(t.name.clone(), json!(fixtures::blake3_hex(lb)));
                 let ob = ours_mode(tn, mode, t, &im);
-                match first_diff(tn, t, &ob, lb) {
+                match first_diff(ty(tn), t, &ob, lb) {
                     None => {
                         same += 1;
                         blocks += ob.len() / ty(tn).block_bytes();
@@ -433,8 +322,8 @@ fn compare_live(ts: &[Tensor], md: &dyn Fn() -> Vec<(String, Value)>, key: &str)
         }
         section.insert(tn.to_string(), Json::Object(per_mode));
     }
-    if recording() {
-        record(key, Json::Object(section));
+    if EXPECTED.recording() {
+        EXPECTED.record(key, Json::Object(section));
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
     true
@@ -442,7 +331,7 @@ fn compare_live(ts: &[Tensor], md: &dyn Fn() -> Vec<(String, Value)>, key: &str)
 
 /// Every type and mode of `ts` against the recorded hashes.
 fn compare_recorded(ts: &[Tensor], key: &str) {
-    let exp = expected();
+    let exp = EXPECTED.load();
     let dir = tempfile::tempdir().unwrap();
     let im = imatrix(ts, dir.path(), false);
     let mut bad = Vec::new();
@@ -477,31 +366,11 @@ fn synthetic_matches_recorded_llama_hashes() {
 
 #[test]
 fn synthetic_matches_llama_quantize_live() {
-    compare_live(&synthetic(), &|| llama_metadata(2, 256, 4), "synthetic");
-}
-
-/// SmolLM2's `ffn_down` tensors (Q4_1, rows of 1536) decoded to f32.
-fn smollm2_ffn_down() -> Option<Vec<Tensor>> {
-    let path = fixtures::smollm2()?;
-    let f = GgufFile::open(&path).expect("open SmolLM2");
-    let ts: Vec<Tensor> = f
-        .tensors
-        .iter()
-        .filter(|t| {
-            t.name.ends_with("ffn_down.weight") && t.dims.len() == 2 && t.dims[0] % 256 == 0
-        })
-        .map(|t| {
-            let mut data = vec![0f32; t.n_elements() as usize];
-            types::dequantize(t.ty, f.tensor_data(t), &mut data, &t.name).unwrap();
-            Tensor {
-                name: t.name.clone(),
-                dims: [t.dims[0], t.dims[1]],
-                data,
-            }
-        })
-        .collect();
-    assert_eq!(ts.len(), 30, "SmolLM2-135M has 30 ffn_down tensors");
-    Some(ts)
+    compare_live(
+        &synthetic(),
+        &|| llama_metadata(NAME, 2, 256, 4),
+        "synthetic",
+    );
 }
 
 /// SmolLM2 against llama-quantize live, or (llama.cpp missing) against the recorded hashes: the
@@ -509,7 +378,12 @@ fn smollm2_ffn_down() -> Option<Vec<Tensor>> {
 #[test]
 fn smollm2_ffn_down_matches_llama() {
     let Some(ts) = smollm2_ffn_down() else { return };
-    if !compare_live(&ts, &|| llama_metadata(30, 576, 9), "smollm2_ffn_down") || recording() {
+    if !compare_live(
+        &ts,
+        &|| llama_metadata(NAME, SMOLLM2_SHAPE.0, SMOLLM2_SHAPE.1, SMOLLM2_SHAPE.2),
+        "smollm2_ffn_down",
+    ) || EXPECTED.recording()
+    {
         compare_recorded(&ts, "smollm2_ffn_down");
     }
 }
@@ -533,7 +407,7 @@ fn throughput() {
     };
     let dir = tempfile::tempdir().unwrap();
     let inp = dir.path().join("big-f32.gguf");
-    write_f32_gguf(&inp, llama_metadata(1, 4096, 32), &[&t]);
+    write_f32_gguf(&inp, llama_metadata(NAME, 1, 4096, 32), &[&t]);
     let ts = [t];
     let im = imatrix(&ts, dir.path(), false);
     let threads = std::thread::available_parallelism().map_or(1, |v| v.get());

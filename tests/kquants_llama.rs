@@ -25,14 +25,19 @@
 #[path = "../fixtures/mod.rs"]
 mod fixtures;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-use fixtures::gguf_gen::{build_with_data, gaussian, pseudo_bytes};
+use fixtures::gguf_gen::{gaussian, pseudo_bytes};
+use fixtures::llama_oracle::{
+    first_diff, llama_metadata, registry_bytes, run_llama, smollm2_ffn_down, ty, write_f32_gguf,
+    Expected, Tensor, SMOLLM2_SHAPE,
+};
 use serde_json::{json, Value as Json};
-use tq::gguf::{GString, GgufFile, Value};
 use tq::types::{self, TensorType};
+
+/// `general.name` of the F32 input files.
+const NAME: &str = "tq k-quant oracle";
 
 /// (type, llama-quantize ftype name whose default type it is).
 const KTYPES: [(&str, &str); 5] = [
@@ -46,14 +51,12 @@ const KTYPES: [(&str, &str); 5] = [
 /// The IQ4 types, checked the same way under their own keys.
 const IQ4TYPES: [(&str, &str); 2] = [("iq4_nl", "IQ4_NL"), ("iq4_xs", "IQ4_XS")];
 
-const EXPECTED: &str = "fixtures/kquants_expected.json";
-
-struct Tensor {
-    name: String,
-    /// ggml order: [row length, rows].
-    dims: [u64; 2],
-    data: Vec<f32>,
-}
+const EXPECTED: Expected = Expected {
+    path: "fixtures/kquants_expected.json",
+    about: "Facts from llama.cpp (the copy vendored in the PyPI sdist llama-cpp-python==0.3.36, built by scripts/build-llama.sh): blake3 of each tensor's data bytes. 'synthetic', 'smollm2_ffn_down' (k-quants) and 'iq4_synthetic', 'iq4_smollm2_ffn_down' (IQ4_NL, IQ4_XS): as written by llama-quantize --pure <in.gguf> <out.gguf> <TYPE> (no imatrix) from F32 input. 'ggml_ref_extreme': ggml's quantize_row_q*_K_ref called directly (llama-quantize rejects blocks with non-finite f16 scales). Recorded by scripts/dev/kquants_llama_oracle.sh; checked by tests/kquants_llama.rs.",
+    script: "scripts/dev/kquants_llama_oracle.sh",
+    record_var: "TQ_KQ_RECORD",
+};
 
 /// 32 edge rows of 256 values each.
 fn edge_rows() -> Vec<f32> {
@@ -228,150 +231,24 @@ fn synthetic() -> Vec<Tensor> {
     ts
 }
 
-fn llama_metadata(n_layers: u32, n_embd: u32, n_head: u32) -> Vec<(String, Value)> {
-    let s = |x: &str| Value::String(GString::from(x));
-    vec![
-        ("general.architecture".into(), s("llama")),
-        ("general.name".into(), s("tq k-quant oracle")),
-        ("llama.context_length".into(), Value::U32(256)),
-        ("llama.embedding_length".into(), Value::U32(n_embd)),
-        ("llama.block_count".into(), Value::U32(n_layers)),
-        ("llama.feed_forward_length".into(), Value::U32(4 * n_embd)),
-        ("llama.attention.head_count".into(), Value::U32(n_head)),
-        ("llama.attention.head_count_kv".into(), Value::U32(n_head)),
-        (
-            "llama.attention.layer_norm_rms_epsilon".into(),
-            Value::F32(1e-5),
-        ),
-        ("general.file_type".into(), Value::U32(0)),
-    ]
-}
-
-fn write_f32_gguf(path: &Path, md: Vec<(String, Value)>, ts: &[Tensor]) {
-    let data = ts
-        .iter()
-        .map(|t| {
-            let b: Vec<u8> = t.data.iter().flat_map(|v| v.to_le_bytes()).collect();
-            (t.name.clone(), t.dims.to_vec(), 0u32, b)
-        })
-        .collect();
-    let fx = build_with_data(3, None, md, data);
-    std::fs::write(path, fx.bytes).expect("write f32 gguf");
-}
-
 fn ktype(name: &str) -> TensorType {
-    TensorType::from_name(name).unwrap()
+    ty(name)
 }
 
 fn ours(ty: TensorType, t: &Tensor) -> Vec<u8> {
-    let mut out = vec![0u8; ty.bytes_for(t.data.len() as u64).unwrap() as usize];
-    types::quantize(ty, &t.data, &mut out, &t.name).expect("quantize");
-    out
+    registry_bytes(ty, t)
 }
 
 fn expected() -> Json {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(EXPECTED);
-    let s = std::fs::read_to_string(&p).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (run scripts/dev/kquants_llama_oracle.sh)",
-            p.display()
-        )
-    });
-    serde_json::from_str(&s).expect("kquants_expected.json")
+    EXPECTED.load()
 }
 
-/// Merge `section` into the expected-hash file (record mode only).
 fn record(key: &str, section: Json) {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(EXPECTED);
-    let mut j: Json = std::fs::read_to_string(&p)
-        .ok()
-        .and_then(|s| serde_json::from_str(&s).ok())
-        .unwrap_or_else(|| json!({}));
-    j["about"] = json!(
-        "Facts from llama.cpp (the copy vendored in the PyPI sdist llama-cpp-python==0.3.36, built by scripts/build-llama.sh): blake3 of each tensor's data bytes. 'synthetic', 'smollm2_ffn_down' (k-quants) and 'iq4_synthetic', 'iq4_smollm2_ffn_down' (IQ4_NL, IQ4_XS): as written by llama-quantize --pure <in.gguf> <out.gguf> <TYPE> (no imatrix) from F32 input. 'ggml_ref_extreme': ggml's quantize_row_q*_K_ref called directly (llama-quantize rejects blocks with non-finite f16 scales). Recorded by scripts/dev/kquants_llama_oracle.sh; checked by tests/kquants_llama.rs."
-    );
-    j[key] = section;
-    std::fs::write(&p, serde_json::to_string_pretty(&j).unwrap() + "\n").expect("write expected");
-    eprintln!("recorded {key} into {}", p.display());
+    EXPECTED.record(key, section)
 }
 
 fn recording() -> bool {
-    std::env::var("TQ_KQ_RECORD")
-        .map(|v| v == "1")
-        .unwrap_or(false)
-}
-
-/// Run llama-quantize (with `--imatrix` when given) and return (tensor name → data bytes) of its
-/// output.
-fn run_llama(
-    bin: &Path,
-    inp: &Path,
-    out: &Path,
-    ftype: &str,
-    imatrix: Option<&Path>,
-) -> BTreeMap<String, (TensorType, Vec<u8>)> {
-    let mut cmd = Command::new(bin);
-    if let Some(im) = imatrix {
-        cmd.arg("--imatrix").arg(im);
-    }
-    let o = cmd
-        .arg("--pure")
-        .arg(inp)
-        .arg(out)
-        .arg(ftype)
-        .arg("2")
-        .output()
-        .expect("run llama-quantize");
-    assert!(
-        o.status.success(),
-        "llama-quantize {ftype} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let f = GgufFile::open(out).expect("open llama-quantize output");
-    f.tensors
-        .iter()
-        .map(|t| (t.name.clone(), (t.ty, f.tensor_data(t).to_vec())))
-        .collect()
-}
-
-/// Describe the first differing block of `a` (ours) vs `b` (llama.cpp); `None` when equal.
-fn first_diff(ty: TensorType, t: &Tensor, a: &[u8], b: &[u8]) -> Option<String> {
-    if a == b {
-        return None;
-    }
-    if a.len() != b.len() {
-        return Some(format!("{}: size {} vs llama {}", t.name, a.len(), b.len()));
-    }
-    let (bb, bs) = (ty.block_bytes(), ty.block_size());
-    let nblocks = a.len() / bb;
-    let bad: Vec<usize> = (0..nblocks)
-        .filter(|&k| a[k * bb..(k + 1) * bb] != b[k * bb..(k + 1) * bb])
-        .collect();
-    let k = bad[0];
-    let blocks_per_row = t.dims[0] as usize / bs;
-    let (ba, bl) = (&a[k * bb..(k + 1) * bb], &b[k * bb..(k + 1) * bb]);
-    let bytes: Vec<usize> = (0..bb).filter(|&i| ba[i] != bl[i]).collect();
-    let mut da = vec![0f32; bs];
-    let mut dl = vec![0f32; bs];
-    types::dequantize(ty, ba, &mut da, "ours").unwrap();
-    types::dequantize(ty, bl, &mut dl, "llama").unwrap();
-    let x = &t.data[k * bs..k * bs + bs];
-    let vals: Vec<usize> = (0..bs)
-        .filter(|&i| da[i].to_bits() != dl[i].to_bits())
-        .take(4)
-        .collect();
-    Some(format!(
-        "{} {}: {} of {nblocks} blocks differ; first: block {k} (row {}, block {} in row), bytes at {:?}\n  ours  {:02x?}\n  llama {:02x?}\n  values (i, x, ours, llama): {:?}",
-        t.name,
-        ty.name(),
-        bad.len(),
-        k / blocks_per_row,
-        k % blocks_per_row,
-        &bytes[..bytes.len().min(16)],
-        ba,
-        bl,
-        vals.iter().map(|&i| (i, x[i], da[i], dl[i])).collect::<Vec<_>>()
-    ))
+    EXPECTED.recording()
 }
 
 #[test]
@@ -415,7 +292,7 @@ fn synthetic_matches_llama_quantize_live() {
     let dir = tempfile::tempdir().unwrap();
     let inp = dir.path().join("synthetic-f32.gguf");
     let ts = synthetic();
-    write_f32_gguf(&inp, llama_metadata(2, 256, 4), &ts);
+    write_f32_gguf(&inp, llama_metadata(NAME, 2, 256, 4), &ts);
     compare_live(&bin, &inp, &ts, &KTYPES, "synthetic", dir.path());
 }
 
@@ -427,7 +304,7 @@ fn iq4_synthetic_matches_llama_quantize_live() {
     let dir = tempfile::tempdir().unwrap();
     let inp = dir.path().join("synthetic-f32.gguf");
     let ts = synthetic();
-    write_f32_gguf(&inp, llama_metadata(2, 256, 4), &ts);
+    write_f32_gguf(&inp, llama_metadata(NAME, 2, 256, 4), &ts);
     compare_live(&bin, &inp, &ts, &IQ4TYPES, "iq4_synthetic", dir.path());
 }
 
@@ -443,7 +320,7 @@ fn iq4_weighted_is_no_worse_than_llama_imatrix() {
     let dir = tempfile::tempdir().unwrap();
     let inp = dir.path().join("synthetic-f32.gguf");
     let ts = synthetic();
-    write_f32_gguf(&inp, llama_metadata(2, 256, 4), &ts);
+    write_f32_gguf(&inp, llama_metadata(NAME, 2, 256, 4), &ts);
     // Per-column importance with a wide spread (1/100 .. 100), as real imatrices have.
     let diag: Vec<tq::quant::Diagonal> = ts
         .iter()
@@ -619,30 +496,6 @@ fn extreme_rows_match_recorded_ggml_ref() {
     }
 }
 
-/// SmolLM2's `ffn_down` tensors (Q4_1, rows of 1536) decoded to f32.
-fn smollm2_ffn_down() -> Option<Vec<Tensor>> {
-    let path = fixtures::smollm2()?;
-    let f = GgufFile::open(&path).expect("open SmolLM2");
-    let ts: Vec<Tensor> = f
-        .tensors
-        .iter()
-        .filter(|t| {
-            t.name.ends_with("ffn_down.weight") && t.dims.len() == 2 && t.dims[0] % 256 == 0
-        })
-        .map(|t| {
-            let mut data = vec![0f32; t.n_elements() as usize];
-            types::dequantize(t.ty, f.tensor_data(t), &mut data, &t.name).unwrap();
-            Tensor {
-                name: t.name.clone(),
-                dims: [t.dims[0], t.dims[1]],
-                data,
-            }
-        })
-        .collect();
-    assert_eq!(ts.len(), 30, "SmolLM2-135M has 30 ffn_down tensors");
-    Some(ts)
-}
-
 #[test]
 fn smollm2_ffn_down_matches_llama() {
     smollm2_matches(&KTYPES, "smollm2_ffn_down");
@@ -658,7 +511,8 @@ fn smollm2_matches(tys: &[(&str, &str)], key: &str) {
     if let Some(bin) = fixtures::llama_quantize() {
         let dir = tempfile::tempdir().unwrap();
         let inp = dir.path().join("smollm2-ffn_down-f32.gguf");
-        write_f32_gguf(&inp, llama_metadata(30, 576, 9), &ts);
+        let (l, e, h) = SMOLLM2_SHAPE;
+        write_f32_gguf(&inp, llama_metadata(NAME, l, e, h), &ts);
         compare_live(&bin, &inp, &ts, tys, key, dir.path());
     }
     let exp = expected();

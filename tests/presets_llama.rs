@@ -5,7 +5,9 @@
 //!   `--allow-requantize`), the architecture fixtures (gemma2/3, phi3, qwen3moe, Mixtral, and the
 //!   8×-wide dense ones whose rows hold 256-superblocks) and synthetic llama-shaped models
 //!   (32 layers with GQA 2 and GQA 4, 80 layers with GQA 8 = llama.cpp's 70B class, 4 layers with
-//!   tied embeddings; 256-wide rows, few rows per matrix) — with an imatrix and, where
+//!   tied embeddings; 256-wide rows, few rows per matrix; and a 2-layer 7B shape, 4096 wide with
+//!   an 11008 FFN, where every matrix holds i-quant superblocks and the IQ2_XXS / IQ2_XS /
+//!   IQ3_XXS / IQ1_S presets are checked to fall back nowhere) — with an imatrix and, where
 //!   llama-quantize accepts it, without: the type of every tensor tq's preset planner gives equals
 //!   llama-quantize's, and tq refuses exactly where llama-quantize asks for an imatrix. Live with
 //!   `$TQ_CACHE/llama.cpp/build/bin/llama-quantize` (the tiny models' output files read with tq's
@@ -47,23 +49,30 @@ const ARCH: &[&str] = &[
     "phi3-wide",
 ];
 
-/// Synthetic llama-shaped models: (name, layers, heads, KV heads, tied embeddings).
-const LAYERED: &[(&str, u32, u32, u32, bool)] = &[
-    ("llama32-gqa2", 32, 8, 4, false),
-    ("llama32-gqa4", 32, 8, 2, false),
-    ("llama80-gqa8", 80, 64, 8, false),
-    ("llama4-tied", 4, 4, 4, true),
+/// Synthetic llama-shaped models: (name, layers, heads, KV heads, tied embeddings, hidden
+/// width, FFN width).
+const LAYERED: &[(&str, u32, u32, u32, bool, u64, u64)] = &[
+    ("llama32-gqa2", 32, 8, 4, false, 256, 512),
+    ("llama32-gqa4", 32, 8, 2, false, 256, 512),
+    ("llama80-gqa8", 80, 64, 8, false, 256, 512),
+    ("llama4-tied", 4, 4, 4, true, 256, 512),
+    // 7B's widths (4096, FFN 11008 = 43 superblocks, 32 heads), 2 blocks: every matrix, token
+    // embedding and output included, holds i-quant superblocks, so no type falls back.
+    (SEVEN_B, 2, 32, 32, false, 4096, 11008),
 ];
+
+/// The 7B-shaped model of [`LAYERED`].
+const SEVEN_B: &str = "llama7b-4096";
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-/// A llama with 7B's tensor names, hidden 256 and ffn 512 (rows hold 256-superblocks) but only
-/// 4 rows per matrix: the rules read row lengths, names, layer positions and hyper-parameters,
-/// never the row count.
-fn layered(n_layer: u32, n_head: u32, n_kv: u32, tied: bool) -> Vec<u8> {
-    let (h, ff, rows) = (256u64, 512u64, 4u64);
+/// A llama with 7B's tensor names, hidden `h` and ffn `ff` (multiples of 256: rows hold
+/// 256-superblocks) but only 4 rows per matrix: the rules read row lengths, names, layer
+/// positions and hyper-parameters, never the row count.
+fn layered(n_layer: u32, n_head: u32, n_kv: u32, tied: bool, h: u64, ff: u64) -> Vec<u8> {
+    let rows = 4u64;
     let md = vec![
         ("general.architecture".to_string(), Value::string("llama")),
         (
@@ -144,9 +153,9 @@ fn models(dir: &Path) -> Vec<Model> {
             dry_run: name.ends_with("-wide"),
         });
     }
-    for &(name, l, h, kv, tied) in LAYERED {
+    for &(name, l, h, kv, tied, width, ff) in LAYERED {
         let path = dir.join(format!("{name}.gguf"));
-        std::fs::write(&path, layered(l, h, kv, tied)).unwrap();
+        std::fs::write(&path, layered(l, h, kv, tied, width, ff)).unwrap();
         v.push(Model {
             name: name.into(),
             path,
@@ -197,11 +206,6 @@ fn write_imatrix(f: &GgufFile, out: &Path) {
 enum Choice {
     Types(BTreeMap<String, String>),
     NeedsImatrix,
-}
-
-fn llama_quantize() -> Option<PathBuf> {
-    let p = fixtures::cache_dir().join("llama.cpp/build/bin/llama-quantize");
-    p.exists().then_some(p)
 }
 
 /// `blk.0.attn_k.weight - [ 576, 192, 1, 1], type = q4_1, size = ... (iq4_nl)` → name, type.
@@ -423,10 +427,8 @@ fn preset_types_match_llama_quantize() {
     let dir = tempfile::tempdir().unwrap();
     let rec = recorded();
     let record = std::env::var("TQ_PRESETS_RECORD").as_deref() == Ok("1");
-    let bin = llama_quantize();
-    if bin.is_none() {
-        fixtures::not_run("llama-quantize not built (scripts/build-llama.sh): compared with the recorded choices only");
-    }
+    // Missing: recorded as not run (the recorded choices are still compared).
+    let bin = fixtures::llama_quantize();
     let mut fresh = serde_json::Map::new();
     let mut fails = vec![];
     let mut compared = 0;
@@ -452,6 +454,9 @@ fn preset_types_match_llama_quantize() {
             for (mode, imx) in [("imatrix", Some(im.as_path())), ("plain", None)] {
                 let what = format!("{} {} ({mode})", m.name, p.name);
                 let ours = tq_choice(&m.path, p.name, imx.is_some());
+                if m.name == SEVEN_B && imx.is_some() {
+                    seven_b_has_no_fallbacks(p.name, &ours);
+                }
                 let mut oracles = vec![];
                 if let Some(j) = rec
                     .get(&m.name)
@@ -521,6 +526,33 @@ fn preset_types_match_llama_quantize() {
     );
 }
 
+/// On the 4096-wide model, the i-quant presets put i-quants in every layer and fall back nowhere:
+/// every ≥ 2-D tensor gets a 256-superblock type (a k- or i-quant), never the legacy/iq4_nl
+/// types llama-quantize falls back to for rows that cannot hold one.
+fn seven_b_has_no_fallbacks(preset: &str, c: &Choice) {
+    if !["IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S"].contains(&preset) {
+        return;
+    }
+    let Choice::Types(m) = c else {
+        panic!("{SEVEN_B} {preset}: refused with an imatrix")
+    };
+    let (mut iq, mut n) = (0, 0);
+    for (name, t) in m {
+        let ty = TensorType::from_name(t).unwrap();
+        assert_eq!(
+            ty.block_size(),
+            256,
+            "{SEVEN_B} {preset}: {name} fell back to {t}"
+        );
+        n += 1;
+        iq += (name.starts_with("blk.") && t.starts_with("iq")) as usize;
+    }
+    assert!(
+        iq * 2 > n,
+        "{SEVEN_B} {preset}: only {iq} of {n} tensors are i-quants: {m:?}"
+    );
+}
+
 /// blake3 of each tensor's data.
 fn hashes(f: &GgufFile) -> BTreeMap<String, String> {
     f.tensors
@@ -541,10 +573,8 @@ fn smollm2_preset_bytes_match_llama_quantize() {
     };
     let dir = tempfile::tempdir().unwrap();
     let rec = recorded();
-    let bin = llama_quantize();
-    if bin.is_none() {
-        fixtures::not_run("llama-quantize not built (scripts/build-llama.sh): compared with the recorded hashes only");
-    }
+    // Missing: recorded as not run (the recorded choices are still compared).
+    let bin = fixtures::llama_quantize();
     let mut fresh = serde_json::Map::new();
     for preset in ["Q4_K_M", "Q6_K", "Q8_0"] {
         let ours = dir.path().join(format!("tq-{preset}.gguf"));
@@ -677,7 +707,7 @@ fn calibrated_preset_keeps_types_and_bytes() {
 fn preset_flag_errors() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("m.gguf");
-    std::fs::write(&model, layered(4, 4, 4, false)).unwrap();
+    std::fs::write(&model, layered(4, 4, 4, false, 256, 512)).unwrap();
     let out = dir.path().join("o.gguf");
     let run = |extra: &[&str]| {
         let mut a = vec!["convert", s(&model), "-o", s(&out)];

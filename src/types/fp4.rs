@@ -1,5 +1,7 @@
-//! Micro-scaled 4-bit floats, dequantization only, as ggml's `dequantize_row_mxfp4` /
-//! `dequantize_row_nvfp4`.
+//! Micro-scaled 4-bit floats: dequantization as ggml's `dequantize_row_mxfp4` /
+//! `dequantize_row_nvfp4`; MXFP4 encoding as ggml's `quantize_row_mxfp4_ref` (what llama-quantize
+//! runs; no importance matrix): the E8M0 scale from the block's largest |x|, each value the
+//! nearest E2M1 code.
 //!
 //! | type | values | bytes | layout |
 //! |---|---|---|---|
@@ -71,6 +73,55 @@ pub(crate) fn dequantize_mxfp4(blocks: &[u8], out: &mut [f32]) {
     }
 }
 
+/// The E2M1 code (index into [`KVALUES`]) nearest `x` at half-scale `d`, as ggml's
+/// `best_index_mxfp4`: the first code of least `|k · d − x|` (so 0, never −0, for zero).
+#[inline(always)]
+fn nearest_code(x: f32, d: f32) -> u8 {
+    let mut best = (0u8, (KVALUES[0] as f32 * d - x).abs());
+    for (i, &k) in KVALUES.iter().enumerate().skip(1) {
+        let err = (k as f32 * d - x).abs();
+        if err < best.1 {
+            best = (i as u8, err);
+        }
+    }
+    best.0
+}
+
+/// The E8M0 exponent ggml gives a block whose largest |x| is `amax`:
+/// `(uint8_t)(floorf(log2f(amax)) − 2 + 127)`, 0 for an all-zero block. `log2f` is the C
+/// library's (Rust's `f32::log2` calls it), so values just below a power of two round as in
+/// ggml. For `amax` < 2^−125 the float is negative; the C cast (x86-64: `cvttss2si` to a 32-bit
+/// int, low byte kept) wraps it, which `as i32 as u8` does too (e = 255 for amax in
+/// [2^−126, 2^−125): a block llama-quantize's validation then rejects).
+#[inline(always)]
+fn mxfp4_exponent(amax: f32) -> u8 {
+    if amax > 0.0 {
+        (amax.log2().floor() - 2.0 + 127.0) as i32 as u8
+    } else {
+        0
+    }
+}
+
+/// MXFP4 from f32, as ggml's `quantize_row_mxfp4_ref`: `e` from the largest |x|, then values
+/// j and j + 16 nearest codes in the low and high nibble of byte j.
+pub(crate) fn quantize_mxfp4(src: &[f32], out: &mut [u8]) {
+    for (x, b) in src
+        .chunks_exact(QK_MXFP4)
+        .zip(out.chunks_exact_mut(MXFP4_BYTES))
+    {
+        let amax = x
+            .iter()
+            .fold(0f32, |m, &v| if m < v.abs() { v.abs() } else { m });
+        let e = mxfp4_exponent(amax);
+        let d = e8m0_half(e);
+        b[0] = e;
+        let (lo, hi) = x.split_at(QK_MXFP4 / 2);
+        for ((o, &a), &c) in b[1..].iter_mut().zip(lo).zip(hi) {
+            *o = nearest_code(a, d) | nearest_code(c, d) << 4;
+        }
+    }
+}
+
 pub(crate) fn dequantize_nvfp4(blocks: &[u8], out: &mut [f32]) {
     const N_SUB: usize = QK_NVFP4 / QK_NVFP4_SUB;
     for (b, y) in blocks
@@ -122,5 +173,47 @@ mod tests {
         dequantize_nvfp4(&b, &mut y);
         assert_eq!((y[32], y[40]), (-2.0, -1.0));
         assert!(y[..32].iter().chain(&y[33..40]).all(|&v| v == 0.0));
+    }
+
+    /// Round trips: each value decodes to the nearest representable `k · d` (d = 2^(⌊log2 amax⌋
+    /// − 3), so the largest |x| lands in codes 4..=6 · 2 of the E2M1 range), first code on ties.
+    #[test]
+    fn mxfp4_round_trip_is_nearest() {
+        let mut x: Vec<f32> = (0..QK_MXFP4 * 4)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) * 0.013)
+            .collect();
+        x[QK_MXFP4..2 * QK_MXFP4].fill(0.0);
+        x[3 * QK_MXFP4..].fill(-0.75);
+        let mut b = vec![0u8; 4 * MXFP4_BYTES];
+        quantize_mxfp4(&x, &mut b);
+        let mut y = vec![0f32; x.len()];
+        dequantize_mxfp4(&b, &mut y);
+        for (blk, (x, y)) in x.chunks(QK_MXFP4).zip(y.chunks(QK_MXFP4)).enumerate() {
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = if amax > 0.0 {
+                2f32.powi(amax.log2().floor() as i32 - 3)
+            } else {
+                0.0
+            };
+            assert_eq!(
+                b[blk * MXFP4_BYTES],
+                if amax > 0.0 {
+                    (amax.log2().floor() + 125.0) as u8
+                } else {
+                    0
+                }
+            );
+            for (&x, &y) in x.iter().zip(y) {
+                let best = KVALUES
+                    .iter()
+                    .map(|&k| (k as f32 * d - x).abs())
+                    .fold(f32::MAX, f32::min);
+                assert_eq!((y - x).abs(), best, "block {blk}: x {x} → {y}");
+            }
+        }
+        assert!(y[3 * QK_MXFP4..].iter().all(|&v| v == -0.75)); // −0.75 = −6 · 2^−3: exact
+        assert_eq!(mxfp4_exponent(2f32.powi(-126)), 255); // the C cast's wrap
+                                                          // log2f(f32::MAX) rounds to 128.0, so e = 253, not the exact floor's 252.
+        assert_eq!(mxfp4_exponent(f32::MAX), 253);
     }
 }

@@ -7,10 +7,13 @@
 //!   output's name; dropping it unfinished removes the temporary file.
 //! - [`check_output`]: an output path must not be one of the command's inputs, and its directory
 //!   must exist — checked before any work starts.
+//! - [`progress`]: progress of a long phase on stderr: a bar on a terminal, else a line with
+//!   the ETA every `TQ_PROGRESS_SECS` (10 s).
 //! - [`hooks`]: the test hooks (kill points that stop a run as `kill -9` would), the one place
 //!   library code may end the process.
 
 pub mod hooks;
+pub(crate) mod progress;
 
 use crate::error::{Error, Result};
 use std::fs::File;

@@ -167,6 +167,12 @@ impl Model<'_> {
         kern: Option<&Kernels>,
         watch: bool,
     ) -> Result<LayerWeights> {
+        // Read this block's bytes in large requests (a cold map faulted page by page is slow),
+        // and the next block's while this one runs.
+        self.prefetch_block(l);
+        if l + 1 < self.cfg.n_layer {
+            self.prefetch_block(l + 1);
+        }
         let mut lw = match kern {
             Some(k) => LayerWeights::load_with(self.file, &self.cfg, l, &|n| k.has(n))?,
             None => LayerWeights::load(self.file, &self.cfg, l)?,
@@ -181,6 +187,19 @@ impl Model<'_> {
             lw.prepare_cuda(self.file, path)?;
         }
         Ok(lw)
+    }
+
+    /// Start reading block `l`'s tensors into the page cache ([`crate::gguf::GgufFile::prefetch`]).
+    fn prefetch_block(&self, l: usize) {
+        let prefix = format!("blk.{l}.");
+        for t in self
+            .file
+            .tensors
+            .iter()
+            .filter(|t| t.name.starts_with(&prefix))
+        {
+            self.file.prefetch(t);
+        }
     }
 
     /// Blocks `layers` on every batch of `b`, block-major: block `l`'s weights are loaded once,

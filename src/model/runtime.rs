@@ -441,6 +441,7 @@ impl<'a> Model<'a> {
             }
             return Ok(logits);
         }
+        self.file.prefetch(t);
         let mut w = vec![0f32; OUTPUT_ROWS_PER_SLICE.min(nv) * e];
         let mut v0 = 0;
         while v0 < nv {

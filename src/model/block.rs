@@ -428,10 +428,10 @@ impl Model<'_> {
             o.transform_weights(l, &mut lw.down)?;
         }
         lw.down
-            .forward_on(act, rows_now, tmp, ggml, threads, kern.as_deref_mut())?;
+            .forward_on(act, rows_now, tmp, ggml, threads, kern)?;
         post_norm(&lw.ffn_post_norm, &mut tmp[..rows_now * e], cfg.rms_eps, e);
         add_into(&mut x[..rows_now * e], &tmp[..rows_now * e]);
-        if let Some(o) = observer.as_deref_mut() {
+        if let Some(o) = observer {
             o.layer_end(l)?;
         }
         Ok(x)

@@ -43,6 +43,12 @@ pub struct EvalArgs {
     /// Windows run through the model together (default: about 2048 tokens' worth).
     #[arg(long)]
     pub batch: Option<usize>,
+    /// Windows per pass (rounded up to whole batches): a pass advances its windows block by
+    /// block, reading each block's weights once, and holds their hidden states (windows × ctx ×
+    /// hidden × 4 bytes). Default: as many as 1 GiB of hidden states holds. Equal to --batch:
+    /// every block is read once per batch.
+    #[arg(long)]
+    pub pass_windows: Option<usize>,
     /// ggml (round activations like llama.cpp's CPU backend; default), f32 (exact activations),
     /// cuda (= cuda-native: TQ4_1S/TQ3_1S weights through the fork's CUDA mat-vec arithmetic
     /// with GGML_TQ_NATIVE=1, int8 centroids x q8_1 activations) or cuda-q8_0 (the fork's CUDA
@@ -144,6 +150,7 @@ fn flags(a: EvalArgs) -> EvalFlags {
         logits_format: a.logits_format,
         json: a.json,
         batch: a.batch,
+        pass_windows: a.pass_windows,
         numerics: a.numerics,
         backend: a.backend,
         kv: KvCacheFlags {

@@ -7,7 +7,7 @@
 
 use super::kv::kv_json;
 use super::logits_file::Format;
-use super::{evaluate, session, EvalResult};
+use super::{evaluate_passes, pass_windows, session, EvalResult};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::gpu::BackendKind;
@@ -30,6 +30,9 @@ pub struct EvalFlags {
     pub logits_format: String,
     pub json: bool,
     pub batch: Option<usize>,
+    /// Windows per block-major pass (`--pass-windows`; `None`: as many as 1 GiB of hidden
+    /// states holds).
+    pub pass_windows: Option<usize>,
     pub numerics: String,
     pub backend: String,
     pub kv: KvCacheFlags,
@@ -162,6 +165,11 @@ impl EvalJob {
             ))
         })?;
         let backend = parse_backend(&a.backend)?;
+        if a.pass_windows == Some(0) || a.batch == Some(0) {
+            return Err(Error::Usage(
+                "--batch and --pass-windows count windows: give at least 1".into(),
+            ));
+        }
         let format = match a.logits_format.as_str() {
             "tq" => Format::Tq,
             "llama" => Format::Llama,
@@ -206,6 +214,8 @@ pub struct EvalReport {
     kv_line: String,
     threads: usize,
     batch: usize,
+    /// Windows per block-major pass.
+    pass_windows: usize,
 }
 
 /// Run the job with `threads` workers (the size of the pool it is called from, for the report):
@@ -247,6 +257,17 @@ pub fn run(job: &EvalJob, threads: usize) -> Result<EvalReport> {
     let batch = a.batch.unwrap_or_else(|| {
         session::default_batch(&win, nv, ref_model.is_some() || backend.is_some())
     });
+    let twin = model
+        .backend()
+        .is_some_and(|b| b.placements.iter().any(|p| p.on_backend));
+    let models = 1 + usize::from(ref_model.is_some()) + usize::from(twin);
+    let pass = a
+        .pass_windows
+        .map_or_else(
+            || pass_windows(&win, &model, batch, models),
+            |p| p.div_ceil(batch) * batch,
+        )
+        .min(win.n_chunk.div_ceil(batch) * batch);
     let mut writer = match &a.save_logits {
         Some(p) => Some(session::logits_writer(
             p,
@@ -261,7 +282,7 @@ pub fn run(job: &EvalJob, threads: usize) -> Result<EvalReport> {
 
     if !a.quiet && !a.json {
         eprintln!(
-            "tq eval: {} ({}, {} blocks), {} windows x {} tokens, scoring {} per window, batch {} windows, {} threads, {} numerics, backend {}, KV {} ({:.3}/{:.3} bits per real value, target {})",
+            "tq eval: {} ({}, {} blocks), {} windows x {} tokens, scoring {} per window, batch {} windows, {} per pass, {} threads, {} numerics, backend {}, KV {} ({:.3}/{:.3} bits per real value, target {})",
             a.model.display(),
             model.cfg.arch.name(),
             model.cfg.n_layer,
@@ -269,6 +290,7 @@ pub fn run(job: &EvalJob, threads: usize) -> Result<EvalReport> {
             win.n_ctx,
             win.scored_per_window(),
             batch,
+            pass.min(win.n_chunk),
             threads,
             numerics.name(),
             backend.map_or("cpu", |b| b.name()),
@@ -278,23 +300,22 @@ pub fn run(job: &EvalJob, threads: usize) -> Result<EvalReport> {
             kv_spec.profile
         );
     }
-    let pb = if a.quiet {
-        indicatif::ProgressBar::hidden()
-    } else {
-        let pb = indicatif::ProgressBar::new(1);
-        pb.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {wide_bar} {percent}% ETA {eta}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        pb
-    };
+    // A bar on a terminal, else a line with the ETA every TQ_PROGRESS_SECS; one unit is one
+    // block (or the output head) of one batch.
+    let mut pb = crate::io::progress::steps(a.quiet, 1, "eval blocks");
     let prog = |d: u64, t: u64| {
         pb.set_length(t);
         pb.set_position(d);
     };
-    let res = evaluate(&model, &win, reference, writer.as_mut(), batch, &prog)?;
+    let res = evaluate_passes(
+        &model,
+        &win,
+        reference,
+        writer.as_mut(),
+        batch,
+        Some(pass),
+        &prog,
+    )?;
     pb.finish_and_clear();
     if let Some(w) = writer {
         w.finish()?;
@@ -328,6 +349,7 @@ pub fn run(job: &EvalJob, threads: usize) -> Result<EvalReport> {
         ),
         threads,
         batch,
+        pass_windows: pass.min(win.n_chunk),
     })
 }
 
@@ -349,6 +371,7 @@ impl EvalReport {
             "kv": self.kv,
             "threads": self.threads,
             "batch": self.batch,
+            "pass_windows": self.pass_windows,
             "result": self.result,
         });
         serde_json::to_string_pretty(&j)

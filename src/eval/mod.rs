@@ -13,5 +13,6 @@ pub(crate) mod perplexity;
 pub mod session;
 
 pub use perplexity::{
-    evaluate, evaluate_from, evaluate_until, EvalResult, Reference, Resume, Windows,
+    evaluate, evaluate_from, evaluate_passes, evaluate_until, pass_windows, EvalResult, Reference,
+    Resume, Windows,
 };

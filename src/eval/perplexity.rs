@@ -8,7 +8,7 @@ use super::backend::{BackendAccum, BackendReport, Comparison, KldBound};
 use super::kld::{mean_and_err, nll, token_kld, Est, KldAccum, KldReport, RefRow};
 use super::logits_file::{Reader, Writer};
 use crate::error::{Error, Result};
-use crate::model::{Model, Observer};
+use crate::model::{Batches, Model};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -110,33 +110,35 @@ pub struct EvalResult {
     pub tokens_per_second: f64,
 }
 
-/// Progress of an evaluation: `done` of `total` units (one unit = one block of one batch).
+/// Progress of an evaluation: `done` of `total` units (one unit = one block, or the output head,
+/// of one batch).
 pub type Progress<'p> = &'p (dyn Fn(u64, u64) + Sync);
 
-struct LayerProgress<'p> {
-    f: Progress<'p>,
-    base: u64,
-    total: u64,
+/// Hidden states a pass may hold per model when its windows are not given: 1 GiB (128 windows
+/// of 512 tokens at a 4096-wide model).
+const PASS_STATE_BYTES: usize = 1 << 30;
+
+/// Windows per block-major pass when not given: as many whole batches as keep every model's
+/// hidden states (`windows × n_ctx × n_embd` f32 each, `models` models) within
+/// [`PASS_STATE_BYTES`], at least one batch, at most every window.
+pub fn pass_windows(win: &Windows, model: &Model, batch: usize, models: usize) -> usize {
+    let batch = batch.max(1);
+    let per_window = win.n_ctx * model.cfg.n_embd * 4 * models.max(1);
+    let fit = PASS_STATE_BYTES / per_window.max(1) / batch * batch;
+    fit.max(batch).min(win.n_chunk.div_ceil(batch) * batch)
 }
 
-impl Observer for LayerProgress<'_> {
-    fn wants_inputs(&self) -> bool {
-        false
-    }
-    fn linear_input(&mut self, _: Option<usize>, _: &[&str], _: &[f32], _: usize, _: usize) {}
-    fn layer_start(&mut self, layer: usize) {
-        (self.f)(self.base + layer as u64, self.total);
-    }
-}
-
-/// Evaluate `model` on `win`. `batch` windows go through the model together (each block is
-/// dequantized once per batch). With a reference, per-token KL divergence is accumulated; with
+/// Evaluate `model` on `win`, block-major: the windows go in passes of whole batches (as many as
+/// [`pass_windows`] allows); in a pass every batch's hidden states advance through block 0, then
+/// block 1, …, so each block's weights are read and dequantized once per pass (a model larger
+/// than RAM is read once per pass) and memory holds one block, the pass's hidden states and one
+/// batch's logits. Then the output head runs batch by batch. `batch` windows go through each
+/// block together; a window's logits are bit for bit those of a batch-major run with the same
+/// `batch` (each block runs on the same batch with the same weights). With a reference, per-token KL divergence is accumulated; with
 /// `save`, the model's own distributions are written as a reference file. When the model has a
 /// GPU backend attached ([`Model::use_backend`]) and some weight runs on it, the same model runs
 /// on the CPU beside it and the result's `backend` holds the comparison (held to
 /// [`KldBound::for_numerics`]); every other number is the backend run's.
-// One function on purpose: the batch loop carries the running PPL/KLD sums, the logits file
-// writer and the progress callback; its order is llama-perplexity's, which tests compare to.
 pub fn evaluate(
     model: &Model,
     win: &Windows,
@@ -160,7 +162,26 @@ pub fn evaluate_until(
     progress: Progress,
     stop: Option<&dyn Fn(&EvalResult) -> bool>,
 ) -> Result<EvalResult> {
-    run(model, win, reference, save, batch, progress, stop, None)
+    run(
+        model, win, reference, save, batch, None, progress, stop, None,
+    )
+}
+
+/// [`evaluate`] in passes of `pass` windows (rounded up to whole batches; `None`: as many as
+/// [`pass_windows`] allows). `pass == batch` is the batch-major order: every block loaded once
+/// per batch.
+pub fn evaluate_passes(
+    model: &Model,
+    win: &Windows,
+    reference: Reference,
+    save: Option<&mut Writer>,
+    batch: usize,
+    pass: Option<usize>,
+    progress: Progress,
+) -> Result<EvalResult> {
+    run(
+        model, win, reference, save, batch, pass, progress, None, None,
+    )
 }
 
 /// Where each batch's forward pass starts: at block `layer`, from the hidden states that
@@ -188,12 +209,15 @@ pub fn evaluate_from(
         reference,
         None,
         batch,
+        None,
         &|_, _| {},
         None,
         Some(resume),
     )
 }
 
+// One function on purpose: the batch loop carries the running PPL/KLD sums, the logits file
+// writer and the progress callback; its order is llama-perplexity's, which tests compare to.
 #[allow(clippy::too_many_arguments)]
 fn run(
     model: &Model,
@@ -201,6 +225,7 @@ fn run(
     mut reference: Reference,
     mut save: Option<&mut Writer>,
     batch: usize,
+    pass: Option<usize>,
     progress: Progress,
     stop: Option<&dyn Fn(&EvalResult) -> bool>,
     resume: Option<&Resume>,
@@ -235,6 +260,7 @@ fn run(
     let per = win.scored_per_window();
     let n_out = win.n_ctx - first;
     let n_batches = win.n_chunk.div_ceil(batch) as u64;
+    let ref_models = usize::from(matches!(reference, Reference::Model(_)));
     let ref_layers = match &reference {
         Reference::Model(r) => r.cfg.n_layer as u64 + 1,
         _ => 0,
@@ -244,8 +270,10 @@ fn run(
         .as_ref()
         .filter(|b| b.placements.iter().any(|p| p.on_backend))
         .map(|_| model.cpu_twin());
+    let twin_models = usize::from(twin.is_some());
     let twin_layers = twin.as_ref().map_or(0, |t| t.cfg.n_layer as u64 + 1);
-    let units_per_batch = model.cfg.n_layer as u64 + 1 + ref_layers + twin_layers;
+    let from = resume.map_or(0, |r| r.layer) as u64;
+    let units_per_batch = model.cfg.n_layer as u64 - from + 1 + ref_layers + twin_layers;
     let total = n_batches * units_per_batch;
 
     let (mut s, mut s2, mut count) = (0f64, 0f64, 0usize);
@@ -263,134 +291,169 @@ fn run(
         })
     };
 
-    let mut w0 = 0;
-    let mut bi = 0u64;
-    while w0 < win.n_chunk {
-        let w1 = (w0 + batch).min(win.n_chunk);
-        let input = win.input(w0, w1);
-        let mut prog = LayerProgress {
-            f: progress,
-            base: bi * units_per_batch,
-            total,
+    // Passes of whole batches, block-major inside a pass (see `pass_windows`). A run that may
+    // stop after any batch goes one batch per pass, so that stopping wastes no block.
+    let per_pass = match (pass, stop) {
+        (Some(p), _) => p.max(1).div_ceil(batch) * batch,
+        (None, Some(_)) => batch,
+        (None, None) => pass_windows(win, model, batch, 1 + ref_models + twin_models),
+    };
+    let done = std::cell::Cell::new(0u64);
+    let tick = || {
+        done.set(done.get() + 1);
+        (progress)(done.get(), total);
+    };
+    // The hidden states of each batch of windows `p0..p1` at block `from`'s input, run through
+    // the rest of `m`'s blocks block by block.
+    let states = |m: &Model, p0: usize, p1: usize, resumed: bool| -> Result<Batches> {
+        let mut b = Batches {
+            seq: win.n_ctx,
+            out_from: first,
+            batches: Vec::new(),
         };
-        let tf = std::time::Instant::now();
-        let logits = match resume {
-            None => model.forward(&input, win.n_ctx, first, Some(&mut prog))?,
-            Some(r) => model.forward_from(
-                w1 - w0,
-                win.n_ctx,
-                first,
-                r.layer,
-                (r.states)(w0, w1)?,
-                Some(&mut prog),
-            )?,
-        };
-        bacc.seconds_backend += tf.elapsed().as_secs_f64();
-        if let Some(t) = &twin {
-            let mut prog = LayerProgress {
-                f: progress,
-                base: bi * units_per_batch + model.cfg.n_layer as u64 + 1,
-                total,
+        let mut w0 = p0;
+        while w0 < p1 {
+            let w1 = (w0 + batch).min(p1);
+            let x = match resume.filter(|_| resumed) {
+                None => m.embed(&win.input(w0, w1))?,
+                Some(r) => (r.states)(w0, w1)?,
             };
-            let tc = std::time::Instant::now();
-            let cl = t.forward(&input, win.n_ctx, first, Some(&mut prog))?;
-            bacc.seconds_cpu += tc.elapsed().as_secs_f64();
-            let rows: Vec<(usize, usize)> = (0..w1 - w0)
-                .flat_map(|j| {
-                    (0..per).map(move |p| (j * n_out + p, win.target(w0 + j, first + p) as usize))
-                })
-                .collect();
-            bacc.add_rows(&rows, &cl, &logits, nv);
+            b.batches.push((w1 - w0, x));
+            w0 = w1;
         }
-        let ref_rows: Option<Vec<RefRow>> = match &mut reference {
-            Reference::None => None,
-            Reference::Model(r) => {
-                let mut prog = LayerProgress {
-                    f: progress,
-                    base: bi * units_per_batch + model.cfg.n_layer as u64 + 1 + twin_layers,
-                    total,
-                };
-                let rl = r.forward(&input, win.n_ctx, first, Some(&mut prog))?;
-                let rows: Vec<usize> = (0..w1 - w0)
-                    .flat_map(|j| (0..per).map(move |p| j * n_out + p))
-                    .collect();
-                Some(
-                    rows.par_iter()
-                        .map(|&i| RefRow::from_logits(&rl[i * nv..(i + 1) * nv]))
-                        .collect(),
-                )
+        let from = resume.filter(|_| resumed).map_or(0, |r| r.layer);
+        m.blocks_major(&mut b, from..m.cfg.n_layer, &mut |_, _| tick())?;
+        Ok(b)
+    };
+
+    let mut p0 = 0;
+    while p0 < win.n_chunk {
+        let p1 = (p0 + per_pass).min(win.n_chunk);
+        let tf = std::time::Instant::now();
+        let mut mine = states(model, p0, p1, true)?;
+        bacc.seconds_backend += tf.elapsed().as_secs_f64();
+        let mut twin_states = match &twin {
+            Some(t) => {
+                let tc = std::time::Instant::now();
+                let b = states(t, p0, p1, false)?;
+                bacc.seconds_cpu += tc.elapsed().as_secs_f64();
+                Some(b)
             }
-            Reference::File(rd) => {
-                let mut v = Vec::with_capacity((w1 - w0) * per);
-                for _ in 0..(w1 - w0) * per {
-                    v.push(rd.next_row()?);
-                }
-                Some(v)
-            }
+            None => None,
         };
-        (progress)(bi * units_per_batch + units_per_batch - 1, total);
-        // Per-token statistics in parallel, accumulated in order (deterministic).
-        let idx: Vec<(usize, usize)> = (0..w1 - w0)
-            .flat_map(|j| (0..per).map(move |p| (j, p)))
-            .collect();
-        let nlls: Vec<f64> = idx
-            .par_iter()
-            .map(|&(j, p)| {
-                let row = &logits[(j * n_out + p) * nv..(j * n_out + p + 1) * nv];
-                nll(row, win.target(w0 + j, first + p) as usize)
-            })
-            .collect();
-        if let Some(rr) = &ref_rows {
-            let ks: Vec<_> = idx
-                .par_iter()
-                .enumerate()
-                .map(|(k, &(j, p))| {
-                    let row = &logits[(j * n_out + p) * nv..(j * n_out + p + 1) * nv];
-                    token_kld(row, &rr[k], win.target(w0 + j, first + p) as usize)
-                })
-                .collect();
-            for t in &ks {
-                kacc.add(t);
+        let mut ref_states = match &reference {
+            Reference::Model(r) => Some(states(r, p0, p1, false)?),
+            _ => None,
+        };
+        let mut w0 = p0;
+        for i in 0..mine.batches.len() {
+            let (n_win, x) = std::mem::take(&mut mine.batches[i]);
+            let w1 = w0 + n_win;
+            let tf = std::time::Instant::now();
+            let logits = model.head(n_win, win.n_ctx, first, x, None)?;
+            bacc.seconds_backend += tf.elapsed().as_secs_f64();
+            tick();
+            if let (Some(t), Some(tb)) = (&twin, twin_states.as_mut()) {
+                let tc = std::time::Instant::now();
+                let x = std::mem::take(&mut tb.batches[i].1);
+                let cl = t.head(n_win, win.n_ctx, first, x, None)?;
+                bacc.seconds_cpu += tc.elapsed().as_secs_f64();
+                tick();
+                let rows: Vec<(usize, usize)> = (0..w1 - w0)
+                    .flat_map(|j| {
+                        (0..per)
+                            .map(move |p| (j * n_out + p, win.target(w0 + j, first + p) as usize))
+                    })
+                    .collect();
+                bacc.add_rows(&rows, &cl, &logits, nv);
             }
-        }
-        if let Some(w) = save.as_deref_mut() {
-            let rows: Vec<RefRow> = idx
+            let ref_rows: Option<Vec<RefRow>> = match &mut reference {
+                Reference::None => None,
+                Reference::Model(r) => {
+                    let rb = ref_states.as_mut().expect("states of the reference model");
+                    let x = std::mem::take(&mut rb.batches[i].1);
+                    let rl = r.head(n_win, win.n_ctx, first, x, None)?;
+                    tick();
+                    let rows: Vec<usize> = (0..w1 - w0)
+                        .flat_map(|j| (0..per).map(move |p| j * n_out + p))
+                        .collect();
+                    Some(
+                        rows.par_iter()
+                            .map(|&i| RefRow::from_logits(&rl[i * nv..(i + 1) * nv]))
+                            .collect(),
+                    )
+                }
+                Reference::File(rd) => {
+                    let mut v = Vec::with_capacity((w1 - w0) * per);
+                    for _ in 0..(w1 - w0) * per {
+                        v.push(rd.next_row()?);
+                    }
+                    Some(v)
+                }
+            };
+            // Per-token statistics in parallel, accumulated in order (deterministic).
+            let idx: Vec<(usize, usize)> = (0..w1 - w0)
+                .flat_map(|j| (0..per).map(move |p| (j, p)))
+                .collect();
+            let nlls: Vec<f64> = idx
                 .par_iter()
                 .map(|&(j, p)| {
-                    RefRow::from_logits(&logits[(j * n_out + p) * nv..(j * n_out + p + 1) * nv])
+                    let row = &logits[(j * n_out + p) * nv..(j * n_out + p + 1) * nv];
+                    nll(row, win.target(w0 + j, first + p) as usize)
                 })
                 .collect();
-            for r in &rows {
-                w.write_row(r)?;
+            if let Some(rr) = &ref_rows {
+                let ks: Vec<_> = idx
+                    .par_iter()
+                    .enumerate()
+                    .map(|(k, &(j, p))| {
+                        let row = &logits[(j * n_out + p) * nv..(j * n_out + p + 1) * nv];
+                        token_kld(row, &rr[k], win.target(w0 + j, first + p) as usize)
+                    })
+                    .collect();
+                for t in &ks {
+                    kacc.add(t);
+                }
+            }
+            if let Some(w) = save.as_deref_mut() {
+                let rows: Vec<RefRow> = idx
+                    .par_iter()
+                    .map(|&(j, p)| {
+                        RefRow::from_logits(&logits[(j * n_out + p) * nv..(j * n_out + p + 1) * nv])
+                    })
+                    .collect();
+                for r in &rows {
+                    w.write_row(r)?;
+                }
+            }
+            for (k, v) in nlls.iter().enumerate() {
+                s += v;
+                s2 += v * v;
+                count += 1;
+                if (k + 1) % per == 0 {
+                    chunk_ppl.push((s / count as f64).exp());
+                }
+            }
+            w0 = w1;
+            if let Some(stop) = stop.filter(|_| w0 < win.n_chunk) {
+                let so_far = Sums {
+                    s,
+                    s2,
+                    count,
+                    kld: with_ref.then_some(&kacc),
+                }
+                .result(win.n_ctx, w0, &chunk_ppl, t0);
+                let so_far = EvalResult {
+                    backend: backend_report(&bacc),
+                    ..so_far
+                };
+                if stop(&so_far) {
+                    (progress)(total, total);
+                    return Ok(so_far);
+                }
             }
         }
-        for (k, v) in nlls.iter().enumerate() {
-            s += v;
-            s2 += v * v;
-            count += 1;
-            if (k + 1) % per == 0 {
-                chunk_ppl.push((s / count as f64).exp());
-            }
-        }
-        w0 = w1;
-        bi += 1;
-        if let Some(stop) = stop.filter(|_| w0 < win.n_chunk) {
-            let so_far = Sums {
-                s,
-                s2,
-                count,
-                kld: with_ref.then_some(&kacc),
-            }
-            .result(win.n_ctx, w0, &chunk_ppl, t0);
-            let so_far = EvalResult {
-                backend: backend_report(&bacc),
-                ..so_far
-            };
-            if stop(&so_far) {
-                (progress)(total, total);
-                return Ok(so_far);
-            }
-        }
+        p0 = p1;
     }
     (progress)(total, total);
     let r = Sums {

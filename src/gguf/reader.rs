@@ -191,6 +191,16 @@ impl GgufFile {
         &self.mmap[start..start + t.size as usize]
     }
 
+    /// Start reading a tensor's bytes into the page cache (readahead in large requests, not
+    /// waited for), before it is dequantized. Best effort.
+    pub fn prefetch(&self, t: &TensorInfo) {
+        if self.overlay.iter().any(|(n, _)| *n == t.name) {
+            return;
+        }
+        let start = self.data_offset + t.offset;
+        crate::io::will_need(&self.mmap, start, start + t.size);
+    }
+
     /// Drop the resident pages of a tensor's bytes (after it has been converted), so that
     /// streaming through a model larger than RAM keeps RSS bounded. The map is read-only and
     /// file-backed, so the pages are simply re-read if touched again. Best effort.

@@ -8,10 +8,10 @@
 //! same graph as [`Model::forward`] with [`Numerics::F32`] for every architecture it runs (tested
 //! against it, position by position, on each).
 
+use super::block::post_norm;
 use super::layer::{glu_rows, rms_norm, rms_norm_rows, LayerWeights};
 use super::matmul::matmul_t;
 use super::rope::Rope;
-use super::runtime::post_norm;
 use super::runtime::{Model, Numerics};
 use crate::error::{Error, Result};
 use rayon::prelude::*;

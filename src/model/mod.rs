@@ -3,6 +3,7 @@
 //! with only one block's weights dequantized (to f32) at a time. See `docs/eval.md`.
 
 pub(crate) mod attention;
+pub(crate) mod block;
 pub(crate) mod config;
 pub mod decode;
 pub(crate) mod kernels;
@@ -13,6 +14,7 @@ pub(crate) mod moe;
 pub(crate) mod rope;
 pub(crate) mod runtime;
 
+pub use block::Batches;
 pub use config::{Arch, Config};
 pub use kernels::Placement;
 pub use kv::{KvCache, KvLayer, KvSpec, Turbo4Table};

@@ -3,11 +3,10 @@
 //! block + the batch's activations whatever the model size. The output projection is streamed in
 //! slices of vocabulary rows the same way.
 
-use super::attention::{causal_attention, AttnShape};
 use super::config::Config;
 use super::kernels::{placements, Kernels, Placement};
-use super::kv::{hadamard_blocks, round_trip, KvCache, KvLayer};
-use super::layer::{dequantize_rows, glu_rows, load_f32, rms_norm_rows, LayerWeights, LinearSet};
+use super::kv::KvCache;
+use super::layer::{dequantize_rows, load_f32, rms_norm_rows, LinearSet};
 use super::matmul::{matmul_t, ActRound};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -228,6 +227,11 @@ impl<'a> Model<'a> {
         }
     }
 
+    /// The backend's kernels, when one is attached.
+    pub(crate) fn kernels(&self) -> Option<&RefCell<Kernels>> {
+        self.kernels.as_ref()
+    }
+
     /// Worker threads the large matrix products use (see `threads`).
     pub(crate) fn threads(&self) -> usize {
         self.threads
@@ -293,6 +297,7 @@ impl<'a> Model<'a> {
         x.par_chunks_mut(e)
             .zip(tokens.par_iter())
             .try_for_each(|(row, &id)| dequantize_rows(f, t, id as usize, id as usize + 1, row))?;
+        f.release(t);
         if let Some(sc) = self.cfg.emb_scale {
             x.par_iter_mut().for_each(|v| *v *= sc);
         }
@@ -335,249 +340,9 @@ impl<'a> Model<'a> {
         self.head(n_win, seq, out_from, x, observer)
     }
 
-    /// Blocks `layers` on the hidden states `x` (`n_win * seq × n_embd`, block `layers.start`'s
-    /// input), returning block `layers.end`'s input. When `layers` ends with the last block,
-    /// only the output rows (`out_from..seq` of each window) come back, unless the observer
-    /// watches the linear inputs.
-    // One function on purpose: the block loop is the streaming contract (one block's weights
-    // dequantized at a time, the observer called at each linear input), kept readable in one place.
-    pub fn blocks(
-        &self,
-        n_win: usize,
-        seq: usize,
-        out_from: usize,
-        layers: std::ops::Range<usize>,
-        mut x: Vec<f32>,
-        mut observer: Option<&mut dyn Observer>,
-    ) -> Result<Vec<f32>> {
-        let cfg = &self.cfg;
-        let watch = observer.as_ref().is_some_and(|o| o.wants_inputs());
-        assert!(seq > 0 && out_from < seq && layers.end <= cfg.n_layer);
-        let rows = n_win * seq;
-        let e = cfg.n_embd;
-        if layers.is_empty() {
-            return Ok(x);
-        }
-        if x.len() != rows * e {
-            return Err(Error::internal(format!(
-                "blocks: {} hidden values for {rows} rows of {e}",
-                x.len()
-            )));
-        }
-        let threads = self.threads;
-        let ggml = self.ggml();
-        let shape0 = AttnShape {
-            n_head: cfg.n_head,
-            n_head_kv: cfg.n_head_kv,
-            head_dim: cfg.head_dim,
-            scale: cfg.kq_scale,
-            softcap: cfg.attn_softcap,
-            window: None,
-        };
-        let (qd, kvd, ld, hd) = (shape0.q_dim(), shape0.kv_dim(), shape0.ld(), cfg.head_dim);
-        let (rope_global, rope_swa) = super::rope::model_ropes(cfg, seq);
-        let n_out = seq - out_from;
-        self.kv.check(hd)?;
-        let mut kern = self.kernels.as_ref().map(|k| k.borrow_mut());
-        if kern.is_some() && watch {
-            // No calibrating command has --backend: a caller that asks for both is wrong.
-            return Err(Error::internal(
-                "--backend is for evaluation; calibration runs on the CPU runtime",
-            ));
-        }
-        let rotate = self.kv.rotate;
-        let (table, groups) = (self.kv.turbo4, self.kv.groups);
-        // Rows whose outputs are needed after the last block (llama.cpp prunes the same way).
-        let keep: Vec<usize> = (0..n_win)
-            .flat_map(|w| (out_from..seq).map(move |p| w * seq + p))
-            .collect();
-
-        let mut h = vec![0f32; rows * e];
-        let mut qkv = vec![0f32; rows * ld];
-        let mut att = vec![0f32; rows * qd];
-        let mut gu = vec![0f32; rows * 2 * cfg.n_ff];
-        let mut act = vec![0f32; rows * cfg.n_ff];
-        let mut tmp = vec![0f32; rows * e];
-
-        for l in layers {
-            if let Some(o) = observer.as_deref_mut() {
-                o.layer_start(l);
-            }
-            let mut lw = match &kern {
-                Some(k) => LayerWeights::load_with(self.file, cfg, l, &|n| k.has(n))?,
-                None => LayerWeights::load(self.file, cfg, l)?,
-            };
-            if let Some(path) = self.numerics.cuda_path() {
-                if watch {
-                    return Err(Error::internal(format!(
-                        "{} numerics are for evaluation; calibration hooks need ggml or f32",
-                        self.numerics.name()
-                    )));
-                }
-                lw.prepare_cuda(self.file, path)?;
-            }
-            let kv = self.kv.layer(l);
-            // The cache is simulated with ggml numerics (f16 by default) or whenever a type was
-            // chosen.
-            let store = ggml || kv != KvLayer::F16;
-            let (rot_k, rot_v) = (kv.k_rotation(rotate, hd), kv.v_rotation(rotate, hd));
-            // Queries meet a quantized K through its vec_dot type (ggml's non-tiled flash
-            // attention, used whenever the cache is not all f16/f32).
-            let q_round = if ggml && kv != KvLayer::F16 {
-                ActRound::for_weight(kv.k)
-            } else {
-                ActRound::None
-            };
-            let last = l + 1 == cfg.n_layer;
-            let window = cfg.window_of(l);
-            let rope = match (&rope_swa, window) {
-                (Some(r), Some(_)) => r,
-                _ => &rope_global,
-            };
-            let shape = AttnShape { window, ..shape0 };
-            let q_scale = cfg.q_scale;
-
-            // Attention.
-            rms_norm_rows(&x, &lw.attn_norm, cfg.rms_eps, e, &mut h);
-            if let Some(o) = observer.as_deref_mut().filter(|_| watch) {
-                o.linear_input(Some(l), &lw.qkv.names(), &h, rows, e);
-                o.transform_weights(l, &mut lw.qkv)?;
-            }
-            lw.qkv
-                .forward_on(&h, rows, &mut qkv, ggml, threads, kern.as_deref_mut())?;
-            qkv.par_chunks_mut(ld).enumerate().for_each(|(r, row)| {
-                let pos = r % seq;
-                let (q, kvr) = row.split_at_mut(qd);
-                for qh in q.chunks_mut(hd) {
-                    if let Some(nw) = &lw.q_norm {
-                        let c = qh.to_vec();
-                        super::layer::rms_norm(&c, nw, cfg.rms_eps, qh);
-                    }
-                    rope.apply(qh, pos);
-                    if let Some(sc) = q_scale {
-                        qh.iter_mut().for_each(|v| *v *= sc);
-                    }
-                    if let Some(n) = rot_k {
-                        hadamard_blocks(qh, n);
-                    }
-                    q_round.apply(qh);
-                }
-                let (k, v) = kvr.split_at_mut(kvd);
-                for kh in k.chunks_mut(hd) {
-                    if let Some(nw) = &lw.k_norm {
-                        let c = kh.to_vec();
-                        super::layer::rms_norm(&c, nw, cfg.rms_eps, kh);
-                    }
-                    rope.apply(kh, pos);
-                    if let Some(n) = rot_k {
-                        hadamard_blocks(kh, n);
-                    }
-                    if store {
-                        round_trip(kv.k, table, groups, kh);
-                    }
-                }
-                for vh in v.chunks_mut(hd) {
-                    if let Some(n) = rot_v {
-                        hadamard_blocks(vh, n);
-                    }
-                    if store {
-                        round_trip(kv.v, table, groups, vh);
-                    }
-                }
-            });
-            causal_attention(&shape, &qkv, n_win, seq, &mut att);
-            if let Some(n) = rot_v {
-                att.par_chunks_mut(hd).for_each(|h| hadamard_blocks(h, n));
-            }
-
-            // Prune to the output rows after the last block's attention.
-            let (rows_now, att_in): (usize, std::borrow::Cow<[f32]>) =
-                if last && !watch && n_out < seq {
-                    let mut a = vec![0f32; keep.len() * qd];
-                    let mut xr = vec![0f32; keep.len() * e];
-                    for (i, &r) in keep.iter().enumerate() {
-                        a[i * qd..(i + 1) * qd].copy_from_slice(&att[r * qd..(r + 1) * qd]);
-                        xr[i * e..(i + 1) * e].copy_from_slice(&x[r * e..(r + 1) * e]);
-                    }
-                    x = xr;
-                    (keep.len(), std::borrow::Cow::Owned(a))
-                } else {
-                    (rows, std::borrow::Cow::Borrowed(&att[..]))
-                };
-            if let Some(o) = observer.as_deref_mut().filter(|_| watch) {
-                o.linear_input(Some(l), &lw.wo.names(), &att_in, rows_now, qd);
-                o.transform_weights(l, &mut lw.wo)?;
-            }
-            lw.wo.forward_on(
-                &att_in,
-                rows_now,
-                &mut tmp,
-                ggml,
-                threads,
-                kern.as_deref_mut(),
-            )?;
-            post_norm(&lw.attn_post_norm, &mut tmp[..rows_now * e], cfg.rms_eps, e);
-            add_into(&mut x[..rows_now * e], &tmp[..rows_now * e]);
-
-            // Feed-forward.
-            rms_norm_rows(
-                &x[..rows_now * e],
-                &lw.ffn_norm,
-                cfg.rms_eps,
-                e,
-                &mut h[..rows_now * e],
-            );
-            if let (Some(router), Some(moe)) = (&mut lw.router, &cfg.moe) {
-                if let Some(o) = observer.as_deref_mut().filter(|_| watch) {
-                    o.linear_input(Some(l), &router.names(), &h[..rows_now * e], rows_now, e);
-                    o.transform_weights(l, router)?;
-                }
-                let obs = observer.as_deref_mut().filter(|_| watch);
-                self.moe_ffn(l, moe, router, &h[..rows_now * e], rows_now, &mut tmp, obs)?;
-                add_into(&mut x[..rows_now * e], &tmp[..rows_now * e]);
-                if let Some(o) = observer.as_deref_mut() {
-                    o.layer_end(l)?;
-                }
-                continue;
-            }
-            let nff = lw.gate_up.n_total / 2;
-            if let Some(o) = observer.as_deref_mut().filter(|_| watch) {
-                o.linear_input(
-                    Some(l),
-                    &lw.gate_up.names(),
-                    &h[..rows_now * e],
-                    rows_now,
-                    e,
-                );
-                o.transform_weights(l, &mut lw.gate_up)?;
-            }
-            lw.gate_up
-                .forward_on(&h, rows_now, &mut gu, ggml, threads, kern.as_deref_mut())?;
-            glu_rows(&gu, &mut act[..rows_now * nff], nff, cfg.gelu, ggml);
-            if let Some(o) = observer.as_deref_mut().filter(|_| watch) {
-                o.linear_input(
-                    Some(l),
-                    &lw.down.names(),
-                    &act[..rows_now * nff],
-                    rows_now,
-                    nff,
-                );
-                o.transform_weights(l, &mut lw.down)?;
-            }
-            lw.down
-                .forward_on(&act, rows_now, &mut tmp, ggml, threads, kern.as_deref_mut())?;
-            post_norm(&lw.ffn_post_norm, &mut tmp[..rows_now * e], cfg.rms_eps, e);
-            add_into(&mut x[..rows_now * e], &tmp[..rows_now * e]);
-            if let Some(o) = observer.as_deref_mut() {
-                o.layer_end(l)?;
-            }
-        }
-        Ok(x)
-    }
-
     /// The output head on the last block's output `x` (all rows, or only the output rows):
     /// the final norm on the output rows, then the output projection in vocabulary slices.
-    fn head(
+    pub(crate) fn head(
         &self,
         n_win: usize,
         seq: usize,
@@ -676,6 +441,7 @@ impl<'a> Model<'a> {
             }
             return Ok(logits);
         }
+        self.file.prefetch(t);
         let mut w = vec![0f32; OUTPUT_ROWS_PER_SLICE.min(nv) * e];
         let mut v0 = 0;
         while v0 < nv {
@@ -685,20 +451,9 @@ impl<'a> Model<'a> {
             matmul_t(hin, rows, e, ws, v1 - v0, &mut logits[v0..], nv, threads);
             v0 = v1;
         }
+        // Its mapped pages are read again by the next batch's head (from the page cache): not
+        // kept in this process's memory in between.
+        self.file.release(t);
         Ok(logits)
     }
-}
-
-/// Gemma's post-norm of a block output (rows of width `cols`), in place.
-pub(crate) fn post_norm(w: &Option<Vec<f32>>, y: &mut [f32], eps: f32, cols: usize) {
-    if let Some(w) = w {
-        let src = y.to_vec();
-        rms_norm_rows(&src, w, eps, cols, y);
-    }
-}
-
-fn add_into(x: &mut [f32], y: &[f32]) {
-    x.par_chunks_mut(4096)
-        .zip(y.par_chunks(4096))
-        .for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(a, b)| *a += b));
 }

@@ -11,12 +11,13 @@
 
 pub mod job;
 pub mod mix;
-mod progress;
 pub mod report;
 mod run;
 
 pub use job::{CalibInput, ConvertFlags, Job};
 pub use run::convert;
+
+use crate::io::progress;
 
 use crate::convert::Stats;
 use crate::plan::Plan;

@@ -293,18 +293,7 @@ fn validate_one(
     if !a.quiet && !a.json {
         eprintln!("tq validate: checking {}", art.display());
     }
-    let pb = if a.quiet || a.json {
-        indicatif::ProgressBar::hidden()
-    } else {
-        let pb = indicatif::ProgressBar::new(1);
-        pb.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {wide_bar} {percent}%",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        pb
-    };
+    let mut pb = crate::io::progress::steps(a.quiet || a.json, 1, "validate blocks");
     let prog = |d: u64, t: u64| {
         pb.set_length(t);
         pb.set_position(d);

@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::eval::logits_file::Reader;
 use crate::eval::{evaluate, evaluate_from, session, Reference, Resume, Windows};
 use crate::gguf::GgufFile;
-use crate::model::{Model, Numerics};
+use crate::model::{Batches, Model, Numerics};
 use crate::types::TensorType;
 use std::path::Path;
 
@@ -88,13 +88,19 @@ impl<'a> Probes<'a> {
         if to == self.at {
             return Ok(());
         }
-        for (b, s) in self.states.iter_mut().enumerate() {
-            let n_win = (self.win.n_chunk - b * self.batch).min(self.batch);
-            let x = std::mem::take(s);
-            *s = self
-                .reference
-                .blocks(n_win, ctx, first, self.at..to, x, None)?;
+        // Block-major: each block of the input is loaded once for all batches.
+        let mut b = Batches {
+            seq: ctx,
+            out_from: first,
+            batches: Vec::with_capacity(self.states.len()),
+        };
+        for (i, s) in self.states.iter_mut().enumerate() {
+            let n_win = (self.win.n_chunk - i * self.batch).min(self.batch);
+            b.batches.push((n_win, std::mem::take(s)));
         }
+        self.reference
+            .blocks_major(&mut b, self.at..to, &mut |_, _| {})?;
+        self.states = b.batches.into_iter().map(|(_, x)| x).collect();
         self.at = to;
         Ok(())
     }

@@ -1,4 +1,4 @@
-//! Progress on stderr for the pipeline's long phases: a bar on a terminal; elsewhere (a log, a
+//! Progress on stderr for long phases (the pipeline's, `tq eval`'s and `tq validate`'s blocks): a bar on a terminal; elsewhere (a log, a
 //! pipe) a line every 10 s while a phase runs (`tq: PHASE 3/14 (21%), 40 s, eta 2m 30s`) and one
 //! when a phase that printed finishes; nothing under `--quiet`. `TQ_PROGRESS_SECS` sets the
 //! interval of those lines (default 10).

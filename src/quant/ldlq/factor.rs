@@ -29,6 +29,16 @@ pub struct Factor {
     pub h: Option<Vec<f64>>,
     /// Refit passes after the sweep (stock types; `--ldlq-refit`).
     pub refit: usize,
+    /// `u` rounded to f32, made on first use by the f32 sweep ([`Factor::u_f32`]).
+    pub(crate) u32: std::sync::OnceLock<Vec<f32>>,
+}
+
+impl Factor {
+    /// `u` rounded to f32 (computed once, then shared by every tensor that uses this factor).
+    pub(crate) fn u_f32(&self) -> &[f32] {
+        self.u32
+            .get_or_init(|| self.u.par_iter().map(|&v| v as f32).collect())
+    }
 }
 
 /// `R H Rᵀ` with `R` the block-diagonal 32-point forward rotation of the TQ formats (exact, f64):
@@ -187,6 +197,7 @@ pub fn factor_owned(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Fact
             damp: lambda,
             h: None,
             refit: 0,
+            u32: Default::default(),
         });
     }
     Err(Error::Unsupported(format!(
@@ -526,6 +537,7 @@ mod tests {
                 damp: 0.01,
                 h: None,
                 refit: 0,
+                u32: Default::default(),
             };
             let q = super::super::quantize_ldlq(TensorType::TQ4_1S, &w, n, &f, 0);
             let mut y = vec![0f32; w.len()];

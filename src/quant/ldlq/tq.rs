@@ -26,27 +26,48 @@ fn codebook(ty: TensorType) -> (&'static [f32], &'static [f32]) {
     }
 }
 
-/// `tq::tq_index` (the first `i` with `v < t[i]`, else `t.len()`) as a count of the thresholds
-/// `v` is not below: the same index for ascending `t` (NaN included: every comparison is false),
-/// without the scan's data-dependent branch (a misprediction per value, 15 per value in
-/// [`half_scale`]'s search). Held to `tq_index` by `fast_index_equals_the_scan`.
+/// `tq::tq_index` (the first `i` with `v < t[i]`, else `t.len()`) as a branch-free binary search
+/// (`t.len() + 1` a power of two: 15 or 7 thresholds, 4 or 3 compares): the same index for
+/// ascending `t`, NaN included (every comparison false gives `t.len()`), without the scan's
+/// data-dependent branch (a misprediction per value, and [`half_scale`] looks up 15 indices per
+/// value). Held to `tq_index` by `fast_index_equals_the_scan`.
 #[inline]
 fn index(v: f32, t: &[f32]) -> usize {
-    t.iter().map(|&th| usize::from(!(v < th))).sum()
+    debug_assert!((t.len() + 1).is_power_of_two());
+    let (mut i, mut step) = (0, t.len().div_ceil(2));
+    while step > 0 {
+        i += step * usize::from(!(v < t[i + step - 1]));
+        step /= 2;
+    }
+    i
+}
+
+/// `(x / d) as f32` for the (16) values of a half-block, a separate pass so the divisions
+/// vectorize (the same quotients as one at a time).
+#[inline]
+fn quotients(v: &[f64], d: f64) -> [f32; 16] {
+    let mut y = [0f32; 16];
+    for (yi, &x) in y.iter_mut().zip(v) {
+        *yi = (x / d) as f32;
+    }
+    y
 }
 
 /// The scale of one half-block chosen from its current (error-fed) values: the fork's RTN search
 /// restricted to the half (9 multipliers of the RMS, then 6 least-squares refinements), rounded to
 /// f16 since that is what the decoder will use.
 fn half_scale(v: &[f64], c: &[f32], t: &[f32]) -> f32 {
+    debug_assert_eq!(v.len(), 16);
     let rms = (v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64).sqrt();
     if !(rms > 1e-30) {
         return 0.0;
     }
     let err_of = |d: f64| -> f64 {
+        let y = quotients(v, d);
         v.iter()
-            .map(|&x| {
-                let q = c[index((x / d) as f32, t)] as f64 * d;
+            .zip(&y)
+            .map(|(&x, &yi)| {
+                let q = c[index(yi, t)] as f64 * d;
                 (x - q) * (x - q)
             })
             .sum()
@@ -63,8 +84,9 @@ fn half_scale(v: &[f64], c: &[f32], t: &[f32]) -> f32 {
     let mut d = best;
     for _ in 0..tq::REFINE_ROUNDS {
         let (mut sxc, mut scc) = (0f64, 0f64);
-        for &x in v {
-            let cv = c[index((x / d) as f32, t)] as f64;
+        let y = quotients(v, d);
+        for (&x, &yi) in v.iter().zip(&y) {
+            let cv = c[index(yi, t)] as f64;
             sxc += x * cv;
             scc += cv * cv;
         }
@@ -324,6 +346,65 @@ mod tests {
                     crate::types::tq::tq_index(v, t),
                     "v = {v}"
                 );
+            }
+        }
+    }
+
+    /// The half-block scale search (branch-free index, quotients in their own pass) against the
+    /// plain one it restates (the scan, each quotient where it is used), bit for bit, on random
+    /// half-blocks of many magnitudes, with outliers and exact zeros.
+    #[test]
+    fn half_scale_equals_the_plain_search() {
+        use crate::types::tq::{tq_index, REFINE_ROUNDS};
+        let plain = |v: &[f64], c: &[f32], t: &[f32]| -> f32 {
+            let rms = (v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64).sqrt();
+            if !(rms > 1e-30) {
+                return 0.0;
+            }
+            let err_of = |d: f64| -> f64 {
+                v.iter()
+                    .map(|&x| {
+                        let q = c[tq_index((x / d) as f32, t)] as f64 * d;
+                        (x - q) * (x - q)
+                    })
+                    .sum()
+            };
+            let (mut best, mut best_err) = (rms, f64::INFINITY);
+            for m in [0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5] {
+                let e = err_of(rms * m);
+                if e < best_err {
+                    (best_err, best) = (e, rms * m);
+                }
+            }
+            let mut d = best;
+            for _ in 0..REFINE_ROUNDS {
+                let (mut sxc, mut scc) = (0f64, 0f64);
+                for &x in v {
+                    let cv = c[tq_index((x / d) as f32, t)] as f64;
+                    sxc += x * cv;
+                    scc += cv * cv;
+                }
+                if scc > 1e-20 && sxc / scc > 0.0 {
+                    d = sxc / scc;
+                }
+            }
+            crate::types::float::f16_bits_to_f32(crate::types::float::f32_to_f16_bits(d as f32))
+        };
+        let mut s = 17;
+        for ty in [TensorType::TQ4_1S, TensorType::TQ3_1S] {
+            let (c, t) = super::codebook(ty);
+            for case in 0..20_000 {
+                let mag = 10f64.powi(case % 9 - 6);
+                let mut v: Vec<f64> = (0..16).map(|_| lcg(&mut s) * mag).collect();
+                if case % 7 == 0 {
+                    v[case as usize % 16] *= 40.0;
+                }
+                if case % 11 == 0 {
+                    v[3] = 0.0;
+                    v[9] = 0.0;
+                }
+                let (a, b) = (super::half_scale(&v, c, t), plain(&v, c, t));
+                assert_eq!(a.to_bits(), b.to_bits(), "{ty} case {case}");
             }
         }
     }

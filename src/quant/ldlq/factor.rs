@@ -211,7 +211,8 @@ pub fn factor_owned(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Fact
 /// triangular inverse are f64 by default: in f32 they took 31–37% less wall time on a 7B-shaped
 /// block but change the output bytes (KLD on SmolLM2 equal within its error, 0.0720 vs 0.0723), and
 /// together they are ≈ 11% of the timed work, so the saving (≈ 5% of user CPU, within the noise of
-/// a loaded machine) did not justify new bytes; the sweep stays f64 (it was not tried in f32).
+/// a loaded machine) did not justify new bytes. The TQ formats' sweep runs in f32 by default
+/// (`tq::quantize_rows`, `TQ_LDLQ_SWEEP_F64=1` for f64), from `U` rounded once ([`Factor::u_f32`]).
 fn factor_f32() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("TQ_LDLQ_FACTOR_F32").is_some_and(|v| v != "0"))

@@ -271,6 +271,15 @@ pub fn viterbi(
     init_costs(x[0], wt[0], dc, l, ends, &mut sc.cost);
     for i in 1..n {
         let bp = &mut sc.bp[i * q..(i + 1) * q];
+        let groups = reachable_groups(l, ends, i);
+        if groups.len() < q {
+            // Every other state is unreachable: infinite in the full step as well (all four
+            // predecessors infinite), with back pointer 0 (the first of four equal minima).
+            sc.next[..4 * groups.start].fill(f32::INFINITY);
+            sc.next[4 * groups.end..].fill(f32::INFINITY);
+            bp[..groups.start].fill(0);
+            bp[groups.end..].fill(0);
+        }
         step(
             x[i],
             wt[i],
@@ -280,15 +289,35 @@ pub fn viterbi(
             &mut sc.min,
             bp,
             &mut sc.next,
+            groups,
         );
         std::mem::swap(&mut sc.cost, &mut sc.next);
     }
     trace(&sc.cost, &sc.bp, n, l, ends, codes)
 }
 
-/// One trellis step: the fused AVX2 kernel ([`step::step_avx2`]) when the CPU has AVX2 and the
-/// trellis has at least 128 states, else the portable [`step_generic`]; the same operations on
-/// every element either way, so the same bits (a test holds them equal).
+/// The predecessor groups step `i` must compute, widened to whole [`step::GROUP`]s: all of them,
+/// except in the first `l/2 − 2` steps of a tail-biting pass, where only the states whose upper
+/// bits continue the wrap start are finite (after step `i`, the `4^(i+1)` states
+/// `(top mod 4^(l/2−1−i))·4^(i+1) + …`: 16, 64, 256, 1024 of 4096 at `l` = 12).
+fn reachable_groups(l: u32, ends: Ends, i: usize) -> std::ops::Range<usize> {
+    let q = 1usize << (l - 2);
+    let w = (l / 2 - 1) as usize;
+    match ends {
+        Ends::Wrap(top) if l % 2 == 0 && i < w && q % step::GROUP == 0 => {
+            let lo = (top as usize % (1 << (2 * (w - i)))) << (2 * i);
+            let hi = lo + (1 << (2 * i));
+            let g = step::GROUP;
+            (lo / g * g)..hi.div_ceil(g) * g
+        }
+        _ => 0..q,
+    }
+}
+
+/// One trellis step over the predecessor groups `groups`: the fused AVX2 kernel
+/// ([`step::step_avx2`]) when the CPU has AVX2 and the trellis has at least 128 states, else the
+/// portable [`step_generic`]; the same operations on every element either way, so the same bits
+/// (a test holds them equal).
 #[allow(clippy::too_many_arguments)]
 fn step(
     xi: f32,
@@ -299,14 +328,18 @@ fn step(
     min: &mut [f32],
     bp: &mut [u8],
     next: &mut [f32],
+    groups: std::ops::Range<usize>,
 ) {
     #[cfg(target_arch = "x86_64")]
     if (cost.len() / 4) % step::GROUP == 0 && std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 and q is a multiple of the kernel's group (checked above);
-        // `viterbi` passes equal lengths for cost, dc and next and q back pointers.
-        unsafe { step::step_avx2(xi, wi, dc, cost, bp, next) };
+        // SAFETY: the CPU has AVX2 and q is a multiple of the kernel's group (checked above), as
+        // are the ends of `groups` (`reachable_groups`); `viterbi` passes equal lengths for cost,
+        // dc and next and q back pointers.
+        unsafe { step::step_avx2(xi, wi, dc, cost, bp, next, groups) };
         return;
     }
+    // The portable step computes every group: the same values outside `groups` as the fill.
+    let _ = groups;
     step_generic(xi, wi, dc, cost, dist, min, bp, next)
 }
 
@@ -659,6 +692,33 @@ mod tests {
     /// The fused AVX2 step is the portable step bit for bit (costs, back pointers) on random
     /// costs with exact ties between predecessors, infinite costs (the wrapped start), unit and
     /// non-unit weights, for every state size it runs at.
+    /// The tail-biting pass computes only the reachable groups in its first steps
+    /// (`reachable_groups`): the whole search still equals the plain definition bit for bit, for
+    /// many wrap values (aligned to a kernel group or not) at L = 10 and 12, unit and non-unit
+    /// weights.
+    #[test]
+    fn wrap_pass_from_reachable_states_equals_reference() {
+        let x = gauss(64, 31);
+        let wt: Vec<f32> = (0..64).map(|j| 0.5 + (j % 5) as f32 * 0.3).collect();
+        let ones = vec![1f32; 64];
+        let mut s = 99u64;
+        for l in [10u32, 12] {
+            let dc: Vec<f32> = codebook(l).iter().map(|&c| 0.9 * c).collect();
+            let mut sc = Scratch::new(l, 64);
+            for k in 0..40 {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let top = ((s >> 33) as u32) & ((1 << (l - 2)) - 1);
+                let w = if k % 2 == 0 { &ones } else { &wt };
+                let (mut a, mut b) = (vec![0u8; 64], vec![0u8; 64]);
+                let ea = viterbi(&x, w, &dc, l, Ends::Wrap(top), &mut sc, &mut a);
+                let eb = viterbi_ref(&x, w, &dc, l, Ends::Wrap(top), &mut b);
+                assert_eq!((ea.to_bits(), &a), (eb.to_bits(), &b), "l {l} top {top}");
+            }
+        }
+    }
+
     #[test]
     fn avx2_step_equals_portable_step() {
         #[cfg(target_arch = "x86_64")]
@@ -700,7 +760,9 @@ mod tests {
                         &mut n1,
                     );
                     // SAFETY: AVX2 checked above, lengths as the kernel requires.
-                    unsafe { step::step_avx2(xi, wi, &dc, &cost, &mut b2, &mut n2) };
+                    unsafe {
+                        step::step_avx2(xi, wi, &dc, &cost, &mut b2, &mut n2, 0..cost.len() / 4)
+                    };
                     assert_eq!(b1, b2, "l={l} trial {trial}");
                     assert!(
                         n1.iter().zip(&n2).all(|(a, b)| a.to_bits() == b.to_bits()),

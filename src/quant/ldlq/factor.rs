@@ -29,6 +29,16 @@ pub struct Factor {
     pub h: Option<Vec<f64>>,
     /// Refit passes after the sweep (stock types; `--ldlq-refit`).
     pub refit: usize,
+    /// `u` rounded to f32, made on first use by the f32 sweep ([`Factor::u_f32`]).
+    pub(crate) u32: std::sync::OnceLock<Vec<f32>>,
+}
+
+impl Factor {
+    /// `u` rounded to f32 (computed once, then shared by every tensor that uses this factor).
+    pub(crate) fn u_f32(&self) -> &[f32] {
+        self.u32
+            .get_or_init(|| self.u.par_iter().map(|&v| v as f32).collect())
+    }
 }
 
 /// `R H Rᵀ` with `R` the block-diagonal 32-point forward rotation of the TQ formats (exact, f64):
@@ -187,6 +197,7 @@ pub fn factor_owned(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Fact
             damp: lambda,
             h: None,
             refit: 0,
+            u32: Default::default(),
         });
     }
     Err(Error::Unsupported(format!(
@@ -200,7 +211,8 @@ pub fn factor_owned(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Fact
 /// triangular inverse are f64 by default: in f32 they took 31–37% less wall time on a 7B-shaped
 /// block but change the output bytes (KLD on SmolLM2 equal within its error, 0.0720 vs 0.0723), and
 /// together they are ≈ 11% of the timed work, so the saving (≈ 5% of user CPU, within the noise of
-/// a loaded machine) did not justify new bytes; the sweep stays f64 (it was not tried in f32).
+/// a loaded machine) did not justify new bytes. The TQ formats' sweep runs in f32 by default
+/// (`tq::quantize_rows`, `TQ_LDLQ_SWEEP_F64=1` for f64), from `U` rounded once ([`Factor::u_f32`]).
 fn factor_f32() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("TQ_LDLQ_FACTOR_F32").is_some_and(|v| v != "0"))
@@ -526,6 +538,7 @@ mod tests {
                 damp: 0.01,
                 h: None,
                 refit: 0,
+                u32: Default::default(),
             };
             let q = super::super::quantize_ldlq(TensorType::TQ4_1S, &w, n, &f, 0);
             let mut y = vec![0f32; w.len()];

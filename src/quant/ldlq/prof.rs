@@ -5,6 +5,9 @@
 //! part, which is rounding plus the feedback inside a 128-column batch, and the GEMM that carries a
 //! batch's errors past it, with its copies). Plain `Instant` counters, so they work on a copied
 //! binary without a profiler; [`report`] prints them as one line at the end of `tq convert`.
+//! Beside each phase's wall time the calling thread's CPU time is summed (Unix): on a loaded
+//! machine that is the comparable number for the sweep phases (one thread per row group), while
+//! for the Cholesky and inverse it counts only the calling thread of faer's parallel kernels.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -27,6 +30,23 @@ const NAMES: [&str; 5] = [
     "sweep-gemm",
 ];
 static NS: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+static CPU_NS: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+
+/// The calling thread's CPU time in nanoseconds (0 where not available).
+fn thread_cpu_ns() -> u64 {
+    #[cfg(unix)]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant libc knows.
+        if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0 {
+            return ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+        }
+    }
+    0
+}
 
 /// Whether `TQ_LDLQ_PROF` is set (read once).
 pub(crate) fn enabled() -> bool {
@@ -34,15 +54,16 @@ pub(crate) fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var_os("TQ_LDLQ_PROF").is_some_and(|v| v != "0"))
 }
 
-/// A start time when profiling is on.
-pub(crate) fn start() -> Option<Instant> {
-    enabled().then(Instant::now)
+/// A start time (wall, and the thread's CPU time) when profiling is on.
+pub(crate) fn start() -> Option<(Instant, u64)> {
+    enabled().then(|| (Instant::now(), thread_cpu_ns()))
 }
 
-/// Add the time since `t` (from [`start`]) to `p`.
-pub(crate) fn add(p: Phase, t: Option<Instant>) {
-    if let Some(t) = t {
+/// Add the time since `t` (from [`start`], on the same thread) to `p`.
+pub(crate) fn add(p: Phase, t: Option<(Instant, u64)>) {
+    if let Some((t, c)) = t {
         NS[p as usize].fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        CPU_NS[p as usize].fetch_add(thread_cpu_ns().saturating_sub(c), Ordering::Relaxed);
     }
 }
 
@@ -54,10 +75,14 @@ pub fn report() {
     let parts: Vec<String> = NAMES
         .iter()
         .zip(&NS)
-        .map(|(n, a)| format!("{n} {:.2} s", a.load(Ordering::Relaxed) as f64 * 1e-9))
+        .zip(&CPU_NS)
+        .map(|((n, a), c)| {
+            let s = |v: &AtomicU64| v.load(Ordering::Relaxed) as f64 * 1e-9;
+            format!("{n} {:.2} s ({:.2} s CPU)", s(a), s(c))
+        })
         .collect();
     eprintln!(
-        "tq: ldlq phases (wall-seconds summed over calls): {}",
+        "tq: ldlq phases (wall-seconds summed over calls, calling thread's CPU in brackets): {}",
         parts.join(", ")
     );
 }

@@ -12,7 +12,7 @@
 //! Each 16-column half-block's scale is chosen when the sweep reaches it, from the error-fed values.
 
 use super::factor::rotate_vec;
-use super::sweep::{sweep, sweep_scalar};
+use super::sweep::{sweep_cm, sweep_cm_scalar, Elem};
 use super::Factor;
 use crate::types::float::{f16_bits_to_f32, f32_to_f16_bits};
 use crate::types::tq::{self, BlockQ, QK};
@@ -26,18 +26,48 @@ fn codebook(ty: TensorType) -> (&'static [f32], &'static [f32]) {
     }
 }
 
+/// `tq::tq_index` (the first `i` with `v < t[i]`, else `t.len()`) as a branch-free binary search
+/// (`t.len() + 1` a power of two: 15 or 7 thresholds, 4 or 3 compares): the same index for
+/// ascending `t`, NaN included (every comparison false gives `t.len()`), without the scan's
+/// data-dependent branch (a misprediction per value, and [`half_scale`] looks up 15 indices per
+/// value). Held to `tq_index` by `fast_index_equals_the_scan`.
+#[inline]
+fn index(v: f32, t: &[f32]) -> usize {
+    debug_assert!((t.len() + 1).is_power_of_two());
+    let (mut i, mut step) = (0, t.len().div_ceil(2));
+    while step > 0 {
+        i += step * usize::from(!(v < t[i + step - 1]));
+        step /= 2;
+    }
+    i
+}
+
+/// `(x / d) as f32` for the (16) values of a half-block, a separate pass so the divisions
+/// vectorize (the same quotients as one at a time).
+#[inline]
+fn quotients(v: &[f64], d: f64) -> [f32; 16] {
+    let mut y = [0f32; 16];
+    for (yi, &x) in y.iter_mut().zip(v) {
+        *yi = (x / d) as f32;
+    }
+    y
+}
+
 /// The scale of one half-block chosen from its current (error-fed) values: the fork's RTN search
 /// restricted to the half (9 multipliers of the RMS, then 6 least-squares refinements), rounded to
 /// f16 since that is what the decoder will use.
 fn half_scale(v: &[f64], c: &[f32], t: &[f32]) -> f32 {
+    debug_assert_eq!(v.len(), 16);
     let rms = (v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64).sqrt();
     if !(rms > 1e-30) {
         return 0.0;
     }
     let err_of = |d: f64| -> f64 {
+        let y = quotients(v, d);
         v.iter()
-            .map(|&x| {
-                let q = c[tq::tq_index((x / d) as f32, t)] as f64 * d;
+            .zip(&y)
+            .map(|(&x, &yi)| {
+                let q = c[index(yi, t)] as f64 * d;
                 (x - q) * (x - q)
             })
             .sum()
@@ -54,8 +84,9 @@ fn half_scale(v: &[f64], c: &[f32], t: &[f32]) -> f32 {
     let mut d = best;
     for _ in 0..tq::REFINE_ROUNDS {
         let (mut sxc, mut scc) = (0f64, 0f64);
-        for &x in v {
-            let cv = c[tq::tq_index((x / d) as f32, t)] as f64;
+        let y = quotients(v, d);
+        for (&x, &yi) in v.iter().zip(&y) {
+            let cv = c[index(yi, t)] as f64;
             sxc += x * cv;
             scc += cv * cv;
         }
@@ -66,10 +97,90 @@ fn half_scale(v: &[f64], c: &[f32], t: &[f32]) -> f32 {
     f16_bits_to_f32(f32_to_f16_bits(d as f32))
 }
 
-pub(super) fn quantize_rows(ty: TensorType, rows: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
-    quantize_rows_with(ty, rows, f, band, out, false)
+/// Whether the TQ sweep runs in f64 (`TQ_LDLQ_SWEEP_F64=1`: the precision before, kept for
+/// comparison); the default is f32 (docs/bench/speed.md, "f32 sweep": KLD on SmolLM2 unchanged
+/// within its error).
+fn sweep_f64() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TQ_LDLQ_SWEEP_F64").is_some_and(|v| v != "0"))
 }
 
+pub(super) fn quantize_rows(ty: TensorType, rows: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
+    if sweep_f64() {
+        quantize_rows_in::<f64>(ty, rows, &f.u, f.n, band, out, false)
+    } else {
+        quantize_rows_in::<f32>(ty, rows, f.u_f32(), f.n, band, out, false)
+    }
+}
+
+/// One group of rows through [`sweep_cm`] (or its reference [`sweep_cm_scalar`]) in precision
+/// `T`, with `u` the factor in `T`: the rows are rotated in f64, then held column-major in `T`;
+/// each half-block's scale is chosen (in f64) from its error-fed values when the sweep reaches it.
+pub(super) fn quantize_rows_in<T: Elem>(
+    ty: TensorType,
+    rows: &[f32],
+    u: &[T],
+    n: usize,
+    band: usize,
+    out: &mut [u8],
+    scalar: bool,
+) {
+    let (c, t) = codebook(ty);
+    let nr = rows.len() / n;
+    let mut x = vec![T::ZERO; nr * n];
+    let mut row = vec![0f64; n];
+    for (r, src) in rows.chunks_exact(n).enumerate() {
+        for (a, &b) in row.iter_mut().zip(src) {
+            *a = b as f64;
+        }
+        rotate_vec(&mut row);
+        for (k, &v) in row.iter().enumerate() {
+            x[k * nr + r] = T::of(v);
+        }
+    }
+    let empty = BlockQ {
+        d: [0.0; 2],
+        idx: [0; QK],
+    };
+    let mut blocks = vec![vec![empty; n / QK]; nr];
+    let mut d = vec![0f32; nr];
+    let round = |j: usize, x: &[T], q: &mut [T]| {
+        if j % 16 == 0 {
+            for (r, dr) in d.iter_mut().enumerate() {
+                let mut v = [0f64; 16];
+                for (i, vi) in v.iter_mut().enumerate() {
+                    *vi = x[(j + i) * nr + r].f64();
+                }
+                *dr = half_scale(&v, c, t);
+                blocks[r][j / QK].d[(j % QK) / 16] = *dr;
+            }
+        }
+        let xj = &x[j * nr..(j + 1) * nr];
+        for r in 0..nr {
+            let dr = d[r];
+            let inv = if dr > 1e-10 { 1.0 / dr as f64 } else { 0.0 };
+            let i = index((xj[r].f64() * inv) as f32, t);
+            blocks[r][j / QK].idx[j % QK] = i as u8;
+            q[r] = T::of(c[i] as f64 * dr as f64);
+        }
+    };
+    if scalar {
+        sweep_cm_scalar(&mut x, nr, n, u, band, round);
+    } else {
+        sweep_cm(&mut x, nr, n, u, band, round);
+    }
+    let bb = ty.block_bytes();
+    for (b, o) in blocks.iter().flatten().zip(out.chunks_exact_mut(bb)) {
+        match ty {
+            TensorType::TQ4_1S => tq::pack_tq4(b, o),
+            _ => tq::pack_tq3(b, o),
+        }
+    }
+}
+
+/// The f64 row-major scalar sweep of the rows of a group (the sweep before the column-major one),
+/// kept as a reference.
+#[cfg(test)]
 pub(super) fn quantize_rows_with(
     ty: TensorType,
     rows: &[f32],
@@ -78,6 +189,7 @@ pub(super) fn quantize_rows_with(
     out: &mut [u8],
     scalar: bool,
 ) {
+    assert!(scalar, "the reference is the scalar sweep");
     let n = f.n;
     let (c, t) = codebook(ty);
     let mut x: Vec<f64> = rows.iter().map(|&v| v as f64).collect();
@@ -95,15 +207,11 @@ pub(super) fn quantize_rows_with(
             blocks[r][j / QK].d[(j % QK) / 16] = d[r];
         }
         let inv = if d[r] > 1e-10 { 1.0 / d[r] as f64 } else { 0.0 };
-        let i = tq::tq_index((x[j] * inv) as f32, t);
+        let i = index((x[j] * inv) as f32, t);
         blocks[r][j / QK].idx[j % QK] = i as u8;
         c[i] as f64 * d[r] as f64
     };
-    if scalar {
-        sweep_scalar(&mut x, n, f, band, round);
-    } else {
-        sweep(&mut x, n, f, band, round);
-    }
+    super::sweep::sweep_scalar(&mut x, n, f, band, round);
     let bb = ty.block_bytes();
     for (b, o) in blocks.iter().flatten().zip(out.chunks_exact_mut(bb)) {
         match ty {
@@ -135,7 +243,7 @@ pub(super) fn quantize_row(ty: TensorType, row: &[f32], f: &Factor, band: usize,
             blocks[j / QK].d[(j % QK) / 16] = d;
         }
         let inv = if d > 1e-10 { 1.0 / d as f64 } else { 0.0 };
-        let i = tq::tq_index((x[j] * inv) as f32, t);
+        let i = index((x[j] * inv) as f32, t);
         blocks[j / QK].idx[j % QK] = i as u8;
         let q = c[i] as f64 * d as f64;
         let urow = &f.u[j * n..(j + 1) * n];
@@ -199,23 +307,147 @@ mod tests {
         }
     }
 
+    /// The default (f32 column-major) path gives the same bytes for 1 and 2 threads, with more
+    /// than one 32-row group, a partial group, and full and narrow bands.
     #[test]
     fn deterministic_across_thread_counts() {
-        let n = 64;
-        let h = hessian(n, 100, 3);
+        let n = 384;
+        let h = hessian(n, 500, 3);
         let mut s = 4;
-        let w: Vec<f32> = (0..16 * n).map(|_| lcg(&mut s) as f32).collect();
+        let w: Vec<f32> = (0..70 * n).map(|_| lcg(&mut s) as f32).collect();
         let f = factor(&rotate_hessian(&h, n), n, 0.01, "w").unwrap();
-        let a = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .unwrap()
-            .install(|| quantize_ldlq(TensorType::TQ4_1S, &w, n, &f, 0));
-        let b = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap()
-            .install(|| quantize_ldlq(TensorType::TQ4_1S, &w, n, &f, 0));
-        assert_eq!(a, b);
+        for band in [0, 200] {
+            let run = |threads| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap()
+                    .install(|| quantize_ldlq(TensorType::TQ4_1S, &w, n, &f, band))
+            };
+            assert!(run(1) == run(2), "band {band}: 1 vs 2 threads");
+        }
+    }
+
+    /// The branch-free index is the scan's, on every threshold, its neighbours, signed zeros,
+    /// infinities, NaN and a dense grid.
+    #[test]
+    fn fast_index_equals_the_scan() {
+        for t in [&crate::types::tq::T4[..], &crate::types::tq::T3[..]] {
+            assert!(t.windows(2).all(|p| p[0] < p[1]), "thresholds ascend");
+            let mut vs = vec![0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
+            for &th in t {
+                let (up, down) = (th * (1.0 + f32::EPSILON), th * (1.0 - f32::EPSILON));
+                vs.extend([th, up, down, th + f32::MIN_POSITIVE, th - f32::MIN_POSITIVE]);
+            }
+            vs.extend((0..200_001).map(|i| (i as f32 - 100_000.0) * 4e-5));
+            for v in vs {
+                assert_eq!(
+                    super::index(v, t),
+                    crate::types::tq::tq_index(v, t),
+                    "v = {v}"
+                );
+            }
+        }
+    }
+
+    /// The half-block scale search (branch-free index, quotients in their own pass) against the
+    /// plain one it restates (the scan, each quotient where it is used), bit for bit, on random
+    /// half-blocks of many magnitudes, with outliers and exact zeros.
+    #[test]
+    fn half_scale_equals_the_plain_search() {
+        use crate::types::tq::{tq_index, REFINE_ROUNDS};
+        let plain = |v: &[f64], c: &[f32], t: &[f32]| -> f32 {
+            let rms = (v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64).sqrt();
+            if !(rms > 1e-30) {
+                return 0.0;
+            }
+            let err_of = |d: f64| -> f64 {
+                v.iter()
+                    .map(|&x| {
+                        let q = c[tq_index((x / d) as f32, t)] as f64 * d;
+                        (x - q) * (x - q)
+                    })
+                    .sum()
+            };
+            let (mut best, mut best_err) = (rms, f64::INFINITY);
+            for m in [0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5] {
+                let e = err_of(rms * m);
+                if e < best_err {
+                    (best_err, best) = (e, rms * m);
+                }
+            }
+            let mut d = best;
+            for _ in 0..REFINE_ROUNDS {
+                let (mut sxc, mut scc) = (0f64, 0f64);
+                for &x in v {
+                    let cv = c[tq_index((x / d) as f32, t)] as f64;
+                    sxc += x * cv;
+                    scc += cv * cv;
+                }
+                if scc > 1e-20 && sxc / scc > 0.0 {
+                    d = sxc / scc;
+                }
+            }
+            crate::types::float::f16_bits_to_f32(crate::types::float::f32_to_f16_bits(d as f32))
+        };
+        let mut s = 17;
+        for ty in [TensorType::TQ4_1S, TensorType::TQ3_1S] {
+            let (c, t) = super::codebook(ty);
+            for case in 0..20_000 {
+                let mag = 10f64.powi(case % 9 - 6);
+                let mut v: Vec<f64> = (0..16).map(|_| lcg(&mut s) * mag).collect();
+                if case % 7 == 0 {
+                    v[case as usize % 16] *= 40.0;
+                }
+                if case % 11 == 0 {
+                    v[3] = 0.0;
+                    v[9] = 0.0;
+                }
+                let (a, b) = (super::half_scale(&v, c, t), plain(&v, c, t));
+                assert_eq!(a.to_bits(), b.to_bits(), "{ty} case {case}");
+            }
+        }
+    }
+
+    /// The column-major lazy-batch sweep against its scalar reference in the same precision (f32
+    /// and f64; ≥ 97% of bytes equal, proxy loss equal to 1e-3, as the row-major GEMM sweep is
+    /// held), and the f64 scalar column-major sweep bit for bit to the row-major one before it.
+    #[test]
+    fn column_major_sweep_matches_its_references() {
+        use super::super::tests::{assert_sweeps_agree, uniform_rows};
+        let (n, rows) = (384usize, 37usize);
+        let h = hessian(n, 500, 11);
+        let w = uniform_rows(rows * n, 3);
+        let f = factor(&rotate_hessian(&h, n), n, 0.01, "w").unwrap();
+        for ty in [TensorType::TQ4_1S, TensorType::TQ3_1S] {
+            let rb = n / crate::types::tq::QK * ty.block_bytes();
+            for band in [0, 7, 200] {
+                let run = |f32_: bool, scalar: bool| {
+                    let mut o = vec![0u8; rows * rb];
+                    if f32_ {
+                        super::quantize_rows_in(ty, &w, f.u_f32(), n, band, &mut o, scalar);
+                    } else {
+                        super::quantize_rows_in(ty, &w, &f.u, n, band, &mut o, scalar);
+                    }
+                    o
+                };
+                let mut old = vec![0u8; rows * rb];
+                super::quantize_rows_with(ty, &w, &f, band, &mut old, true);
+                let s64 = run(false, true);
+                assert!(
+                    s64 == old,
+                    "{ty} band {band}: f64 column-major scalar vs row-major"
+                );
+                let mut one_b = vec![0u8; rows * rb];
+                for (o, row) in one_b.chunks_mut(rb).zip(w.chunks(n)) {
+                    super::quantize_row(ty, row, &f, band, o);
+                }
+                assert_sweeps_agree(ty, band, &h, &w, &run(false, false), &s64, &one_b);
+                let s32 = run(true, true);
+                assert_sweeps_agree(ty, band, &h, &w, &run(true, false), &s32, &s32);
+                // f32 against f64: the same rounding problem to f32 precision.
+                assert_sweeps_agree(ty, band, &h, &w, &s32, &s64, &s64);
+            }
+        }
     }
 }

@@ -13,7 +13,9 @@ use std::arch::x86_64::*;
 pub(super) const GROUP: usize = 32;
 
 /// `next[4p + b] = min_t cost[p + t·q] + wi · (xi − dc[4p + b])²` and `bp[p]` = the lowest `t`
-/// reaching the minimum, for `q = cost.len() / 4` a multiple of [`GROUP`].
+/// reaching the minimum, for `q = cost.len() / 4` a multiple of [`GROUP`] and the predecessor
+/// groups `p` in `groups` (its ends multiples of [`GROUP`]; the rest of `next` and `bp` is not
+/// written).
 ///
 /// # Safety
 /// The CPU must have AVX2; `cost`, `dc` and `next` must have the same length `4q`, `bp` at
@@ -27,10 +29,12 @@ pub(super) unsafe fn step_avx2(
     cost: &[f32],
     bp: &mut [u8],
     next: &mut [f32],
+    groups: std::ops::Range<usize>,
 ) {
     let ns = cost.len();
     let q = ns / 4;
     assert!(dc.len() == ns && next.len() == ns && bp.len() >= q && q % GROUP == 0);
+    assert!(groups.start % GROUP == 0 && groups.end % GROUP == 0 && groups.end <= q);
     let unit = wi == 1.0;
     let xv = _mm256_set1_ps(xi);
     let wv = _mm256_set1_ps(wi);
@@ -44,11 +48,11 @@ pub(super) unsafe fn step_avx2(
     ];
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     let (cp, dp, np) = (cost.as_ptr(), dc.as_ptr(), next.as_mut_ptr());
-    for p0 in (0..q).step_by(GROUP) {
+    for p0 in groups.step_by(GROUP) {
         let mut tv = [_mm256_setzero_si256(); 4];
         for (k, t) in tv.iter_mut().enumerate() {
             let p = p0 + 8 * k;
-            // SAFETY (all loads and stores): p + 8 ≤ q, so p + 3q + 8 ≤ 4q = ns, and
+            // SAFETY (all loads and stores): p + 8 ≤ groups.end ≤ q, so p + 3q + 8 ≤ 4q = ns, and
             // 4p + 32 ≤ 4q = ns; the asserts above hold the lengths.
             let a = _mm256_loadu_ps(cp.add(p));
             let b = _mm256_loadu_ps(cp.add(p + q));

@@ -89,7 +89,7 @@ pub struct ConvertArgs {
     #[arg(long)]
     pub ldlq_band: Option<usize>,
     /// LDLQ damping λ: H += λ·mean(diag(H))·I (raised ×10 on Cholesky failure).
-    /// Unset: 1 for the i-quants (IQ1/IQ2/IQ3), 0.01 for every other type.
+    /// Unset: each type's default (0.01 today for every type).
     #[arg(long)]
     pub damp: Option<f64>,
     /// Stock types: after the LDLQ sweep, refit each row's block parameters to its codes under

@@ -395,7 +395,7 @@ pub fn factor_hessian_owned(
         // The i-quant grid types: the weights' own basis, natural order; the IQ2/IQ3 scale refit
         // keeps the damped Hessian (`iq_refit`).
         Some(LdlqKind::Lattice | LdlqKind::IqGrid) => {
-            if refit > 0 && super::iq_refit::form(ty).is_some() {
+            if refit > 0 && !matches!(ty, TensorType::IQ1S | TensorType::IQ1M) {
                 super::prof::add(super::prof::Phase::Rotate, t);
                 let hn = h.clone();
                 let mut f = factor_owned(h, n, damp, what)?;

@@ -59,6 +59,30 @@ fn ldlq_halves_the_imatrix_encoders_error_on_smollm2_ffn_down() {
             assert!(l_ldlq <= 0.5 * l_im, "{name} {ty}: {l_ldlq} vs {l_im}");
             // Deterministic.
             assert_eq!(q, ldlq::quantize_ldlq(ty, &w, n, &fac, 0), "{ty}");
+            // The default path (convert's band for the type, `--ldlq-refit 2`): the band beats
+            // the imatrix encoder and the scale refit (IQ3 only) lowers the error further.
+            let band = ldlq::default_band(ty);
+            assert_eq!(band, ldlq::IQ_BAND, "{ty}: the i-quants' default band");
+            let l_band = ldlq::proxy_loss(
+                &h.h,
+                n,
+                &w,
+                &dec(&ldlq::quantize_ldlq(ty, &w, n, &fac, band)),
+            );
+            let fac2 = ldlq::factor_hessian(ty, h, 0.01, 2, name).unwrap();
+            let q2 = ldlq::quantize_ldlq(ty, &w, n, &fac2, band);
+            let l_refit = ldlq::proxy_loss(&h.h, n, &w, &dec(&q2));
+            eprintln!(
+                "{name} {ty}: band {band} {:.2}x the imatrix encoder's, with refit 2 {:.2}x",
+                l_band / l_im,
+                l_refit / l_im
+            );
+            assert!(l_band < l_im, "{name} {ty}: band {band} {l_band} vs {l_im}");
+            if matches!(ty, TensorType::IQ3XXS | TensorType::IQ3S) {
+                assert!(l_refit < l_band, "{name} {ty}: refit {l_refit} vs {l_band}");
+            } else {
+                assert_eq!(l_refit, l_band, "{name} {ty}: no refit for IQ1");
+            }
         }
     }
 }

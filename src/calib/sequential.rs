@@ -31,8 +31,10 @@ use std::sync::Arc;
 pub struct SeqQuant {
     /// Every 2-D weight inside a block → the type the plan gives it (unchanged when the plan copies).
     pub types: BTreeMap<String, TensorType>,
-    pub band: usize,
-    pub damp: f64,
+    /// `--ldlq-band` (`None`: each type's default).
+    pub band: Option<usize>,
+    /// `--damp` (`None`: each type's default).
+    pub damp: Option<f64>,
     /// `--ldlq-refit` (the plan's).
     pub refit: usize,
     /// `--weights` and `--recipe` as given to the planner (recorded, and compared by convert).
@@ -86,6 +88,24 @@ impl SeqQuant {
         Ok(SeqQuant::from_plan(&p, weights.name(), r.name))
     }
 
+    fn settings(&self) -> crate::quant::LdlqSettings {
+        crate::quant::LdlqSettings {
+            band: self.band,
+            damp: self.damp,
+            refit: self.refit,
+        }
+    }
+
+    /// The effective damping over the simulated types (one number when they share it).
+    fn damp_label(&self) -> String {
+        self.settings().damp_label_for(self.types.values().copied())
+    }
+
+    /// The effective band over the simulated types (one number when they share it).
+    fn band_label(&self) -> String {
+        self.settings().band_label_for(self.types.values().copied())
+    }
+
     fn types_string(&self) -> String {
         self.types
             .iter()
@@ -100,8 +120,8 @@ impl SeqQuant {
             ("tq.sequential".into(), "true".into()),
             ("tq.weights".into(), self.weights.clone()),
             ("tq.recipe".into(), self.recipe.clone()),
-            ("tq.ldlq_band".into(), self.band.to_string()),
-            ("tq.damp".into(), self.damp.to_string()),
+            ("tq.ldlq_band".into(), self.band_label()),
+            ("tq.damp".into(), self.damp_label()),
             ("tq.ldlq_refit".into(), self.refit.to_string()),
             ("tq.tensor_types".into(), self.types_string()),
         ])
@@ -111,7 +131,11 @@ impl SeqQuant {
     pub fn describe(&self) -> String {
         format!(
             "--weights {} --recipe {} --ldlq-band {} --damp {} --ldlq-refit {}",
-            self.weights, self.recipe, self.band, self.damp, self.refit
+            self.weights,
+            self.recipe,
+            self.band_label(),
+            self.damp_label(),
+            self.refit
         )
     }
 }
@@ -147,18 +171,18 @@ pub fn mismatch(meta: &BTreeMap<String, String>, now: &SeqQuant) -> Option<Strin
     if missing > 0 {
         diffs.push(format!("{missing} tensor(s) not in the calibrated plan"));
     }
-    if meta.get("tq.ldlq_band") != Some(&now.band.to_string()) {
+    if meta.get("tq.ldlq_band") != Some(&now.band_label()) {
         diffs.push(format!(
             "--ldlq-band {} vs {}",
             meta.get("tq.ldlq_band").map_or("?", |s| s.as_str()),
-            now.band
+            now.band_label()
         ));
     }
-    if meta.get("tq.damp") != Some(&now.damp.to_string()) {
+    if meta.get("tq.damp") != Some(&now.damp_label()) {
         diffs.push(format!(
             "--damp {} vs {}",
             meta.get("tq.damp").map_or("?", |s| s.as_str()),
-            now.damp
+            now.damp_label()
         ));
     }
     // Files from before --ldlq-refit have no key: they were calibrated with the default.
@@ -251,7 +275,7 @@ impl<'q, 'c> Sequential<'q, 'c> {
                         let f = crate::quant::ldlq::factor_hessian(
                             dst,
                             h,
-                            self.q.damp,
+                            self.q.settings().damp_for(dst),
                             self.q.refit,
                             &seg.name,
                         )?;
@@ -263,7 +287,9 @@ impl<'q, 'c> Sequential<'q, 'c> {
             };
             let enc = crate::quant::Encoder::choose(
                 dst,
-                factor.as_deref().map(|f| (f, self.q.band)),
+                factor
+                    .as_deref()
+                    .map(|f| (f, self.q.settings().band_for(dst))),
                 None,
             );
             let bytes = crate::quant::encode_rows(dst, &seg.name, w, k, &enc)?;

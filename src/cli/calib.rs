@@ -68,12 +68,14 @@ pub struct CalibArgs {
     /// With --sequential: the convert --recipe to simulate.
     #[arg(long, requires = "sequential", default_value = "pure")]
     pub recipe: String,
-    /// With --sequential: the LDLQ band convert will use (0 = full).
-    #[arg(long, requires = "sequential", default_value_t = 0)]
-    pub ldlq_band: usize,
+    /// With --sequential: the LDLQ band convert will use (0 = full; unset: convert's per-type
+    /// default, 64 for the i-quants and full for the others).
+    #[arg(long, requires = "sequential")]
+    pub ldlq_band: Option<usize>,
     /// With --sequential: the LDLQ damping convert will use.
-    #[arg(long, requires = "sequential", default_value_t = 0.01)]
-    pub damp: f64,
+    /// Unset: convert's per-type default.
+    #[arg(long, requires = "sequential")]
+    pub damp: Option<f64>,
     /// With --sequential: the stock types' refit passes convert will use (--ldlq-refit).
     #[arg(long, requires = "sequential", default_value_t = tq::quant::ldlq::Refit::DEFAULT.passes)]
     pub ldlq_refit: usize,

@@ -84,12 +84,14 @@ pub struct ConvertArgs {
     /// (diagonal-only weighting; round-to-nearest values).
     #[arg(long, value_name = "FILE")]
     pub imatrix: Option<PathBuf>,
-    /// LDLQ error-feedback band in columns (0 = full).
-    #[arg(long, default_value_t = 0)]
-    pub ldlq_band: usize,
+    /// LDLQ error-feedback band in columns (0 = full). Unset: 64 for the i-quants (IQ1/IQ2/IQ3),
+    /// full for every other type.
+    #[arg(long)]
+    pub ldlq_band: Option<usize>,
     /// LDLQ damping λ: H += λ·mean(diag(H))·I (raised ×10 on Cholesky failure).
-    #[arg(long, default_value_t = 0.01)]
-    pub damp: f64,
+    /// Unset: each type's default (0.01 today for every type).
+    #[arg(long)]
+    pub damp: Option<f64>,
     /// Stock types: after the LDLQ sweep, refit each row's block parameters to its codes under
     /// the Hessian and sweep again, this many times (0: off; each pass costs about one more
     /// sweep, and a third n×n f64 matrix is alive while factoring).

@@ -127,7 +127,7 @@ impl<'a> Producer<'a> {
     }
 
     fn entry(&mut self, i: usize, e: &PlanEntry, hs: &mut Hessians) -> Result<()> {
-        let band = self.plan.ldlq.band;
+        let band = self.plan.ldlq.band_for(e.dst);
         let src = self.src;
         // The writer thread hung up: its error is reported by the caller.
         let closed = || Error::internal("output writer stopped");
@@ -207,7 +207,7 @@ impl<'a> Producer<'a> {
                         e.dst,
                         h.h.clone(),
                         h.n,
-                        ldlq.damp,
+                        ldlq.damp_for(e.dst),
                         ldlq.refit,
                         &e.name,
                     )?)
@@ -224,7 +224,7 @@ impl<'a> Producer<'a> {
                 let xr = read_finite_rows(src, i, &e.name, row0, rows, row_len)?;
                 let enc = crate::quant::Encoder::choose(
                     e.dst,
-                    factor.as_ref().map(|f| (f, ldlq.band)),
+                    factor.as_ref().map(|f| (f, ldlq.band_for(e.dst))),
                     e.importance.as_deref(),
                 );
                 let bytes = crate::quant::encode_rows(e.dst, &e.name, &xr, row_len, &enc)?;
@@ -283,7 +283,7 @@ impl<'a> Producer<'a> {
             e.dst,
             m,
             h.n,
-            self.plan.ldlq.damp,
+            self.plan.ldlq.damp_for(e.dst),
             self.plan.ldlq.refit,
             &e.name,
         )?);

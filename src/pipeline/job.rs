@@ -309,7 +309,9 @@ impl Job {
             }
             f.push(format!(
                 "--ldlq-band {} --damp {} --ldlq-refit {}",
-                self.flags.ldlq.band, self.flags.ldlq.damp, self.flags.ldlq.refit
+                self.flags.ldlq.band_label(),
+                self.flags.ldlq.damp_label(),
+                self.flags.ldlq.refit
             ));
         }
         if let Some(x) = a.target_bpw {
@@ -344,8 +346,8 @@ impl Job {
         format!(
             "{} | --ldlq-band {} --damp {} --ldlq-refit {} | input {} | calib {} | imatrix {} | tq {}",
             self.canonical_flags(),
-            self.flags.ldlq.band,
-            self.flags.ldlq.damp,
+            self.flags.ldlq.band_label(),
+            self.flags.ldlq.damp_label(),
             self.flags.ldlq.refit,
             file_identity(&a.input),
             self.calib.path().map(file_identity).unwrap_or_default(),
@@ -584,8 +586,8 @@ pub(super) fn file_size_of(
     use crate::plan::mix::Calibration;
     let mut p = plan.clone();
     match calib {
-        Calibration::File(f) => plan::assign_ldlq(&mut p, &f.index, job.flags.ldlq.band),
-        Calibration::Memory(h) => plan::assign_ldlq(&mut p, h, job.flags.ldlq.band),
+        Calibration::File(f) => plan::assign_ldlq(&mut p, &f.index, &job.flags.ldlq),
+        Calibration::Memory(h) => plan::assign_ldlq(&mut p, h, &job.flags.ldlq),
         Calibration::Imatrix(_) | Calibration::None => {}
     }
     if let Some(m) = imatrix {

@@ -246,7 +246,7 @@ fn load_calibration(
     let a = &job.flags;
     if let Some(hessians) = pre {
         // A mix calibrated on the text already: the same Hessians, not a second run.
-        plan::assign_ldlq(plan, &hessians, job.flags.ldlq.band);
+        plan::assign_ldlq(plan, &hessians, &job.flags.ldlq);
         return Ok(Loaded::Hessians(hessians));
     }
     Ok(match &job.calib {
@@ -266,7 +266,7 @@ fn load_calibration(
             let (file, windows) =
                 crate::calib::input::text_windows(&a.input, &job.profile, path, &o)?;
             let expected = crate::calib::stream::expected(&file, windows.len() as u64)?;
-            plan::assign_ldlq(plan, &expected, job.flags.ldlq.band);
+            plan::assign_ldlq(plan, &expected, &job.flags.ldlq);
             Loaded::Stream {
                 file,
                 windows,
@@ -287,7 +287,7 @@ fn load_calibration(
                     path.display()
                 );
             }
-            plan::assign_ldlq(plan, &file.index, job.flags.ldlq.band);
+            plan::assign_ldlq(plan, &file.index, &job.flags.ldlq);
             Loaded::File(file)
         }
         CalibInput::None => Loaded::None,

@@ -466,7 +466,11 @@ pub fn assign_importance(plan: &mut Plan, imatrix: &std::collections::BTreeMap<S
 
 /// Mark the TQ tensors that have a calibration Hessian of the right size for LDLQ; the others
 /// fall back to round-to-nearest with the reason recorded.
-pub fn assign_ldlq(plan: &mut Plan, hessians: &crate::quant::Hessians, band: usize) {
+pub fn assign_ldlq(
+    plan: &mut Plan,
+    hessians: &crate::quant::Hessians,
+    ldlq: &crate::quant::LdlqSettings,
+) {
     for e in &mut plan.entries {
         if e.action == Action::Copy || !e.dst.has_ldlq() {
             continue;
@@ -497,13 +501,15 @@ pub fn assign_ldlq(plan: &mut Plan, hessians: &crate::quant::Hessians, band: usi
         match hessians.for_tensor(&e.name) {
             Some(h) if h.n as u64 == row_len(&e.dims) => {
                 e.ldlq = true;
+                let band = ldlq.band_for(e.dst);
                 let b = if band == 0 {
                     "full".to_string()
                 } else {
                     band.to_string()
                 };
                 e.reasons.push(format!(
-                    "LDLQ (band {b}) with a Hessian of {} tokens",
+                    "LDLQ (band {b}, damp {}) with a Hessian of {} tokens",
+                    ldlq.damp_for(e.dst),
                     h.tokens
                 ));
             }

@@ -12,10 +12,12 @@ use rayon::prelude::*;
 /// sequential calibration, shards): the plan carries it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LdlqSettings {
-    /// Error-feedback band in columns (0 = full).
-    pub band: usize,
-    /// Damping λ: `H += λ·mean(diag(H))·I` (raised ×10 on a failed Cholesky).
-    pub damp: f64,
+    /// Error-feedback band in columns (0 = full); `None` (no `--ldlq-band`): each type's default,
+    /// [`default_band`](super::ldlq::default_band).
+    pub band: Option<usize>,
+    /// Damping λ: `H += λ·mean(diag(H))·I` (raised ×10 on a failed Cholesky); `None` (no
+    /// `--damp`): each type's default, [`default_damp`](super::ldlq::default_damp).
+    pub damp: Option<f64>,
     /// Stock types: passes refitting the block parameters after the sweep (`--ldlq-refit`).
     pub refit: usize,
 }
@@ -23,23 +25,99 @@ pub struct LdlqSettings {
 impl Default for LdlqSettings {
     fn default() -> Self {
         LdlqSettings {
-            band: 0,
-            damp: 0.01,
+            band: None,
+            damp: None,
             refit: super::ldlq::Refit::DEFAULT.passes,
         }
     }
 }
 
 impl LdlqSettings {
+    /// The band `ty` is swept with: `--ldlq-band` when given, else the type's default.
+    pub fn band_for(&self, ty: TensorType) -> usize {
+        self.band.unwrap_or_else(|| super::ldlq::default_band(ty))
+    }
+
+    /// The damping `ty`'s Hessian is factored with: `--damp` when given, else the type's default.
+    pub fn damp_for(&self, ty: TensorType) -> f64 {
+        self.damp.unwrap_or_else(|| super::ldlq::default_damp(ty))
+    }
+
+    /// The effective damping as recorded in provenance and checkpoint keys (as [`band_label`]).
+    ///
+    /// [`band_label`]: LdlqSettings::band_label
+    pub fn damp_label(&self) -> String {
+        match self.damp {
+            Some(d) => d.to_string(),
+            None => format!(
+                "default (i-quants {}, others {})",
+                super::ldlq::IQ_DAMP,
+                super::ldlq::DAMP
+            ),
+        }
+    }
+
+    /// The effective damping over `types` (as [`band_label_for`]).
+    ///
+    /// [`band_label_for`]: LdlqSettings::band_label_for
+    pub fn damp_label_for(&self, types: impl IntoIterator<Item = TensorType>) -> String {
+        let mut by: std::collections::BTreeMap<String, std::collections::BTreeSet<&str>> =
+            Default::default();
+        for t in types.into_iter().filter(|t| t.has_ldlq()) {
+            by.entry(self.damp_for(t).to_string())
+                .or_default()
+                .insert(t.name());
+        }
+        match by.len() {
+            0 => self.damp.unwrap_or(super::ldlq::DAMP).to_string(),
+            1 => by.into_keys().next().unwrap(),
+            _ => by
+                .iter()
+                .map(|(d, ts)| format!("{d}:{}", ts.iter().copied().collect::<Vec<_>>().join(",")))
+                .collect::<Vec<_>>()
+                .join(";"),
+        }
+    }
+
+    /// The effective band as recorded in provenance and checkpoint keys: the number given, or the
+    /// per-kind defaults spelled out.
+    pub fn band_label(&self) -> String {
+        match self.band {
+            Some(b) => b.to_string(),
+            None => format!(
+                "default (i-quants {}, others 0 = full)",
+                super::ldlq::IQ_BAND
+            ),
+        }
+    }
+
+    /// The effective band over `types` (those with LDLQ): one number when they all share it
+    /// (so a Hessian file's `tq.ldlq_band` from before per-type defaults still compares equal),
+    /// else `B:type,type;B:type` by band.
+    pub fn band_label_for(&self, types: impl IntoIterator<Item = TensorType>) -> String {
+        let mut by: std::collections::BTreeMap<usize, std::collections::BTreeSet<&str>> =
+            Default::default();
+        for t in types.into_iter().filter(|t| t.has_ldlq()) {
+            by.entry(self.band_for(t)).or_default().insert(t.name());
+        }
+        match by.len() {
+            0 => self.band.unwrap_or(0).to_string(),
+            1 => by.keys().next().unwrap().to_string(),
+            _ => by
+                .iter()
+                .map(|(b, ts)| format!("{b}:{}", ts.iter().copied().collect::<Vec<_>>().join(",")))
+                .collect::<Vec<_>>()
+                .join(";"),
+        }
+    }
+
     /// `--damp`: a finite, non-negative multiple of mean(diag(H)).
     pub fn check(&self) -> Result<()> {
-        if self.damp.is_finite() && self.damp >= 0.0 {
-            Ok(())
-        } else {
-            Err(Error::Usage(format!(
-                "--damp {} must be a finite number >= 0 (a fraction of mean(diag(H)), e.g. 0.01)",
-                self.damp
-            )))
+        match self.damp {
+            Some(d) if !(d.is_finite() && d >= 0.0) => Err(Error::Usage(format!(
+                "--damp {d} must be a finite number >= 0 (a fraction of mean(diag(H)), e.g. 0.01)"
+            ))),
+            _ => Ok(()),
         }
     }
 }

@@ -151,7 +151,11 @@ pub(crate) fn encode(
                 Some(f) => f.clone(),
                 None => {
                     let f = Arc::new(super::ldlq::factor_hessian(
-                        ty, h, ldlq.damp, ldlq.refit, name,
+                        ty,
+                        h,
+                        ldlq.damp_for(ty),
+                        ldlq.refit,
+                        name,
                     )?);
                     factors.insert(key, f.clone());
                     f
@@ -161,7 +165,7 @@ pub(crate) fn encode(
         _ => None,
     };
     let (band, imp) = match w {
-        Weighting::Hessian { ldlq, .. } => (ldlq.band, None),
+        Weighting::Hessian { ldlq, .. } => (ldlq.band_for(ty), None),
         Weighting::Diagonal(imp) => (0, Some(*imp)),
         Weighting::Identity | Weighting::HessianRtn(_) => (0, None),
     };
@@ -221,8 +225,8 @@ mod tests {
         let w = Weighting::Hessian {
             h: &h,
             ldlq: crate::quant::LdlqSettings {
-                band: 0,
-                damp: 0.01,
+                band: Some(0),
+                damp: Some(0.01),
                 refit: 0,
             },
         };
@@ -265,8 +269,8 @@ mod tests {
         let w = Weighting::Hessian {
             h: &h,
             ldlq: crate::quant::LdlqSettings {
-                band: 0,
-                damp: 0.01,
+                band: Some(0),
+                damp: Some(0.01),
                 refit: 0,
             },
         };

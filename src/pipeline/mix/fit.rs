@@ -318,8 +318,8 @@ fn probe_plan(
             .ok_or_else(|| Error::Unsupported(format!("{}: does not fit {ty}", e.name)))?;
     }
     match calib {
-        Calibration::File(f) => plan::assign_ldlq(&mut p, &f.index, plan.ldlq.band),
-        Calibration::Memory(h) => plan::assign_ldlq(&mut p, h, plan.ldlq.band),
+        Calibration::File(f) => plan::assign_ldlq(&mut p, &f.index, &plan.ldlq),
+        Calibration::Memory(h) => plan::assign_ldlq(&mut p, h, &plan.ldlq),
         Calibration::Imatrix(m) => plan::assign_importance(&mut p, m),
         Calibration::None => {}
     }
@@ -448,7 +448,7 @@ mod tests {
             preset: None,
         };
         let mut plan = plan::plan(src.tensors(), &req, &profile).unwrap();
-        plan.ldlq.band = 64;
+        plan.ldlq.band = Some(64);
         let ref_path = p("ref.logits");
         reference_logits(&model, &text, 2, &ref_path, true).unwrap();
         let at = |n: &str| plan.entries.iter().position(|e| e.name == n).unwrap();

@@ -436,8 +436,8 @@ fn cache_key(job: &Job) -> Result<cache::Key> {
                 "profile {} mix-rows {} ldlq band {} damp {} refit {} tq {}",
                 job.profile.name,
                 a.mix_rows.max(1),
-                l.band,
-                l.damp,
+                l.band_label(),
+                l.damp_label(),
                 l.refit,
                 env!("CARGO_PKG_VERSION")
             ),

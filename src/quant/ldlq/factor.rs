@@ -41,6 +41,14 @@ impl Factor {
     }
 }
 
+/// `h` with its diagonal replaced by the damped one the factor used.
+fn damped(mut h: Vec<f64>, n: usize, diag: &[f64]) -> Vec<f64> {
+    for (i, &d) in diag.iter().enumerate() {
+        h[i * n + i] = d;
+    }
+    h
+}
+
 /// `R H Rᵀ` with `R` the block-diagonal 32-point forward rotation of the TQ formats (exact, f64):
 /// [`rotate_hessian_in_place`] on a copy (tests).
 #[cfg(test)]
@@ -396,8 +404,18 @@ pub fn factor_hessian_owned(
     match ty.ldlq() {
         Some(LdlqKind::Stock) => return factor_act_order(h, n, damp, refit, what),
         Some(LdlqKind::RowRotated | LdlqKind::Trellis) => rotate_hessian_rows_in_place(&mut h, n)?,
-        // The i-quant grid types: the weights' own basis, natural order.
-        Some(LdlqKind::Lattice | LdlqKind::IqGrid) => {}
+        // The i-quant grid types: the weights' own basis, natural order; the IQ2/IQ3 scale refit
+        // keeps the damped Hessian (`iq_refit`).
+        Some(LdlqKind::Lattice | LdlqKind::IqGrid) => {
+            if refit > 0 && !matches!(ty, TensorType::IQ1S | TensorType::IQ1M) {
+                super::prof::add(super::prof::Phase::Rotate, t);
+                let hn = h.clone();
+                let mut f = factor_owned(h, n, damp, what)?;
+                f.h = Some(damped(hn, n, &f.diag));
+                f.refit = refit;
+                return Ok(f);
+            }
+        }
         Some(LdlqKind::Rotated) | None => rotate_hessian_in_place(&mut h, n),
     }
     super::prof::add(super::prof::Phase::Rotate, t);

@@ -6,6 +6,8 @@
 //! 8-value group the row's current targets (its weights plus the error fed forward so far) are
 //! rounded to the best grid row and signs at the group's scale under the weights `1/U_jj²`
 //! (`iquants::iq2_groups::best_group`), and every column's error then goes forward as usual.
+//! With `--ldlq-refit N` the scales are then refitted under the Hessian and the sweep repeated
+//! (`iq_refit`).
 //!
 //! [`LdlqKind::IqGrid`]: crate::types::LdlqKind::IqGrid
 
@@ -20,12 +22,21 @@ pub(super) fn quantize_rows(ty: TensorType, rows: &[f32], f: &Factor, band: usiz
     debug_assert!(f.perm.is_none(), "IQ2 LDLQ sweeps in natural order");
     let (bs, bb) = (ty.block_size(), ty.block_bytes());
     let row_bytes = n / bs * bb;
-    let nr = rows.len() / n;
     let enc = weighted_encoder(ty).expect("an IQ2 type");
     let imp: Vec<f32> = f.diag.iter().map(|&v| v as f32).collect();
     for (row, o) in rows.chunks_exact(n).zip(out.chunks_exact_mut(row_bytes)) {
         enc(row, &imp, o);
     }
+    sweep_pass(ty, rows, f, band, out);
+    // The scales refitted under the Hessian, and the sweep again (`--ldlq-refit`).
+    super::iq_refit::refit(ty, rows, f, band, out, sweep_pass);
+}
+
+/// The sweep at the scales `out` holds: every group's grid row and signs written into `out`.
+pub(super) fn sweep_pass(ty: TensorType, rows: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
+    let n = f.n;
+    let (bs, bb) = (ty.block_size(), ty.block_bytes());
+    let nr = rows.len() / n;
     const G: usize = iq2_groups::GROUP;
     let ng = n / G;
     let mut scales = vec![0f32; nr * ng];

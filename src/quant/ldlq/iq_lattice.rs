@@ -14,6 +14,8 @@
 //!    signs follow the values, and an odd count flips the value of least `x² / U_jj²` (llama.cpp's
 //!    rule with the sweep's weights).
 //! 3. The blocks keep step 1's scales; the grid indices and signs are rewritten.
+//! 4. With `--ldlq-refit N` (the factor keeps the Hessian): the scales are refitted to the codes
+//!    under the full Hessian and the sweep runs again, up to N times (`iq_refit`).
 //!
 //! [`LdlqKind::Lattice`]: crate::types::LdlqKind::Lattice
 
@@ -75,7 +77,6 @@ pub(super) fn quantize_rows(ty: TensorType, rows: &[f32], f: &Factor, band: usiz
     assert!(f.perm.is_none(), "lattice LDLQ sweeps in natural order");
     let k = kind(ty);
     let n = f.n;
-    let nr = rows.len() / n;
     let row_bytes = ty.bytes_for(n as u64).unwrap() as usize;
     // 1. The scales, from the importance-weighted encoder under the Hessian diagonal.
     let mean = f.diag.iter().sum::<f64>() / n as f64;
@@ -84,14 +85,29 @@ pub(super) fn quantize_rows(ty: TensorType, rows: &[f32], f: &Factor, band: usiz
         .iter()
         .map(|&d| if mean > 0.0 { (d / mean) as f32 } else { 1.0 })
         .collect();
-    let mut db = Vec::with_capacity(nr * n / 32);
-    let mut tmp = Vec::new();
     for (row, o) in rows.chunks_exact(n).zip(out.chunks_exact_mut(row_bytes)) {
         if k.xxs {
             quantize_row_iq3_xxs(row, Some(&imp), o);
         } else {
             quantize_row_iq3_s(row, Some(&imp), o);
         }
+    }
+    // 2. and 3.
+    sweep_pass(ty, rows, f, band, out);
+    // 4. The scales refitted under the Hessian, and the sweep again (`--ldlq-refit`).
+    super::iq_refit::refit(ty, rows, f, band, out, sweep_pass);
+}
+
+/// Steps 2 and 3 of the module comment: the sweep at the scales `out` holds, its grid indices
+/// and signs written into `out` (scales kept).
+pub(super) fn sweep_pass(ty: TensorType, rows: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
+    let k = kind(ty);
+    let n = f.n;
+    let nr = rows.len() / n;
+    let row_bytes = ty.bytes_for(n as u64).unwrap() as usize;
+    let mut db = Vec::with_capacity(nr * n / 32);
+    let mut tmp = Vec::new();
+    for o in out.chunks_exact(row_bytes) {
         steps(&k, o, &mut tmp);
         db.extend_from_slice(&tmp);
     }

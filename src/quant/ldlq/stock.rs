@@ -327,15 +327,27 @@ fn normal_equations_rows(
     codes: &[i32],
     n: usize,
 ) -> Vec<(Vec<f64>, Vec<f64>)> {
-    use faer::{linalg::matmul::matmul, Accum, MatRef};
     let nr = rows.len() / n;
-    let gs = grid::group_size(ty);
+    let c = Mat::<f64>::from_fn(nr, n, |r, t| grid::code_value(ty, codes[r * n + t]));
+    normal_equations_values(rows, h, &c, grid::group_size(ty), grid::has_min(ty))
+}
+
+/// The normal equations of [`normal_equations_rows`] for code values `c` (rows × n) given
+/// directly: the decoded value at column `t` is `p[g]·c[t] (− p[ng + g])` with `g = t / gs`, the
+/// mins only when `hm`. Shared with the i-quants' scale refit (`iq_refit`).
+pub(super) fn normal_equations_values(
+    rows: &[f32],
+    h: &[f64],
+    c: &Mat<f64>,
+    gs: usize,
+    hm: bool,
+) -> Vec<(Vec<f64>, Vec<f64>)> {
+    use faer::{linalg::matmul::matmul, Accum, MatRef};
+    let (nr, n) = (c.nrows(), c.ncols());
     let ng = n / gs;
-    let hm = grid::has_min(ty);
     let np = if hm { 2 * ng } else { ng };
     let hmat = MatRef::from_row_major_slice(h, n, n);
     let x = Mat::<f64>::from_fn(nr, n, |r, t| rows[r * n + t] as f64);
-    let c = Mat::<f64>::from_fn(nr, n, |r, t| grid::code_value(ty, codes[r * n + t]));
     let mut hx = Mat::<f64>::zeros(nr, n);
     matmul(hx.as_mut(), Accum::Replace, x.as_ref(), hmat, 1.0, Par::Seq);
     let mut res: Vec<(Vec<f64>, Vec<f64>)> = (0..nr)
@@ -394,7 +406,7 @@ fn normal_equations_rows(
 
 /// Solve `A p = b` for a symmetric positive definite `A` (n×n, row-major, overwritten by its
 /// Cholesky factor); `None` when `A` is not positive definite.
-fn cholesky_solve(a: &mut [f64], b: &[f64], n: usize) -> Option<Vec<f64>> {
+pub(super) fn cholesky_solve(a: &mut [f64], b: &[f64], n: usize) -> Option<Vec<f64>> {
     for j in 0..n {
         let mut d = a[j * n + j];
         for k in 0..j {

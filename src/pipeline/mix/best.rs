@@ -106,6 +106,77 @@ pub(super) fn preset_plans(
     out
 }
 
+/// `base` (a preset's plan) with the bytes it leaves under the budget spent by the knapsack:
+/// each item may keep its type in `base` or take a larger candidate, at the fit's cost. `budget`
+/// is for the mixed tensors' bytes (as the knapsack's). None when nothing is left to spend or the
+/// upgrade changes nothing.
+pub(super) fn upgrade(
+    base: &Plan,
+    items: &[(Vec<usize>, Vec<TensorType>)],
+    table: &mix::Table,
+    direct: &[Option<Vec<f64>>],
+    alpha_of: &dyn Fn(&str) -> f64,
+    budget: u64,
+) -> Option<Plan> {
+    // Per item: the base's types first (pinned at zero cost when not a candidate), then the
+    // candidates larger for every member.
+    let mut items2 = vec![];
+    let mut table2: mix::Table = vec![];
+    let mut direct2 = vec![];
+    for (((idx, tys), per), d) in items.iter().zip(table).zip(direct) {
+        let now: Vec<TensorType> = idx.iter().map(|&i| base.entries[i].dst).collect();
+        let uniform = now.iter().all(|t| *t == now[0]);
+        let pos = tys.iter().position(|t| *t == now[0]);
+        let n = |i: usize| base.entries[i].dims.iter().product::<u64>();
+        let keep: Vec<usize> = match (uniform, pos) {
+            (true, Some(_)) => (0..tys.len())
+                .filter(|&k| {
+                    idx.iter().all(|&i| {
+                        tys[k] == now[0] || tys[k].bytes_for(n(i)) > now[0].bytes_for(n(i))
+                    })
+                })
+                .collect(),
+            _ => vec![],
+        };
+        if keep.is_empty() {
+            // Pinned at the base's types: one option per member, no cost to compare.
+            items2.push((idx.clone(), vec![now[0]]));
+            if !uniform {
+                return None;
+            }
+            table2.push(
+                per.iter()
+                    .map(|_| vec![crate::quant::sensitivity::Estimate { err: 0.0, se: 0.0 }])
+                    .collect(),
+            );
+            direct2.push(d.as_ref().map(|_| vec![0.0]));
+        } else {
+            items2.push((idx.clone(), keep.iter().map(|&k| tys[k]).collect()));
+            table2.push(
+                per.iter()
+                    .map(|m| keep.iter().map(|&k| m[k]).collect())
+                    .collect(),
+            );
+            direct2.push(d.as_ref().map(|d| keep.iter().map(|&k| d[k]).collect()));
+        }
+    }
+    let opts = mix::options(base, &items2, &table2, &direct2, alpha_of);
+    let sol = mix::solve(&mix::costs(&opts), budget, mix::GRID_CELLS)?;
+    let picks: Vec<&[usize]> = opts
+        .iter()
+        .zip(&sol.choice)
+        .map(|(o, &k)| o[k].pick.as_slice())
+        .collect();
+    let mut q = base.clone();
+    mix::apply(&mut q, &items2, &picks, "mix (preset + knapsack)").ok()?;
+    let changed = q
+        .entries
+        .iter()
+        .zip(&base.entries)
+        .any(|(a, b)| a.dst != b.dst);
+    changed.then_some(q)
+}
+
 /// The plan's types as one key (`name=type;…`), hashed: what the mix cache stores a measured
 /// plan's KLD under.
 pub(super) fn plan_key(plan: &Plan) -> String {
@@ -285,6 +356,68 @@ mod tests {
     use super::*;
     use crate::calib::input::{calibrate_text, TextOptions};
     use crate::plan::Request;
+
+    /// A preset's plan with bytes to spare: the upgrade keeps every tensor at its preset type or
+    /// a larger candidate, stays within the budget, spends it, and changes nothing without room.
+    #[test]
+    fn upgrade_spends_the_leftover_on_larger_types_only() {
+        let profile = Profile::default();
+        let fx = crate::gguf_gen::tiny_llama_tok(2, 256, 256);
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("m.gguf");
+        std::fs::write(&model, fx.bytes).unwrap();
+        let src = crate::source::open(&model, &profile).unwrap();
+        let req = Request {
+            weights: TensorType::Q4K,
+            recipe: &plan::recipe::RECIPES[0],
+            overrides: vec![],
+            output_type: None,
+            token_embd_type: None,
+            keep_types: false,
+            strict: false,
+            preset: None,
+        };
+        let plan = plan::plan(src.tensors(), &req, &profile).unwrap();
+        let types = mix::default_candidates(&profile);
+        let items = mix::items(&plan, &types, &profile);
+        let base = preset_plans(src.as_ref(), &plan, &items, &profile, true)
+            .into_iter()
+            .find(|c| c.name == "preset Q3_K_M")
+            .unwrap()
+            .plan;
+        // Error falls with bytes: 2^-bpw per candidate.
+        let table: mix::Table = items
+            .iter()
+            .map(|(idx, tys)| {
+                idx.iter()
+                    .map(|_| {
+                        tys.iter()
+                            .map(|t| crate::quant::sensitivity::Estimate {
+                                err: (-t.bpw()).exp2(),
+                                se: 0.0,
+                            })
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        let direct = vec![None; items.len()];
+        let mixed = |p: &Plan| -> u64 {
+            items
+                .iter()
+                .flat_map(|(idx, _)| idx)
+                .map(|&i| p.entries[i].bytes)
+                .sum()
+        };
+        let b0 = mixed(&base);
+        assert!(upgrade(&base, &items, &table, &direct, &|_| 1.0, b0).is_none());
+        let budget = b0 + b0 / 5;
+        let up = upgrade(&base, &items, &table, &direct, &|_| 1.0, budget).unwrap();
+        assert!(mixed(&up) <= budget && mixed(&up) > b0);
+        for &i in items.iter().flat_map(|(idx, _)| idx) {
+            assert!(up.entries[i].bytes >= base.entries[i].bytes, "{}", up.entries[i].name);
+        }
+    }
 
     /// Two candidates on a real (tiny) model: a deliberately poor "knapsack" plan (every matrix
     /// at q2_K) and a preset's plan. Measured in memory, each KLD equals the KLD of the file

@@ -360,8 +360,17 @@ pub fn choose(
     // The largest first (ties by the presets' order), then the few kept.
     presets.sort_by_key(|(s, _)| std::cmp::Reverse(*s));
     for (_, c) in presets.into_iter().take(best::PRESETS_MEASURED) {
+        // The preset with the bytes it leaves spent by the knapsack, when that changes it.
+        let up = best::upgrade(&c.plan, &items, &table, &direct, &alpha_of, budget)
+            .filter(|q| size_of(q, &rep).is_ok_and(|s| s <= rep.target));
+        let name = format!("{} + knapsack", c.name);
         if !cands.iter().any(|k| same_types(&k.plan, &c.plan)) {
             cands.push(c);
+        }
+        if let Some(q) = up {
+            if !cands.iter().any(|k| same_types(&k.plan, &q)) {
+                cands.push(best::Candidate { name, plan: q });
+            }
         }
     }
     let mut files = vec![];

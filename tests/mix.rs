@@ -698,7 +698,12 @@ fn targets_below_the_k_quants_take_i_quants() {
     let iq: Vec<String> = f
         .tensors
         .iter()
-        .filter(|t| matches!(t.ty.name(), "iq1_s" | "iq1_m" | "iq2_xxs" | "iq2_xs" | "iq2_s"))
+        .filter(|t| {
+            matches!(
+                t.ty.name(),
+                "iq1_s" | "iq1_m" | "iq2_xxs" | "iq2_xs" | "iq2_s"
+            )
+        })
         .map(|t| format!("{} {}", t.name, t.ty.name()))
         .collect();
     assert!(!iq.is_empty(), "no i-quant below q2_K in the mix");
@@ -710,10 +715,26 @@ fn targets_below_the_k_quants_take_i_quants() {
     let text = dir.path().join("t.txt");
     std::fs::write(&text, fixtures::gguf_gen::pseudo_text(4000)).unwrap();
     let r = std::process::Command::new(&ppl)
-        .args(["-m", s(&out), "-f", s(&text), "-c", "128", "--chunks", "2", "-t", "1"])
+        .args([
+            "-m",
+            s(&out),
+            "-f",
+            s(&text),
+            "-c",
+            "128",
+            "--chunks",
+            "2",
+            "-t",
+            "1",
+        ])
         .output()
         .unwrap();
     let log = String::from_utf8_lossy(&r.stderr).to_string() + &String::from_utf8_lossy(&r.stdout);
-    assert!(r.status.success(), "llama-perplexity on {iq:?}:\n{log}");
+    assert!(
+        r.status.success(),
+        "llama-perplexity ({}) on {iq:?}: {}\n{log}",
+        ppl.display(),
+        r.status
+    );
     assert!(log.contains("Final estimate: PPL"), "{log}");
 }

@@ -1,8 +1,9 @@
 //! Best of few, measured: the knapsack's plan is the best *predicted*, and the prediction is
 //! off (3–5× low on SmolLM2, and on a held-out model it priced q2_K/q3_K as cheap where a
 //! near-uniform file won). So the mix measures a few whole plans — the knapsack's, the knapsack's
-//! under one α for all roles, and the largest llama.cpp presets whose file fits the target — on
-//! the `--kld-text` windows and keeps the best *measured*.
+//! under one α for all roles, the largest llama.cpp presets whose file fits the target, and each
+//! of those with the bytes it leaves spent by the knapsack ([`upgrade`]) — on the `--kld-text`
+//! windows and keeps the best *measured*.
 //!
 //! A plan is measured without a model copy: every tensor it changes is quantized as convert
 //! would write it (LDLQ with the Hessians, the imatrix's weighting, or round-to-nearest) and
@@ -415,7 +416,11 @@ mod tests {
         let up = upgrade(&base, &items, &table, &direct, &|_| 1.0, budget).unwrap();
         assert!(mixed(&up) <= budget && mixed(&up) > b0);
         for &i in items.iter().flat_map(|(idx, _)| idx) {
-            assert!(up.entries[i].bytes >= base.entries[i].bytes, "{}", up.entries[i].name);
+            assert!(
+                up.entries[i].bytes >= base.entries[i].bytes,
+                "{}",
+                up.entries[i].name
+            );
         }
     }
 

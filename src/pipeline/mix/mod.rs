@@ -103,20 +103,6 @@ pub fn choose(
         },
         None => None,
     };
-    let t0 = std::time::Instant::now();
-    let mut table = match &cached {
-        Some(m) => m.table.clone(),
-        None => {
-            let mut pb = super::progress::steps(o.quiet, items.len() as u64, "sensitivity");
-            let t = mix::measure(src, plan, &items, calib, o.rows, &|d, _| {
-                pb.set_position(d as u64)
-            })?;
-            pb.finish_and_clear();
-            t
-        }
-    };
-    let sens_s = t0.elapsed().as_secs_f64();
-
     let mut rep = MixReport {
         target: 0,
         min_file: 0,
@@ -137,7 +123,7 @@ pub fn choose(
         grid: 0,
         slack: 0,
         rows: o.rows,
-        sens_s,
+        sens_s: 0.0,
         fit_s: 0.0,
         dp_s: 0.0,
         best_s: 0.0,
@@ -145,6 +131,52 @@ pub fn choose(
         chosen: None,
         ref_logits: None,
     };
+    // An infeasible target fails before anything is measured: every tensor at its smallest
+    // candidate is a lower bound of the cheapest mix (exact where members choose freely).
+    {
+        let mut q = plan.clone();
+        let picks: Vec<Vec<usize>> = items
+            .iter()
+            .map(|(idx, tys)| {
+                idx.iter()
+                    .map(|&i| {
+                        let n: u64 = plan.entries[i].dims.iter().product();
+                        (0..tys.len())
+                            .min_by_key(|&k| tys[k].bytes_for(n).unwrap_or(u64::MAX))
+                            .unwrap_or(0)
+                    })
+                    .collect()
+            })
+            .collect();
+        let refs: Vec<&[usize]> = picks.iter().map(Vec::as_slice).collect();
+        mix::apply(&mut q, &items, &refs, "mix")?;
+        rep.min_file = size_of(&q, &rep)?;
+        let target = match o.budget {
+            Budget::Bytes(b) => b,
+            Budget::Bpw(x) => (x * params_of(plan) as f64 / 8.0).floor() as u64,
+        };
+        if target < rep.min_file {
+            return Err(Error::Usage(format!(
+                "the target of {target} bytes (--target-size / --target-bpw) is below the smallest file the candidate types give ({} bytes = {:.3} bpw); raise the target or add smaller types with --types",
+                rep.min_file,
+                rep.min_file as f64 * 8.0 / params_of(plan) as f64
+            )));
+        }
+    }
+    let t0 = std::time::Instant::now();
+    let mut table = match &cached {
+        Some(m) => m.table.clone(),
+        None => {
+            let mut pb = super::progress::steps(o.quiet, items.len() as u64, "sensitivity");
+            let t = mix::measure(src, plan, &items, calib, o.rows, &|d, _| {
+                pb.set_position(d as u64)
+            })?;
+            pb.finish_and_clear();
+            t
+        }
+    };
+    rep.sens_s = t0.elapsed().as_secs_f64();
+
     // Items none of whose tensors have calibration data (while others do): their errors are
     // not in the units of the rest, so their KLDs are measured per candidate (with a fit), or
     // they keep q8_0 (without).
@@ -225,11 +257,7 @@ pub fn choose(
     let alpha_of = |name: &str| *role_alpha.get(mix::role_of(name)).unwrap_or(&global);
     let opts = mix::options(plan, &items, &table, &direct, &alpha_of);
     let pairs = mix::costs(&opts);
-    let params: u64 = plan
-        .entries
-        .iter()
-        .map(|e| e.dims.iter().product::<u64>())
-        .sum();
+    let params = params_of(plan);
     // The whole file: fixed tensors, metadata and padding are what the plan's size adds to the
     // mixed tensors' bytes (measured on the cheapest mix, then corrected until it fits).
     let cheapest: Vec<usize> = pairs
@@ -450,6 +478,14 @@ pub fn choose(
     }
     rep.best_s = t3.elapsed().as_secs_f64();
     Ok(rep)
+}
+
+/// The plan's parameters (every tensor's elements).
+fn params_of(plan: &Plan) -> u64 {
+    plan.entries
+        .iter()
+        .map(|e| e.dims.iter().product::<u64>())
+        .sum()
 }
 
 /// Two plans give every tensor the same type.

@@ -383,7 +383,7 @@ mod tests {
         let items = mix::items(&plan, &types, &profile);
         let base = preset_plans(src.as_ref(), &plan, &items, &profile, true)
             .into_iter()
-            .find(|c| c.name == "preset Q3_K_M")
+            .find(|c| c.name == "preset Q4_K_M")
             .unwrap()
             .plan;
         // Error falls with bytes: 2^-bpw per candidate.

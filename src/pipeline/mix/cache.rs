@@ -29,6 +29,8 @@ pub(crate) struct Measured {
     pub role_alpha: BTreeMap<String, f64>,
     pub r2: Option<f64>,
     pub r2_roles: Option<f64>,
+    /// Whole plans' measured KLDs (best of few), by the plan's key (a hash of its types).
+    pub plans: BTreeMap<String, f64>,
 }
 
 /// What the measurements depend on, by name (`model` → its blake3, `types` → the list, …).
@@ -74,6 +76,7 @@ pub(crate) fn save(path: &Path, key: &Key, m: &Measured) -> Result<()> {
         "role_alpha": m.role_alpha.iter().map(|(r, a)| (r.clone(), f(*a))).collect::<serde_json::Map<_, _>>(),
         "r2": of(m.r2),
         "r2_roles": of(m.r2_roles),
+        "plans": m.plans.iter().map(|(k, x)| (k.clone(), f(*x))).collect::<serde_json::Map<_, _>>(),
     });
     let tmp = path.with_extension(format!("tq-tmp-{}", std::process::id()));
     std::fs::write(&tmp, v.to_string()).map_err(|e| Error::io(&tmp, e))?;
@@ -197,6 +200,15 @@ fn decode(v: &Value) -> Option<Measured> {
         .iter()
         .map(|(r, a)| Some((r.clone(), num(a)?)))
         .collect::<Option<BTreeMap<_, _>>>()?;
+    // Absent in a cache saved before plans were measured: none known.
+    let plans = match v.get("plans") {
+        None => BTreeMap::new(),
+        Some(p) => p
+            .as_object()?
+            .iter()
+            .map(|(k, x)| Some((k.clone(), num(x)?)))
+            .collect::<Option<BTreeMap<_, _>>>()?,
+    };
     Some(Measured {
         table,
         probes,
@@ -206,6 +218,7 @@ fn decode(v: &Value) -> Option<Measured> {
         role_alpha,
         r2: opt(&v["r2"])?,
         r2_roles: opt(&v["r2_roles"])?,
+        plans,
     })
 }
 
@@ -237,6 +250,7 @@ mod tests {
             role_alpha: [("attn_q.weight".to_string(), 2.5)].into(),
             r2: None,
             r2_roles: Some(-0.5),
+            plans: [("ab12".to_string(), 0.1f64 / 3.0)].into(),
         }
     }
 
@@ -259,6 +273,7 @@ mod tests {
             (want.alpha, want.r2, want.r2_roles)
         );
         assert_eq!(m.role_alpha, want.role_alpha);
+        assert_eq!(m.plans["ab12"].to_bits(), (0.1f64 / 3.0).to_bits());
         assert_eq!(m.probes[0].kld.to_bits(), (1.0f64 / 3.0).to_bits());
         let other = Key(vec![("model", "abc".into()), ("types", "q8_0".into())]);
         match load(&p, &other).unwrap() {

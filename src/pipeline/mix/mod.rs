@@ -1,13 +1,14 @@
 //! `tq convert --target-bpw X | --target-size SIZE`: measure each tensor's sensitivity to each
 //! candidate type, map it to KLD with a per-model fit against measured single-tensor KLDs, solve
 //! the knapsack (`crate::plan::mix`) and set the plan's types; `--verify` measures the written file.
+mod best;
 mod cache;
 mod fit;
 mod probe;
 mod report;
 
 pub use fit::{kld_of, reference_logits};
-pub use report::{MixReport, Probe};
+pub use report::{MixReport, Probe, Tried};
 
 use super::job::{Budget, CalibInput, Job};
 use crate::error::{Error, Result};
@@ -102,20 +103,6 @@ pub fn choose(
         },
         None => None,
     };
-    let t0 = std::time::Instant::now();
-    let mut table = match &cached {
-        Some(m) => m.table.clone(),
-        None => {
-            let mut pb = super::progress::steps(o.quiet, items.len() as u64, "sensitivity");
-            let t = mix::measure(src, plan, &items, calib, o.rows, &|d, _| {
-                pb.set_position(d as u64)
-            })?;
-            pb.finish_and_clear();
-            t
-        }
-    };
-    let sens_s = t0.elapsed().as_secs_f64();
-
     let mut rep = MixReport {
         target: 0,
         min_file: 0,
@@ -136,11 +123,60 @@ pub fn choose(
         grid: 0,
         slack: 0,
         rows: o.rows,
-        sens_s,
+        sens_s: 0.0,
         fit_s: 0.0,
         dp_s: 0.0,
+        best_s: 0.0,
+        tried: vec![],
+        chosen: None,
         ref_logits: None,
     };
+    // An infeasible target fails before anything is measured: every tensor at its smallest
+    // candidate is a lower bound of the cheapest mix (exact where members choose freely).
+    {
+        let mut q = plan.clone();
+        let picks: Vec<Vec<usize>> = items
+            .iter()
+            .map(|(idx, tys)| {
+                idx.iter()
+                    .map(|&i| {
+                        let n: u64 = plan.entries[i].dims.iter().product();
+                        (0..tys.len())
+                            .min_by_key(|&k| tys[k].bytes_for(n).unwrap_or(u64::MAX))
+                            .unwrap_or(0)
+                    })
+                    .collect()
+            })
+            .collect();
+        let refs: Vec<&[usize]> = picks.iter().map(Vec::as_slice).collect();
+        mix::apply(&mut q, &items, &refs, "mix")?;
+        rep.min_file = size_of(&q, &rep)?;
+        let target = match o.budget {
+            Budget::Bytes(b) => b,
+            Budget::Bpw(x) => (x * params_of(plan) as f64 / 8.0).floor() as u64,
+        };
+        if target < rep.min_file {
+            return Err(Error::Usage(format!(
+                "the target of {target} bytes (--target-size / --target-bpw) is below the smallest file the candidate types give ({} bytes = {:.3} bpw); raise the target or add smaller types with --types",
+                rep.min_file,
+                rep.min_file as f64 * 8.0 / params_of(plan) as f64
+            )));
+        }
+    }
+    let t0 = std::time::Instant::now();
+    let mut table = match &cached {
+        Some(m) => m.table.clone(),
+        None => {
+            let mut pb = super::progress::steps(o.quiet, items.len() as u64, "sensitivity");
+            let t = mix::measure(src, plan, &items, calib, o.rows, &|d, _| {
+                pb.set_position(d as u64)
+            })?;
+            pb.finish_and_clear();
+            t
+        }
+    };
+    rep.sens_s = t0.elapsed().as_secs_f64();
+
     // Items none of whose tensors have calibration data (while others do): their errors are
     // not in the units of the rest, so their KLDs are measured per candidate (with a fit), or
     // they keep q8_0 (without).
@@ -190,6 +226,7 @@ pub fn choose(
             role_alpha: rep.role_alpha.clone(),
             r2: rep.r2,
             r2_roles: rep.r2_roles,
+            plans: Default::default(),
         };
         cache::save(p, k, &m)?;
     }
@@ -220,11 +257,7 @@ pub fn choose(
     let alpha_of = |name: &str| *role_alpha.get(mix::role_of(name)).unwrap_or(&global);
     let opts = mix::options(plan, &items, &table, &direct, &alpha_of);
     let pairs = mix::costs(&opts);
-    let params: u64 = plan
-        .entries
-        .iter()
-        .map(|e| e.dims.iter().product::<u64>())
-        .sum();
+    let params = params_of(plan);
     // The whole file: fixed tensors, metadata and padding are what the plan's size adds to the
     // mixed tensors' bytes (measured on the cheapest mix, then corrected until it fits).
     let cheapest: Vec<usize> = pairs
@@ -314,7 +347,153 @@ pub fn choose(
     pb.set_position(1);
     pb.finish_and_clear();
     rep.dp_s = t2.elapsed().as_secs_f64();
+    let Some(text) = o.kld_text else {
+        return Ok(rep);
+    };
+    // Best of few, measured (best.rs): the knapsack's plan, the knapsack's under one α for all
+    // roles (when roles have their own), and the largest presets that fit (default candidates
+    // only: --types is the user's choice of types).
+    let t3 = std::time::Instant::now();
+    let mut cands = vec![best::Candidate {
+        name: "knapsack".into(),
+        plan: plan.clone(),
+    }];
+    if rep.role_alpha.len() > 1 {
+        let one = mix::options(plan, &items, &table, &direct, &|_| global);
+        if let Some(s) = mix::solve(&mix::costs(&one), budget, mix::GRID_CELLS) {
+            let picks: Vec<&[usize]> = one
+                .iter()
+                .zip(&s.choice)
+                .map(|(o, &k)| o[k].pick.as_slice())
+                .collect();
+            let mut q = plan.clone();
+            mix::apply(&mut q, &items, &picks, "mix (one alpha)")?;
+            if !same_types(&q, plan) {
+                cands.push(best::Candidate {
+                    name: "knapsack, one alpha".into(),
+                    plan: q,
+                });
+            }
+        }
+    }
+    let mut presets = vec![];
+    if o.types.is_none() {
+        for c in best::preset_plans(src, plan, &items, profile, calibrated) {
+            let size = size_of(&c.plan, &rep)?;
+            if size <= rep.target && !cands.iter().any(|k| same_types(&k.plan, &c.plan)) {
+                presets.push((size, c));
+            }
+        }
+    }
+    // The largest first (ties by the presets' order), then the few kept.
+    presets.sort_by_key(|(s, _)| std::cmp::Reverse(*s));
+    for (_, c) in presets.into_iter().take(best::PRESETS_MEASURED) {
+        // The preset with the bytes it leaves spent by the knapsack, when that changes it.
+        let up = best::upgrade(&c.plan, &items, &table, &direct, &alpha_of, budget)
+            .filter(|q| size_of(q, &rep).is_ok_and(|s| s <= rep.target));
+        let name = format!("{} + knapsack", c.name);
+        if !cands.iter().any(|k| same_types(&k.plan, &c.plan)) {
+            cands.push(c);
+        }
+        if let Some(q) = up {
+            if !cands.iter().any(|k| same_types(&k.plan, &q)) {
+                cands.push(best::Candidate { name, plan: q });
+            }
+        }
+    }
+    let mut files = vec![];
+    let mut predicted = vec![];
+    for c in &cands {
+        files.push(size_of(&c.plan, &rep)?);
+        let (_, pred) = best::predict(&c.plan, &items, &table, &direct, &alpha_of);
+        predicted.push(pred.filter(|_| rep.alpha.is_some()));
+    }
+    // Reference logits: the fit's, or (its measurements from the cache) computed now.
+    let ref_path = match &rep.ref_logits {
+        Some(r) => r.clone(),
+        None => {
+            let dir = std::env::temp_dir().join(format!("tq-mix-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+            let r = dir.join("ref.logits");
+            rep.ref_logits = Some(r.clone());
+            if let Err(e) = fit::reference_logits(input, text, o.kld_windows, &r, o.quiet) {
+                rep.cleanup();
+                return Err(e);
+            }
+            r
+        }
+    };
+    let known = cached.as_ref().map(|m| m.plans.clone()).unwrap_or_default();
+    let klds = match best::measure(
+        input,
+        src,
+        &cands,
+        profile,
+        calib,
+        &ref_path,
+        o.kld_windows,
+        &known,
+        o.quiet,
+    ) {
+        Ok(k) => k,
+        Err(e) => {
+            rep.cleanup();
+            return Err(e);
+        }
+    };
+    rep.tried = best::tried(&cands, &files, &predicted, &klds);
+    if let Some((p, k)) = &key {
+        // The measured plans join the cache's measurements (a cold run saved them above).
+        if let cache::Loaded::Hit(mut m) = cache::load(p, k)? {
+            let before = m.plans.len();
+            for (c, (kld, _)) in cands.iter().zip(&klds) {
+                m.plans.insert(best::plan_key(&c.plan), *kld);
+            }
+            if m.plans.len() != before {
+                cache::save(p, k, &m)?;
+            }
+        }
+    }
+    // The best measured that still fits once its own numbers are in the metadata.
+    let ks: Vec<f64> = klds.iter().map(|k| k.0).collect();
+    let knapsack = plan.clone();
+    let (err0, pred0) = (rep.err, rep.predicted);
+    for w in best::ranking(&ks) {
+        *plan = cands[w].plan.clone();
+        let (err, pred) = best::predict(plan, &items, &table, &direct, &alpha_of);
+        rep.err = err;
+        rep.predicted = pred.filter(|_| rep.alpha.is_some());
+        let size = size_of(plan, &rep)?;
+        if size <= rep.target {
+            rep.file = size;
+            rep.chosen = Some(w);
+            break;
+        }
+    }
+    if rep.chosen.is_none() {
+        *plan = knapsack;
+        (rep.err, rep.predicted) = (err0, pred0);
+        rep.file = size_of(plan, &rep)?;
+        rep.chosen = Some(0);
+    }
+    rep.best_s = t3.elapsed().as_secs_f64();
     Ok(rep)
+}
+
+/// The plan's parameters (every tensor's elements).
+fn params_of(plan: &Plan) -> u64 {
+    plan.entries
+        .iter()
+        .map(|e| e.dims.iter().product::<u64>())
+        .sum()
+}
+
+/// Two plans give every tensor the same type.
+fn same_types(a: &Plan, b: &Plan) -> bool {
+    a.entries
+        .iter()
+        .zip(&b.entries)
+        .all(|(x, y)| x.dst == y.dst)
 }
 
 /// Choose the mix for `job`'s budget: calibration data loaded as convert will use it (a text is

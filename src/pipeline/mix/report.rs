@@ -12,6 +12,21 @@ pub struct Probe {
     pub kld: f64,
 }
 
+/// One whole plan the mix measured (best of few).
+#[derive(Clone)]
+pub struct Tried {
+    /// `knapsack`, `knapsack, one alpha` or `preset NAME`.
+    pub name: String,
+    /// The file's bytes.
+    pub file: u64,
+    /// The fit's predicted KLD (None when a type is not one of the mix's candidates).
+    pub predicted: Option<f64>,
+    /// Measured on the `--kld-text` windows.
+    pub kld: f64,
+    /// Read from `--mix-cache` rather than measured in this run.
+    pub cached: bool,
+}
+
 pub struct MixReport {
     pub target: u64,
     pub min_file: u64,
@@ -42,6 +57,12 @@ pub struct MixReport {
     pub sens_s: f64,
     pub fit_s: f64,
     pub dp_s: f64,
+    /// Seconds measuring whole plans (best of few).
+    pub best_s: f64,
+    /// The whole plans measured on the `--kld-text` windows (none without it).
+    pub tried: Vec<Tried>,
+    /// Which of `tried` the mix wrote (the best measured that fits).
+    pub chosen: Option<usize>,
     /// The reference logits of the fit windows (kept for `--verify`).
     pub ref_logits: Option<PathBuf>,
 }
@@ -102,6 +123,10 @@ impl MixReport {
             "pinned": self.pinned.iter().map(|(n, t)| serde_json::json!({"tensor": n, "type": t.name()})).collect::<Vec<_>>(),
             "grid_bytes": self.grid, "slack_bytes": self.slack, "rows_sampled": self.rows,
             "sensitivity_seconds": self.sens_s, "fit_seconds": self.fit_s, "dp_seconds": self.dp_s,
+            "plans_seconds": self.best_s,
+            "plans": self.tried.iter().map(|t| serde_json::json!({"plan": t.name, "file_bytes": t.file, "predicted_kld": t.predicted, "measured_kld": t.kld, "from_cache": t.cached})).collect::<Vec<_>>(),
+            "chosen": self.chosen.and_then(|k| self.tried.get(k)).map(|t| t.name.clone()),
+            "measured_kld": self.chosen.and_then(|k| self.tried.get(k)).map(|t| t.kld),
         })
     }
 
@@ -148,9 +173,33 @@ impl MixReport {
                 "mix:   {n} kept {t}: no calibration data for it and no KLD fit (--kld-text) to weigh it"
             ));
         }
+        if !self.tried.is_empty() {
+            v.push(format!(
+                "mix: best of {} plans, measured on {} windows of --kld-text:",
+                self.tried.len(),
+                self.kld_windows
+            ));
+            for (k, t) in self.tried.iter().enumerate() {
+                v.push(format!(
+                    "mix: {} {}: {} bytes, KLD {:.5} (predicted {}){}",
+                    if Some(k) == self.chosen { "*" } else { " " },
+                    t.name,
+                    t.file,
+                    t.kld,
+                    t.predicted.map_or("-".into(), |p| format!("{p:.5}")),
+                    if t.cached { ", from --mix-cache" } else { "" }
+                ));
+            }
+            if let Some(t) = self.chosen.and_then(|k| self.tried.get(k)) {
+                v.push(format!(
+                    "mix: wrote {} (the best measured that fits)",
+                    t.name
+                ));
+            }
+        }
         v.push(format!(
-            "mix: sensitivity {:.1} s, KLD fit {:.1} s, DP {:.2} s",
-            self.sens_s, self.fit_s, self.dp_s
+            "mix: sensitivity {:.1} s, KLD fit {:.1} s, DP {:.2} s, measured plans {:.1} s",
+            self.sens_s, self.fit_s, self.dp_s, self.best_s
         ));
         v
     }

@@ -16,11 +16,10 @@
 
 use super::probe::{Probes, Substitute};
 use super::report::Tried;
-use crate::convert;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::plan::mix::{self, Calibration};
-use crate::plan::{self, preset, Action, Plan};
+use crate::plan::{preset, Action, Plan};
 use crate::source::TensorSource;
 use crate::types::profile::Profile;
 use crate::types::TensorType;
@@ -194,30 +193,8 @@ pub(super) fn plan_key(plan: &Plan) -> String {
 /// The plan as convert executes it: LDLQ or imatrix marks from the calibration.
 fn marked(plan: &Plan, calib: &Calibration) -> Plan {
     let mut p = plan.clone();
-    match calib {
-        Calibration::File(f) => plan::assign_ldlq(&mut p, &f.index, plan.ldlq.band),
-        Calibration::Memory(h) => plan::assign_ldlq(&mut p, h, plan.ldlq.band),
-        Calibration::Imatrix(m) => plan::assign_importance(&mut p, m),
-        Calibration::None => {}
-    }
+    super::fit::mark(&mut p, calib);
     p
-}
-
-/// Entry `i` of `p` (marked) quantized as convert writes it.
-fn encode(src: &dyn TensorSource, p: &Plan, i: usize, calib: &Calibration) -> Result<Vec<u8>> {
-    let c = match calib {
-        Calibration::File(f) => convert::Calib::File(f),
-        Calibration::Memory(hs) => {
-            // Only this tensor's Hessian group (a copy of all would be the model's).
-            let mut one = crate::quant::Hessians::default();
-            if let Some(g) = hs.for_tensor(&p.entries[i].name) {
-                one.groups.insert(g.tensors.join(","), g.clone());
-            }
-            convert::Calib::Hessians(one)
-        }
-        _ => convert::Calib::None,
-    };
-    convert::entry_bytes(src, p, i, c)
 }
 
 /// Measure each candidate's whole-plan KLD on `windows` windows against `ref_logits` (the
@@ -271,7 +248,7 @@ pub(super) fn measure(
             let b = match bytes.get(&(i, e.dst)) {
                 Some(b) => b.clone(),
                 None => {
-                    let b = encode(src, p, i, calib)?;
+                    let b = super::fit::encode_entry(src, p, i, calib)?;
                     bytes.insert((i, e.dst), b.clone());
                     b
                 }
@@ -356,7 +333,8 @@ pub(super) fn predict(
 mod tests {
     use super::*;
     use crate::calib::input::{calibrate_text, TextOptions};
-    use crate::plan::Request;
+    use crate::convert;
+    use crate::plan::{self, Request};
 
     /// A preset's plan with bytes to spare: the upgrade keeps every tensor at its preset type or
     /// a larger candidate, stays within the budget, spends it, and changes nothing without room.
@@ -458,7 +436,7 @@ mod tests {
             preset: None,
         };
         let mut plan = plan::plan(src.tensors(), &req, &profile).unwrap();
-        plan.ldlq.band = 64;
+        plan.ldlq.band = Some(64);
         let types = mix::default_candidates(&profile);
         let items = mix::items(&plan, &types, &profile);
         // The poor plan: every mixed tensor at q2_K.

@@ -317,13 +317,50 @@ fn probe_plan(
             .bytes_for(e.dims.iter().product())
             .ok_or_else(|| Error::Unsupported(format!("{}: does not fit {ty}", e.name)))?;
     }
+    mark(&mut p, calib);
+    Ok(p)
+}
+
+/// Mark `p` as convert executes it: LDLQ (its own settings) or imatrix from the calibration.
+pub(super) fn mark(p: &mut Plan, calib: &Calibration) {
+    let ldlq = p.ldlq;
     match calib {
-        Calibration::File(f) => plan::assign_ldlq(&mut p, &f.index, &plan.ldlq),
-        Calibration::Memory(h) => plan::assign_ldlq(&mut p, h, &plan.ldlq),
-        Calibration::Imatrix(m) => plan::assign_importance(&mut p, m),
+        Calibration::File(f) => plan::assign_ldlq(p, &f.index, &ldlq),
+        Calibration::Memory(h) => plan::assign_ldlq(p, h, &ldlq),
+        Calibration::Imatrix(m) => plan::assign_importance(p, m),
         Calibration::None => {}
     }
-    Ok(p)
+}
+
+/// Entry `i` of the marked plan `p` quantized as convert writes it. From in-memory Hessians only
+/// this tensor's group is copied (a copy of all would be the model's): its own, or one per
+/// expert (`NAME#e`) for an expert tensor.
+pub(super) fn encode_entry(
+    src: &dyn TensorSource,
+    p: &Plan,
+    i: usize,
+    calib: &Calibration,
+) -> Result<Vec<u8>> {
+    let c = match calib {
+        Calibration::File(f) => convert::Calib::File(f),
+        Calibration::Memory(hs) => {
+            let mut one = crate::quant::Hessians::default();
+            let e = &p.entries[i];
+            let n_exp = if e.dims.len() == 3 {
+                e.dims[2] as usize
+            } else {
+                0
+            };
+            let groups = std::iter::once(hs.for_tensor(&e.name))
+                .chain((0..n_exp).map(|x| hs.for_expert(&e.name, x)));
+            for g in groups.flatten() {
+                one.groups.insert(g.tensors.join(","), g.clone());
+            }
+            convert::Calib::Hessians(one)
+        }
+        _ => convert::Calib::None,
+    };
+    convert::entry_bytes(src, p, i, c)
 }
 
 /// The entries `idx` quantized to `ty` as convert would write them, to substitute in memory.
@@ -341,28 +378,7 @@ fn substitutes(
         .ok_or_else(|| Error::internal(format!("{ty}: no id in the profile")))?;
     idx.iter()
         .map(|&i| {
-            let c = match calib {
-                Calibration::File(f) => convert::Calib::File(f),
-                Calibration::Memory(hs) => {
-                    // Only this tensor's Hessian group (a copy of all would be the model's).
-                    // An expert tensor's Hessians are one per expert (`NAME#e`).
-                    let mut one = crate::quant::Hessians::default();
-                    let e = &p.entries[i];
-                    let n_exp = if e.dims.len() == 3 {
-                        e.dims[2] as usize
-                    } else {
-                        0
-                    };
-                    let groups = std::iter::once(hs.for_tensor(&e.name))
-                        .chain((0..n_exp).map(|x| hs.for_expert(&e.name, x)));
-                    for g in groups.flatten() {
-                        one.groups.insert(g.tensors.join(","), g.clone());
-                    }
-                    convert::Calib::Hessians(one)
-                }
-                _ => convert::Calib::None,
-            };
-            let bytes = convert::entry_bytes(src, &p, i, c)?;
+            let bytes = encode_entry(src, &p, i, calib)?;
             Ok((p.entries[i].name.clone(), ty, id, bytes))
         })
         .collect()

@@ -107,23 +107,9 @@ fn synthetic(prefix: &str) -> Vec<Tensor> {
         });
     };
     add("attn_q.weight", 256, 48, gaussian(101, 256 * 48, 0.02));
-    let ranged: Vec<f32> = gaussian(102, 512 * 32, 1.0)
-        .chunks(512)
-        .enumerate()
-        .flat_map(|(r, row)| {
-            let s = (2.0f32).powi((r as i32 * 7) % 33 - 24) * (1.0 + r as f32 / 64.0);
-            row.iter().map(move |v| v * s).collect::<Vec<_>>()
-        })
-        .collect();
+    let ranged = fixtures::llama_oracle::ranged_rows(32);
     add("ffn_up.weight", 512, 32, ranged);
-    let g1 = gaussian(103, 768 * 24, 1.0);
-    let g2 = gaussian(104, 768 * 24, 1.0);
-    let heavy: Vec<f32> = g1
-        .iter()
-        .zip(&g2)
-        .enumerate()
-        .map(|(i, (a, b))| a * (0.75 * b).exp() * if i % 97 == 0 { 30.0 } else { 1.0 } * 0.05)
-        .collect();
+    let heavy = fixtures::llama_oracle::heavy_rows(24);
     add("ffn_down.weight", 768, 24, heavy);
     add("attn_output.weight", 256, 16, edge_rows());
     add(

@@ -30,6 +30,7 @@ mod rows;
 mod stock;
 mod sweep;
 mod tq;
+mod tq_round;
 pub(crate) mod trellis;
 
 pub use self::factor::{

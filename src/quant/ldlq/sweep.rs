@@ -134,6 +134,9 @@ pub(crate) trait Elem:
     const MINUS_ONE: Self;
     fn of(v: f64) -> Self;
     fn f64(self) -> f64;
+    /// `x` as f32 when `Self` is f32 (the TQ rounding's vector kernels take f32 only).
+    fn as_f32(x: &[Self]) -> Option<&[f32]>;
+    fn as_f32_mut(x: &mut [Self]) -> Option<&mut [f32]>;
 }
 
 impl Elem for f32 {
@@ -145,6 +148,12 @@ impl Elem for f32 {
     fn f64(self) -> f64 {
         self as f64
     }
+    fn as_f32(x: &[Self]) -> Option<&[f32]> {
+        Some(x)
+    }
+    fn as_f32_mut(x: &mut [Self]) -> Option<&mut [f32]> {
+        Some(x)
+    }
 }
 
 impl Elem for f64 {
@@ -155,6 +164,12 @@ impl Elem for f64 {
     }
     fn f64(self) -> f64 {
         self
+    }
+    fn as_f32(_: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    fn as_f32_mut(_: &mut [Self]) -> Option<&mut [f32]> {
+        None
     }
 }
 
@@ -171,17 +186,20 @@ impl Elem for f64 {
 /// Against [`sweep`]: the column-major layout makes the in-batch feedback and the GEMM's
 /// destination contiguous, and the f32 instantiation halves the memory traffic and doubles the
 /// SIMD width. [`sweep_cm_scalar`] is the reference it is held to.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn sweep_cm<T: Elem>(
     x: &mut [T],
     rows: usize,
     n: usize,
     u: &[T],
     band: usize,
+    simd: bool,
     mut round: impl FnMut(usize, &[T], &mut [T]),
 ) -> Vec<f64> {
     use faer::{linalg::matmul::matmul, Accum, MatMut, MatRef};
     debug_assert_eq!(x.len(), rows * n);
     let band = if band == 0 { n } else { band };
+    let simd = simd && super::tq_round::avx2();
     let mut loss = vec![0f64; rows];
     let mut e = vec![T::ZERO; rows * LAZY];
     let mut q = vec![T::ZERO; rows];
@@ -190,25 +208,25 @@ pub(crate) fn sweep_cm<T: Elem>(
     while j0 < n {
         let j1 = (j0 + LAZY).min(n);
         let t = super::prof::start();
-        for j in j0..j1 {
-            round(j, x, &mut q);
-            let urow = &u[j * n..(j + 1) * n];
-            let ec = &mut e[(j - j0) * rows..(j - j0 + 1) * rows];
-            let xj = &x[j * rows..(j + 1) * rows];
-            for r in 0..rows {
-                let er = (xj[r] - q[r]) / urow[j];
-                ec[r] = er;
-                let v = er.f64();
-                loss[r] += v * v;
-            }
-            let end = (j + 1 + band).min(j1);
-            let ec = &e[(j - j0) * rows..(j - j0 + 1) * rows];
-            for (k, &uk) in urow.iter().enumerate().take(end).skip(j + 1) {
-                for (xk, &er) in x[k * rows..(k + 1) * rows].iter_mut().zip(ec) {
-                    *xk -= er * uk;
-                }
-            }
+        let mut b = Batch {
+            x: &mut *x,
+            rows,
+            n,
+            u,
+            band,
+            e: &mut e,
+            q: &mut q,
+            loss: &mut loss,
+        };
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: `simd` is true only where the CPU has AVX2 (`tq_round::avx2`).
+            unsafe { in_batch_avx2(&mut b, j0, j1, &mut round) };
+        } else {
+            in_batch(&mut b, j0, j1, &mut round);
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        in_batch(&mut b, j0, j1, &mut round);
         super::prof::add(super::prof::Phase::SweepBatch, t);
         let t = super::prof::start();
         // Columns after the batch that the band reaches: k in [j1, (j1 − 1) + band].
@@ -237,6 +255,64 @@ pub(crate) fn sweep_cm<T: Elem>(
         j0 = j1;
     }
     loss
+}
+
+/// The state [`in_batch`] works on: the group (`x`, column-major), the factor, the batch's errors
+/// (`e`, column-major, `rows` per column), the rounding's output `q` and each row's `Σ e²`.
+struct Batch<'a, T> {
+    x: &'a mut [T],
+    rows: usize,
+    n: usize,
+    u: &'a [T],
+    band: usize,
+    e: &'a mut [T],
+    q: &'a mut [T],
+    loss: &'a mut [f64],
+}
+
+/// [`in_batch`] compiled for AVX2: the same operations (element-wise, no fused multiply-adds, no
+/// reordered sums), eight f32 lanes instead of four, so the same bits; `round` is the caller's
+/// (the TQ rounding dispatches to its own AVX2 kernels).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn in_batch_avx2<T: Elem>(
+    b: &mut Batch<'_, T>,
+    j0: usize,
+    j1: usize,
+    round: &mut impl FnMut(usize, &[T], &mut [T]),
+) {
+    in_batch(b, j0, j1, round)
+}
+
+/// Columns `j0..j1` of one lazy batch: round column `j`, keep its scaled errors, and feed them into
+/// the batch's later columns within the band (an axpy over the group's contiguous rows each).
+#[inline(always)]
+fn in_batch<T: Elem>(
+    b: &mut Batch<'_, T>,
+    j0: usize,
+    j1: usize,
+    round: &mut impl FnMut(usize, &[T], &mut [T]),
+) {
+    let (rows, n) = (b.rows, b.n);
+    for j in j0..j1 {
+        round(j, b.x, b.q);
+        let urow = &b.u[j * n..(j + 1) * n];
+        let ec = &mut b.e[(j - j0) * rows..(j - j0 + 1) * rows];
+        let xj = &b.x[j * rows..(j + 1) * rows];
+        for r in 0..rows {
+            let er = (xj[r] - b.q[r]) / urow[j];
+            ec[r] = er;
+            let v = er.f64();
+            b.loss[r] += v * v;
+        }
+        let end = (j + 1 + b.band).min(j1);
+        let ec = &b.e[(j - j0) * rows..(j - j0 + 1) * rows];
+        for (k, &uk) in urow.iter().enumerate().take(end).skip(j + 1) {
+            for (xk, &er) in b.x[k * rows..(k + 1) * rows].iter_mut().zip(ec) {
+                *xk -= er * uk;
+            }
+        }
+    }
 }
 
 /// The sweep [`sweep_cm`] reorders, in the same layout and precision: one column at a time, its

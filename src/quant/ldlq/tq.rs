@@ -13,8 +13,10 @@
 
 use super::factor::rotate_vec;
 use super::sweep::{sweep_cm, sweep_cm_scalar, Elem};
+#[cfg(test)]
+use super::tq_round::index;
+use super::tq_round::{half_scale, half_scales, round_column, round_one};
 use super::Factor;
-use crate::types::float::{f16_bits_to_f32, f32_to_f16_bits};
 use crate::types::tq::{self, BlockQ, QK};
 use crate::types::TensorType;
 
@@ -24,77 +26,6 @@ fn codebook(ty: TensorType) -> (&'static [f32], &'static [f32]) {
         TensorType::TQ3_1S => (&tq::C3, &tq::T3),
         _ => unreachable!("LDLQ supports TQ4_1S and TQ3_1S"),
     }
-}
-
-/// `tq::tq_index` (the first `i` with `v < t[i]`, else `t.len()`) as a branch-free binary search
-/// (`t.len() + 1` a power of two: 15 or 7 thresholds, 4 or 3 compares): the same index for
-/// ascending `t`, NaN included (every comparison false gives `t.len()`), without the scan's
-/// data-dependent branch (a misprediction per value, and [`half_scale`] looks up 15 indices per
-/// value). Held to `tq_index` by `fast_index_equals_the_scan`.
-#[inline]
-fn index(v: f32, t: &[f32]) -> usize {
-    debug_assert!((t.len() + 1).is_power_of_two());
-    let (mut i, mut step) = (0, t.len().div_ceil(2));
-    while step > 0 {
-        i += step * usize::from(!(v < t[i + step - 1]));
-        step /= 2;
-    }
-    i
-}
-
-/// `(x / d) as f32` for the (16) values of a half-block, a separate pass so the divisions
-/// vectorize (the same quotients as one at a time).
-#[inline]
-fn quotients(v: &[f64], d: f64) -> [f32; 16] {
-    let mut y = [0f32; 16];
-    for (yi, &x) in y.iter_mut().zip(v) {
-        *yi = (x / d) as f32;
-    }
-    y
-}
-
-/// The scale of one half-block chosen from its current (error-fed) values: the fork's RTN search
-/// restricted to the half (9 multipliers of the RMS, then 6 least-squares refinements), rounded to
-/// f16 since that is what the decoder will use.
-fn half_scale(v: &[f64], c: &[f32], t: &[f32]) -> f32 {
-    debug_assert_eq!(v.len(), 16);
-    let rms = (v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64).sqrt();
-    if !(rms > 1e-30) {
-        return 0.0;
-    }
-    let err_of = |d: f64| -> f64 {
-        let y = quotients(v, d);
-        v.iter()
-            .zip(&y)
-            .map(|(&x, &yi)| {
-                let q = c[index(yi, t)] as f64 * d;
-                (x - q) * (x - q)
-            })
-            .sum()
-    };
-    let mut best = rms;
-    let mut best_err = f64::INFINITY;
-    for m in [0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.35, 1.5] {
-        let e = err_of(rms * m);
-        if e < best_err {
-            best_err = e;
-            best = rms * m;
-        }
-    }
-    let mut d = best;
-    for _ in 0..tq::REFINE_ROUNDS {
-        let (mut sxc, mut scc) = (0f64, 0f64);
-        let y = quotients(v, d);
-        for (&x, &yi) in v.iter().zip(&y) {
-            let cv = c[index(yi, t)] as f64;
-            sxc += x * cv;
-            scc += cv * cv;
-        }
-        if scc > 1e-20 && sxc / scc > 0.0 {
-            d = sxc / scc;
-        }
-    }
-    f16_bits_to_f32(f32_to_f16_bits(d as f32))
 }
 
 /// Whether the TQ sweep runs in f64 (`TQ_LDLQ_SWEEP_F64=1`: the precision before, kept for
@@ -107,15 +38,29 @@ fn sweep_f64() -> bool {
 
 pub(super) fn quantize_rows(ty: TensorType, rows: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
     if sweep_f64() {
-        quantize_rows_in::<f64>(ty, rows, &f.u, f.n, band, out, false)
+        quantize_rows_in::<f64>(ty, rows, &f.u, f.n, band, out, Path::Simd)
     } else {
-        quantize_rows_in::<f32>(ty, rows, f.u_f32(), f.n, band, out, false)
+        quantize_rows_in::<f32>(ty, rows, f.u_f32(), f.n, band, out, Path::Simd)
     }
+}
+
+/// How [`quantize_rows_in`] sweeps: the lazy-batch sweep with the AVX2 kernels where the CPU has
+/// them (the default), the same sweep on the portable path (their reference: the same bits), or
+/// the one-column-at-a-time reference [`sweep_cm_scalar`] (portable rounding).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Path {
+    Simd,
+    #[cfg_attr(not(test), allow(dead_code))]
+    Portable,
+    #[cfg_attr(not(test), allow(dead_code))]
+    Scalar,
 }
 
 /// One group of rows through [`sweep_cm`] (or its reference [`sweep_cm_scalar`]) in precision
 /// `T`, with `u` the factor in `T`: the rows are rotated in f64, then held column-major in `T`;
 /// each half-block's scale is chosen (in f64) from its error-fed values when the sweep reaches it.
+/// In f32 the rounding takes the group's rows eight at a time with AVX2 ([`half_scales`],
+/// [`round_column`]; `Path::Simd`), the same bits as one at a time.
 pub(super) fn quantize_rows_in<T: Elem>(
     ty: TensorType,
     rows: &[f32],
@@ -123,7 +68,7 @@ pub(super) fn quantize_rows_in<T: Elem>(
     n: usize,
     band: usize,
     out: &mut [u8],
-    scalar: bool,
+    path: Path,
 ) {
     let (c, t) = codebook(ty);
     let nr = rows.len() / n;
@@ -144,7 +89,22 @@ pub(super) fn quantize_rows_in<T: Elem>(
     };
     let mut blocks = vec![vec![empty; n / QK]; nr];
     let mut d = vec![0f32; nr];
+    let mut idx = vec![0u8; nr];
+    let simd = path == Path::Simd && super::tq_round::avx2();
     let round = |j: usize, x: &[T], q: &mut [T]| {
+        if let (Some(xf), Some(qf)) = (T::as_f32(x), T::as_f32_mut(q)) {
+            if j % 16 == 0 {
+                half_scales(xf, nr, j, c, t, &mut d, simd);
+                for (b, &dr) in blocks.iter_mut().zip(&d) {
+                    b[j / QK].d[(j % QK) / 16] = dr;
+                }
+            }
+            round_column(&xf[j * nr..(j + 1) * nr], &d, c, t, &mut idx, qf, simd);
+            for (b, &i) in blocks.iter_mut().zip(&idx) {
+                b[j / QK].idx[j % QK] = i;
+            }
+            return;
+        }
         if j % 16 == 0 {
             for (r, dr) in d.iter_mut().enumerate() {
                 let mut v = [0f64; 16];
@@ -155,19 +115,16 @@ pub(super) fn quantize_rows_in<T: Elem>(
                 blocks[r][j / QK].d[(j % QK) / 16] = *dr;
             }
         }
-        let xj = &x[j * nr..(j + 1) * nr];
-        for r in 0..nr {
-            let dr = d[r];
-            let inv = if dr > 1e-10 { 1.0 / dr as f64 } else { 0.0 };
-            let i = index((xj[r].f64() * inv) as f32, t);
+        for (r, &xr) in x[j * nr..(j + 1) * nr].iter().enumerate() {
+            let (i, v) = round_one(xr.f64(), d[r], c, t);
             blocks[r][j / QK].idx[j % QK] = i as u8;
-            q[r] = T::of(c[i] as f64 * dr as f64);
+            q[r] = T::of(v);
         }
     };
-    if scalar {
+    if path == Path::Scalar {
         sweep_cm_scalar(&mut x, nr, n, u, band, round);
     } else {
-        sweep_cm(&mut x, nr, n, u, band, round);
+        sweep_cm(&mut x, nr, n, u, band, simd, round);
     }
     let bb = ty.block_bytes();
     for (b, o) in blocks.iter().flatten().zip(out.chunks_exact_mut(bb)) {
@@ -342,7 +299,7 @@ mod tests {
             vs.extend((0..200_001).map(|i| (i as f32 - 100_000.0) * 4e-5));
             for v in vs {
                 assert_eq!(
-                    super::index(v, t),
+                    super::super::tq_round::index(v, t),
                     crate::types::tq::tq_index(v, t),
                     "v = {v}"
                 );
@@ -424,6 +381,11 @@ mod tests {
             for band in [0, 7, 200] {
                 let run = |f32_: bool, scalar: bool| {
                     let mut o = vec![0u8; rows * rb];
+                    let scalar = if scalar {
+                        super::Path::Scalar
+                    } else {
+                        super::Path::Simd
+                    };
                     if f32_ {
                         super::quantize_rows_in(ty, &w, f.u_f32(), n, band, &mut o, scalar);
                     } else {
@@ -447,6 +409,47 @@ mod tests {
                 assert_sweeps_agree(ty, band, &h, &w, &run(true, false), &s32, &s32);
                 // f32 against f64: the same rounding problem to f32 precision.
                 assert_sweeps_agree(ty, band, &h, &w, &s32, &s64, &s64);
+            }
+        }
+    }
+
+    /// The AVX2 path (rounding eight rows per lane group, in-batch feedback eight lanes wide)
+    /// against the portable path of the same sweep, **bit for bit**: f32, a real width (1056
+    /// columns: eight full lazy batches and a partial one), a full group, a group whose row count
+    /// leaves a tail past the last eight (29 rows) and a group of fewer than eight rows, full and
+    /// narrow bands, both formats, rows of very different magnitudes (and one all zero).
+    #[test]
+    fn simd_path_equals_the_portable_path() {
+        use super::super::tests::uniform_rows;
+        if !super::super::tq_round::avx2() {
+            eprintln!("no AVX2 on this CPU: only the portable path exists");
+            return;
+        }
+        let n = 1056usize;
+        let h = hessian(n, 300, 5);
+        let f = factor(&rotate_hessian(&h, n), n, 0.01, "w").unwrap();
+        for (nr, seed) in [(32usize, 1u64), (29, 2), (5, 3)] {
+            let mut w = uniform_rows(nr * n, seed);
+            for (r, row) in w.chunks_mut(n).enumerate() {
+                let s = [1.0f32, 1e-3, 40.0, 0.0, 0.02][r % 5];
+                row.iter_mut().for_each(|v| *v *= s);
+            }
+            for ty in [TensorType::TQ4_1S, TensorType::TQ3_1S] {
+                let rb = n / crate::types::tq::QK * ty.block_bytes();
+                for band in [0, 100] {
+                    let run = |path| {
+                        let mut o = vec![0u8; nr * rb];
+                        super::quantize_rows_in(ty, &w, f.u_f32(), n, band, &mut o, path);
+                        o
+                    };
+                    let (a, b) = (run(super::Path::Simd), run(super::Path::Portable));
+                    let same = a.iter().zip(&b).filter(|(x, y)| x == y).count();
+                    assert!(
+                        a == b,
+                        "{ty} rows {nr} band {band}: {same} of {} bytes equal",
+                        a.len()
+                    );
+                }
             }
         }
     }

@@ -4,6 +4,7 @@
 //! into the upper-triangular inverse factor `U` with `H⁻¹ = Uᵀ U` by one Cholesky and one
 //! triangular inverse (the reversal trick, [`factor_owned`]).
 
+use super::precision::{factor_f32, sweep_f64, tq_factor_f64};
 use crate::error::{Error, Result};
 use crate::types::tq::QK;
 use crate::types::{tq2r, LdlqKind, TensorType};
@@ -169,6 +170,35 @@ pub fn factor(h: &[f64], n: usize, damp: f64, what: &str) -> Result<Factor> {
 /// point (the Hessian and the matrix being factored, then the factor and its inverse): the
 /// Cholesky runs in place and the Hessian is dropped as soon as it succeeds.
 pub fn factor_owned(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Factor> {
+    let prec = if factor_f32() { Prec::F32 } else { Prec::F64 };
+    factor_with(h, n, damp, what, prec, false)
+}
+
+/// The precision of the Cholesky and the triangular inverse (the switches and the measurements
+/// behind the defaults: `precision.rs`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Prec {
+    F32,
+    F64,
+}
+
+/// `U` as it comes out of the inverse: f64, or rounded to f32 (then only the f32 copy is kept).
+pub(crate) enum UOut {
+    F64(Vec<f64>),
+    F32(Vec<f32>),
+}
+
+/// [`factor_owned`] with the factor's precision given, and with `u_f32_only` the factor keeping
+/// `U` in f32 only (`Factor::u` empty, [`Factor::u_f32`] set): the TQ formats' f32 sweep reads
+/// nothing else, and at a 70B FFN width the f64 `U` is 6.6 GB.
+pub(crate) fn factor_with(
+    h: Vec<f64>,
+    n: usize,
+    damp: f64,
+    what: &str,
+    prec: Prec,
+    u_f32_only: bool,
+) -> Result<Factor> {
     if let Some(i) = h.iter().position(|v| !v.is_finite()) {
         return Err(Error::Unsupported(format!(
             "{what}: Hessian has a non-finite entry at ({}, {}); recalibrate (NaN/Inf in activations)",
@@ -184,10 +214,9 @@ pub fn factor_owned(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Fact
         let shift = lambda * mean_diag;
         let hh = h.as_ref().expect("kept until the Cholesky succeeds");
         let diag = (0..n).map(|i| hh[i * n + i] + shift).collect();
-        let Some(u) = (if factor_f32() {
-            inverse_factor_f32(&mut h, n, shift)
-        } else {
-            inverse_factor_f64(&mut h, n, shift)
+        let Some(u) = (match prec {
+            Prec::F32 => inverse_factor_f32(&mut h, n, shift, u_f32_only),
+            Prec::F64 => inverse_factor_f64(&mut h, n, shift, u_f32_only),
         }) else {
             lambda *= 10.0;
             continue;
@@ -197,6 +226,10 @@ pub fn factor_owned(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Fact
                 "tq: {what}: Hessian not positive definite; damping raised to {lambda:.3e}·mean(diag)"
             );
         }
+        let (u, u32) = match u {
+            UOut::F64(u) => (u, std::sync::OnceLock::new()),
+            UOut::F32(v) => (Vec::new(), std::sync::OnceLock::from(v)),
+        };
         return Ok(Factor {
             n,
             u,
@@ -205,7 +238,7 @@ pub fn factor_owned(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Fact
             damp: lambda,
             h: None,
             refit: 0,
-            u32: Default::default(),
+            u32,
         });
     }
     Err(Error::Unsupported(format!(
@@ -213,24 +246,44 @@ pub fn factor_owned(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Fact
     )))
 }
 
-/// Whether the factor is computed in f32 (`TQ_LDLQ_FACTOR_F32=1`, an experiment; the default and
-/// the shipped path is f64). Precision per step, measured (docs/bench/speed.md, "LDLQ
-/// factorization"): the rotation stays f64 (0.6% of the timed LDLQ work); the Cholesky and the
-/// triangular inverse are f64 by default: in f32 they took 31–37% less wall time on a 7B-shaped
-/// block but change the output bytes (KLD on SmolLM2 equal within its error, 0.0720 vs 0.0723), and
-/// together they are ≈ 11% of the timed work, so the saving (≈ 5% of user CPU, within the noise of
-/// a loaded machine) did not justify new bytes. The TQ formats' sweep runs in f32 by default
-/// (`tq::quantize_rows`, `TQ_LDLQ_SWEEP_F64=1` for f64), from `U` rounded once ([`Factor::u_f32`]).
-fn factor_f32() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TQ_LDLQ_FACTOR_F32").is_some_and(|v| v != "0"))
+/// `U[i][j] = Linv[n−1−i][n−1−j]` for `j ≥ i` (the reversal; the lower part of `Linv`), zero below,
+/// in f64 or rounded to f32 (the same values as rounding the f64 `U`).
+fn reversed_upper<E: Copy + Send + Sync>(
+    linv: &Mat<E>,
+    n: usize,
+    f32_only: bool,
+    to64: impl Fn(E) -> f64 + Sync,
+) -> UOut {
+    if f32_only {
+        let mut u = vec![0f32; n * n];
+        u.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
+            for j in i..n {
+                row[j] = to64(linv[(n - 1 - i, n - 1 - j)]) as f32;
+            }
+        });
+        UOut::F32(u)
+    } else {
+        let mut u = vec![0f64; n * n];
+        u.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
+            for j in i..n {
+                row[j] = to64(linv[(n - 1 - i, n - 1 - j)]);
+            }
+        });
+        UOut::F64(u)
+    }
 }
 
 /// `U` (n×n row-major, upper) with `(H + shift·I)⁻¹ = Uᵀ U`, or `None` when the Cholesky fails
 /// (`h` is then kept for a retry with more damping; on success it is dropped once factored).
 /// Reversal trick: chol(J H J) = L Lᵀ ⇒ H = M Mᵀ with M = J L J upper ⇒ H⁻¹ = Uᵀ U, U = J L⁻¹ J.
 /// Both the Cholesky and the triangular inverse run in f64.
-fn inverse_factor_f64(h: &mut Option<Vec<f64>>, n: usize, shift: f64) -> Option<Vec<f64>> {
+/// With `f32_only`, `U` comes back rounded to f32 (the same values as rounding the f64 `U`).
+fn inverse_factor_f64(
+    h: &mut Option<Vec<f64>>,
+    n: usize,
+    shift: f64,
+    f32_only: bool,
+) -> Option<UOut> {
     let hh = h.as_ref().expect("kept until the Cholesky succeeds");
     let mut l = Mat::<f64>::from_fn(n, n, |i, j| {
         if j > i {
@@ -252,24 +305,20 @@ fn inverse_factor_f64(h: &mut Option<Vec<f64>>, n: usize, shift: f64) -> Option<
         Par::rayon(0),
     );
     drop(l);
-    let mut u = vec![0f64; n * n];
-    u.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
-        for j in i..n {
-            // U[i][j] = Linv[n-1-i][n-1-j] (lower part of Linv, since n-1-i >= n-1-j).
-            row[j] = linv[(n - 1 - i, n - 1 - j)];
-        }
-    });
+    let u = reversed_upper(&linv, n, f32_only, |v| v);
     super::prof::add(super::prof::Phase::Inverse, t);
     Some(u)
 }
 
 /// [`inverse_factor_f64`] with the Cholesky and the triangular inverse in f32 (the Hessian is
-/// rounded to f32 after the shift; `U` is widened back to f64 for the sweep).
+/// rounded to f32 after the shift; `U` is widened back to f64 unless `f32_only`). Only two n×n
+/// f32 matrices (and the f64 Hessian until the Cholesky succeeds) are alive.
 pub(crate) fn inverse_factor_f32(
     h: &mut Option<Vec<f64>>,
     n: usize,
     shift: f64,
-) -> Option<Vec<f64>> {
+    f32_only: bool,
+) -> Option<UOut> {
     let hh = h.as_ref().expect("kept until the Cholesky succeeds");
     use faer::dyn_stack::{MemBuffer, MemStack};
     use faer::linalg::cholesky::llt::factor::{cholesky_in_place, cholesky_in_place_scratch};
@@ -306,12 +355,7 @@ pub(crate) fn inverse_factor_f32(
         Par::rayon(0),
     );
     drop(l);
-    let mut u = vec![0f64; n * n];
-    u.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
-        for j in i..n {
-            row[j] = linv[(n - 1 - i, n - 1 - j)] as f64;
-        }
-    });
+    let u = reversed_upper(&linv, n, f32_only, |v| v as f64);
     super::prof::add(super::prof::Phase::Inverse, t);
     Some(u)
 }
@@ -416,7 +460,21 @@ pub fn factor_hessian_owned(
                 return Ok(f);
             }
         }
-        Some(LdlqKind::Rotated) | None => rotate_hessian_in_place(&mut h, n),
+        Some(LdlqKind::Rotated) => {
+            rotate_hessian_in_place(&mut h, n);
+            super::prof::add(super::prof::Phase::Rotate, t);
+            // The f32 sweep reads `U` in f32 only; its factor is f32 unless asked for f64.
+            if !sweep_f64() {
+                let prec = if tq_factor_f64() {
+                    Prec::F64
+                } else {
+                    Prec::F32
+                };
+                return factor_with(h, n, damp, what, prec, true);
+            }
+            return factor_owned(h, n, damp, what);
+        }
+        None => rotate_hessian_in_place(&mut h, n),
     }
     super::prof::add(super::prof::Phase::Rotate, t);
     factor_owned(h, n, damp, what)
@@ -523,13 +581,19 @@ mod tests {
         let (n, rows) = (384, 8);
         let h = rotate_hessian(&hessian(n, 600, 9), n);
         let shift = 0.01 * (0..n).map(|i| h[i * n + i]).sum::<f64>() / n as f64;
-        let u64_ = inverse_factor_f64(&mut Some(h.clone()), n, shift).unwrap();
+        let wide = |u: UOut| match u {
+            UOut::F64(u) => u,
+            UOut::F32(_) => unreachable!("asked for f64"),
+        };
+        let u64_ = wide(inverse_factor_f64(&mut Some(h.clone()), n, shift, false).unwrap());
         let in_pool = |threads: usize| {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
                 .unwrap();
-            pool.install(|| inverse_factor_f32(&mut Some(h.clone()), n, shift).unwrap())
+            pool.install(|| {
+                wide(inverse_factor_f32(&mut Some(h.clone()), n, shift, false).unwrap())
+            })
         };
         let u32_ = in_pool(1);
         assert!(
@@ -572,5 +636,45 @@ mod tests {
             "proxy loss f64 {l64:e}, f32 {l32:e}, |dU|/max|U| {:e}",
             err / max
         );
+    }
+
+    /// The TQ formats' factor keeps `U` in f32 only: with the f64 factor, exactly the f64 `U`
+    /// rounded (so `TQ_LDLQ_FACTOR_F64=1` gives the bytes before); with the f32 factor (the
+    /// default), the f32 factor's values; and `factor_hessian_owned` for TQ4_1S takes that route
+    /// (unless the environment asks for f64), and LDLQ runs on it.
+    #[test]
+    fn tq_factor_keeps_u_in_f32_only() {
+        let n = 256;
+        let h0 = hessian(n, 400, 7);
+        let h = rotate_hessian(&h0, n);
+        let rounded = |u: &[f64]| u.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+        let wide = factor_with(h.clone(), n, 0.01, "w", Prec::F64, false).unwrap();
+        let only = factor_with(h.clone(), n, 0.01, "w", Prec::F64, true).unwrap();
+        assert!(only.u.is_empty(), "no f64 U kept");
+        assert!(
+            only.u_f32() == &rounded(&wide.u)[..],
+            "f64 factor, U rounded"
+        );
+        assert_eq!(
+            (only.diag.clone(), only.damp),
+            (wide.diag.clone(), wide.damp)
+        );
+        let w32 = factor_with(h.clone(), n, 0.01, "w", Prec::F32, false).unwrap();
+        let o32 = factor_with(h, n, 0.01, "w", Prec::F32, true).unwrap();
+        assert!(o32.u.is_empty() && o32.u_f32() == &rounded(&w32.u)[..]);
+        assert!(
+            o32.u_f32() != only.u_f32(),
+            "the f32 factor is another factor"
+        );
+        if sweep_f64() || tq_factor_f64() {
+            return;
+        }
+        let f = factor_hessian_owned(TensorType::TQ4_1S, h0, n, 0.01, 0, "w").unwrap();
+        assert!(f.u.is_empty() && f.u_f32() == o32.u_f32());
+        let mut s = 5;
+        let w: Vec<f32> = (0..40 * n).map(|_| lcg(&mut s) as f32).collect();
+        let a = super::super::quantize_ldlq(TensorType::TQ4_1S, &w, n, &f, 0);
+        let b = super::super::quantize_ldlq(TensorType::TQ4_1S, &w, n, &o32, 0);
+        assert!(a == b && a.len() == 40 * n / 32 * TensorType::TQ4_1S.block_bytes());
     }
 }

@@ -24,6 +24,7 @@ mod iq1_lattice;
 mod iq_grid;
 mod iq_lattice;
 mod iq_refit;
+mod precision;
 pub mod prof;
 mod psp;
 mod rows;

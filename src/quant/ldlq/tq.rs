@@ -28,16 +28,8 @@ fn codebook(ty: TensorType) -> (&'static [f32], &'static [f32]) {
     }
 }
 
-/// Whether the TQ sweep runs in f64 (`TQ_LDLQ_SWEEP_F64=1`: the precision before, kept for
-/// comparison); the default is f32 (docs/bench/speed.md, "f32 sweep": KLD on SmolLM2 unchanged
-/// within its error).
-fn sweep_f64() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TQ_LDLQ_SWEEP_F64").is_some_and(|v| v != "0"))
-}
-
 pub(super) fn quantize_rows(ty: TensorType, rows: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
-    if sweep_f64() {
+    if super::precision::sweep_f64() {
         quantize_rows_in::<f64>(ty, rows, &f.u, f.n, band, out, Path::Simd)
     } else {
         quantize_rows_in::<f32>(ty, rows, f.u_f32(), f.n, band, out, Path::Simd)

@@ -12,7 +12,8 @@ use faer::{Mat, Par};
 use rayon::prelude::*;
 
 /// The factor for one input dimension: `u` is n×n row-major upper triangular with
-/// `(R H Rᵀ + λ·mean(diag)·I)^{-1} = Uᵀ U`.
+/// `(R H Rᵀ + λ·mean(diag)·I)^{-1} = Uᵀ U` — or empty, for the TQ formats' factors that keep `U`
+/// in f32 only ([`Factor::u_f32`]; `precision.rs`).
 #[derive(Debug)]
 pub struct Factor {
     pub n: usize,

@@ -17,8 +17,7 @@
 source "$(dirname "$0")/common.sh"
 cd "$TQ_ROOT"
 botchan=$("$TQ_ROOT/scripts/fetch-botchan.sh")
-cargo build --release --locked --quiet
-tq="${CARGO_TARGET_DIR:-$TQ_ROOT/target}/release/tq"
+tq=$(tq_bin)   # $TQ_BIN, else this checkout's release build
 bin=$("$TQ_ROOT/scripts/build-llama.sh")
 w="${TQ_MIX_DIR:-$TQ_CACHE/i18}"
 f16="$w/smollm2-f16.gguf"

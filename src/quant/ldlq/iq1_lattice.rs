@@ -10,10 +10,10 @@
 //!
 //! [`LdlqKind::Lattice`]: crate::types::LdlqKind::Lattice
 
-use super::sweep::sweep;
+use super::iq::{col_weights, diag_over_mean, sweep_groups};
 use super::Factor;
 use crate::types::iquants::iq13_gridmap::Lookup;
-use crate::types::iquants::iq1_quant::{grid, quantize_row_iq1_m, quantize_row_iq1_s};
+use crate::types::iquants::iq1_quant::grid;
 use crate::types::TensorType;
 
 const DELTA: f32 = 0.125;
@@ -58,9 +58,15 @@ fn steps(m: bool, b: &[u8], out: &mut Vec<(f32, f32)>) {
     }
 }
 
-/// LDLQ rows of IQ1_S / IQ1_M (module comment) into `out`.
+/// LDLQ rows of IQ1_S / IQ1_M (module comment; the scales fixed by `iq`) into `out`.
 pub(super) fn quantize_rows(ty: TensorType, rows: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
-    assert!(f.perm.is_none(), "lattice LDLQ sweeps in natural order");
+    let imp = diag_over_mean(f);
+    super::iq::quantize_rows(ty, rows, f, band, &imp, sweep_pass, out);
+}
+
+/// The sweep at the steps and shifts `out` holds: every 8 values' grid row (and IQ1_M's shift)
+/// written into `out`.
+fn sweep_pass(ty: TensorType, rows: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
     let m = match ty {
         TensorType::IQ1S => false,
         TensorType::IQ1M => true,
@@ -70,78 +76,58 @@ pub(super) fn quantize_rows(ty: TensorType, rows: &[f32], f: &Factor, band: usiz
     let n = f.n;
     let nr = rows.len() / n;
     let row_bytes = ty.bytes_for(n as u64).unwrap() as usize;
-    let mean = f.diag.iter().sum::<f64>() / n as f64;
-    let imp: Vec<f32> = f
-        .diag
-        .iter()
-        .map(|&d| if mean > 0.0 { (d / mean) as f32 } else { 1.0 })
-        .collect();
     let mut st = Vec::with_capacity(nr * n / 8);
     let mut tmp = Vec::new();
-    for (row, o) in rows.chunks_exact(n).zip(out.chunks_exact_mut(row_bytes)) {
-        if m {
-            quantize_row_iq1_m(row, Some(&imp), o);
-        } else {
-            quantize_row_iq1_s(row, &imp, o);
-        }
+    for o in out.chunks_exact(row_bytes) {
         steps(m, o, &mut tmp);
         st.extend_from_slice(&tmp);
     }
-    let wcol: Vec<f64> = (0..n)
-        .map(|j| 1.0 / (f.u[j * n + j] * f.u[j * n + j]))
-        .collect();
+    let wcol = col_weights(f);
     let mut x: Vec<f64> = rows.iter().map(|&v| v as f64).collect();
     let mut sel = vec![0u16; nr * n / 8];
     let mut neg = vec![false; nr * n / 8];
-    let mut val = vec![0f32; nr * n];
-    let round = |r: usize, j: usize, xr: &[f64]| -> f64 {
+    sweep_groups::<8>(&mut x, n, f, band, |r, j, xr| {
         let at = r * n + j;
-        if j % 8 == 0 {
-            let (dl, dt0) = st[at / 8];
-            // IQ1_M stores a shift per 8 values: both are tried. IQ1_S shares one per 32: kept.
-            let shifts: &[f32] = if m { &[DELTA, -DELTA] } else { &[dt0] };
-            let mut best = (f64::MAX, 0usize, dt0);
-            for &dt in shifts {
-                let v = |l: i8| dl * ((l - 1) as f32 + dt);
-                let err = |row: &[i8; 8]| -> f64 {
-                    (0..8)
-                        .map(|i| {
-                            let e = xr[j + i] - v(row[i]) as f64;
-                            wcol[j + i] * e * e
-                        })
-                        .sum()
-                };
-                let mut l = [0i8; 8];
-                for (i, li) in l.iter_mut().enumerate() {
-                    let x = xr[j + i];
-                    *li = (0..3i8)
-                        .min_by(|&a, &b| {
-                            let (ea, eb) = ((x - v(a) as f64).abs(), (x - v(b) as f64).abs());
-                            ea.total_cmp(&eb)
-                        })
-                        .unwrap();
-                }
-                let cands: &[u16] = match g.find(&l) {
-                    Lookup::Row(r) => &[r as u16][..],
-                    Lookup::Near(nb) => nb,
-                };
-                for &c in cands {
-                    let e = err(&g.levels(c as usize));
-                    if e < best.0 {
-                        best = (e, c as usize, dt);
-                    }
-                }
+        let (dl, dt0) = st[at / 8];
+        // IQ1_M stores a shift per 8 values: both are tried. IQ1_S shares one per 32: kept.
+        let shifts: &[f32] = if m { &[DELTA, -DELTA] } else { &[dt0] };
+        let mut best = (f64::MAX, 0usize, dt0);
+        for &dt in shifts {
+            let v = |l: i8| dl * ((l - 1) as f32 + dt);
+            let err = |row: &[i8; 8]| -> f64 {
+                (0..8)
+                    .map(|i| {
+                        let e = xr[j + i] - v(row[i]) as f64;
+                        wcol[j + i] * e * e
+                    })
+                    .sum()
+            };
+            let mut l = [0i8; 8];
+            for (i, li) in l.iter_mut().enumerate() {
+                let x = xr[j + i];
+                *li = (0..3i8)
+                    .min_by(|&a, &b| {
+                        let (ea, eb) = ((x - v(a) as f64).abs(), (x - v(b) as f64).abs());
+                        ea.total_cmp(&eb)
+                    })
+                    .unwrap();
             }
-            let (_, row, dt) = best;
-            sel[at / 8] = row as u16;
-            neg[at / 8] = dt < 0.0;
-            for (i, &li) in g.levels(row).iter().enumerate() {
-                val[at + i] = dl * ((li - 1) as f32 + dt);
+            let cands: &[u16] = match g.find(&l) {
+                Lookup::Row(r) => &[r as u16][..],
+                Lookup::Near(nb) => nb,
+            };
+            for &c in cands {
+                let e = err(&g.levels(c as usize));
+                if e < best.0 {
+                    best = (e, c as usize, dt);
+                }
             }
         }
-        val[at] as f64
-    };
-    sweep(&mut x, n, f, band, round);
+        let (_, row, dt) = best;
+        sel[at / 8] = row as u16;
+        neg[at / 8] = dt < 0.0;
+        g.levels(row).map(|li| dl * ((li - 1) as f32 + dt))
+    });
     for (r, o) in out.chunks_exact_mut(row_bytes).enumerate() {
         let bb = if m { 56 } else { 50 };
         for (blk, b) in o.chunks_exact_mut(bb).enumerate() {

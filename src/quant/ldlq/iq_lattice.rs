@@ -6,7 +6,7 @@
 //!    (`types::iquants::iq3_quant`), the importance being the damped Hessian diagonal; this fixes
 //!    the super-block scale `d` and every 32-value group's 4-bit scale, hence each group's step
 //!    `db` (the decoder's `d·(0.5 + s)·0.5` or `d·(1 + 2s)`).
-//! 2. GPTQ's sweep ([`sweep`]) then visits the columns in order, feeding each column's error into
+//! 2. GPTQ's sweep ([`sweep_groups`]) then visits the columns in order, feeding each column's error into
 //!    the next `band` columns. At the first column of every 4 it picks, from the current
 //!    (error-fed) values, the grid row and signs of least `Σ (x − q)² / U_jj²` over the four
 //!    (every row of the grid is tried: 256 or 512); the other three columns take the values
@@ -19,12 +19,10 @@
 //!
 //! [`LdlqKind::Lattice`]: crate::types::LdlqKind::Lattice
 
-use super::sweep::sweep;
+use super::iq::{col_weights, diag_over_mean, sweep_groups};
 use super::Factor;
 use crate::types::iquants::iq13_gridmap::GridMap;
-use crate::types::iquants::iq3_quant::{
-    grid_s, grid_xxs, quantize_row_iq3_s, quantize_row_iq3_xxs,
-};
+use crate::types::iquants::iq3_quant::{grid_s, grid_xxs};
 use crate::types::TensorType;
 
 /// The decoder's value of each level (IQ3_XXS's `iq3xxs_grid` bytes; IQ3_S's `iq3s_grid`).
@@ -72,30 +70,10 @@ fn steps(k: &Kind, b: &[u8], out: &mut Vec<f32>) {
     }
 }
 
-/// LDLQ rows of IQ3_XXS / IQ3_S (module comment) into `out`.
+/// LDLQ rows of IQ3_XXS / IQ3_S (module comment; steps 1 and 4 are `iq`'s) into `out`.
 pub(super) fn quantize_rows(ty: TensorType, rows: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
-    assert!(f.perm.is_none(), "lattice LDLQ sweeps in natural order");
-    let k = kind(ty);
-    let n = f.n;
-    let row_bytes = ty.bytes_for(n as u64).unwrap() as usize;
-    // 1. The scales, from the importance-weighted encoder under the Hessian diagonal.
-    let mean = f.diag.iter().sum::<f64>() / n as f64;
-    let imp: Vec<f32> = f
-        .diag
-        .iter()
-        .map(|&d| if mean > 0.0 { (d / mean) as f32 } else { 1.0 })
-        .collect();
-    for (row, o) in rows.chunks_exact(n).zip(out.chunks_exact_mut(row_bytes)) {
-        if k.xxs {
-            quantize_row_iq3_xxs(row, Some(&imp), o);
-        } else {
-            quantize_row_iq3_s(row, Some(&imp), o);
-        }
-    }
-    // 2. and 3.
-    sweep_pass(ty, rows, f, band, out);
-    // 4. The scales refitted under the Hessian, and the sweep again (`--ldlq-refit`).
-    super::iq_refit::refit(ty, rows, f, band, out, sweep_pass);
+    let imp = diag_over_mean(f);
+    super::iq::quantize_rows(ty, rows, f, band, &imp, sweep_pass, out);
 }
 
 /// Steps 2 and 3 of the module comment: the sweep at the scales `out` holds, its grid indices
@@ -112,14 +90,11 @@ pub(super) fn sweep_pass(ty: TensorType, rows: &[f32], f: &Factor, band: usize, 
         db.extend_from_slice(&tmp);
     }
     // 2. The sweep.
-    let wcol: Vec<f64> = (0..n)
-        .map(|j| 1.0 / (f.u[j * n + j] * f.u[j * n + j]))
-        .collect();
+    let wcol = col_weights(f);
     let mut x: Vec<f64> = rows.iter().map(|&v| v as f64).collect();
     let mut sel = vec![0u16; nr * n / 4];
     let mut neg = vec![false; nr * n];
-    let mut val = vec![0f32; nr * n];
-    let round = |r: usize, j: usize, xr: &[f64]| -> f64 {
+    sweep_groups::<4>(&mut x, n, f, band, |r, j, xr| {
         let at = r * n + j;
         if j % 8 == 0 {
             // Signs of the next 8 values (IQ3_XXS: even parity).
@@ -141,31 +116,25 @@ pub(super) fn sweep_pass(ty: TensorType, rows: &[f32], f: &Factor, band: usize, 
                 neg[at + imin] = !neg[at + imin];
             }
         }
-        if j % 4 == 0 {
-            let step = db[r * n / 32 + j / 32];
-            let sgn = |i: usize| if neg[at + i] { -1f32 } else { 1f32 };
-            // Targets in the sign-stripped domain, and the best grid row for them.
-            let t: [f64; 4] = std::array::from_fn(|i| xr[j + i] * sgn(i) as f64);
-            let mut best = (f64::MAX, 0usize);
-            for (ri, row) in k.rows.iter().enumerate() {
-                let mut e = 0f64;
-                for i in 0..4 {
-                    let q = (step * row[i]) as f64;
-                    e += wcol[j + i] * (t[i] - q) * (t[i] - q);
-                }
-                if e < best.0 {
-                    best = (e, ri);
-                }
-            }
-            sel[at / 4] = best.1 as u16;
+        let step = db[r * n / 32 + j / 32];
+        let sgn = |i: usize| if neg[at + i] { -1f32 } else { 1f32 };
+        // Targets in the sign-stripped domain, and the best grid row for them.
+        let t: [f64; 4] = std::array::from_fn(|i| xr[j + i] * sgn(i) as f64);
+        let mut best = (f64::MAX, 0usize);
+        for (ri, row) in k.rows.iter().enumerate() {
+            let mut e = 0f64;
             for i in 0..4 {
-                // The decoder's f32 product: db · grid · sign.
-                val[at + i] = step * k.rows[best.1][i] * sgn(i);
+                let q = (step * row[i]) as f64;
+                e += wcol[j + i] * (t[i] - q) * (t[i] - q);
+            }
+            if e < best.0 {
+                best = (e, ri);
             }
         }
-        val[at] as f64
-    };
-    sweep(&mut x, n, f, band, round);
+        sel[at / 4] = best.1 as u16;
+        // The decoder's f32 product: db · grid · sign.
+        std::array::from_fn(|i| step * k.rows[best.1][i] * sgn(i))
+    });
     // 3. Grid indices and signs into the blocks; scales kept.
     for (r, o) in out.chunks_exact_mut(row_bytes).enumerate() {
         let (bb, per) = if k.xxs { (98, 8) } else { (110, 8) };

@@ -20,6 +20,7 @@
 //! This file dispatches on the kind ([`quantize_ldlq_refit`]) and holds the proxy loss.
 
 mod factor;
+mod iq;
 mod iq1_lattice;
 mod iq_grid;
 mod iq_lattice;

@@ -1,16 +1,15 @@
 //! The search structure llama.cpp's grid encoders use (`iq3xs_init_impl` for the IQ3 grids,
-//! `iq2xs_init_impl` for the IQ1 grid, in `ggml-quants.c`): a map from every point of the
-//! coarse integer lattice to its grid row, and, for a point that is not a grid row, its list of
-//! "neighbours".
+//! `iq2xs_init_impl` for the IQ2 and IQ1 grids, in `ggml-quants.c`): a map from every point of
+//! the coarse integer lattice to its grid row, and, for a point that is not a grid row, its list
+//! of "neighbours". One builder for all six grids (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S /
+//! IQ1_M).
 //!
 //! A grid row holds `W` values with level indices `l` in `0..2^bits` (`grids.rs`); the encoders
 //! see value `2·l + 1`. A lattice point is keyed by `Σ l_j << (bits·j)`. The neighbours of an
 //! off-grid point are every grid row whose squared distance (in the `2·l + 1` coordinates) is one
 //! of the `nwant` smallest distinct distances, ordered by (distance, row) — llama.cpp sorts
-//! `(d², row)` pairs, a total order, so the list is unique. `nwant` is 2 for IQ3_XXS, 3 for
-//! IQ3_S and IQ1_S / IQ1_M.
-//!
-//! (IQ2_XXS / IQ2_XS / IQ2_S need the same structure with `nwant` 2, 2, 1 over their grids.)
+//! `(d², row)` pairs, a total order, so the list is unique. `nwant` is 2 for IQ2_XXS, IQ2_XS and
+//! IQ3_XXS, 1 for IQ2_S, 3 for IQ3_S and IQ1_S / IQ1_M.
 
 /// The grid rows, the lattice → row map and the neighbour lists of one grid.
 pub(crate) struct GridMap<const W: usize> {
@@ -104,7 +103,13 @@ impl<const W: usize> GridMap<W> {
     /// Look up the point with levels `l` (each within the encoder's range).
     #[inline]
     pub(crate) fn find(&self, l: &[i8]) -> Lookup<'_> {
-        let m = self.map[self.key(l)];
+        self.find_key(self.key(l))
+    }
+
+    /// Look up the point of lattice key `key` (its levels within the encoder's range).
+    #[inline]
+    pub(crate) fn find_key(&self, key: usize) -> Lookup<'_> {
+        let m = self.map[key];
         if m >= 0 {
             Lookup::Row(m as usize)
         } else {
@@ -113,6 +118,47 @@ impl<const W: usize> GridMap<W> {
             let n = self.nbr[o] as usize;
             Lookup::Near(&self.nbr[o + 1..o + 1 + n])
         }
+    }
+
+    /// The grid row of lattice key `key`, if that point is on the grid (any key).
+    #[inline]
+    pub(crate) fn row_of(&self, key: usize) -> Option<usize> {
+        usize::try_from(self.map[key]).ok()
+    }
+
+    /// The neighbour (of a lookup's `nbr`) of least `Σ w (s·value(c) − x)²` over its `W`
+    /// coordinates `c` (`2·l + 1`; `value` maps one to what the encoder scales: itself for the
+    /// IQ2 / IQ3 grids, IQ1's shifted level), first on ties, f32 in ggml's order: ggml's
+    /// `iq2_find_best_neighbour`, `iq3_find_best_neighbour` and `iq1_find_best_neighbour2`. Its
+    /// levels go into `l`; its row is returned. (ggml asserts that one was found; with finite
+    /// inputs some distance is finite, and should none be, the first neighbour is taken.)
+    #[inline]
+    pub(crate) fn best_neighbour(
+        &self,
+        nbr: &[u16],
+        x: &[f32],
+        w: &[f32],
+        s: f32,
+        value: impl Fn(i8) -> f32,
+        l: &mut [i8],
+    ) -> usize {
+        let mut best = f32::MAX;
+        let mut idx = None;
+        for &r in nbr {
+            let row = &self.rows[r as usize];
+            let mut d2 = 0f32;
+            for i in 0..W {
+                let diff = s * value(row[i]) - x[i];
+                d2 += w[i] * diff * diff;
+            }
+            if d2 < best {
+                best = d2;
+                idx = Some(r as usize);
+            }
+        }
+        let idx = idx.unwrap_or(nbr[0] as usize);
+        l.copy_from_slice(&self.levels(idx));
+        idx
     }
 
     /// Levels `l` of row `r` (`(v − 1) / 2` of its coordinates).

@@ -83,36 +83,6 @@ fn sorted(xb: &[f32], idx: &mut [usize]) {
     });
 }
 
-/// ggml's `iq1_find_best_neighbour2`: the neighbour of least `Σ w (s·xx[l] − x)²` (first on
-/// ties); its levels into `l`, its row returned.
-fn best_neighbour(nbr: &[u16], x: &[f32], w: &[f32], s: f32, xx: &[f32; 3], l: &mut [i8]) -> usize {
-    let g = grid();
-    let mut best = f32::MAX;
-    let mut idx = usize::MAX;
-    for &r in nbr {
-        let row = &g.rows[r as usize];
-        let mut d2 = 0f32;
-        for i in 0..8 {
-            let q = xx[((row[i] - 1) / 2) as usize];
-            let diff = s * q - x[i];
-            d2 += w[i] * diff * diff;
-        }
-        if d2 < best {
-            best = d2;
-            idx = r as usize;
-        }
-    }
-    // ggml falls back to a scan of the whole grid (whose distance reads the wrong value) and
-    // then asserts; with finite inputs some neighbour's distance is finite.
-    let idx = if idx == usize::MAX {
-        nbr[0] as usize
-    } else {
-        idx
-    };
-    l.copy_from_slice(&g.levels(idx));
-    idx
-}
-
 /// The grid rows of `k8` 8-tuples of levels `l` (off-grid tuples replaced by their best
 /// neighbour at scale `s`, shift table per tuple `xx(k)`); returns whether all were on the grid.
 fn rows_for(
@@ -131,7 +101,11 @@ fn rows_for(
             Lookup::Row(row) => row,
             Lookup::Near(n) => {
                 all = false;
-                best_neighbour(n, &xb[r.clone()], &w[r.clone()], s, xx(k), &mut l[r])
+                // ggml's `iq1_find_best_neighbour2`: the grid coordinate `c` scales as the
+                // tuple's shifted level `xx(k)[(c − 1) / 2]`.
+                let xk = xx(k);
+                let value = |c: i8| xk[((c - 1) / 2) as usize];
+                g.best_neighbour(n, &xb[r.clone()], &w[r.clone()], s, value, &mut l[r])
             }
         };
     }

@@ -12,7 +12,8 @@
 //! tried.
 
 use super::iq2::LEVELS;
-use super::{grids, sign, QK_K};
+use super::iq2_quant::lattice;
+use super::{sign, QK_K};
 use crate::types::float::f16_at;
 use crate::types::TensorType;
 use std::sync::OnceLock;
@@ -20,18 +21,19 @@ use std::sync::OnceLock;
 /// Values per group (one grid row, one sign byte).
 pub(crate) const GROUP: usize = 8;
 
-/// Level indices (0..=2) of every grid row of `ty`.
+/// Level indices (0..=2) of every grid row of `ty` (the encoders' lattice, as a flat table for
+/// the exhaustive search).
 fn rows(ty: TensorType) -> &'static [[u8; 8]] {
     static R: [OnceLock<Vec<[u8; 8]>>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
-    let (i, packed): (usize, &[u16]) = match ty {
-        TensorType::IQ2XXS => (0, &grids::IQ2XXS_PACKED),
-        TensorType::IQ2XS => (1, &grids::IQ2XS_PACKED),
-        _ => (2, &grids::IQ2S_PACKED),
+    let i = match ty {
+        TensorType::IQ2XXS => 0,
+        TensorType::IQ2XS => 1,
+        _ => 2,
     };
     R[i].get_or_init(|| {
-        packed
-            .iter()
-            .map(|&p| std::array::from_fn(|j| ((p >> (2 * j)) & 3) as u8))
+        let g = lattice(i).grid();
+        (0..g.rows.len())
+            .map(|r| g.levels(r).map(|l| l as u8))
             .collect()
     })
 }

@@ -24,6 +24,7 @@
 //! f32 arithmetic in ggml's order (`a*b*c` is `(a*b)*c`; no fused multiply-add), `nearest_int`'s
 //! ties-to-even, C's integer narrowing where ggml stores an `int` into a `uint8_t`.
 
+use super::iq13_gridmap::{GridMap, Lookup};
 use super::{grids, QK_K};
 use crate::types::kquants::{nearest_int, put_f16};
 use std::sync::OnceLock;
@@ -40,116 +41,48 @@ const GROUP_MAX_EPS_IQ2_S: f32 = 1e-8;
 /// A grid of 8-value points and, for every lattice point `u` (8 levels in `0..=2`, 2 bits each:
 /// the key ggml's `kmap_q2xs` uses) not on the grid, its nearest grid points (ggml's
 /// `iq2xs_init_impl`: every grid point at one of the `nwant` smallest squared distances in odd
-/// coordinates, in order of distance then index).
-pub(super) struct Lattice {
-    /// Grid rows in ggml's odd coordinates `2l + 1`.
-    pos: Vec<[i8; 8]>,
-    /// Per `u`: the grid index (>= 0), or `-(start + 1)` of its list in `near` (count, then
-    /// indices).
-    map: Vec<i32>,
-    near: Vec<u16>,
-}
-
-/// Largest key: all 8 levels 2 (`0b10` × 8).
-const KMAP_SIZE: usize = 0xAAAA + 1;
+/// coordinates, in order of distance then index): the [`GridMap`] the IQ1 and IQ3 encoders use.
+pub(crate) struct Lattice(GridMap<8>);
 
 impl Lattice {
-    /// `packed[r]` is row r's 8 levels, 2 bits each (value j in bits 2j, 2j+1: `grids.rs`),
-    /// which is also its key.
-    fn build(packed: &[u16], nwant: usize) -> Lattice {
-        let pos: Vec<[i8; 8]> = packed
-            .iter()
-            .map(|&p| std::array::from_fn(|j| 2 * ((p >> (2 * j)) & 3) as i8 + 1))
-            .collect();
-        let mut map = vec![i32::MIN; KMAP_SIZE];
-        for (i, &p) in packed.iter().enumerate() {
-            map[p as usize] = i as i32;
-        }
-        let mut near = Vec::new();
-        let mut d2: Vec<(i32, u16)> = Vec::with_capacity(packed.len());
-        for u in 0..KMAP_SIZE {
-            // Only keys the encoder can form (every level <= 2) need a list.
-            if map[u] >= 0 || (0..8).any(|k| (u >> (2 * k)) & 3 == 3) {
-                continue;
-            }
-            d2.clear();
-            for (j, g) in pos.iter().enumerate() {
-                let mut d = 0i32;
-                for (k, &gk) in g.iter().enumerate() {
-                    let t = gk as i32 - (2 * ((u >> (2 * k)) & 3) as i32 + 1);
-                    d += t * t;
-                }
-                d2.push((d, j as u16));
-            }
-            d2.sort_unstable();
-            let start = near.len();
-            near.push(0u16);
-            let (mut cur, mut nhave) = (d2[0].0, 1);
-            for &(d, j) in d2.iter() {
-                if d > cur {
-                    if nhave == nwant {
-                        break;
-                    }
-                    cur = d;
-                    nhave += 1;
-                }
-                near.push(j);
-            }
-            near[start] = (near.len() - start - 1) as u16;
-            map[u] = -(start as i32 + 1);
-        }
-        Lattice { pos, map, near }
-    }
-
     /// The grid row for lattice key `u` (levels `l`, magnitudes `xval`, weights `waux`, at
     /// `scale`): `u` itself when it is on the grid, else the neighbour of least
     /// `Σ waux·(scale·q − x)²` (first on ties, as ggml's `iq2_find_best_neighbour`), whose
     /// levels replace `l`. Returns (grid index, whether `u` was on the grid).
     #[inline]
     fn snap(&self, u: u16, xval: &[f32], waux: &[f32], scale: f32, l: &mut [i8]) -> (u16, bool) {
-        let m = self.map[u as usize];
-        if m >= 0 {
-            return (m as u16, true);
-        }
-        let start = (-(m + 1)) as usize;
-        let n = self.near[start] as usize;
-        let (mut best_d2, mut best) = (f32::MAX, None);
-        for &j in &self.near[start + 1..start + 1 + n] {
-            let pg = &self.pos[j as usize];
-            let mut d2 = 0f32;
-            for i in 0..8 {
-                let diff = scale * pg[i] as f32 - xval[i];
-                d2 += waux[i] * diff * diff;
-            }
-            if d2 < best_d2 {
-                best_d2 = d2;
-                best = Some(j);
-            }
-        }
-        // ggml asserts a neighbour was found; with finite inputs every d2 < FLT_MAX, and should
-        // an overflow make all of them inf, the first neighbour is as good as any.
-        let j = best.unwrap_or(self.near[start + 1]);
-        for (li, &p) in l.iter_mut().zip(&self.pos[j as usize]) {
-            *li = (p - 1) / 2;
-        }
-        (j, false)
+        let near = match self.0.find_key(u as usize) {
+            Lookup::Row(r) => return (r as u16, true),
+            Lookup::Near(near) => near,
+        };
+        let j = self
+            .0
+            .best_neighbour(near, xval, waux, scale, |c| c as f32, l);
+        (j as u16, false)
     }
 
     /// The levels of grid row `j`.
     #[inline]
     fn levels(&self, j: u16, l: &mut [i8]) {
-        for (li, &p) in l.iter_mut().zip(&self.pos[j as usize]) {
-            *li = (p - 1) / 2;
-        }
+        l.copy_from_slice(&self.0.levels(j as usize));
+    }
+
+    /// The grid (rows in ggml's odd coordinates, lookups).
+    pub(crate) fn grid(&self) -> &GridMap<8> {
+        &self.0
     }
 }
 
-fn lattice(which: usize) -> &'static Lattice {
+/// The lattice of IQ2_XXS (0), IQ2_XS (1) or IQ2_S (2), built once.
+pub(crate) fn lattice(which: usize) -> &'static Lattice {
     static L: [OnceLock<Lattice>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
-    L[which].get_or_init(|| match which {
-        0 => Lattice::build(&grids::IQ2XXS_PACKED, 2),
-        1 => Lattice::build(&grids::IQ2XS_PACKED, 2),
-        _ => Lattice::build(&grids::IQ2S_PACKED, 1),
+    L[which].get_or_init(|| {
+        let (packed, nwant): (&[u16], usize) = match which {
+            0 => (&grids::IQ2XXS_PACKED, 2),
+            1 => (&grids::IQ2XS_PACKED, 2),
+            _ => (&grids::IQ2S_PACKED, 1),
+        };
+        Lattice(GridMap::new(packed, 2, (KMAX_Q - 1) as u16, nwant))
     })
 }
 
@@ -463,7 +396,7 @@ pub(crate) fn quantize_iq2_xxs_with(x: &[f32], qw: &[f32], out: &mut [u8]) {
                 // ggml looks the levels up in its map (and aborts should they be off the grid).
                 for (k, ix) in idx.iter_mut().enumerate() {
                     let u = (0..8).fold(0u16, |u, i| u | ((l[8 * k + i] as u16 & 3) << (2 * i)));
-                    *ix = lat.map[u as usize].max(0) as u16;
+                    *ix = lat.0.row_of(u as usize).unwrap_or(0) as u16;
                 }
             }
             if scale < 0.0 {
@@ -636,26 +569,29 @@ mod tests {
             (1, &grids::IQ2XS_PACKED[..], 2),
             (2, &grids::IQ2S_PACKED[..], 1),
         ] {
-            let lat = lattice(which);
+            let g = lattice(which).grid();
             let dist = |u: usize, j: usize| -> i32 {
                 (0..8)
                     .map(|k| {
-                        let t = lat.pos[j][k] as i32 - (2 * ((u >> (2 * k)) & 3) as i32 + 1);
+                        let t = g.rows[j][k] as i32 - (2 * ((u >> (2 * k)) & 3) as i32 + 1);
                         t * t
                     })
                     .sum()
             };
-            for u in 0..KMAP_SIZE {
+            // Every key of 8 levels in 0..=2 (the encoder's `round8` range).
+            for u in 0..1usize << 16 {
                 if (0..8).any(|k| (u >> (2 * k)) & 3 == 3) {
                     continue;
                 }
-                let m = lat.map[u];
-                if m >= 0 {
-                    assert_eq!(packed[m as usize] as usize, u);
-                    continue;
-                }
-                let s = (-(m + 1)) as usize;
-                let list = &lat.near[s + 1..s + 1 + lat.near[s] as usize];
+                let list = match g.find_key(u) {
+                    Lookup::Row(r) => {
+                        assert_eq!(packed[r] as usize, u);
+                        assert_eq!(g.row_of(u), Some(r));
+                        continue;
+                    }
+                    Lookup::Near(list) => list,
+                };
+                assert_eq!(g.row_of(u), None);
                 assert!(!list.is_empty());
                 let mut all: Vec<i32> = (0..packed.len()).map(|j| dist(u, j)).collect();
                 all.sort_unstable();

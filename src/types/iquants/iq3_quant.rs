@@ -39,40 +39,6 @@ pub(crate) fn grid_s() -> &'static GridMap<4> {
     G.get_or_init(|| GridMap::new(&grids::IQ3S_PACKED, 3, 7, 3))
 }
 
-/// ggml's `iq3_find_best_neighbour`: the neighbour of least `Σ w (s·q − x)²` (first on ties);
-/// writes its levels into `l` and returns its row.
-fn best_neighbour(
-    g: &GridMap<4>,
-    nbr: &[u16],
-    x: &[f32],
-    w: &[f32],
-    s: f32,
-    l: &mut [i8],
-) -> usize {
-    let mut best = f32::MAX;
-    let mut idx = usize::MAX;
-    for &r in nbr {
-        let row = &g.rows[r as usize];
-        let mut d2 = 0f32;
-        for i in 0..4 {
-            let diff = s * row[i] as f32 - x[i];
-            d2 += w[i] * diff * diff;
-        }
-        if d2 < best {
-            best = d2;
-            idx = r as usize;
-        }
-    }
-    // ggml asserts here; with finite inputs some d2 is finite.
-    let idx = if idx == usize::MAX {
-        nbr[0] as usize
-    } else {
-        idx
-    };
-    l.copy_from_slice(&g.levels(idx));
-    idx
-}
-
 #[inline]
 fn level(id: f32, x: f32) -> i8 {
     nearest_int(0.5 * (id * x - 1.0)).clamp(0, KMAXQ - 1) as i8
@@ -152,7 +118,14 @@ fn search(
             if let Lookup::Near(n) = g.find(&laux[4 * k..4 * k + 4]) {
                 on_aux[k] = false;
                 let (x4, w4) = (&xv[4 * k..4 * k + 4], &waux[4 * k..4 * k + 4]);
-                best_neighbour(g, n, x4, w4, this_scale, &mut laux[4 * k..4 * k + 4]);
+                g.best_neighbour(
+                    n,
+                    x4,
+                    w4,
+                    this_scale,
+                    |c| c as f32,
+                    &mut laux[4 * k..4 * k + 4],
+                );
             }
         }
         let (sqx, sq2) = fit(w, xv, &laux);
@@ -177,7 +150,7 @@ fn search(
                 Lookup::Row(r) => r,
                 Lookup::Near(n) => {
                     let (x4, w4) = (&xv[4 * k..4 * k + 4], &waux[4 * k..4 * k + 4]);
-                    best_neighbour(g, n, x4, w4, scale, &mut lv[4 * k..4 * k + 4])
+                    g.best_neighbour(n, x4, w4, scale, |c| c as f32, &mut lv[4 * k..4 * k + 4])
                 }
             };
             lv[4 * k..4 * k + 4].copy_from_slice(&g.levels(row));

@@ -429,6 +429,22 @@ mod tests {
         }
     }
 
+    /// `src` without its output projection: the head reads the token embeddings (tied).
+    fn untie(src: &Path, dst: &Path) {
+        let f = GgufFile::open(src).unwrap();
+        let keep: Vec<_> = f
+            .tensors
+            .iter()
+            .filter(|t| t.name != "output.weight")
+            .collect();
+        let specs: Vec<_> = keep.iter().map(|t| t.spec()).collect();
+        let mut w = crate::gguf::GgufWriter::create(dst, f.version, &f.metadata, &specs).unwrap();
+        for t in &keep {
+            w.write_data(f.tensor_data(t)).unwrap();
+        }
+        w.finish().unwrap();
+    }
+
     /// Two candidates on a real (tiny) model: a deliberately poor "knapsack" plan (every matrix
     /// at q2_K) and a preset's plan. Measured in memory, each KLD equals the KLD of the file
     /// convert writes for that plan (evaluated from disk), and the ranking puts the better
@@ -436,9 +452,26 @@ mod tests {
     #[test]
     fn measured_plans_equal_their_files_and_the_best_measured_wins() {
         let dir = tempfile::tempdir().unwrap();
-        let p = |n: &str| dir.path().join(n);
-        let model = p("m.gguf");
+        let model = dir.path().join("m.gguf");
         std::fs::write(&model, crate::gguf_gen::tiny_llama_tok(2, 256, 256).bytes).unwrap();
+        measured_equal_files(&model, dir.path());
+    }
+
+    /// The same with the output projection tied to the token embeddings: a plan's token_embd
+    /// is read by the embedding lookup and by the head, streamed into both.
+    #[test]
+    fn measured_plans_equal_their_files_with_tied_embeddings() {
+        let dir = tempfile::tempdir().unwrap();
+        let full = dir.path().join("full.gguf");
+        std::fs::write(&full, crate::gguf_gen::tiny_llama_tok(2, 256, 256).bytes).unwrap();
+        let model = dir.path().join("tied.gguf");
+        untie(&full, &model);
+        measured_equal_files(&model, dir.path());
+    }
+
+    fn measured_equal_files(model: &Path, dir: &Path) {
+        let p = |n: &str| dir.join(n);
+        let model = model.to_path_buf();
         let text = p("t.txt");
         std::fs::write(&text, crate::gguf_gen::pseudo_text(2500)).unwrap();
         let profile = Profile::default();
@@ -470,6 +503,12 @@ mod tests {
         for &i in items.iter().flat_map(|(idx, _)| idx) {
             set_type(&mut poor, i, TensorType::Q2K, "mix").unwrap();
         }
+        let te = poor
+            .entries
+            .iter()
+            .find(|e| e.name == "token_embd.weight")
+            .unwrap();
+        assert_ne!(te.action, Action::Copy, "token_embd is measured quantized");
         let presets = preset_plans(src.as_ref(), &plan, &items, &profile, true);
         let q4km = presets
             .into_iter()

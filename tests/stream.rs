@@ -25,20 +25,37 @@ fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 #[test]
 fn blocks_major_equals_blocks_batch_by_batch() {
     let fx = fixtures::gguf_gen::tiny_llama(3, 64, 128, 100);
+    check_block_orders(&fx.bytes);
+}
+
+/// The same on the MoE fixtures: in a block-major pass an expert is loaded when the first batch
+/// routed to it needs it and kept for the pass's other batches (batch-major loads it per batch),
+/// and the states must still be equal to the bit.
+#[test]
+fn blocks_major_equals_blocks_batch_by_batch_on_moe() {
+    for name in ["qwen3moe", "mixtral", "mixtral-ties"] {
+        let bytes = fixtures::arch_gen::arch_fixture(name).unwrap();
+        check_block_orders(&bytes);
+    }
+}
+
+/// [`Model::blocks_major`] against [`Model::blocks`] batch by batch on the model `bytes`.
+fn check_block_orders(bytes: &[u8]) {
     let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("tiny.gguf");
-    std::fs::write(&p, &fx.bytes).unwrap();
+    let p = dir.path().join("m.gguf");
+    std::fs::write(&p, bytes).unwrap();
     let f = GgufFile::open(&p).unwrap();
     for numerics in [Numerics::F32, Numerics::Ggml] {
         let m = Model::new(&f, numerics).unwrap();
         let n = m.cfg.n_layer;
+        let vocab = m.cfg.n_vocab.min(100);
         let (seq, out_from) = (16, 8);
         // Batches of 2, 2 and 1 windows (the last one smaller, as at the end of a text).
         let sizes = [2usize, 2, 1];
         let toks: Vec<Vec<u32>> = sizes
             .iter()
             .enumerate()
-            .map(|(i, &w)| tokens(w * seq, 100, 7 + i as u64))
+            .map(|(i, &w)| tokens(w * seq, vocab, 7 + i as u64))
             .collect();
         for from in [0, 1, n] {
             // Batch-major: each batch's embeddings through blocks 0..from, then from..n.

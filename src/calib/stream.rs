@@ -80,6 +80,9 @@ struct Blocks<'a> {
     on_block: &'a mut dyn FnMut(usize, &mut Hessians) -> Result<()>,
     /// Tokens routed to each expert of the current block (MoE models), for the routing report.
     routed: Vec<u64>,
+    /// Off a terminal, a line every 10 s while a block runs (the per-block lines come only when
+    /// a block ends, minutes apart at 7B and up); on a terminal or under `-q`, nothing more.
+    bar: crate::io::progress::Bar,
 }
 
 /// One line of routing statistics for an MoE block: tokens per expert (each token counts once
@@ -156,6 +159,7 @@ impl Observer for Blocks<'_> {
             self.routed.clear();
         }
         (self.on_block)(layer, &mut self.hs)?;
+        self.bar.set_position(layer as u64 + 1);
         if !self.quiet {
             let t = self.t0.elapsed().as_secs_f64();
             // ETA from the blocks this process has run (a resumed run skips XᵀX before it).
@@ -323,10 +327,16 @@ pub fn run_blocks(
         needed,
         on_block,
         routed: vec![],
+        bar: crate::io::progress::steps(
+            quiet || std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            model.cfg.n_layer as u64,
+            "calibration blocks",
+        ),
     };
     // The logits of the last position only: the output projection is not calibrated.
     let t0 = std::time::Instant::now();
     model.forward(windows, ctx, ctx - 1, Some(&mut obs))?;
+    obs.bar.finish_and_clear();
     if let Some(e) = obs.hs.non_finite.take() {
         return Err(Error::Unsupported(format!("{}: {e}", path.display())));
     }

@@ -52,8 +52,9 @@ pub struct GgufFile {
     pub path: PathBuf,
     /// Shared with the views [`GgufFile::with_tensors`] makes.
     mmap: std::sync::Arc<Mmap>,
-    /// Tensors whose data a view holds in memory instead of the file's (by name).
-    overlay: Vec<(String, Vec<u8>)>,
+    /// Tensors whose data a view holds in memory instead of the file's (by name), shared with
+    /// the views made from it and with the caller (one encoding may serve several views).
+    overlay: Vec<(String, std::sync::Arc<Vec<u8>>)>,
     pub version: u32,
     pub metadata: Vec<(String, Value)>,
     pub tensors: Vec<TensorInfo>,
@@ -148,7 +149,10 @@ impl GgufFile {
     /// bytes)` each, the bytes those of `type` for the tensor's shape (what a conversion would
     /// write for it). Nothing is written; the rest is read from the same map. The mix's KLD
     /// probes evaluate a model with one tensor quantized this way.
-    pub fn with_tensors(&self, subs: Vec<(String, TensorType, u32, Vec<u8>)>) -> Result<GgufFile> {
+    pub fn with_tensors(
+        &self,
+        subs: Vec<(String, TensorType, u32, std::sync::Arc<Vec<u8>>)>,
+    ) -> Result<GgufFile> {
         let mut tensors = self.tensors.clone();
         let mut overlay = self.overlay.clone();
         for (name, ty, type_id, data) in subs {
@@ -185,7 +189,7 @@ impl GgufFile {
     /// Zero-copy view of a tensor's bytes (bounds were validated at open).
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
         if let Some((_, d)) = self.overlay.iter().find(|(n, _)| *n == t.name) {
-            return d;
+            return d.as_slice();
         }
         let start = (self.data_offset + t.offset) as usize;
         &self.mmap[start..start + t.size as usize]

@@ -25,6 +25,9 @@ pub(crate) struct BlockPass {
     rope_swa: Option<Rope>,
     /// Rows whose outputs are needed after the last block (llama.cpp prunes the same way).
     keep: Vec<usize>,
+    /// Keep an MoE block's experts loaded from batch to batch (a block-major pass of several
+    /// batches); otherwise each is dropped after use (one expert's f32 weights at a time).
+    keep_experts: bool,
 }
 
 /// A block's activations for one batch, reused from block to block (and batch to batch).
@@ -77,6 +80,7 @@ impl BlockPass {
             rope_global,
             rope_swa,
             keep,
+            keep_experts: false,
         })
     }
 
@@ -205,7 +209,8 @@ impl Model<'_> {
     /// Blocks `layers` on every batch of `b`, block-major: block `l`'s weights are loaded once,
     /// run on each batch in turn and dropped (their mapped pages already released) before block
     /// `l + 1` is loaded, so a pass reads the model once and holds one block's weights plus the
-    /// batches' hidden states. `done(l, i)` is called after block `l` has run on batch `i`.
+    /// batches' hidden states. An MoE block's experts are loaded as the first batch routed to each
+    /// needs them and kept for the other batches: once per block per pass too. `done(l, i)` is called after block `l` has run on batch `i`.
     /// Each batch's states end bit for bit as [`Model::blocks`] leaves them.
     pub fn blocks_major(
         &self,
@@ -218,6 +223,7 @@ impl Model<'_> {
         };
         assert!(layers.end <= self.cfg.n_layer);
         let mut pass = BlockPass::new(self, n0, b.seq, b.out_from)?;
+        pass.keep_experts = b.batches.len() > 1;
         let mut scratch = Scratch::default();
         let mut kern = self.kernels().map(|k| k.borrow_mut());
         for l in layers {
@@ -396,7 +402,8 @@ impl Model<'_> {
                 o.transform_weights(l, router)?;
             }
             let obs = observer.as_deref_mut().filter(|_| watch);
-            self.moe_ffn(l, moe, router, &h[..rows_now * e], rows_now, tmp, obs)?;
+            let ex = p.keep_experts.then_some(&mut lw.experts);
+            self.moe_ffn(l, moe, router, ex, &h[..rows_now * e], rows_now, tmp, obs)?;
             add_into(&mut x[..rows_now * e], &tmp[..rows_now * e]);
             if let Some(o) = observer.as_deref_mut() {
                 o.layer_end(l)?;

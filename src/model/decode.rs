@@ -246,7 +246,7 @@ impl<'m, 'a> Decoder<'m, 'a> {
             x.iter_mut().zip(&tmp).for_each(|(a, t)| *a += t);
             rms_norm_rows(&x, &lw.ffn_norm, cfg.rms_eps, e, &mut h);
             if let (Some(router), Some(moe)) = (&lw.router, &cfg.moe) {
-                m.moe_ffn(l, moe, router, &h, b, &mut tmp, None)?;
+                m.moe_ffn(l, moe, router, None, &h, b, &mut tmp, None)?;
             } else {
                 let nff = lw.gate_up.n_total / 2;
                 lw.gate_up.forward(&h, b, &mut gu, false, threads);

@@ -356,8 +356,12 @@ pub struct LayerWeights {
     /// gate | up stacked (two tensors, or Phi-3's one fused `ffn_up`); empty in an MoE block.
     pub gate_up: LinearSet,
     pub down: LinearSet,
-    /// The router of an MoE block (its experts are loaded one at a time by the forward pass).
+    /// The router of an MoE block (its experts are loaded by the forward pass as rows are
+    /// routed to them, into `experts`).
     pub router: Option<LinearSet>,
+    /// An MoE block's experts loaded so far: kept with the block, so a block-major pass loads
+    /// each once (see [`super::moe::Experts`]).
+    pub(crate) experts: super::moe::Experts,
 }
 
 impl LayerWeights {
@@ -459,6 +463,7 @@ impl LayerWeights {
             gate_up,
             down,
             router,
+            experts: Default::default(),
         })
     }
 }

@@ -7,14 +7,38 @@ use super::runtime::{Model, Observer};
 use crate::error::Result;
 use rayon::prelude::*;
 
+/// A block's expert slices loaded so far (gate | up, down per expert), kept while the block runs
+/// on every batch of a block-major pass, so each expert is dequantized once per block per pass
+/// rather than once per batch. At most the block's whole expert tensors in f32 (Qwen3-30B-A3B:
+/// 128 experts × 3 × 768 × 2048 × 4 B = 2.4 GB), dropped with the block's other weights.
+#[derive(Default)]
+pub(crate) struct Experts {
+    loaded: Vec<Option<(LinearSet, LinearSet)>>,
+}
+
+/// Expert `x`'s slices of block `names`' expert tensors: gate | up (`nff` rows each), down.
+fn load_expert(
+    f: &crate::gguf::GgufFile,
+    names: &LayerNames,
+    x: usize,
+    nff: usize,
+    e: usize,
+) -> Result<(LinearSet, LinearSet)> {
+    let gate_up = [names.ffn_gate_exps.as_str(), names.ffn_up_exps.as_str()];
+    let gu = LinearSet::load_rows(f, &gate_up, x * nff, (x + 1) * nff)?;
+    let down = LinearSet::load_rows(f, &[&names.ffn_down_exps], x * e, (x + 1) * e)?;
+    Ok((gu, down))
+}
+
 impl Model<'_> {
     /// The mixture-of-experts feed-forward of block `l` on normed rows `h` (`rows × n_embd`)
     /// (the caller reports the router's input to an observer),
     /// into `out` (llama.cpp's `build_moe_ffn` for softmax gating): router logits → softmax →
     /// the `n_used` most probable experts (ties: lower index, as ggml's argsort keeps them for
     /// up to 16 experts) → weights renormalized → each expert's SwiGLU on its rows, scaled by
-    /// its weight → the slots summed in rank order. One expert's weights are dequantized at a
-    /// time.
+    /// its weight → the slots summed in rank order. With `experts` (a block-major pass), each
+    /// expert's weights are dequantized on first use and kept there for the pass's next batches;
+    /// without, one expert's weights are dequantized at a time and dropped.
     // One function on purpose: routing, the per-expert loop and the ordered sum are the contract.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn moe_ffn<'o, 'p>(
@@ -22,6 +46,7 @@ impl Model<'_> {
         l: usize,
         moe: &Moe,
         router: &LinearSet,
+        mut experts: Option<&mut Experts>,
         h: &[f32],
         rows: usize,
         out: &mut [f32],
@@ -55,17 +80,31 @@ impl Model<'_> {
             if let Some(o) = observer.as_deref_mut() {
                 o.expert_input(l, x, &gate_up, &xe, n, e);
             }
-            let gu_set = LinearSet::load_rows(self.file, &gate_up, x * nff, (x + 1) * nff)?;
+            let once: Option<(LinearSet, LinearSet)>;
+            let (gu_set, down) = match experts.as_deref_mut() {
+                Some(c) => {
+                    if c.loaded.len() < nx {
+                        c.loaded.resize_with(nx, || None);
+                    }
+                    if c.loaded[x].is_none() {
+                        c.loaded[x] = Some(load_expert(self.file, &names, x, nff, e)?);
+                    }
+                    c.loaded[x].as_ref()
+                }
+                None => {
+                    once = Some(load_expert(self.file, &names, x, nff, e)?);
+                    once.as_ref()
+                }
+            }
+            .map(|(a, b)| (a, b))
+            .ok_or_else(|| crate::error::Error::internal("an expert's weights were not loaded"))?;
             let mut gu = vec![0f32; n * 2 * nff];
             gu_set.forward(&xe, n, &mut gu, ggml, threads);
-            drop(gu_set);
             let mut act = vec![0f32; n * nff];
             glu_rows(&gu, &mut act, nff, false, ggml);
             if let Some(o) = observer.as_deref_mut() {
                 o.expert_input(l, x, &[&names.ffn_down_exps], &act, n, nff);
             }
-            let down =
-                LinearSet::load_rows(self.file, &[&names.ffn_down_exps], x * e, (x + 1) * e)?;
             let mut ye = vec![0f32; n * e];
             down.forward(&act, n, &mut ye, ggml, threads);
             for (i, &(r, j)) in list.iter().enumerate() {

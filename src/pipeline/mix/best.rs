@@ -7,14 +7,13 @@
 //!
 //! A plan is measured without a model copy: every tensor it changes is quantized as convert
 //! would write it (LDLQ with the Hessians, the imatrix's weighting, or round-to-nearest) and
-//! substituted in memory ([`Probes::kld`]) for one evaluation of the windows. A tensor's bytes at
-//! a type are the same in every plan, so each (tensor, type) is encoded once for all candidates
-//! (held in memory while the candidates are measured: about one quantized model per distinct
-//! plan shape). The winner is the least measured KLD, ties to the earlier candidate (the
+//! substituted in memory for one evaluation of the windows, the plans together block by block
+//! ([`measure`]). A tensor's bytes at a type are the same in every plan, so each (tensor, type) is
+//! encoded once for all candidates, and held only while its block runs. The winner is the least measured KLD, ties to the earlier candidate (the
 //! knapsack's first): deterministic and independent of the thread count, as the encoders and
 //! the evaluator are.
 
-use super::probe::{Probes, Substitute};
+use super::probe::{Probes, Stage, Substitute};
 use super::report::Tried;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -23,8 +22,9 @@ use crate::plan::{preset, Action, Plan};
 use crate::source::TensorSource;
 use crate::types::profile::Profile;
 use crate::types::TensorType;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
+use std::sync::Arc;
 
 /// How many of the largest llama.cpp presets that fit the target are measured (a smaller
 /// preset of the same family is rarely better per byte, and each costs one encode + one pass).
@@ -197,6 +197,15 @@ fn marked(plan: &Plan, calib: &Calibration) -> Plan {
 /// Measure each candidate's whole-plan KLD on `windows` windows against `ref_logits` (the
 /// input's logits); `known` holds KLDs measured before (the mix cache, by [`plan_key`]), which are
 /// not measured again. Returns one KLD per candidate and whether it came from `known`.
+///
+/// The plans are run together, block by block ([`Probes::kld_streamed`]), rather than one after
+/// another: a block's tensors are encoded once for every plan that holds the same (tensor, type),
+/// each plan runs that block on its own hidden states, and the encodings are dropped before the
+/// next block. Peak memory is one block's distinct encodings (a few plans' worth of one block)
+/// plus each plan's hidden states (`windows × 512 × n_embd` f32: 16.8 MB per plan for a 7B shape
+/// at 2 windows), never a quantized model; every (tensor, type) is encoded once, as before, and
+/// the input is read once for all plans. One plan after another would either encode shared
+/// tensors again for each plan or hold them across plans (the whole-model memory this replaced).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn measure(
     input: &Path,
@@ -209,58 +218,79 @@ pub(super) fn measure(
     known: &BTreeMap<String, f64>,
     quiet: bool,
 ) -> Result<Vec<(f64, bool)>> {
-    let marked: Vec<Plan> = cands.iter().map(|c| marked(&c.plan, calib)).collect();
-    let changed = |p: &Plan| -> Vec<usize> {
-        (0..p.entries.len())
-            .filter(|&i| p.entries[i].action != Action::Copy)
-            .collect()
-    };
-    let todo: Vec<bool> = cands
-        .iter()
-        .map(|c| !known.contains_key(&plan_key(&c.plan)))
+    let todo: Vec<usize> = (0..cands.len())
+        .filter(|&k| !known.contains_key(&plan_key(&cands[k].plan)))
         .collect();
-    let total: u64 = marked
+    let marked: Vec<Plan> = todo
         .iter()
-        .zip(&todo)
-        .filter(|(_, t)| **t)
-        .map(|(p, _)| changed(p).len() as u64 + 1)
-        .sum();
+        .map(|&k| marked(&cands[k].plan, calib))
+        .collect();
     let file = GgufFile::open(input)?;
     let mut probes = Probes::new(&file, ref_logits, windows)?;
-    let mut bytes: HashMap<(usize, TensorType), Vec<u8>> = HashMap::new();
-    let mut pb = crate::pipeline::progress::steps(quiet, total, "measured plans");
-    let mut done = 0u64;
-    let mut out = vec![];
-    for ((c, p), &t) in cands.iter().zip(&marked).zip(&todo) {
-        if !t {
-            out.push((known[&plan_key(&c.plan)], true));
-            continue;
-        }
-        let mut subs: Vec<Substitute> = vec![];
-        for i in changed(p) {
-            let e = &p.entries[i];
-            let id = profile
-                .id_of(e.dst)
-                .ok_or_else(|| Error::internal(format!("{}: no id in the profile", e.dst)))?;
-            let b = match bytes.get(&(i, e.dst)) {
-                Some(b) => b.clone(),
-                None => {
-                    let b = super::fit::encode_entry(src, p, i, calib)?;
-                    bytes.insert((i, e.dst), b.clone());
-                    b
+    // Per plan, the entries it changes by the stage that reads them.
+    let mut by_stage: Vec<BTreeMap<Stage, Vec<usize>>> = vec![];
+    for p in &marked {
+        let mut m: BTreeMap<Stage, Vec<usize>> = BTreeMap::new();
+        for (i, e) in p.entries.iter().enumerate() {
+            if e.action != Action::Copy {
+                for s in probes.stages_of(&e.name) {
+                    m.entry(s).or_default().push(i);
                 }
-            };
-            subs.push((e.name.clone(), e.dst, id, b));
-            done += 1;
-            pb.set_position(done);
+            }
         }
-        let kld = probes.kld(subs)?;
-        done += 1;
-        pb.set_position(done);
-        out.push((kld, false));
+        by_stage.push(m);
     }
+    // Progress: each distinct (tensor, type) encoded per stage, and each plan's run of a stage.
+    let mut encodes: BTreeMap<Stage, BTreeSet<(usize, TensorType)>> = BTreeMap::new();
+    for (m, p) in by_stage.iter().zip(&marked) {
+        for (s, idx) in m {
+            let set = encodes.entry(*s).or_default();
+            set.extend(idx.iter().map(|&i| (i, p.entries[i].dst)));
+        }
+    }
+    let n_layer = probes.n_layer() as u64;
+    let total =
+        encodes.values().map(|s| s.len() as u64).sum::<u64>() + marked.len() as u64 * (n_layer + 2);
+    let mut pb = crate::pipeline::progress::steps(quiet, total, "measured plans");
+    let done = std::cell::Cell::new(0u64);
+    let step = || {
+        done.set(done.get() + 1);
+        pb.set_position(done.get());
+    };
+    let mut subs = |stage: Stage| -> Result<Vec<Vec<Substitute>>> {
+        let mut bytes: HashMap<(usize, TensorType), Arc<Vec<u8>>> = HashMap::new();
+        let mut out = Vec::with_capacity(marked.len());
+        for (p, m) in marked.iter().zip(&by_stage) {
+            let mut v: Vec<Substitute> = vec![];
+            for &i in m.get(&stage).map_or(&[][..], |x| x.as_slice()) {
+                let e = &p.entries[i];
+                let id = profile
+                    .id_of(e.dst)
+                    .ok_or_else(|| Error::internal(format!("{}: no id in the profile", e.dst)))?;
+                let b = match bytes.get(&(i, e.dst)) {
+                    Some(b) => b.clone(),
+                    None => {
+                        let b = Arc::new(super::fit::encode_entry(src, p, i, calib)?);
+                        bytes.insert((i, e.dst), b.clone());
+                        step();
+                        b
+                    }
+                };
+                v.push((e.name.clone(), e.dst, id, b));
+            }
+            out.push(v);
+        }
+        Ok(out)
+    };
+    let klds = probes.kld_streamed(marked.len(), &mut subs, &step)?;
     pb.finish_and_clear();
-    Ok(out)
+    let mut measured: HashMap<usize, f64> = todo.iter().copied().zip(klds).collect();
+    Ok((0..cands.len())
+        .map(|k| match measured.remove(&k) {
+            Some(kld) => (kld, false),
+            None => (known[&plan_key(&cands[k].plan)], true),
+        })
+        .collect())
 }
 
 /// The order to try the candidates in: least measured KLD first, ties to the earlier.
@@ -399,6 +429,22 @@ mod tests {
         }
     }
 
+    /// `src` without its output projection: the head reads the token embeddings (tied).
+    fn untie(src: &Path, dst: &Path) {
+        let f = GgufFile::open(src).unwrap();
+        let keep: Vec<_> = f
+            .tensors
+            .iter()
+            .filter(|t| t.name != "output.weight")
+            .collect();
+        let specs: Vec<_> = keep.iter().map(|t| t.spec()).collect();
+        let mut w = crate::gguf::GgufWriter::create(dst, f.version, &f.metadata, &specs).unwrap();
+        for t in &keep {
+            w.write_data(f.tensor_data(t)).unwrap();
+        }
+        w.finish().unwrap();
+    }
+
     /// Two candidates on a real (tiny) model: a deliberately poor "knapsack" plan (every matrix
     /// at q2_K) and a preset's plan. Measured in memory, each KLD equals the KLD of the file
     /// convert writes for that plan (evaluated from disk), and the ranking puts the better
@@ -406,9 +452,26 @@ mod tests {
     #[test]
     fn measured_plans_equal_their_files_and_the_best_measured_wins() {
         let dir = tempfile::tempdir().unwrap();
-        let p = |n: &str| dir.path().join(n);
-        let model = p("m.gguf");
+        let model = dir.path().join("m.gguf");
         std::fs::write(&model, crate::gguf_gen::tiny_llama_tok(2, 256, 256).bytes).unwrap();
+        measured_equal_files(&model, dir.path());
+    }
+
+    /// The same with the output projection tied to the token embeddings: a plan's token_embd
+    /// is read by the embedding lookup and by the head, streamed into both.
+    #[test]
+    fn measured_plans_equal_their_files_with_tied_embeddings() {
+        let dir = tempfile::tempdir().unwrap();
+        let full = dir.path().join("full.gguf");
+        std::fs::write(&full, crate::gguf_gen::tiny_llama_tok(2, 256, 256).bytes).unwrap();
+        let model = dir.path().join("tied.gguf");
+        untie(&full, &model);
+        measured_equal_files(&model, dir.path());
+    }
+
+    fn measured_equal_files(model: &Path, dir: &Path) {
+        let p = |n: &str| dir.join(n);
+        let model = model.to_path_buf();
         let text = p("t.txt");
         std::fs::write(&text, crate::gguf_gen::pseudo_text(2500)).unwrap();
         let profile = Profile::default();
@@ -440,6 +503,12 @@ mod tests {
         for &i in items.iter().flat_map(|(idx, _)| idx) {
             set_type(&mut poor, i, TensorType::Q2K, "mix").unwrap();
         }
+        let te = poor
+            .entries
+            .iter()
+            .find(|e| e.name == "token_embd.weight")
+            .unwrap();
+        assert_ne!(te.action, Action::Copy, "token_embd is measured quantized");
         let presets = preset_plans(src.as_ref(), &plan, &items, &profile, true);
         let q4km = presets
             .into_iter()

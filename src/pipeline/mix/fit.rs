@@ -379,7 +379,12 @@ fn substitutes(
     idx.iter()
         .map(|&i| {
             let bytes = encode_entry(src, &p, i, calib)?;
-            Ok((p.entries[i].name.clone(), ty, id, bytes))
+            Ok((
+                p.entries[i].name.clone(),
+                ty,
+                id,
+                std::sync::Arc::new(bytes),
+            ))
         })
         .collect()
 }

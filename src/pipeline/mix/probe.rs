@@ -20,7 +20,17 @@ use crate::types::TensorType;
 use std::path::Path;
 
 /// A tensor's replacement: name, type, the type's id in the output profile, the bytes.
-pub(crate) type Substitute = (String, TensorType, u32, Vec<u8>);
+/// The bytes are shared: one encoding of a (tensor, type) serves every plan that holds it.
+pub(crate) type Substitute = (String, TensorType, u32, std::sync::Arc<Vec<u8>>);
+
+/// Where a forward pass reads a tensor: the embedding lookup, one block, or the output head.
+/// Ordered as the pass runs.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+pub(crate) enum Stage {
+    Embed,
+    Block(usize),
+    Head,
+}
 
 /// The input model, its windows and reference, and the hidden states at one block boundary.
 pub(crate) struct Probes<'a> {
@@ -68,6 +78,129 @@ impl<'a> Probes<'a> {
             })
             .min()
             .unwrap_or(n)
+    }
+
+    /// The stages that read tensor `name`: its block; the embeddings (and the head too when the
+    /// output projection is tied to them); the head for the other tensors outside the blocks.
+    pub(crate) fn stages_of(&self, name: &str) -> Vec<Stage> {
+        let cfg = &self.reference.cfg;
+        match crate::arch::layer_of(name) {
+            Some(l) if (l as usize) < cfg.n_layer => vec![Stage::Block(l as usize)],
+            None if name == "token_embd.weight" && cfg.tied_output => {
+                vec![Stage::Embed, Stage::Head]
+            }
+            None if name == "token_embd.weight" => vec![Stage::Embed],
+            _ => vec![Stage::Head],
+        }
+    }
+
+    /// The input's block count.
+    pub(crate) fn n_layer(&self) -> usize {
+        self.reference.cfg.n_layer
+    }
+
+    /// The windows of each batch, in order.
+    fn batch_ranges(&self) -> Vec<(usize, usize)> {
+        (0..self.win.n_chunk)
+            .step_by(self.batch)
+            .map(|w0| (w0, (w0 + self.batch).min(self.win.n_chunk)))
+            .collect()
+    }
+
+    /// The mean KLD of each of `n` variants of the input (models with tensors replaced), run
+    /// together stage by stage: `subs(stage)` gives each variant's replacements for `stage`
+    /// (called once per stage, in pass order: [`Stage::Embed`], every block, [`Stage::Head`]),
+    /// which are dropped once every variant has run that stage; `ran()` after each variant's
+    /// stage. So the caller need hold only one stage's encoded tensors (a block's, shared by the
+    /// variants that hold the same (tensor, type)) and each variant its hidden states
+    /// (`windows × ctx × n_embd` f32), never a whole quantized model; each block of the input is
+    /// read once for all variants. Each KLD is bit for bit what [`Probes::kld`] gives for the
+    /// variant's replacements all at once: every block and the head run on the same batches with
+    /// the same weights, and the KLD accumulates in the same order.
+    pub(crate) fn kld_streamed(
+        &mut self,
+        n: usize,
+        subs: &mut dyn FnMut(Stage) -> Result<Vec<Vec<Substitute>>>,
+        ran: &dyn Fn(),
+    ) -> Result<Vec<f64>> {
+        let (ctx, first, batch) = (self.win.n_ctx, self.win.first(), self.batch);
+        let n_layer = self.reference.cfg.n_layer;
+        let ranges = self.batch_ranges();
+        let stage = |subs: &mut dyn FnMut(Stage) -> Result<Vec<Vec<Substitute>>>, s: Stage| {
+            let v = subs(s)?;
+            if v.len() != n {
+                return Err(crate::error::Error::internal(format!(
+                    "{s:?}: {} variants' replacements for {n} variants",
+                    v.len()
+                )));
+            }
+            Ok(v)
+        };
+        // Embeddings: the input's own for every variant that keeps token_embd.
+        let mut plain: Option<Vec<Vec<f32>>> = None;
+        let mut states: Vec<Vec<Vec<f32>>> = Vec::with_capacity(n);
+        for sk in stage(subs, Stage::Embed)? {
+            let x = if sk.is_empty() {
+                if plain.is_none() {
+                    let e: Result<Vec<_>> = ranges
+                        .iter()
+                        .map(|&(w0, w1)| self.reference.embed(&self.win.input(w0, w1)))
+                        .collect();
+                    plain = Some(e?);
+                }
+                plain.clone().unwrap_or_default()
+            } else {
+                let view = self.file.with_tensors(sk)?;
+                let m = Model::new(&view, Numerics::Ggml)?;
+                let e: Result<Vec<_>> = ranges
+                    .iter()
+                    .map(|&(w0, w1)| m.embed(&self.win.input(w0, w1)))
+                    .collect();
+                e?
+            };
+            states.push(x);
+            ran();
+        }
+        drop(plain);
+        // Blocks: each variant's states through block l with its replacements, then the next.
+        for l in 0..n_layer {
+            for (k, sk) in stage(subs, Stage::Block(l))?.into_iter().enumerate() {
+                let view = self.file.with_tensors(sk)?;
+                let m = Model::new(&view, Numerics::Ggml)?;
+                let mut b = Batches {
+                    seq: ctx,
+                    out_from: first,
+                    batches: ranges
+                        .iter()
+                        .zip(std::mem::take(&mut states[k]))
+                        .map(|(&(w0, w1), x)| (w1 - w0, x))
+                        .collect(),
+                };
+                m.blocks_major(&mut b, l..l + 1, &mut |_, _| {})?;
+                states[k] = b.batches.into_iter().map(|(_, x)| x).collect();
+                ran();
+            }
+        }
+        self.blocks_run += n * n_layer;
+        // The head, resumed from each variant's last block's output rows.
+        let mut out = Vec::with_capacity(n);
+        for (k, sk) in stage(subs, Stage::Head)?.into_iter().enumerate() {
+            let view = self.file.with_tensors(sk)?;
+            let m = Model::new(&view, Numerics::Ggml)?;
+            let reference = Reference::File(Reader::open(self.ref_logits)?);
+            let held = std::cell::RefCell::new(std::mem::take(&mut states[k]));
+            let get = |w0: usize, _: usize| Ok(std::mem::take(&mut held.borrow_mut()[w0 / batch]));
+            let r = Resume {
+                layer: n_layer,
+                states: &get,
+            };
+            let res = evaluate_from(&m, &self.win, reference, batch, &r)?;
+            out.push(res.kld.map(|k| k.kld.value).ok_or_else(|| {
+                crate::error::Error::internal("no KLD was computed against the reference")
+            })?);
+            ran();
+        }
+        Ok(out)
     }
 
     /// Advance the kept hidden states to block `to`'s input (from the embeddings when `to` is

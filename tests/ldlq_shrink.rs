@@ -69,7 +69,11 @@ fn shrink_trades_calibration_fit_for_held_out_error() {
         ldlq::quantize_ldlq(ty, &w, n, &via, 0),
         ldlq::quantize_ldlq(ty, &w, n, &direct, 0)
     );
-    assert_ne!(q0, ldlq::quantize_ldlq(ty, &w, n, &direct, 0), "refit 2 changes the bytes");
+    assert_ne!(
+        q0,
+        ldlq::quantize_ldlq(ty, &w, n, &direct, 0),
+        "refit 2 changes the bytes"
+    );
     // Overfit without shrinkage: far better than the imatrix encoder on the calibration tokens,
     // much less so on the next ones.
     assert!(cal0 < 0.7 && held0 > cal0 + 0.2, "{cal0} {held0}");

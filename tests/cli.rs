@@ -331,6 +331,19 @@ fn small_findings_have_clear_messages() {
             ],
             "--damp NaN must be a finite number >= 0",
         ),
+        (
+            vec![
+                "convert",
+                &model,
+                "--weights",
+                "tq4_1s",
+                "--shrink",
+                "1.5",
+                "-o",
+                &out_gguf,
+            ],
+            "--shrink 1.5 must be between 0 and 1",
+        ),
     ];
     for (args, want) in cases {
         let (code, _, err) = tq(&args);

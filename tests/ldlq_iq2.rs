@@ -39,7 +39,7 @@ fn ldlq_beats_the_imatrix_encoder_on_smollm2_ffn_down() {
         let im = encode_rows(ty, name, &w, n, &Encoder::Weighted(&imatrix)).unwrap();
         let mut rtn = vec![0u8; im.len()];
         types::quantize(ty, &w, &mut rtn, name).unwrap();
-        let fac = ldlq::factor_hessian(ty, h, 0.01, 0, name).unwrap();
+        let fac = ldlq::factor_hessian(ty, h, 0.01, 0.0, 0, name).unwrap();
         assert!(fac.perm.is_none(), "{ty}: natural column order");
         let q = ldlq::quantize_ldlq(ty, &w, n, &fac, 0);
         assert_eq!(q.len(), im.len(), "{ty}: same bytes as the imatrix encoder");
@@ -47,7 +47,7 @@ fn ldlq_beats_the_imatrix_encoder_on_smollm2_ffn_down() {
         let band = ldlq::default_band(ty);
         assert_eq!(band, ldlq::IQ_BAND, "{ty}: the i-quants' default band");
         let q64 = ldlq::quantize_ldlq(ty, &w, n, &fac, band);
-        let fac2 = ldlq::factor_hessian(ty, h, 0.01, 2, name).unwrap();
+        let fac2 = ldlq::factor_hessian(ty, h, 0.01, 0.0, 2, name).unwrap();
         let q64r = ldlq::quantize_ldlq(ty, &w, n, &fac2, band);
         let loss = |b: &[u8]| ldlq::proxy_loss(&h.h, n, &w, &dec(b));
         let (l_rtn, l_im, l_ldlq, l_64) = (loss(&rtn), loss(&im), loss(&q), loss(&q64));

@@ -38,7 +38,7 @@ fn ldlq_halves_the_imatrix_encoders_error_on_smollm2_ffn_down() {
             let bytes = ty.bytes_for(w.len() as u64).unwrap() as usize;
             let im = encode_rows(ty, name, &w, n, &Encoder::Weighted(&imp)).unwrap();
             let rtn = encode_rows(ty, name, &w, n, &Encoder::Nearest).unwrap();
-            let fac = ldlq::factor_hessian(ty, h, 0.01, 0, name).unwrap();
+            let fac = ldlq::factor_hessian(ty, h, 0.01, 0.0, 0, name).unwrap();
             let q = ldlq::quantize_ldlq(ty, &w, n, &fac, 0);
             assert_eq!((q.len(), im.len()), (bytes, bytes), "{ty}: same bytes");
             let dec = |b: &[u8]| {
@@ -69,7 +69,7 @@ fn ldlq_halves_the_imatrix_encoders_error_on_smollm2_ffn_down() {
                 &w,
                 &dec(&ldlq::quantize_ldlq(ty, &w, n, &fac, band)),
             );
-            let fac2 = ldlq::factor_hessian(ty, h, 0.01, 2, name).unwrap();
+            let fac2 = ldlq::factor_hessian(ty, h, 0.01, 0.0, 2, name).unwrap();
             let q2 = ldlq::quantize_ldlq(ty, &w, n, &fac2, band);
             let l_refit = ldlq::proxy_loss(&h.h, n, &w, &dec(&q2));
             eprintln!(

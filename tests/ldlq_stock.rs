@@ -38,7 +38,8 @@ fn ldlq_beats_rtn_on_smollm2_tensors_in_stock_types() {
             let bytes = ty.bytes_for(w.len() as u64).unwrap() as usize;
             let mut rtn = vec![0u8; bytes];
             types::quantize(ty, &w, &mut rtn, name).unwrap();
-            let fac = ldlq::factor_hessian(ty, h, 0.01, ldlq::Refit::DEFAULT.passes, name).unwrap();
+            let fac =
+                ldlq::factor_hessian(ty, h, 0.01, 0.0, ldlq::Refit::DEFAULT.passes, name).unwrap();
             let q = ldlq::quantize_ldlq(ty, &w, n, &fac, 0);
             assert_eq!(q.len(), bytes, "{ty}: same bytes as round-to-nearest");
             let dec = |b: &[u8]| {

@@ -82,6 +82,7 @@ pub fn calibrate(a: &CalibFlags, shard_windows: ShardWindows) -> Result<()> {
         band: a.ldlq_band,
         damp: a.damp,
         refit: a.ldlq_refit,
+        shrink: None,
     }
     .check()?;
     if a.self_generate.is_none() && a.tokens < a.ctx {
@@ -152,6 +153,7 @@ pub fn calibrate(a: &CalibFlags, shard_windows: ShardWindows) -> Result<()> {
                 band: a.ldlq_band,
                 damp: a.damp,
                 refit: a.ldlq_refit,
+                shrink: None,
             },
         )?)
     } else {

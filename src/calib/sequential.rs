@@ -93,6 +93,7 @@ impl SeqQuant {
             band: self.band,
             damp: self.damp,
             refit: self.refit,
+            shrink: None,
         }
     }
 
@@ -276,6 +277,7 @@ impl<'q, 'c> Sequential<'q, 'c> {
                             dst,
                             h,
                             self.q.settings().damp_for(dst),
+                            self.q.settings().shrink_for(dst),
                             self.q.refit,
                             &seg.name,
                         )?;

@@ -92,6 +92,10 @@ pub struct ConvertArgs {
     /// Unset: each type's default (0.01 today for every type).
     #[arg(long)]
     pub damp: Option<f64>,
+    /// LDLQ: shrink the Hessian towards its diagonal before damping, H ← (1 − s)·H + s·diag(H)
+    /// (0: the Hessian as calibrated; 1: diagonal only, no error feedback). Unset: 0.
+    #[arg(long, value_name = "S")]
+    pub shrink: Option<f64>,
     /// Stock types: after the LDLQ sweep, refit each row's block parameters to its codes under
     /// the Hessian and sweep again, this many times (0: off; each pass costs about one more
     /// sweep, and a third n×n f64 matrix is alive while factoring).
@@ -209,6 +213,7 @@ fn flags(a: ConvertArgs) -> ConvertFlags {
             band: a.ldlq_band,
             damp: a.damp,
             refit: a.ldlq_refit,
+            shrink: a.shrink,
         },
         resume: a.resume,
         quiet: a.quiet,

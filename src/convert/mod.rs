@@ -638,7 +638,7 @@ mod proxies {
                 crate::types::dequantize_rows(ty, b, &mut y, n, name).unwrap();
                 y
             };
-            let fr = factor_hessian(TensorType::TQ2R, h, 0.01, 0, name).unwrap();
+            let fr = factor_hessian(TensorType::TQ2R, h, 0.01, 0.0, 0, name).unwrap();
             let t0 = std::time::Instant::now();
             let qr = quantize_ldlq(TensorType::TQ2R, &w, n, &fr, 0);
             let lr = proxy_loss(&h.h, n, &w, &dec(TensorType::TQ2R, &qr));
@@ -646,7 +646,7 @@ mod proxies {
                 "{name} rows {rows}: tq2_r LDLQ {lr:.5} ({:.1} s)",
                 t0.elapsed().as_secs_f64()
             );
-            let ft = factor_hessian(TensorType::TQ2T, h, 0.01, 0, name).unwrap();
+            let ft = factor_hessian(TensorType::TQ2T, h, 0.01, 0.0, 0, name).unwrap();
             for &(label, inner) in &variants {
                 let t0 = std::time::Instant::now();
                 let q = quantize_trellis(&w, n, &ft, 0, inner);

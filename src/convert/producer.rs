@@ -208,6 +208,7 @@ impl<'a> Producer<'a> {
                         h.h.clone(),
                         h.n,
                         ldlq.damp_for(e.dst),
+                        ldlq.shrink_for(e.dst),
                         ldlq.refit,
                         &e.name,
                     )?)
@@ -284,6 +285,7 @@ impl<'a> Producer<'a> {
             m,
             h.n,
             self.plan.ldlq.damp_for(e.dst),
+            self.plan.ldlq.shrink_for(e.dst),
             self.plan.ldlq.refit,
             &e.name,
         )?);

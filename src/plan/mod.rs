@@ -507,8 +507,12 @@ pub fn assign_ldlq(
                 } else {
                     band.to_string()
                 };
+                let shrink = match ldlq.shrink_for(e.dst) {
+                    s if s > 0.0 => format!(", shrink {s}"),
+                    _ => String::new(),
+                };
                 e.reasons.push(format!(
-                    "LDLQ (band {b}, damp {}) with a Hessian of {} tokens",
+                    "LDLQ (band {b}, damp {}{shrink}) with a Hessian of {} tokens",
                     ldlq.damp_for(e.dst),
                     h.tokens
                 ));

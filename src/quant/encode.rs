@@ -20,6 +20,10 @@ pub struct LdlqSettings {
     pub damp: Option<f64>,
     /// Stock types: passes refitting the block parameters after the sweep (`--ldlq-refit`).
     pub refit: usize,
+    /// Shrinkage s of the Hessian towards its diagonal before damping,
+    /// `H ← (1 − s)·H + s·diag(H)` ([`shrink_to_diagonal`](super::ldlq::shrink_to_diagonal));
+    /// `None` (no `--shrink`): each type's default, [`default_shrink`](super::ldlq::default_shrink).
+    pub shrink: Option<f64>,
 }
 
 impl Default for LdlqSettings {
@@ -28,6 +32,7 @@ impl Default for LdlqSettings {
             band: None,
             damp: None,
             refit: super::ldlq::Refit::DEFAULT.passes,
+            shrink: None,
         }
     }
 }
@@ -41,6 +46,24 @@ impl LdlqSettings {
     /// The damping `ty`'s Hessian is factored with: `--damp` when given, else the type's default.
     pub fn damp_for(&self, ty: TensorType) -> f64 {
         self.damp.unwrap_or_else(|| super::ldlq::default_damp(ty))
+    }
+
+    /// The shrinkage towards the diagonal `ty`'s Hessian gets: `--shrink` when given, else the
+    /// type's default.
+    pub fn shrink_for(&self, ty: TensorType) -> f64 {
+        self.shrink
+            .unwrap_or_else(|| super::ldlq::default_shrink(ty))
+    }
+
+    /// The shrinkage as recorded in provenance and checkpoint keys: `None` when it is 0 for
+    /// every type (no `--shrink` and zero defaults, so that files made before the flag existed
+    /// keep their keys), else the number given or the default.
+    pub fn shrink_label(&self) -> Option<String> {
+        match self.shrink {
+            Some(s) => Some(s.to_string()),
+            None if super::ldlq::SHRINK == 0.0 => None,
+            None => Some(format!("default ({})", super::ldlq::SHRINK)),
+        }
     }
 
     /// The effective damping as recorded in provenance and checkpoint keys (as [`band_label`]).
@@ -111,11 +134,16 @@ impl LdlqSettings {
         }
     }
 
-    /// `--damp`: a finite, non-negative multiple of mean(diag(H)).
+    /// `--damp`: a finite, non-negative multiple of mean(diag(H)); `--shrink`: in [0, 1].
     pub fn check(&self) -> Result<()> {
-        match self.damp {
-            Some(d) if !(d.is_finite() && d >= 0.0) => Err(Error::Usage(format!(
+        if let Some(d) = self.damp.filter(|d| !(d.is_finite() && *d >= 0.0)) {
+            return Err(Error::Usage(format!(
                 "--damp {d} must be a finite number >= 0 (a fraction of mean(diag(H)), e.g. 0.01)"
+            )));
+        }
+        match self.shrink {
+            Some(s) if !(0.0..=1.0).contains(&s) => Err(Error::Usage(format!(
+                "--shrink {s} must be between 0 and 1 (the weight of diag(H) in (1 - s)·H + s·diag(H), e.g. 0.5)"
             ))),
             _ => Ok(()),
         }

@@ -154,6 +154,7 @@ pub(crate) fn encode(
                         ty,
                         h,
                         ldlq.damp_for(ty),
+                        ldlq.shrink_for(ty),
                         ldlq.refit,
                         name,
                     )?);
@@ -228,6 +229,7 @@ mod tests {
                 band: Some(0),
                 damp: Some(0.01),
                 refit: 0,
+                shrink: None,
             },
         };
         assert_eq!(row_error(&[0.0, 0.0], &[1.0, -1.0], &w), 3.0);
@@ -272,6 +274,7 @@ mod tests {
                 band: Some(0),
                 damp: Some(0.01),
                 refit: 0,
+                shrink: None,
             },
         };
         let a: Vec<f32> = (0..5 * n).map(|_| r() as f32).collect();

@@ -612,12 +612,15 @@ fn cache_key(job: &Job) -> Result<cache::Key> {
         (
             "settings",
             format!(
-                "profile {} mix-rows {} ldlq band {} damp {} refit {} tq {}",
+                "profile {} mix-rows {} ldlq band {} damp {} refit {}{} tq {}",
                 job.profile.name,
                 a.mix_rows.max(1),
                 l.band_label(),
                 l.damp_label(),
                 l.refit,
+                l.shrink_label()
+                    .map(|s| format!(" shrink {s}"))
+                    .unwrap_or_default(),
                 env!("CARGO_PKG_VERSION")
             ),
         ),

@@ -161,6 +161,26 @@ fn transpose_in_place(a: &mut [f64], n: usize) {
     }
 }
 
+/// Shrink the Hessian towards its diagonal: `H ← (1 − s)·H + s·diag(H)`, i.e. every off-diagonal
+/// entry scaled by `1 − s` (`s` clamped to [0, 1]; `s = 0` leaves `h` untouched, bit for bit).
+/// The off-diagonal correlations of a Hessian from a few thousand tokens are what LDLQ's error
+/// feedback exploits and what held-out text does not share; the diagonal (llama.cpp's imatrix)
+/// is estimated far better. `s = 1` is diagonal-only weighting: no feedback at all.
+pub fn shrink_to_diagonal(h: &mut [f64], n: usize, s: f64) {
+    assert_eq!(h.len(), n * n);
+    if s <= 0.0 || s.is_nan() {
+        return;
+    }
+    let keep = 1.0 - s.min(1.0);
+    h.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
+        for (j, v) in row.iter_mut().enumerate() {
+            if j != i {
+                *v *= keep;
+            }
+        }
+    });
+}
+
 /// Damp and factor a (rotated) Hessian. Escalates λ ×10 (up to 6 times) when Cholesky fails and
 /// says so with the tensor named.
 pub fn factor(h: &[f64], n: usize, damp: f64, what: &str) -> Result<Factor> {
@@ -423,16 +443,18 @@ fn cholesky_lower_in_place(l: &mut Mat<f64>) -> std::result::Result<(), ()> {
     Ok(())
 }
 
-/// Rotate (with the rotation of `ty`'s decoder), damp and factor one calibration Hessian (what
-/// `tq convert --calib` and sequential calibration do for every Hessian group).
+/// Shrink towards the diagonal ([`shrink_to_diagonal`], `shrink` 0: none), rotate (with the
+/// rotation of `ty`'s decoder), damp and factor one calibration Hessian (what `tq convert --calib`
+/// and sequential calibration do for every Hessian group).
 pub fn factor_hessian(
     ty: TensorType,
     h: &crate::quant::Hessian,
     damp: f64,
+    shrink: f64,
     refit: usize,
     what: &str,
 ) -> Result<Factor> {
-    factor_hessian_owned(ty, h.h.clone(), h.n, damp, refit, what)
+    factor_hessian_owned(ty, h.h.clone(), h.n, damp, shrink, refit, what)
 }
 
 /// [`factor_hessian`] consuming the Hessian's matrix: rotation in place, then [`factor_owned`], so
@@ -442,10 +464,14 @@ pub fn factor_hessian_owned(
     mut h: Vec<f64>,
     n: usize,
     damp: f64,
+    shrink: f64,
     refit: usize,
     what: &str,
 ) -> Result<Factor> {
     let t = super::prof::start();
+    if h.len() == n * n {
+        shrink_to_diagonal(&mut h, n, shrink);
+    }
     match ty.ldlq() {
         Some(LdlqKind::Stock) => return factor_act_order(h, n, damp, refit, what),
         Some(LdlqKind::RowRotated | LdlqKind::Trellis) => rotate_hessian_rows_in_place(&mut h, n)?,
@@ -486,6 +512,35 @@ mod tests {
     use super::super::tests::{hessian, lcg};
     use super::*;
     use crate::types::tq;
+
+    /// `shrink_to_diagonal`: 0 leaves the bits alone, s scales the off-diagonal by 1 − s and keeps
+    /// the diagonal, 1 (and above) leaves the diagonal only; a shrunk Hessian still factors.
+    #[test]
+    fn shrink_pulls_the_off_diagonal_towards_zero() {
+        let n = 48;
+        let h = hessian(n, 30, 9); // 30 tokens < 48 dims: singular before damping
+        let mut h0 = h.clone();
+        shrink_to_diagonal(&mut h0, n, 0.0);
+        assert!(h0.iter().zip(&h).all(|(a, b)| a.to_bits() == b.to_bits()));
+        for s in [0.25, 1.0, 3.0] {
+            let mut hs = h.clone();
+            shrink_to_diagonal(&mut hs, n, s);
+            for i in 0..n {
+                for j in 0..n {
+                    let want = if i == j {
+                        h[i * n + j]
+                    } else {
+                        h[i * n + j] * (1.0 - f64::min(s, 1.0))
+                    };
+                    assert_eq!(hs[i * n + j], want, "s {s} ({i}, {j})");
+                }
+            }
+            // Shrinking keeps the matrix positive semi-definite (a convex combination of two such
+            // matrices): it factors with the default damping and no escalation.
+            let f = factor(&hs, n, 0.01, "t").unwrap();
+            assert_eq!(f.damp, 0.01, "s {s}");
+        }
+    }
 
     #[test]
     fn reversal_trick_gives_inverse_factor() {

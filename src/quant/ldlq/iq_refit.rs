@@ -265,8 +265,8 @@ mod tests {
             TensorType::IQ2XS,
             TensorType::IQ2S,
         ] {
-            let f0 = factor_hessian_owned(ty, h.clone(), n, 0.01, 0, "w").unwrap();
-            let f2 = factor_hessian_owned(ty, h.clone(), n, 0.01, 2, "w").unwrap();
+            let f0 = factor_hessian_owned(ty, h.clone(), n, 0.01, 0.0, 0, "w").unwrap();
+            let f2 = factor_hessian_owned(ty, h.clone(), n, 0.01, 0.0, 2, "w").unwrap();
             assert!(
                 f0.h.is_none() && f2.h.is_some(),
                 "{ty}: Hessian kept for the refit only"

@@ -37,7 +37,7 @@ pub(crate) mod trellis;
 
 pub use self::factor::{
     factor, factor_act_order, factor_hessian, factor_hessian_owned, factor_owned,
-    rotate_hessian_in_place, rotate_vec, Factor,
+    rotate_hessian_in_place, rotate_vec, shrink_to_diagonal, Factor,
 };
 pub use self::stock::Refit;
 
@@ -65,6 +65,15 @@ pub const DAMP: f64 = 0.01;
 /// the evaluation text (examples/iq_proxy.rs, docs/bench/presets.md); whether that carries to the
 /// whole model's KLD is being measured, so the default stays 0.01 until it is.
 pub const IQ_DAMP: f64 = 0.01;
+
+/// The shrinkage of the Hessian towards its diagonal ([`shrink_to_diagonal`]) when `--shrink` is
+/// not given: none, for every type (docs/bench/presets.md has the measurements).
+pub const SHRINK: f64 = 0.0;
+
+/// The shrinkage of `ty`'s Hessian when `--shrink` is not given ([`SHRINK`] for every type).
+pub fn default_shrink(_ty: TensorType) -> f64 {
+    SHRINK
+}
 
 /// The damping of `ty` when `--damp` is not given: [`IQ_DAMP`] for the i-quant kinds, [`DAMP`]
 /// for every other type.

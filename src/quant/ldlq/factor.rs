@@ -725,7 +725,7 @@ mod tests {
         if sweep_f64() || tq_factor_f64() {
             return;
         }
-        let f = factor_hessian_owned(TensorType::TQ4_1S, h0, n, 0.01, 0, "w").unwrap();
+        let f = factor_hessian_owned(TensorType::TQ4_1S, h0, n, 0.01, 0.0, 0, "w").unwrap();
         assert!(f.u.is_empty() && f.u_f32() == o32.u_f32());
         let mut s = 5;
         let w: Vec<f32> = (0..40 * n).map(|_| lcg(&mut s) as f32).collect();

@@ -275,6 +275,7 @@ pub(super) fn tried(
     cands: &[Candidate],
     files: &[u64],
     predicted: &[Option<f64>],
+    calibrated: &[Option<f64>],
     klds: &[(f64, bool)],
 ) -> Vec<Tried> {
     cands
@@ -284,6 +285,7 @@ pub(super) fn tried(
             name: c.name.clone(),
             file: files[k],
             predicted: predicted[k],
+            calibrated: calibrated[k],
             kld: klds[k].0,
             cached: klds[k].1,
         })

@@ -764,7 +764,10 @@ fn target_kld_writes_the_smallest_mix_measured_under_it() {
         let j = json(&stdout);
         let m = &j["mix"];
         let verified = j["verify"]["kld"].as_f64().unwrap();
-        assert!(verified <= x, "--target-kld {x}: the written file measured {verified}");
+        assert!(
+            verified <= x,
+            "--target-kld {x}: the written file measured {verified}"
+        );
         assert_eq!(j["verify"]["pass"], true);
         let measured = m["measured_kld"].as_f64().unwrap();
         assert!((measured - verified).abs() <= 1e-9 * verified.max(1e-6));
@@ -774,11 +777,17 @@ fn target_kld_writes_the_smallest_mix_measured_under_it() {
         assert!(m["predicted_kld"].as_f64().is_some(), "{m}");
         assert!(m["calibration"]["plans"].as_u64().unwrap() >= 1, "{m}");
         // A progress line per size measured.
-        let lines = err.lines().filter(|l| l.starts_with("tq: --target-kld ")).count();
+        let lines = err
+            .lines()
+            .filter(|l| l.starts_with("tq: --target-kld "))
+            .count();
         assert_eq!(lines, sizes.len(), "{err}");
         let size = std::fs::metadata(&out).unwrap().len();
         if let Some((x0, s0)) = last {
-            assert!(size > s0, "--target-kld {x} gave {size} bytes, {x0} gave {s0}");
+            assert!(
+                size > s0,
+                "--target-kld {x} gave {size} bytes, {x0} gave {s0}"
+            );
         }
         last = Some((x, size));
     }
@@ -787,7 +796,7 @@ fn target_kld_writes_the_smallest_mix_measured_under_it() {
     for (target, want) in [
         (&["--target-kld", "0"][..], "--target-kld 0"),
         (&["--target-kld", "NaN"], "--target-kld NaN"),
-        (&["--target-kld", "-0.1"], "--target-kld -0.1"),
+        (&["--target-kld=-0.1"], "--target-kld -0.1"),
         (
             &["--target-kld", "0.1", "--target-size", "1MB"],
             "--target-size and --target-kld",
@@ -803,14 +812,7 @@ fn target_kld_writes_the_smallest_mix_measured_under_it() {
         assert!(err.contains(want), "{target:?}: {err}");
         assert!(!out.exists());
     }
-    let (code, _, err) = tq(&[
-        "convert",
-        s(&model),
-        "--target-kld",
-        "0.1",
-        "-o",
-        s(&out),
-    ]);
+    let (code, _, err) = tq(&["convert", s(&model), "--target-kld", "0.1", "-o", s(&out)]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--kld-text"), "{err}");
     // Unreachable with small types only: the least reachable KLD named, and what to change.
@@ -822,7 +824,9 @@ fn target_kld_writes_the_smallest_mix_measured_under_it() {
     assert_eq!(code, 2, "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(
-        err.contains("the least KLD") && err.contains("--types") && err.contains("raise --target-kld"),
+        err.contains("the least KLD")
+            && err.contains("--types")
+            && err.contains("raise --target-kld"),
         "{err}"
     );
     assert!(!out.exists());

@@ -9,18 +9,18 @@ mod probe;
 mod report;
 mod target;
 
-pub use fit::{kld_of, reference_logits};
 pub use calibrate::KldCalibration;
+pub use fit::{kld_of, reference_logits};
 pub use report::{MixReport, Probe, Step, Tried};
 
 use super::job::{Budget, CalibInput, Job};
 use crate::error::{Error, Result};
 use crate::plan::mix::{self, Calibration};
-use std::collections::BTreeMap;
 use crate::plan::Plan;
 use crate::source::TensorSource;
 use crate::types::profile::Profile;
 use crate::types::TensorType;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 pub struct MixOpts<'a> {
@@ -411,8 +411,8 @@ pub fn choose(
             return Ok(rep);
         };
         let t3 = std::time::Instant::now();
-        let r = best_of_few(
-            &BestOf {
+        let r = best::best_of_few(
+            &best::BestOf {
                 input,
                 src,
                 profile,
@@ -442,7 +442,8 @@ pub fn choose(
             if let cache::Loaded::Hit(mut m) = cache::load(p, k)? {
                 let before = (m.plans.len(), m.predicted.len());
                 m.plans.extend(known.iter().map(|(k, v)| (k.clone(), *v)));
-                m.predicted.extend(sums.iter().map(|(k, v)| (k.clone(), *v)));
+                m.predicted
+                    .extend(sums.iter().map(|(k, v)| (k.clone(), *v)));
                 if (m.plans.len(), m.predicted.len()) != before {
                     cache::save(p, k, &m)?;
                 }
@@ -491,155 +492,6 @@ pub fn choose(
             )));
         }
     }
-}
-
-/// What the best-of-few step needs besides the plan and the report.
-struct BestOf<'a> {
-    input: &'a Path,
-    src: &'a dyn TensorSource,
-    profile: &'a Profile,
-    o: &'a MixOpts<'a>,
-    calib: &'a Calibration<'a>,
-    items: &'a [(Vec<usize>, Vec<TensorType>)],
-    table: &'a mix::Table,
-    direct: &'a [Option<Vec<f64>>],
-    alpha_of: &'a dyn Fn(&str) -> f64,
-    global: f64,
-    calibrated: bool,
-    /// The mixed tensors' bytes (the knapsack's budget).
-    budget: u64,
-    text: &'a Path,
-    size_of: &'a dyn Fn(&Plan, &MixReport) -> Result<u64>,
-}
-
-/// Best of few, measured (best.rs): the knapsack's plan (on `plan`), the knapsack's under one α
-/// for all roles (when roles have their own), and the largest presets that fit (default
-/// candidates only: --types is the user's choice of types), each measured on the KLD windows
-/// unless `known`; the best measured that fits is set on `plan` and `rep`. The measured plans join
-/// `known` (and their summed predictions `sums`), and the calibration is refitted.
-fn best_of_few(
-    b: &BestOf,
-    plan: &mut Plan,
-    rep: &mut MixReport,
-    known: &mut BTreeMap<String, f64>,
-    sums: &mut BTreeMap<String, f64>,
-) -> Result<()> {
-    let (items, table, direct, alpha_of) = (b.items, b.table, b.direct, b.alpha_of);
-    let mut cands = vec![best::Candidate {
-        name: "knapsack".into(),
-        plan: plan.clone(),
-    }];
-    if rep.role_alpha.len() > 1 {
-        let one = mix::options(plan, items, table, direct, &|_| b.global);
-        if let Some(s) = mix::solve(&mix::costs(&one), b.budget, mix::GRID_CELLS) {
-            let picks: Vec<&[usize]> = one
-                .iter()
-                .zip(&s.choice)
-                .map(|(o, &k)| o[k].pick.as_slice())
-                .collect();
-            let mut q = plan.clone();
-            mix::apply(&mut q, items, &picks, "mix (one alpha)")?;
-            if !same_types(&q, plan) {
-                cands.push(best::Candidate {
-                    name: "knapsack, one alpha".into(),
-                    plan: q,
-                });
-            }
-        }
-    }
-    let mut presets = vec![];
-    if b.o.types.is_none() {
-        for c in best::preset_plans(b.src, plan, items, b.profile, b.calibrated) {
-            let size = (b.size_of)(&c.plan, rep)?;
-            if size <= rep.target && !cands.iter().any(|k| same_types(&k.plan, &c.plan)) {
-                presets.push((size, c));
-            }
-        }
-    }
-    // The largest first (ties by the presets' order), then the few kept.
-    presets.sort_by_key(|(s, _)| std::cmp::Reverse(*s));
-    for (_, c) in presets.into_iter().take(best::PRESETS_MEASURED) {
-        // The preset with the bytes it leaves spent by the knapsack, when that changes it.
-        let up = best::upgrade(&c.plan, items, table, direct, alpha_of, b.budget)
-            .filter(|q| (b.size_of)(q, rep).is_ok_and(|s| s <= rep.target));
-        let name = format!("{} + knapsack", c.name);
-        if !cands.iter().any(|k| same_types(&k.plan, &c.plan)) {
-            cands.push(c);
-        }
-        if let Some(q) = up {
-            if !cands.iter().any(|k| same_types(&k.plan, &q)) {
-                cands.push(best::Candidate { name, plan: q });
-            }
-        }
-    }
-    let mut files = vec![];
-    let mut predicted = vec![];
-    for c in &cands {
-        files.push((b.size_of)(&c.plan, rep)?);
-        let (_, pred) = best::predict(&c.plan, items, table, direct, alpha_of);
-        predicted.push(pred.filter(|_| rep.alpha.is_some()));
-    }
-    // Reference logits: the fit's, or (its measurements from the cache) computed now.
-    let ref_path = match &rep.ref_logits {
-        Some(r) => r.clone(),
-        None => {
-            let dir = std::env::temp_dir().join(format!("tq-mix-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-            let r = dir.join("ref.logits");
-            rep.ref_logits = Some(r.clone());
-            fit::reference_logits(b.input, b.text, b.o.kld_windows, &r, b.o.quiet)?;
-            r
-        }
-    };
-    let klds = best::measure(
-        b.input,
-        b.src,
-        &cands,
-        b.profile,
-        b.calib,
-        &ref_path,
-        b.o.kld_windows,
-        known,
-        b.o.quiet,
-    )?;
-    let keys: Vec<String> = cands.iter().map(|c| best::plan_key(&c.plan)).collect();
-    for ((k, (kld, _)), p) in keys.iter().zip(&klds).zip(&predicted) {
-        known.insert(k.clone(), *kld);
-        if let Some(p) = p {
-            sums.insert(k.clone(), *p);
-        }
-    }
-    let pts = calibrate::points(known, sums);
-    // Each plan's calibrated prediction leaves its own measurement out.
-    let cal_of = |k: &str, p: Option<f64>| {
-        let c = KldCalibration::fit_except(&pts, Some(k));
-        (c, p.zip(c).map(|(p, c)| c.apply(p)))
-    };
-    let calibrated: Vec<Option<f64>> = keys
-        .iter()
-        .zip(&predicted)
-        .map(|(k, p)| cal_of(k, *p).1)
-        .collect();
-    rep.tried = best::tried(&cands, &files, &predicted, &calibrated, &klds);
-    // The best measured that still fits once its own numbers are in the metadata.
-    let ks: Vec<f64> = klds.iter().map(|k| k.0).collect();
-    rep.chosen = None;
-    // The knapsack's plan last of all when nothing fits (it fits by construction).
-    let order = best::ranking(&ks).into_iter().map(|w| (w, false));
-    for (w, fallback) in order.chain([(0, true)]) {
-        let (err, pred) = best::predict(&cands[w].plan, items, table, direct, alpha_of);
-        rep.err = err;
-        rep.predicted = pred.filter(|_| rep.alpha.is_some());
-        rep.calibration = cal_of(&keys[w], None).0;
-        let size = (b.size_of)(&cands[w].plan, rep)?;
-        if size <= rep.target || fallback {
-            *plan = cands[w].plan.clone();
-            rep.file = size;
-            rep.chosen = Some(w);
-            break;
-        }
-    }
-    Ok(())
 }
 
 /// The plan's parameters (every tensor's elements).

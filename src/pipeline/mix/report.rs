@@ -105,7 +105,9 @@ impl MixReport {
     }
 
     pub fn predicted_calibrated(&self) -> Option<f64> {
-        self.predicted.zip(self.calibration).map(|(p, c)| c.apply(p))
+        self.predicted
+            .zip(self.calibration)
+            .map(|(p, c)| c.apply(p))
     }
 
     pub fn provenance(&self) -> Vec<(String, String)> {

@@ -19,7 +19,11 @@ const SEARCH_CELLS: u64 = mix::GRID_CELLS / 16;
 
 /// The calibrated prediction of the knapsack's plan for `mixed` bytes of the mixed tensors (None
 /// when even the cheapest mix is over them).
-fn predicted_at(pairs: &[Vec<(u64, f64)>], mixed: u64, cal: Option<&KldCalibration>) -> Option<f64> {
+fn predicted_at(
+    pairs: &[Vec<(u64, f64)>],
+    mixed: u64,
+    cal: Option<&KldCalibration>,
+) -> Option<f64> {
     let s = mix::solve(pairs, mixed, SEARCH_CELLS)?;
     Some(cal.map_or(s.cost, |c| c.apply(s.cost)))
 }
@@ -80,7 +84,10 @@ mod tests {
         // 1 + 0.25 + 0.25 = 1.5 needs two items at 200 bytes: 500 mixed bytes.
         assert!((500 + 10..=502 + 10).contains(&s), "{s}");
         let smaller = size_for(&pairs, 10, None, 0.5, 0).unwrap();
-        assert!(smaller > s, "a smaller target needs more bytes: {smaller} vs {s}");
+        assert!(
+            smaller > s,
+            "a smaller target needs more bytes: {smaller} vs {s}"
+        );
         // A calibration that doubles every prediction needs more bytes for the same target.
         let cal = KldCalibration {
             scale: 2.0,

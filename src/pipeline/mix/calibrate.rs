@@ -1,5 +1,6 @@
 //! The fit's prediction, calibrated on whole plans. The fit prices each tensor alone (`α ×
-//! error` from single-tensor KLDs) and sums; whole plans measure 1.4–2.5× that sum on SmolLM2,
+//! error` from single-tensor KLDs) and sums; whole plans measure 1.2–1.8× that sum on SmolLM2
+//! (on the `--kld-text` windows),
 //! more at small KLDs than at large (errors of many tensors compound, and the single-tensor
 //! probes sit near the noise floor of 2 windows). Every whole plan the mix measures (best of few)
 //! is a point (the summed prediction, the measured KLD); the calibrated prediction is

@@ -133,9 +133,10 @@ impl MixReport {
             ("tq.mix.error".into(), format!("{:.6e}", self.err)),
             ("tq.mix.fit".into(), fit),
             (
+                // The summed prediction: a function of the measurements alone, so a plan from
+                // --mix-cache writes the bytes of a cold run (the calibration grows with the cache).
                 "tq.mix.predicted_kld".into(),
-                self.predicted_kld()
-                    .map_or("none".into(), |k| format!("{k:.5}")),
+                self.predicted.map_or("none".into(), |k| format!("{k:.5}")),
             ),
         ]
     }

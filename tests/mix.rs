@@ -171,7 +171,7 @@ fn bad_requests_are_one_line_errors() {
     let cases: [(&[&str], &str); 6] = [
         (
             &["--target-bpw", "4", "--target-size", "1MB"],
-            "--target-bpw or --target-size, not both",
+            "not --target-bpw and --target-size",
         ),
         (&["--target-bpw", "4", "--types", "q4_0,q9_9"], "q9_9"),
         (
@@ -190,7 +190,10 @@ fn bad_requests_are_one_line_errors() {
             &["--target-size", "12 parsecs"],
             "--target-size '12 parsecs'",
         ),
-        (&["--types", "q4_0"], "give --target-bpw or --target-size"),
+        (
+            &["--types", "q4_0"],
+            "give --target-bpw, --target-size or --target-kld",
+        ),
     ];
     for (args, want) in cases {
         let o = dir.path().join("o.gguf");

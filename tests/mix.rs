@@ -171,7 +171,7 @@ fn bad_requests_are_one_line_errors() {
     let cases: [(&[&str], &str); 6] = [
         (
             &["--target-bpw", "4", "--target-size", "1MB"],
-            "--target-bpw or --target-size, not both",
+            "not --target-bpw and --target-size",
         ),
         (&["--target-bpw", "4", "--types", "q4_0,q9_9"], "q9_9"),
         (
@@ -190,7 +190,10 @@ fn bad_requests_are_one_line_errors() {
             &["--target-size", "12 parsecs"],
             "--target-size '12 parsecs'",
         ),
-        (&["--types", "q4_0"], "give --target-bpw or --target-size"),
+        (
+            &["--types", "q4_0"],
+            "give --target-bpw, --target-size or --target-kld",
+        ),
     ];
     for (args, want) in cases {
         let o = dir.path().join("o.gguf");
@@ -710,4 +713,124 @@ fn targets_below_the_k_quants_take_i_quants() {
     // Whether llama.cpp loads it is not checked here: this fixture lacks
     // llama.context_length, which llama.cpp's loader requires (llama-quantize COPY lists the
     // iq2_xxs/iq2_xs tensors, then stops on that key).
+}
+
+/// `--target-kld X`: the smallest mix whose calibrated prediction is at most X, confirmed on the
+/// KLD windows: the written file's measured KLD (`--verify`, on the same windows) is at most X, a
+/// smaller X gives a larger file, and the predicted and measured KLDs are reported; bad values,
+/// a clash with the other targets, no text to measure on and an unreachable X are one-line
+/// errors (exit 2) with nothing written.
+#[test]
+fn target_kld_writes_the_smallest_mix_measured_under_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write(
+        dir.path(),
+        "tiny.gguf",
+        &fixtures::gguf_gen::tiny_llama_tok(2, 256, 256),
+    );
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(2500)).unwrap();
+    let cache = dir.path().join("mix-cache.json");
+    let run = |target: &[&str], out: &Path, extra: &[&str]| {
+        let args = [
+            &["convert", s(&model), "--target", "upstream"][..],
+            target,
+            &[
+                "--calib",
+                s(&text),
+                "--calib-tokens",
+                "1024",
+                "--kld-probes",
+                "4",
+                "--mix-cache",
+                s(&cache),
+                "--json",
+                "-o",
+                s(out),
+            ],
+            extra,
+        ]
+        .concat();
+        tq(&args)
+    };
+    // The KLDs this model reaches: the mix at 5 bpw (its plans then calibrate the search).
+    let (code, stdout, err) = run(&["--target-bpw", "5"], &dir.path().join("b5.gguf"), &["-q"]);
+    assert_eq!(code, 0, "{err}");
+    let m5 = json(&stdout)["mix"]["measured_kld"].as_f64().unwrap();
+    assert!(m5 > 0.0);
+    let mut last: Option<(f64, u64)> = None;
+    for x in [2.0 * m5, m5 / 2.0] {
+        let xs = format!("{x}");
+        let out = dir.path().join(format!("k{x}.gguf"));
+        let (code, stdout, err) = run(&["--target-kld", &xs], &out, &["--verify"]);
+        assert_eq!(code, 0, "{x}: {err}");
+        let j = json(&stdout);
+        let m = &j["mix"];
+        let verified = j["verify"]["kld"].as_f64().unwrap();
+        assert!(
+            verified <= x,
+            "--target-kld {x}: the written file measured {verified}"
+        );
+        assert_eq!(j["verify"]["pass"], true);
+        let measured = m["measured_kld"].as_f64().unwrap();
+        assert!((measured - verified).abs() <= 1e-9 * verified.max(1e-6));
+        assert_eq!(m["target_kld"].as_f64(), Some(x));
+        let sizes = m["target_kld_sizes"].as_array().unwrap();
+        assert!(!sizes.is_empty() && sizes.len() <= 4, "{m}");
+        assert!(m["predicted_kld"].as_f64().is_some(), "{m}");
+        assert!(m["calibration"]["plans"].as_u64().unwrap() >= 1, "{m}");
+        // A progress line per size measured.
+        let lines = err
+            .lines()
+            .filter(|l| l.starts_with("tq: --target-kld "))
+            .count();
+        assert_eq!(lines, sizes.len(), "{err}");
+        let size = std::fs::metadata(&out).unwrap().len();
+        if let Some((x0, s0)) = last {
+            assert!(
+                size > s0,
+                "--target-kld {x} gave {size} bytes, {x0} gave {s0}"
+            );
+        }
+        last = Some((x, size));
+    }
+    // Bad values and clashes: one line, exit 2, nothing written.
+    let out = dir.path().join("bad.gguf");
+    for (target, want) in [
+        (&["--target-kld", "0"][..], "--target-kld 0"),
+        (&["--target-kld", "NaN"], "--target-kld NaN"),
+        (&["--target-kld=-0.1"], "--target-kld -0.1"),
+        (
+            &["--target-kld", "0.1", "--target-size", "1MB"],
+            "--target-size and --target-kld",
+        ),
+        (
+            &["--target-kld", "0.1", "--target-bpw", "5"],
+            "--target-bpw and --target-kld",
+        ),
+    ] {
+        let (code, _, err) = run(target, &out, &[]);
+        assert_eq!(code, 2, "{target:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(want), "{target:?}: {err}");
+        assert!(!out.exists());
+    }
+    let (code, _, err) = tq(&["convert", s(&model), "--target-kld", "0.1", "-o", s(&out)]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--kld-text"), "{err}");
+    // Unreachable with small types only: the least reachable KLD named, and what to change.
+    let (code, _, err) = run(
+        &["--target-kld", "1e-9"],
+        &out,
+        &["--types", "q2_K,q3_K", "-q"],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("the least KLD")
+            && err.contains("--types")
+            && err.contains("raise --target-kld"),
+        "{err}"
+    );
+    assert!(!out.exists());
 }

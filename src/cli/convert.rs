@@ -122,6 +122,10 @@ pub struct ConvertArgs {
     /// As --target-bpw, for a file of at most SIZE (bytes, or 100MB, 95MiB, 1.5GB).
     #[arg(long, value_name = "SIZE")]
     pub target_size: Option<String>,
+    /// Choose the smallest mix whose predicted KLD (calibrated on measured plans) is at most X,
+    /// confirmed on --kld-text's windows (a larger size when the measurement is above X).
+    #[arg(long, value_name = "X")]
+    pub target_kld: Option<f64>,
     /// Candidate types of the mix, comma-separated (default: what --target loads: stock types,
     /// plus tq3_1s/tq4_1s for the fork).
     #[arg(long, value_name = "LIST")]
@@ -220,6 +224,7 @@ fn flags(a: ConvertArgs) -> ConvertFlags {
         shard: a.shard,
         target_bpw: a.target_bpw,
         target_size: a.target_size,
+        target_kld: a.target_kld,
         types: a.types,
         mix_rows: a.mix_rows,
         kld_text: a.kld_text,

@@ -44,6 +44,8 @@ pub struct ConvertFlags {
     pub shard: Option<String>,
     pub target_bpw: Option<f64>,
     pub target_size: Option<String>,
+    /// `--target-kld X`: the smallest mix predicted (and measured) at most X.
+    pub target_kld: Option<f64>,
     pub types: Option<String>,
     pub mix_rows: usize,
     pub kld_text: Option<PathBuf>,
@@ -155,6 +157,11 @@ impl Job {
             .kld_text
             .clone()
             .or_else(|| calib.text().map(Path::to_path_buf));
+        if let (Some(x), None) = (f.target_kld, &kld_text) {
+            return Err(Error::Usage(format!(
+                "tq convert --target-kld {x}: the KLD is fitted and measured on a text; give --kld-text FILE (or --calib TEXT)"
+            )));
+        }
         if f.verify && (kld_text.is_none() || f.dry_run) {
             return Err(Error::Usage(
                 "tq convert --verify: give --kld-text FILE (or --calib TEXT) to measure on, and -o (not --dry-run)".into(),
@@ -253,6 +260,11 @@ impl Job {
         }
     }
 
+    /// What `--verify` is gated at: `--max-kld X`, else `--target-kld X`.
+    pub fn kld_gate(&self) -> Option<f64> {
+        self.flags.max_kld.or(self.flags.target_kld)
+    }
+
     pub fn mixing(&self) -> bool {
         self.budget.is_some()
     }
@@ -323,6 +335,9 @@ impl Job {
         if let Some(x) = &a.target_size {
             f.push(format!("--target-size {x}"));
         }
+        if let Some(x) = a.target_kld {
+            f.push(format!("--target-kld {x}"));
+        }
         if self.mixing() {
             if let Some(t) = &a.types {
                 f.push(format!("--types {t}"));
@@ -380,7 +395,28 @@ pub fn check_shard(shard: Option<&str>, calib_is_text: bool) -> Result<Option<Sh
 
 /// `--target-bpw` / `--target-size`, checked: one of them, a positive finite value.
 fn budget(a: &ConvertFlags) -> Result<Option<Budget>> {
+    let given = [
+        ("--target-bpw", a.target_bpw.is_some()),
+        ("--target-size", a.target_size.is_some()),
+        ("--target-kld", a.target_kld.is_some()),
+    ];
+    let on: Vec<&str> = given.iter().filter(|g| g.1).map(|g| g.0).collect();
+    if on.len() > 1 {
+        return Err(Error::Usage(format!(
+            "tq convert: give one of --target-bpw, --target-size, --target-kld, not {}",
+            on.join(" and ")
+        )));
+    }
     let b = match (a.target_bpw, &a.target_size) {
+        (None, None) => match a.target_kld {
+            Some(x) if x.is_finite() && x > 0.0 => Some(Budget::Kld(x)),
+            Some(x) => {
+                return Err(Error::Usage(format!(
+                    "--target-kld {x}: expected a mean KLD above 0, e.g. 0.02"
+                )))
+            }
+            None => None,
+        },
         (Some(_), Some(_)) => {
             return Err(Error::Usage(
                 "tq convert: give --target-bpw or --target-size, not both".into(),
@@ -393,7 +429,6 @@ fn budget(a: &ConvertFlags) -> Result<Option<Budget>> {
             )))
         }
         (None, Some(s)) => Some(Budget::Bytes(parse_size(s)?)),
-        (None, None) => None,
     };
     if a.kld_windows < 2 {
         return Err(Error::Usage(format!(
@@ -403,13 +438,13 @@ fn budget(a: &ConvertFlags) -> Result<Option<Budget>> {
     }
     if b.is_none() && a.mix_cache.is_some() {
         return Err(Error::Usage(
-            "tq convert: --mix-cache holds a mix's measurements; give --target-bpw or --target-size"
+            "tq convert: --mix-cache holds a mix's measurements; give --target-bpw, --target-size or --target-kld"
                 .into(),
         ));
     }
     if b.is_none() && a.types.is_some() {
         return Err(Error::Usage(
-            "tq convert: --types lists the candidates of a mix; give --target-bpw or --target-size"
+            "tq convert: --types lists the candidates of a mix; give --target-bpw, --target-size or --target-kld"
                 .into(),
         ));
     }
@@ -437,6 +472,7 @@ fn check_preset(a: &ConvertFlags) -> Result<Option<&'static plan::preset::Preset
         ("--recipe", a.recipe.is_some()),
         ("--target-bpw", a.target_bpw.is_some()),
         ("--target-size", a.target_size.is_some()),
+        ("--target-kld", a.target_kld.is_some()),
     ];
     if let Some((flag, _)) = clash.iter().find(|(_, on)| *on) {
         return Err(Error::Usage(format!(
@@ -464,7 +500,7 @@ fn request(
     }
     let output_type = parse(&a.output_tensor_type)?;
     let token_embd_type = parse(&a.token_embedding_type)?;
-    let mixing = a.target_bpw.is_some() || a.target_size.is_some();
+    let mixing = a.target_bpw.is_some() || a.target_size.is_some() || a.target_kld.is_some();
     let keep_types = !mixing
         && preset.is_none()
         && weights.is_none()
@@ -510,6 +546,8 @@ fn file_identity(p: &Path) -> String {
 pub enum Budget {
     Bpw(f64),
     Bytes(u64),
+    /// `--target-kld X`: the smallest mix whose predicted and measured KLD is at most X.
+    Kld(f64),
 }
 
 /// `100MB` (10⁶), `100MiB` (2²⁰), `1.5GB`, `105466560` (bytes). Every refusal names the value

@@ -191,14 +191,15 @@ pub fn verify_failed(job: &Job, o: &Outcome) -> Option<String> {
             ..
         },
         Some(x),
-    ) = (&o.done, job.flags.max_kld)
+    ) = (&o.done, job.kld_gate())
     else {
         return None;
     };
     (*k > x).then(|| {
         format!(
-            "tq: verify failed: {}: mean KLD {k:.5} vs the input is over --max-kld {x}; the file is kept (delete it, or convert with more bits or calibration)",
-            job.output.as_deref().unwrap_or(job.flags.input.as_path()).display()
+            "tq: verify failed: {}: mean KLD {k:.5} vs the input is over {} {x}; the file is kept (delete it, or convert with more bits or calibration)",
+            job.output.as_deref().unwrap_or(job.flags.input.as_path()).display(),
+            if job.flags.max_kld.is_some() { "--max-kld" } else { "--target-kld" }
         )
     })
 }
@@ -225,8 +226,8 @@ pub fn written(job: &Job, o: &Outcome) -> (Option<String>, Vec<String>) {
             "fallbacks": plan.entries.iter().filter(|e| e.fallback).count(),
             "mix": o.mix.as_ref().map(|m| m.json()),
             "verify": verified.map(|(k, s)| serde_json::json!({
-                "kld": k, "windows": a.kld_windows, "seconds": s, "max_kld": a.max_kld,
-                "pass": a.max_kld.is_none_or(|x| k <= x),
+                "kld": k, "windows": a.kld_windows, "seconds": s, "max_kld": job.kld_gate(),
+                "pass": job.kld_gate().is_none_or(|x| k <= x),
             })),
         });
         return (Some(j.to_string()), vec![]);

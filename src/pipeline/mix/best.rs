@@ -9,12 +9,14 @@
 //! would write it (LDLQ with the Hessians, the imatrix's weighting, or round-to-nearest) and
 //! substituted in memory for one evaluation of the windows, the plans together block by block
 //! ([`measure`]). A tensor's bytes at a type are the same in every plan, so each (tensor, type) is
-//! encoded once for all candidates, and held only while its block runs. The winner is the least measured KLD, ties to the earlier candidate (the
+//! encoded once for all candidates, and held only while its block runs. The winner is the least
+//! measured KLD, ties to the earlier candidate (the
 //! knapsack's first): deterministic and independent of the thread count, as the encoders and
 //! the evaluator are.
 
 use super::probe::{Probes, Stage, Substitute};
-use super::report::Tried;
+use super::report::{MixReport, Tried};
+use super::MixOpts;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::plan::mix::{self, Calibration};
@@ -305,6 +307,7 @@ pub(super) fn tried(
     cands: &[Candidate],
     files: &[u64],
     predicted: &[Option<f64>],
+    calibrated: &[Option<f64>],
     klds: &[(f64, bool)],
 ) -> Vec<Tried> {
     cands
@@ -314,6 +317,7 @@ pub(super) fn tried(
             name: c.name.clone(),
             file: files[k],
             predicted: predicted[k],
+            calibrated: calibrated[k],
             kld: klds[k].0,
             cached: klds[k].1,
         })
@@ -354,6 +358,155 @@ pub(super) fn predict(
         }
     }
     (err, known.then_some(cost))
+}
+
+/// What the best-of-few step needs besides the plan and the report.
+pub(super) struct BestOf<'a> {
+    pub(super) input: &'a Path,
+    pub(super) src: &'a dyn TensorSource,
+    pub(super) profile: &'a Profile,
+    pub(super) o: &'a MixOpts<'a>,
+    pub(super) calib: &'a Calibration<'a>,
+    pub(super) items: &'a [(Vec<usize>, Vec<TensorType>)],
+    pub(super) table: &'a mix::Table,
+    pub(super) direct: &'a [Option<Vec<f64>>],
+    pub(super) alpha_of: &'a dyn Fn(&str) -> f64,
+    pub(super) global: f64,
+    pub(super) calibrated: bool,
+    /// The mixed tensors' bytes (the knapsack's budget).
+    pub(super) budget: u64,
+    pub(super) text: &'a Path,
+    pub(super) size_of: &'a dyn Fn(&Plan, &MixReport) -> Result<u64>,
+}
+
+/// Best of few, measured (best.rs): the knapsack's plan (on `plan`), the knapsack's under one α
+/// for all roles (when roles have their own), and the largest presets that fit (default
+/// candidates only: --types is the user's choice of types), each measured on the KLD windows
+/// unless `known`; the best measured that fits is set on `plan` and `rep`. The measured plans join
+/// `known` (and their summed predictions `sums`), and the calibration is refitted.
+pub(super) fn best_of_few(
+    b: &BestOf,
+    plan: &mut Plan,
+    rep: &mut MixReport,
+    known: &mut BTreeMap<String, f64>,
+    sums: &mut BTreeMap<String, f64>,
+) -> Result<()> {
+    let (items, table, direct, alpha_of) = (b.items, b.table, b.direct, b.alpha_of);
+    let mut cands = vec![Candidate {
+        name: "knapsack".into(),
+        plan: plan.clone(),
+    }];
+    if rep.role_alpha.len() > 1 {
+        let one = mix::options(plan, items, table, direct, &|_| b.global);
+        if let Some(s) = mix::solve(&mix::costs(&one), b.budget, mix::GRID_CELLS) {
+            let picks: Vec<&[usize]> = one
+                .iter()
+                .zip(&s.choice)
+                .map(|(o, &k)| o[k].pick.as_slice())
+                .collect();
+            let mut q = plan.clone();
+            mix::apply(&mut q, items, &picks, "mix (one alpha)")?;
+            if !super::same_types(&q, plan) {
+                cands.push(Candidate {
+                    name: "knapsack, one alpha".into(),
+                    plan: q,
+                });
+            }
+        }
+    }
+    let mut presets = vec![];
+    if b.o.types.is_none() {
+        for c in preset_plans(b.src, plan, items, b.profile, b.calibrated) {
+            let size = (b.size_of)(&c.plan, rep)?;
+            if size <= rep.target && !cands.iter().any(|k| super::same_types(&k.plan, &c.plan)) {
+                presets.push((size, c));
+            }
+        }
+    }
+    // The largest first (ties by the presets' order), then the few kept.
+    presets.sort_by_key(|(s, _)| std::cmp::Reverse(*s));
+    for (_, c) in presets.into_iter().take(PRESETS_MEASURED) {
+        // The preset with the bytes it leaves spent by the knapsack, when that changes it.
+        let up = upgrade(&c.plan, items, table, direct, alpha_of, b.budget)
+            .filter(|q| (b.size_of)(q, rep).is_ok_and(|s| s <= rep.target));
+        let name = format!("{} + knapsack", c.name);
+        if !cands.iter().any(|k| super::same_types(&k.plan, &c.plan)) {
+            cands.push(c);
+        }
+        if let Some(q) = up {
+            if !cands.iter().any(|k| super::same_types(&k.plan, &q)) {
+                cands.push(Candidate { name, plan: q });
+            }
+        }
+    }
+    let mut files = vec![];
+    let mut predicted = vec![];
+    for c in &cands {
+        files.push((b.size_of)(&c.plan, rep)?);
+        let (_, pred) = predict(&c.plan, items, table, direct, alpha_of);
+        predicted.push(pred.filter(|_| rep.alpha.is_some()));
+    }
+    // Reference logits: the fit's, or (its measurements from the cache) computed now.
+    let ref_path = match &rep.ref_logits {
+        Some(r) => r.clone(),
+        None => {
+            let dir = std::env::temp_dir().join(format!("tq-mix-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+            let r = dir.join("ref.logits");
+            rep.ref_logits = Some(r.clone());
+            super::fit::reference_logits(b.input, b.text, b.o.kld_windows, &r, b.o.quiet)?;
+            r
+        }
+    };
+    let klds = measure(
+        b.input,
+        b.src,
+        &cands,
+        b.profile,
+        b.calib,
+        &ref_path,
+        b.o.kld_windows,
+        known,
+        b.o.quiet,
+    )?;
+    let keys: Vec<String> = cands.iter().map(|c| plan_key(&c.plan)).collect();
+    for ((k, (kld, _)), p) in keys.iter().zip(&klds).zip(&predicted) {
+        known.insert(k.clone(), *kld);
+        if let Some(p) = p {
+            sums.insert(k.clone(), *p);
+        }
+    }
+    let pts = super::calibrate::points(known, sums);
+    // Each plan's calibrated prediction leaves its own measurement out.
+    let cal_of = |k: &str, p: Option<f64>| {
+        let c = super::calibrate::KldCalibration::fit_except(&pts, Some(k));
+        (c, p.zip(c).map(|(p, c)| c.apply(p)))
+    };
+    let calibrated: Vec<Option<f64>> = keys
+        .iter()
+        .zip(&predicted)
+        .map(|(k, p)| cal_of(k, *p).1)
+        .collect();
+    rep.tried = tried(&cands, &files, &predicted, &calibrated, &klds);
+    // The best measured that still fits once its own numbers are in the metadata.
+    let ks: Vec<f64> = klds.iter().map(|k| k.0).collect();
+    rep.chosen = None;
+    // The knapsack's plan last of all when nothing fits (it fits by construction).
+    let order = ranking(&ks).into_iter().map(|w| (w, false));
+    for (w, fallback) in order.chain([(0, true)]) {
+        let (err, pred) = predict(&cands[w].plan, items, table, direct, alpha_of);
+        rep.err = err;
+        rep.predicted = pred.filter(|_| rep.alpha.is_some());
+        rep.calibration = cal_of(&keys[w], None).0;
+        let size = (b.size_of)(&cands[w].plan, rep)?;
+        if size <= rep.target || fallback {
+            *plan = cands[w].plan.clone();
+            rep.file = size;
+            rep.chosen = Some(w);
+            break;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -31,6 +31,9 @@ pub(crate) struct Measured {
     pub r2_roles: Option<f64>,
     /// Whole plans' measured KLDs (best of few), by the plan's key (a hash of its types).
     pub plans: BTreeMap<String, f64>,
+    /// Those plans' summed predictions (where the fit prices every type of the plan): with
+    /// `plans`, the points of the calibration (`calibrate.rs`).
+    pub predicted: BTreeMap<String, f64>,
 }
 
 /// What the measurements depend on, by name (`model` → its blake3, `types` → the list, …).
@@ -77,6 +80,7 @@ pub(crate) fn save(path: &Path, key: &Key, m: &Measured) -> Result<()> {
         "r2": of(m.r2),
         "r2_roles": of(m.r2_roles),
         "plans": m.plans.iter().map(|(k, x)| (k.clone(), f(*x))).collect::<serde_json::Map<_, _>>(),
+        "plans_predicted": m.predicted.iter().map(|(k, x)| (k.clone(), f(*x))).collect::<serde_json::Map<_, _>>(),
     });
     let tmp = path.with_extension(format!("tq-tmp-{}", std::process::id()));
     std::fs::write(&tmp, v.to_string()).map_err(|e| Error::io(&tmp, e))?;
@@ -200,15 +204,17 @@ fn decode(v: &Value) -> Option<Measured> {
         .iter()
         .map(|(r, a)| Some((r.clone(), num(a)?)))
         .collect::<Option<BTreeMap<_, _>>>()?;
-    // Absent in a cache saved before plans were measured: none known.
-    let plans = match v.get("plans") {
-        None => BTreeMap::new(),
+    // Absent in a cache saved before plans were measured (or their predictions kept): none.
+    let map = |name: &str| match v.get(name) {
+        None => Some(BTreeMap::new()),
         Some(p) => p
             .as_object()?
             .iter()
             .map(|(k, x)| Some((k.clone(), num(x)?)))
-            .collect::<Option<BTreeMap<_, _>>>()?,
+            .collect::<Option<BTreeMap<_, _>>>(),
     };
+    let plans = map("plans")?;
+    let predicted = map("plans_predicted")?;
     Some(Measured {
         table,
         probes,
@@ -219,6 +225,7 @@ fn decode(v: &Value) -> Option<Measured> {
         r2: opt(&v["r2"])?,
         r2_roles: opt(&v["r2_roles"])?,
         plans,
+        predicted,
     })
 }
 
@@ -251,6 +258,7 @@ mod tests {
             r2: None,
             r2_roles: Some(-0.5),
             plans: [("ab12".to_string(), 0.1f64 / 3.0)].into(),
+            predicted: [("ab12".to_string(), 0.2f64 / 3.0)].into(),
         }
     }
 
@@ -274,6 +282,7 @@ mod tests {
         );
         assert_eq!(m.role_alpha, want.role_alpha);
         assert_eq!(m.plans["ab12"].to_bits(), (0.1f64 / 3.0).to_bits());
+        assert_eq!(m.predicted["ab12"].to_bits(), (0.2f64 / 3.0).to_bits());
         assert_eq!(m.probes[0].kld.to_bits(), (1.0f64 / 3.0).to_bits());
         let other = Key(vec![("model", "abc".into()), ("types", "q8_0".into())]);
         match load(&p, &other).unwrap() {

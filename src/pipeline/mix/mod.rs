@@ -3,12 +3,15 @@
 //! the knapsack (`crate::plan::mix`) and set the plan's types; `--verify` measures the written file.
 mod best;
 mod cache;
+mod calibrate;
 mod fit;
 mod probe;
 mod report;
+mod target;
 
+pub use calibrate::KldCalibration;
 pub use fit::{kld_of, reference_logits};
-pub use report::{MixReport, Probe, Tried};
+pub use report::{MixReport, Probe, Step, Tried};
 
 use super::job::{Budget, CalibInput, Job};
 use crate::error::{Error, Result};
@@ -17,6 +20,7 @@ use crate::plan::Plan;
 use crate::source::TensorSource;
 use crate::types::profile::Profile;
 use crate::types::TensorType;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 pub struct MixOpts<'a> {
@@ -115,6 +119,12 @@ pub fn choose(
         role_alpha: Default::default(),
         r2_roles: None,
         predicted: None,
+        calibration: None,
+        target_kld: match o.budget {
+            Budget::Kld(x) => Some(x),
+            _ => None,
+        },
+        steps: vec![],
         direct: vec![],
         pinned: vec![],
         r2: None,
@@ -154,6 +164,8 @@ pub fn choose(
         let target = match o.budget {
             Budget::Bytes(b) => b,
             Budget::Bpw(x) => (x * params_of(plan) as f64 / 8.0).floor() as u64,
+            // Any size from the smallest file up.
+            Budget::Kld(_) => u64::MAX,
         };
         if target < rep.min_file {
             return Err(Error::Usage(format!(
@@ -227,6 +239,7 @@ pub fn choose(
             r2: rep.r2,
             r2_roles: rep.r2_roles,
             plans: Default::default(),
+            predicted: Default::default(),
         };
         cache::save(p, k, &m)?;
     }
@@ -250,8 +263,6 @@ pub fn choose(
     }
     rep.fit_s = t1.elapsed().as_secs_f64();
 
-    let t2 = std::time::Instant::now();
-    let mut pb = super::progress::steps(o.quiet, 1, "knapsack");
     let global = rep.alpha.unwrap_or(1.0);
     let role_alpha = rep.role_alpha.clone();
     let alpha_of = |name: &str| *role_alpha.get(mix::role_of(name)).unwrap_or(&global);
@@ -264,10 +275,17 @@ pub fn choose(
         .iter()
         .map(|o| (0..o.len()).min_by_key(|&k| o[k].0).unwrap_or(0))
         .collect();
-    rep.target = match o.budget {
-        Budget::Bytes(b) => b,
-        Budget::Bpw(x) => (x * params as f64 / 8.0).floor() as u64,
+    // Whole plans measured so far (the cache's, then this run's): their KLDs, and the summed
+    // predictions of those the fit prices — the calibration's points.
+    let mut known = cached.as_ref().map(|m| m.plans.clone()).unwrap_or_default();
+    let mut sums = cached
+        .as_ref()
+        .map(|m| m.predicted.clone())
+        .unwrap_or_default();
+    let points = |known: &BTreeMap<String, f64>, sums: &BTreeMap<String, f64>| {
+        calibrate::points(known, sums)
     };
+    rep.calibration = KldCalibration::fit_except(&points(&known, &sums), None);
     // Set a choice on the plan and the report (its provenance strings count in the size).
     let set = |plan: &mut Plan, rep: &mut MixReport, choice: &[usize]| -> Result<u64> {
         let picks: Vec<&[usize]> = opts
@@ -302,182 +320,178 @@ pub fn choose(
             rep.min_file as f64 * 8.0 / params as f64
         ))
     };
-    if rep.target < rep.min_file {
-        return Err(too_small(&rep));
-    }
     let mixed_min = mix::min_bytes(&pairs);
-    let mut budget = rep.target - (rep.min_file - mixed_min);
-    let mut sol;
-    let mut tries = 0;
+    // One size for a byte budget; for --target-kld, sizes until the best measured is at most X.
     loop {
-        sol = match mix::solve(&pairs, budget, mix::GRID_CELLS) {
-            Some(s) => s,
-            None => {
-                // Metadata took the room: the cheapest mix (measured to fit) it is.
-                rep.min_file = set(plan, &mut rep, &cheapest)?;
-                let b = pairs.iter().zip(&cheapest).map(|(o, &k)| o[k].0).sum();
-                mix::solve(&pairs, b, 1).ok_or_else(|| too_small(&rep))?
+        let t2 = std::time::Instant::now();
+        let mut pb = super::progress::steps(o.quiet, 1, "knapsack");
+        rep.target = match o.budget {
+            Budget::Bytes(b) => b,
+            Budget::Bpw(x) => (x * params as f64 / 8.0).floor() as u64,
+            Budget::Kld(x) => {
+                let cal = KldCalibration::fit_except(&points(&known, &sums), None);
+                // A step up: at least MIN_STEP above the size measured last.
+                let at_least = rep.steps.last().map_or(0, |s| {
+                    s.target + ((s.target as f64 * target::MIN_STEP) as u64).max(1)
+                });
+                let overhead = rep.min_file.saturating_sub(mixed_min);
+                let found = target::size_for(&pairs, overhead, cal.as_ref(), x, at_least);
+                let last = rep.steps.last().cloned();
+                match (found, last) {
+                    (Ok(t), None) => t,
+                    (Ok(t), Some(s)) if t > s.target => t,
+                    (Ok(_), Some(s)) => {
+                        rep.cleanup();
+                        return Err(Error::Usage(format!(
+                            "--target-kld {x}: the largest mix the candidate types give ({} bytes) measured KLD {:.5} on the --kld-text windows, above the target; raise --target-kld or add larger types with --types",
+                            s.file, s.measured
+                        )));
+                    }
+                    (Err((best, bytes)), last) => {
+                        rep.cleanup();
+                        let after = last.map_or(String::new(), |s| {
+                            format!(
+                                " (measured {:.5} at {} bytes, calibrated on it)",
+                                s.measured, s.file
+                            )
+                        });
+                        return Err(Error::Usage(format!(
+                            "--target-kld {x}: the least KLD the candidate types reach is predicted {best:.5} (every tensor at its largest candidate, {bytes} bytes){after}; raise --target-kld or add larger types with --types"
+                        )));
+                    }
+                }
             }
         };
-        rep.file = set(plan, &mut rep, &sol.choice)?;
-        if rep.file <= rep.target {
-            break;
-        }
-        // Metadata grew with longer type names or numbers: take the excess off and solve again.
-        tries += 1;
-        if tries > 8 || budget < mixed_min {
+        if rep.target < rep.min_file {
             return Err(too_small(&rep));
         }
-        budget -= (rep.file - rep.target).min(budget);
-    }
-    rep.err_se = table
-        .iter()
-        .zip(&opts)
-        .zip(&sol.choice)
-        .map(|((per, o), &k)| {
-            per.iter()
-                .zip(&o[k].pick)
-                .map(|(m, &t)| m[t].se * m[t].se)
-                .sum::<f64>()
-        })
-        .sum::<f64>()
-        .sqrt();
-    rep.grid = sol.grid;
-    rep.slack = sol.slack;
-    pb.set_position(1);
-    pb.finish_and_clear();
-    rep.dp_s = t2.elapsed().as_secs_f64();
-    let Some(text) = o.kld_text else {
-        return Ok(rep);
-    };
-    // Best of few, measured (best.rs): the knapsack's plan, the knapsack's under one α for all
-    // roles (when roles have their own), and the largest presets that fit (default candidates
-    // only: --types is the user's choice of types).
-    let t3 = std::time::Instant::now();
-    let mut cands = vec![best::Candidate {
-        name: "knapsack".into(),
-        plan: plan.clone(),
-    }];
-    if rep.role_alpha.len() > 1 {
-        let one = mix::options(plan, &items, &table, &direct, &|_| global);
-        if let Some(s) = mix::solve(&mix::costs(&one), budget, mix::GRID_CELLS) {
-            let picks: Vec<&[usize]> = one
-                .iter()
-                .zip(&s.choice)
-                .map(|(o, &k)| o[k].pick.as_slice())
-                .collect();
-            let mut q = plan.clone();
-            mix::apply(&mut q, &items, &picks, "mix (one alpha)")?;
-            if !same_types(&q, plan) {
-                cands.push(best::Candidate {
-                    name: "knapsack, one alpha".into(),
-                    plan: q,
-                });
+        let mut budget = rep.target - (rep.min_file - mixed_min);
+        let mut sol;
+        let mut tries = 0;
+        loop {
+            sol = match mix::solve(&pairs, budget, mix::GRID_CELLS) {
+                Some(s) => s,
+                None => {
+                    // Metadata took the room: the cheapest mix (measured to fit) it is.
+                    rep.min_file = set(plan, &mut rep, &cheapest)?;
+                    let b = pairs.iter().zip(&cheapest).map(|(o, &k)| o[k].0).sum();
+                    mix::solve(&pairs, b, 1).ok_or_else(|| too_small(&rep))?
+                }
+            };
+            rep.file = set(plan, &mut rep, &sol.choice)?;
+            if rep.file <= rep.target {
+                break;
             }
-        }
-    }
-    let mut presets = vec![];
-    if o.types.is_none() {
-        for c in best::preset_plans(src, plan, &items, profile, calibrated) {
-            let size = size_of(&c.plan, &rep)?;
-            if size <= rep.target && !cands.iter().any(|k| same_types(&k.plan, &c.plan)) {
-                presets.push((size, c));
+            // Metadata grew with longer type names or numbers: take the excess off and solve
+            // again.
+            tries += 1;
+            if tries > 8 || budget < mixed_min {
+                return Err(too_small(&rep));
             }
+            budget -= (rep.file - rep.target).min(budget);
         }
-    }
-    // The largest first (ties by the presets' order), then the few kept.
-    presets.sort_by_key(|(s, _)| std::cmp::Reverse(*s));
-    for (_, c) in presets.into_iter().take(best::PRESETS_MEASURED) {
-        // The preset with the bytes it leaves spent by the knapsack, when that changes it.
-        let up = best::upgrade(&c.plan, &items, &table, &direct, &alpha_of, budget)
-            .filter(|q| size_of(q, &rep).is_ok_and(|s| s <= rep.target));
-        let name = format!("{} + knapsack", c.name);
-        if !cands.iter().any(|k| same_types(&k.plan, &c.plan)) {
-            cands.push(c);
-        }
-        if let Some(q) = up {
-            if !cands.iter().any(|k| same_types(&k.plan, &q)) {
-                cands.push(best::Candidate { name, plan: q });
-            }
-        }
-    }
-    let mut files = vec![];
-    let mut predicted = vec![];
-    for c in &cands {
-        files.push(size_of(&c.plan, &rep)?);
-        let (_, pred) = best::predict(&c.plan, &items, &table, &direct, &alpha_of);
-        predicted.push(pred.filter(|_| rep.alpha.is_some()));
-    }
-    // Reference logits: the fit's, or (its measurements from the cache) computed now.
-    let ref_path = match &rep.ref_logits {
-        Some(r) => r.clone(),
-        None => {
-            let dir = std::env::temp_dir().join(format!("tq-mix-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-            let r = dir.join("ref.logits");
-            rep.ref_logits = Some(r.clone());
-            if let Err(e) = fit::reference_logits(input, text, o.kld_windows, &r, o.quiet) {
-                rep.cleanup();
-                return Err(e);
-            }
-            r
-        }
-    };
-    let known = cached.as_ref().map(|m| m.plans.clone()).unwrap_or_default();
-    let klds = match best::measure(
-        input,
-        src,
-        &cands,
-        profile,
-        calib,
-        &ref_path,
-        o.kld_windows,
-        &known,
-        o.quiet,
-    ) {
-        Ok(k) => k,
-        Err(e) => {
+        rep.err_se = table
+            .iter()
+            .zip(&opts)
+            .zip(&sol.choice)
+            .map(|((per, o), &k)| {
+                per.iter()
+                    .zip(&o[k].pick)
+                    .map(|(m, &t)| m[t].se * m[t].se)
+                    .sum::<f64>()
+            })
+            .sum::<f64>()
+            .sqrt();
+        rep.grid = sol.grid;
+        rep.slack = sol.slack;
+        pb.set_position(1);
+        pb.finish_and_clear();
+        rep.dp_s += t2.elapsed().as_secs_f64();
+        let Some(text) = o.kld_text else {
+            return Ok(rep);
+        };
+        let t3 = std::time::Instant::now();
+        let r = best::best_of_few(
+            &best::BestOf {
+                input,
+                src,
+                profile,
+                o,
+                calib,
+                items: &items,
+                table: &table,
+                direct: &direct,
+                alpha_of: &alpha_of,
+                global,
+                calibrated,
+                budget,
+                text,
+                size_of,
+            },
+            plan,
+            &mut rep,
+            &mut known,
+            &mut sums,
+        );
+        if let Err(e) = r {
             rep.cleanup();
             return Err(e);
         }
-    };
-    rep.tried = best::tried(&cands, &files, &predicted, &klds);
-    if let Some((p, k)) = &key {
-        // The measured plans join the cache's measurements (a cold run saved them above).
-        if let cache::Loaded::Hit(mut m) = cache::load(p, k)? {
-            let before = m.plans.len();
-            for (c, (kld, _)) in cands.iter().zip(&klds) {
-                m.plans.insert(best::plan_key(&c.plan), *kld);
-            }
-            if m.plans.len() != before {
-                cache::save(p, k, &m)?;
+        if let Some((p, k)) = &key {
+            // The measured plans join the cache's measurements (a cold run saved them above).
+            if let cache::Loaded::Hit(mut m) = cache::load(p, k)? {
+                let before = (m.plans.len(), m.predicted.len());
+                m.plans.extend(known.iter().map(|(k, v)| (k.clone(), *v)));
+                m.predicted
+                    .extend(sums.iter().map(|(k, v)| (k.clone(), *v)));
+                if (m.plans.len(), m.predicted.len()) != before {
+                    cache::save(p, k, &m)?;
+                }
             }
         }
-    }
-    // The best measured that still fits once its own numbers are in the metadata.
-    let ks: Vec<f64> = klds.iter().map(|k| k.0).collect();
-    let knapsack = plan.clone();
-    let (err0, pred0) = (rep.err, rep.predicted);
-    for w in best::ranking(&ks) {
-        *plan = cands[w].plan.clone();
-        let (err, pred) = best::predict(plan, &items, &table, &direct, &alpha_of);
-        rep.err = err;
-        rep.predicted = pred.filter(|_| rep.alpha.is_some());
-        let size = size_of(plan, &rep)?;
-        if size <= rep.target {
-            rep.file = size;
-            rep.chosen = Some(w);
-            break;
+        rep.best_s += t3.elapsed().as_secs_f64();
+        let Budget::Kld(x) = o.budget else {
+            return Ok(rep);
+        };
+        let t = &rep.tried[rep.chosen.unwrap_or(0)];
+        let step = report::Step {
+            target: rep.target,
+            file: rep.file,
+            plan: t.name.clone(),
+            predicted: rep.predicted_calibrated(),
+            measured: t.kld,
+        };
+        let ok = step.measured <= x;
+        if !o.quiet {
+            eprintln!(
+                "tq: --target-kld {x}: size {} of at most {}: {} bytes ({:.3} bpw), {}, predicted {}, measured {:.5} on {} windows: {}",
+                rep.steps.len() + 1,
+                target::MAX_SIZES,
+                step.file,
+                step.file as f64 * 8.0 / params as f64,
+                step.plan,
+                step.predicted.map_or("-".into(), |p| format!("{p:.5}")),
+                step.measured,
+                o.kld_windows,
+                if ok { "at most the target" } else { "above the target; a larger size" }
+            );
+        }
+        rep.steps.push(step);
+        if ok {
+            return Ok(rep);
+        }
+        if rep.steps.len() >= target::MAX_SIZES {
+            rep.cleanup();
+            let s = rep.steps.last().expect("a step");
+            return Err(Error::Usage(format!(
+                "--target-kld {x}: after {} sizes the least measured KLD is {:.5} at {} bytes (on the --kld-text windows); raise --target-kld, or give --target-size above {} bytes",
+                rep.steps.len(),
+                s.measured,
+                s.file,
+                s.file
+            )));
         }
     }
-    if rep.chosen.is_none() {
-        *plan = knapsack;
-        (rep.err, rep.predicted) = (err0, pred0);
-        rep.file = size_of(plan, &rep)?;
-        rep.chosen = Some(0);
-    }
-    rep.best_s = t3.elapsed().as_secs_f64();
-    Ok(rep)
 }
 
 /// The plan's parameters (every tensor's elements).

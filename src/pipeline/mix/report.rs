@@ -1,5 +1,6 @@
 //! What a mix chose and measured: the report's lines, JSON and provenance keys.
 
+use super::calibrate::KldCalibration;
 use crate::types::TensorType;
 use std::path::PathBuf;
 
@@ -19,12 +20,26 @@ pub struct Tried {
     pub name: String,
     /// The file's bytes.
     pub file: u64,
-    /// The fit's predicted KLD (None when a type is not one of the mix's candidates).
+    /// The fit's summed prediction (None when a type is not one of the mix's candidates).
     pub predicted: Option<f64>,
+    /// That sum calibrated on the other measured plans (out of sample: its own left out).
+    pub calibrated: Option<f64>,
     /// Measured on the `--kld-text` windows.
     pub kld: f64,
     /// Read from `--mix-cache` rather than measured in this run.
     pub cached: bool,
+}
+
+/// One size `--target-kld` measured.
+#[derive(Clone)]
+pub struct Step {
+    pub target: u64,
+    pub file: u64,
+    /// The best measured plan at that size.
+    pub plan: String,
+    /// Its calibrated prediction.
+    pub predicted: Option<f64>,
+    pub measured: f64,
 }
 
 pub struct MixReport {
@@ -41,8 +56,14 @@ pub struct MixReport {
     pub role_alpha: std::collections::BTreeMap<String, f64>,
     /// R² of the per-role predictions over the probes (in-sample).
     pub r2_roles: Option<f64>,
-    /// Predicted KLD of the chosen mix: `α × error` plus the measured KLDs of direct items.
+    /// Summed prediction of the chosen mix: `α × error` plus the measured KLDs of direct items.
     pub predicted: Option<f64>,
+    /// The calibration of that sum on measured whole plans (the chosen plan's own measurement
+    /// left out); None before any plan is measured.
+    pub calibration: Option<KldCalibration>,
+    /// `--target-kld X` and the sizes it measured.
+    pub target_kld: Option<f64>,
+    pub steps: Vec<Step>,
     /// Tensors without calibration data (token_embd, which SmolLM2-like models also use as
     /// the output head): their candidates' KLDs measured one by one, `(tensor, type, KLD)`.
     pub direct: Vec<(String, TensorType, f64)>,
@@ -78,8 +99,15 @@ impl MixReport {
         }
     }
 
+    /// The predicted KLD: the summed prediction calibrated when a calibration is known.
     pub fn predicted_kld(&self) -> Option<f64> {
+        self.predicted_calibrated().or(self.predicted)
+    }
+
+    pub fn predicted_calibrated(&self) -> Option<f64> {
         self.predicted
+            .zip(self.calibration)
+            .map(|(p, c)| c.apply(p))
     }
 
     pub fn provenance(&self) -> Vec<(String, String)> {
@@ -105,9 +133,10 @@ impl MixReport {
             ("tq.mix.error".into(), format!("{:.6e}", self.err)),
             ("tq.mix.fit".into(), fit),
             (
+                // The summed prediction: a function of the measurements alone, so a plan from
+                // --mix-cache writes the bytes of a cold run (the calibration grows with the cache).
                 "tq.mix.predicted_kld".into(),
-                self.predicted_kld()
-                    .map_or("none".into(), |k| format!("{k:.5}")),
+                self.predicted.map_or("none".into(), |k| format!("{k:.5}")),
             ),
         ]
     }
@@ -117,14 +146,17 @@ impl MixReport {
             "target_bytes": self.target, "min_bytes": self.min_file, "file_bytes": self.file,
             "weighting": self.weighting, "types": self.types.iter().map(|t| t.name()).collect::<Vec<_>>(),
             "error": self.err, "error_se": self.err_se, "alpha": self.alpha, "r2": self.r2, "role_alpha": self.role_alpha, "r2_roles": self.r2_roles,
-            "predicted_kld": self.predicted_kld(), "kld_windows": self.kld_windows,
+            "predicted_kld": self.predicted_kld(), "predicted_kld_uncalibrated": self.predicted, "kld_windows": self.kld_windows,
+            "calibration": self.calibration.map(|c| serde_json::json!({"scale": c.scale, "power": c.power, "plans": c.plans})),
+            "target_kld": self.target_kld,
+            "target_kld_sizes": self.steps.iter().map(|s| serde_json::json!({"target_bytes": s.target, "file_bytes": s.file, "plan": s.plan, "predicted_kld": s.predicted, "measured_kld": s.measured})).collect::<Vec<_>>(),
             "probes": self.probes.iter().map(|p| serde_json::json!({"tensor": p.tensor, "type": p.ty.name(), "error": p.err, "kld": p.kld})).collect::<Vec<_>>(),
             "direct": self.direct.iter().map(|(n, t, k)| serde_json::json!({"tensor": n, "type": t.name(), "kld": k})).collect::<Vec<_>>(),
             "pinned": self.pinned.iter().map(|(n, t)| serde_json::json!({"tensor": n, "type": t.name()})).collect::<Vec<_>>(),
             "grid_bytes": self.grid, "slack_bytes": self.slack, "rows_sampled": self.rows,
             "sensitivity_seconds": self.sens_s, "fit_seconds": self.fit_s, "dp_seconds": self.dp_s,
             "plans_seconds": self.best_s,
-            "plans": self.tried.iter().map(|t| serde_json::json!({"plan": t.name, "file_bytes": t.file, "predicted_kld": t.predicted, "measured_kld": t.kld, "from_cache": t.cached})).collect::<Vec<_>>(),
+            "plans": self.tried.iter().map(|t| serde_json::json!({"plan": t.name, "file_bytes": t.file, "predicted_kld": t.calibrated.or(t.predicted), "predicted_kld_uncalibrated": t.predicted, "measured_kld": t.kld, "from_cache": t.cached})).collect::<Vec<_>>(),
             "chosen": self.chosen.and_then(|k| self.tried.get(k)).map(|t| t.name.clone()),
             "measured_kld": self.chosen.and_then(|k| self.tried.get(k)).map(|t| t.kld),
         })
@@ -141,8 +173,19 @@ impl MixReport {
         ));
         match (self.alpha, self.r2) {
             (Some(a), Some(r)) => {
+                v.push(match (self.predicted, self.calibration) {
+                    (Some(p), Some(c)) => format!(
+                        "mix: predicted KLD {:.5} (the summed prediction {p:.5} calibrated: {}, this plan's own measurement left out)",
+                        c.apply(p),
+                        c.describe()
+                    ),
+                    _ => format!(
+                        "mix: predicted KLD {} (uncalibrated: the summed single-tensor prediction; no whole plan measured)",
+                        self.predicted.map_or("-".into(), |p| format!("{p:.5}"))
+                    ),
+                });
                 v.push(format!(
-                    "mix: predicted KLD {:.5} (fit ln KLD = ln alpha + ln error, alpha per role ({} roles), R2 of ln KLD {}; one alpha for all: {a:.4e}, R2 {r:.3}; {} single-tensor KLDs on {} windows)",
+                    "mix: summed prediction {:.5} (fit ln KLD = ln alpha + ln error, alpha per role ({} roles), R2 of ln KLD {}; one alpha for all: {a:.4e}, R2 {r:.3}; {} single-tensor KLDs on {} windows)",
                     self.predicted.unwrap_or(a * self.err),
                     self.role_alpha.len(),
                     self.r2_roles.map_or("-".into(), |x| format!("{x:.3}")),
@@ -181,11 +224,12 @@ impl MixReport {
             ));
             for (k, t) in self.tried.iter().enumerate() {
                 v.push(format!(
-                    "mix: {} {}: {} bytes, KLD {:.5} (predicted {}){}",
+                    "mix: {} {}: {} bytes, KLD {:.5} (predicted {}, summed {}){}",
                     if Some(k) == self.chosen { "*" } else { " " },
                     t.name,
                     t.file,
                     t.kld,
+                    t.calibrated.map_or("-".into(), |p| format!("{p:.5}")),
                     t.predicted.map_or("-".into(), |p| format!("{p:.5}")),
                     if t.cached { ", from --mix-cache" } else { "" }
                 ));
@@ -194,6 +238,17 @@ impl MixReport {
                 v.push(format!(
                     "mix: wrote {} (the best measured that fits)",
                     t.name
+                ));
+            }
+        }
+        if let Some(x) = self.target_kld {
+            for s in &self.steps {
+                v.push(format!(
+                    "mix: --target-kld {x}: {} bytes, {}: measured {:.5}, predicted {}",
+                    s.file,
+                    s.plan,
+                    s.measured,
+                    s.predicted.map_or("-".into(), |p| format!("{p:.5}"))
                 ));
             }
         }

@@ -12,6 +12,7 @@ pub mod layer;
 pub(crate) mod matmul;
 pub(crate) mod moe;
 pub(crate) mod rope;
+pub(crate) mod tqdot;
 pub(crate) mod runtime;
 
 pub use block::Batches;

@@ -54,6 +54,12 @@ pub(crate) fn int_codebook(ty: TensorType) -> Option<(Vec<i8>, f32)> {
     Some((q, cmax / 127.0))
 }
 
+impl std::fmt::Debug for TqInt8 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TqInt8 {{ n: {}, k: {} }}", self.n, self.k())
+    }
+}
+
 impl TqInt8 {
     /// Prepare `n` rows of `k` values of type `ty` from their GGUF bytes. `Err`: a one-line
     /// reason (the caller names the file and tensor).
@@ -129,11 +135,6 @@ impl TqInt8 {
         })
     }
 
-    /// Output features.
-    pub fn n(&self) -> usize {
-        self.n
-    }
-
     /// Input width.
     pub fn k(&self) -> usize {
         self.nb * QK
@@ -142,6 +143,14 @@ impl TqInt8 {
     fn tiles(&self) -> usize {
         self.n.div_ceil(TILE)
     }
+}
+
+/// `v` rounded to the nearest integer, ties to even, for |v| < 2²² (the default rounding of
+/// the addition does it; a library call otherwise, without SSE4.1 in the build's baseline).
+#[inline(always)]
+fn round_even(v: f32) -> f32 {
+    const M: f32 = 12_582_912.0; // 1.5 · 2²³
+    (v + M) - M
 }
 
 /// Activations rotated and quantized for [`matmul`]: `rows` tokens of `nb` blocks.
@@ -174,27 +183,24 @@ impl ActQ {
                     let amax = buf.iter().fold(0f32, |m, v| m.max(v.abs()));
                     let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
                     d[b] = if finite { amax / 127.0 } else { f32::NAN };
+                    let mut q = [0u8; QK];
+                    for (qi, &bv) in q.iter_mut().zip(&buf) {
+                        *qi = (round_even(bv * id).clamp(-127.0, 127.0) as i32 + 128) as u8;
+                    }
+                    // Each 4-value group goes to the 4 row slots of its lane.
                     let out = &mut v[b * TB..(b + 1) * TB];
                     for h in 0..2 {
                         for j in 0..4 {
-                            for e in 0..4 {
-                                let q = (buf[16 * h + 4 * j + e] * id)
-                                    .round_ties_even()
-                                    .clamp(-127.0, 127.0) as i32;
-                                let u = (q + 128) as u8;
-                                for r in 0..TILE {
-                                    out[j * 32 + (4 * h + r) * 4 + e] = u;
-                                }
+                            let g = &q[16 * h + 4 * j..16 * h + 4 * j + 4];
+                            for r in 0..TILE {
+                                let o = j * 32 + (4 * h + r) * 4;
+                                out[o..o + 4].copy_from_slice(g);
                             }
                         }
                     }
                 }
             });
         ActQ { rows, nb, xv, xd }
-    }
-
-    pub fn rows(&self) -> usize {
-        self.rows
     }
 }
 
@@ -593,7 +599,7 @@ mod tests {
                     let amax = buf.iter().fold(0f32, |m, v| m.max(v.abs()));
                     let q: Vec<i64> = buf
                         .iter()
-                        .map(|v| (v * 127.0 / amax).round_ties_even() as i64)
+                        .map(|v| (v * (127.0 / amax)).round_ties_even() as i64)
                         .collect();
                     let blk = &wb[(i * nb + b) * TQ4_BYTES..(i * nb + b + 1) * TQ4_BYTES];
                     let idx = unpack_tq4(blk);

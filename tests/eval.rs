@@ -1552,10 +1552,18 @@ fn tq_int8_path_close_to_f32_and_thread_invariant() {
     assert!(std::fs::read(&s8a).unwrap() == std::fs::read(&s8b).unwrap());
 
     let (code, _, err) = fixtures::tq_env(
-        &["eval", tq4.to_str().unwrap(), "--ref-logits", base.to_str().unwrap()],
+        &[
+            "eval",
+            tq4.to_str().unwrap(),
+            "--ref-logits",
+            base.to_str().unwrap(),
+        ],
         &[("TQ_TQ_DOT", "int4")],
     );
     assert_eq!(code, 2, "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("TQ_TQ_DOT=int4") && err.contains("int8 or f32"), "{err}");
+    assert!(
+        err.contains("TQ_TQ_DOT=int4") && err.contains("int8 or f32"),
+        "{err}"
+    );
 }

@@ -4,10 +4,10 @@
 use super::config::{Config, LayerNames};
 use super::kernels::Kernels;
 use super::matmul::{matmul_t, ActRound};
+use super::tqdot::{ActQ, TqInt8};
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::numerics::cuda_matmul::CudaWeights;
-use super::tqdot::{ActQ, TqInt8};
 use crate::numerics::cuda_native::CudaTqPath;
 use crate::types::TensorType;
 use rayon::prelude::*;
@@ -267,7 +267,11 @@ impl LinearSet {
     /// Route this set's TQ4_1S / TQ3_1S weights (those `skip` does not name) through the int8
     /// path, from their bytes in `f` (their f32 weights are not needed: load the set with them
     /// skipped). Returns how many segments it prepared.
-    pub(crate) fn prepare_int8(&mut self, f: &GgufFile, skip: &dyn Fn(&str) -> bool) -> Result<usize> {
+    pub(crate) fn prepare_int8(
+        &mut self,
+        f: &GgufFile,
+        skip: &dyn Fn(&str) -> bool,
+    ) -> Result<usize> {
         let mut count = 0;
         for seg in &mut self.segments {
             if !seg.ty.is_tq_weight() || seg.cuda.is_some() || skip(&seg.name) {
@@ -423,7 +427,11 @@ impl LayerWeights {
     }
 
     /// [`LinearSet::prepare_int8`] for every set of the block; returns the number of weights.
-    pub(crate) fn prepare_int8(&mut self, f: &GgufFile, skip: &dyn Fn(&str) -> bool) -> Result<usize> {
+    pub(crate) fn prepare_int8(
+        &mut self,
+        f: &GgufFile,
+        skip: &dyn Fn(&str) -> bool,
+    ) -> Result<usize> {
         Ok(self.qkv.prepare_int8(f, skip)?
             + self.wo.prepare_int8(f, skip)?
             + self.gate_up.prepare_int8(f, skip)?

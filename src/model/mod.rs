@@ -12,8 +12,8 @@ pub mod layer;
 pub(crate) mod matmul;
 pub(crate) mod moe;
 pub(crate) mod rope;
-pub(crate) mod tqdot;
 pub(crate) mod runtime;
+pub(crate) mod tqdot;
 
 pub use block::Batches;
 pub use config::{Arch, Config};

@@ -22,7 +22,7 @@
 //! not depend on the thread count.
 
 use crate::types::float::f16_bits_to_f32;
-use crate::types::tq::{forward_rotate, unpack_tq3, unpack_tq4, C3, C4, QK, TQ3_BYTES, TQ4_BYTES};
+use crate::types::tq::{unpack_tq3, unpack_tq4, C3, C4, QK, TQ3_BYTES, TQ4_BYTES};
 use crate::types::TensorType;
 use rayon::prelude::*;
 
@@ -64,7 +64,8 @@ impl TqInt8 {
     /// Prepare `n` rows of `k` values of type `ty` from their GGUF bytes. `Err`: a one-line
     /// reason (the caller names the file and tensor).
     pub fn new(ty: TensorType, bytes: &[u8], n: usize, k: usize) -> Result<TqInt8, String> {
-        let (cb, step) = int_codebook(ty).ok_or_else(|| format!("{} has no int8 path", ty.name()))?;
+        let (cb, step) =
+            int_codebook(ty).ok_or_else(|| format!("{} has no int8 path", ty.name()))?;
         let bb = if ty == TensorType::TQ4_1S {
             TQ4_BYTES
         } else {
@@ -171,37 +172,97 @@ impl ActQ {
         let nb = k / QK;
         let mut xv = vec![0u8; rows * nb * TB];
         let mut xd = vec![0f32; rows * nb];
+        #[cfg(target_arch = "x86_64")]
+        let avx2 = is_x86_feature_detected!("avx2");
         xv.par_chunks_mut(nb * TB)
             .zip(xd.par_chunks_mut(nb))
             .zip(x[..rows * k].par_chunks(k))
             .for_each(|((v, d), xr)| {
-                for b in 0..nb {
-                    let mut buf = [0f32; QK];
-                    buf.copy_from_slice(&xr[b * QK..(b + 1) * QK]);
-                    forward_rotate(&mut buf);
-                    let finite = buf.iter().all(|v| v.is_finite());
-                    let amax = buf.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-                    d[b] = if finite { amax / 127.0 } else { f32::NAN };
-                    let mut q = [0u8; QK];
-                    for (qi, &bv) in q.iter_mut().zip(&buf) {
-                        *qi = (round_even(bv * id).clamp(-127.0, 127.0) as i32 + 128) as u8;
-                    }
-                    // Each 4-value group goes to the 4 row slots of its lane.
-                    let out = &mut v[b * TB..(b + 1) * TB];
-                    for h in 0..2 {
-                        for j in 0..4 {
-                            let g = &q[16 * h + 4 * j..16 * h + 4 * j + 4];
-                            for r in 0..TILE {
-                                let o = j * 32 + (4 * h + r) * 4;
-                                out[o..o + 4].copy_from_slice(g);
-                            }
-                        }
-                    }
+                #[cfg(target_arch = "x86_64")]
+                if avx2 {
+                    // SAFETY: the CPU has AVX2.
+                    unsafe { quant_row_avx2(xr, v, d) };
+                    return;
                 }
+                quant_row(xr, v, d);
             });
         ActQ { rows, nb, xv, xd }
     }
+}
+
+/// Block signs of the TQ rotation (FORMATS.md §2: `-1` where the top bit of `i · 0x9E3779B9`
+/// is set).
+const SIGNS: [f32; QK] = {
+    let mut s = [1f32; QK];
+    let mut i = 0;
+    while i < QK {
+        if (i as u32).wrapping_mul(0x9E37_79B9) & 0x8000_0000 != 0 {
+            s[i] = -1.0;
+        }
+        i += 1;
+    }
+    s
+};
+
+/// The TQ forward block rotation, the same f32 operations in the same order as
+/// [`forward_rotate`] (held bit-equal by a test), inlined so that it is compiled for the
+/// vector width of its caller.
+#[inline(always)]
+fn rotate(b: &mut [f32; QK]) {
+    for (v, s) in b.iter_mut().zip(SIGNS) {
+        *v *= s;
+    }
+    let mut step = 1;
+    while step < QK {
+        for i in (0..QK).step_by(2 * step) {
+            for j in i..i + step {
+                let (a, c) = (b[j], b[j + step]);
+                b[j] = a + c;
+                b[j + step] = a - c;
+            }
+        }
+        step *= 2;
+    }
+    for v in b.iter_mut() {
+        *v *= 0.176_776_695_296_636_88;
+    }
+}
+
+/// One token's row for [`ActQ::new`]: `v` its laid-out bytes, `d` its block scales.
+#[inline(always)]
+fn quant_row(xr: &[f32], v: &mut [u8], d: &mut [f32]) {
+    let nb = d.len();
+    for b in 0..nb {
+        let mut buf = [0f32; QK];
+        buf.copy_from_slice(&xr[b * QK..(b + 1) * QK]);
+        rotate(&mut buf);
+        let finite = buf.iter().all(|v| v.is_finite());
+        let amax = buf.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        d[b] = if finite { amax / 127.0 } else { f32::NAN };
+        let mut q = [0u8; QK];
+        for (qi, &bv) in q.iter_mut().zip(&buf) {
+            *qi = (round_even(bv * id).clamp(-127.0, 127.0) as i32 + 128) as u8;
+        }
+        // Each 4-value group goes to the 4 row slots of its lane.
+        let out = &mut v[b * TB..(b + 1) * TB];
+        for h in 0..2 {
+            for j in 0..4 {
+                let g = &q[16 * h + 4 * j..16 * h + 4 * j + 4];
+                for r in 0..TILE {
+                    let o = j * 32 + (4 * h + r) * 4;
+                    out[o..o + 4].copy_from_slice(g);
+                }
+            }
+        }
+    }
+}
+
+/// [`quant_row`] compiled for AVX2 (the same operations: IEEE results do not depend on it).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quant_row_avx2(xr: &[f32], v: &mut [u8], d: &mut [f32]) {
+    quant_row(xr, v, d)
 }
 
 /// The scalar reference: the 4 outputs of weight tile `t` for token `c` (rows past the
@@ -227,7 +288,12 @@ pub(crate) fn tile_ref(w: &TqInt8, t: usize, a: &ActQ, c: usize) -> [f32; TILE] 
             acc[l] = (isum[l] as f32).mul_add(w.scale[wb * LANES + l] * xd, acc[l]);
         }
     }
-    [acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]]
+    [
+        acc[0] + acc[4],
+        acc[1] + acc[5],
+        acc[2] + acc[6],
+        acc[3] + acc[7],
+    ]
 }
 
 /// Which kernel runs the tiles.
@@ -433,10 +499,12 @@ mod x86 {
             for j in 0..4 {
                 let mut x = [_mm256_setzero_si256(); CT];
                 for (ci, xv_) in x.iter_mut().enumerate() {
-                    *xv_ = _mm256_loadu_si256(xv.add(((c + ci) * nb + b) * TB + j * 32) as *const _);
+                    *xv_ =
+                        _mm256_loadu_si256(xv.add(((c + ci) * nb + b) * TB + j * 32) as *const _);
                 }
                 for i in 0..RT {
-                    let wv = _mm256_loadu_si256(wc.add(((t + i) * nb + b) * TB + j * 32) as *const _);
+                    let wv =
+                        _mm256_loadu_si256(wc.add(((t + i) * nb + b) * TB + j * 32) as *const _);
                     for ci in 0..CT {
                         is[ci][i] = _mm256_dpbusd_epi32(is[ci][i], x[ci], wv);
                     }
@@ -479,11 +547,13 @@ mod x86 {
             for j in 0..4 {
                 let mut x = [_mm256_setzero_si256(); CT];
                 for (ci, xv_) in x.iter_mut().enumerate() {
-                    let u = _mm256_loadu_si256(xv.add(((c + ci) * nb + b) * TB + j * 32) as *const _);
+                    let u =
+                        _mm256_loadu_si256(xv.add(((c + ci) * nb + b) * TB + j * 32) as *const _);
                     *xv_ = _mm256_xor_si256(u, flip);
                 }
                 for i in 0..RT {
-                    let wv = _mm256_loadu_si256(wc.add(((t + i) * nb + b) * TB + j * 32) as *const _);
+                    let wv =
+                        _mm256_loadu_si256(wc.add(((t + i) * nb + b) * TB + j * 32) as *const _);
                     let aw = _mm256_sign_epi8(wv, wv);
                     for ci in 0..CT {
                         let sx = _mm256_sign_epi8(x[ci], wv);
@@ -512,6 +582,7 @@ mod x86 {
 mod tests {
     use super::*;
     use crate::model::matmul::matmul_t;
+    use crate::types::tq::forward_rotate;
 
     /// Deterministic pseudo-random values with a few outliers (activations have them).
     fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -636,11 +707,32 @@ mod tests {
             let mut got = vec![0f32; rows * n];
             matmul(&w, &ActQ::new(&x, rows, k), &mut got, n, 1);
             let rms = (want.iter().map(|v| v * v).sum::<f32>() / want.len() as f32).sqrt();
-            let err = (want.iter().zip(&got).map(|(a, b)| (a - b) * (a - b)).sum::<f32>()
+            let err = (want
+                .iter()
+                .zip(&got)
+                .map(|(a, b)| (a - b) * (a - b))
+                .sum::<f32>()
                 / want.len() as f32)
                 .sqrt();
-            assert!(err < 0.02 * rms, "{}: rms error {err} vs rms {rms}", ty.name());
+            assert!(
+                err < 0.02 * rms,
+                "{}: rms error {err} vs rms {rms}",
+                ty.name()
+            );
             assert!(err > 0.0, "the int8 path must differ from f32 somewhere");
+        }
+    }
+
+    /// The inlined rotation is the format's rotation, bit for bit.
+    #[test]
+    fn rotation_equals_format_rotation() {
+        let x = values(32 * 40, 5);
+        for blk in x.chunks_exact(QK) {
+            let mut a: [f32; QK] = blk.try_into().unwrap();
+            let mut b = a;
+            forward_rotate(&mut a);
+            rotate(&mut b);
+            assert_eq!(a.map(f32::to_bits), b.map(f32::to_bits));
         }
     }
 

@@ -161,8 +161,9 @@ pub struct EvalJob {
 /// `f32` (decoded weights, exact activations).
 pub const TQ_DOT_ENV: &str = "TQ_TQ_DOT";
 
-/// The default of [`TQ_DOT_ENV`].
-const TQ_DOT_DEFAULT_INT8: bool = false;
+/// The default of [`TQ_DOT_ENV`]: int8 (faster than llama.cpp's Q4_0 on the same windows; KLD
+/// within noise of the f32 path, docs/bench/eval.md).
+const TQ_DOT_DEFAULT_INT8: bool = true;
 
 fn tq_dot_from_env() -> Result<bool> {
     match std::env::var(TQ_DOT_ENV) {
@@ -252,7 +253,8 @@ pub fn run(job: &EvalJob, threads: usize) -> Result<EvalReport> {
     let (a, numerics, backend, format) = (&job.flags, job.numerics, job.backend, job.format);
     let file = GgufFile::open(&a.model)?;
     let mut model = Model::new(&file, numerics)?;
-    model.use_tq_int8(job.tq_int8);
+    // With a GPU backend the CPU twin it is checked against stays the f32 reference.
+    model.use_tq_int8(job.tq_int8 && backend.is_none());
     if let Some(b) = backend {
         model.use_backend(b)?;
     }
@@ -272,7 +274,7 @@ pub fn run(job: &EvalJob, threads: usize) -> Result<EvalReport> {
     if let Some(r) = &a.reference {
         ref_file = GgufFile::open(r)?;
         let mut m = Model::new(&ref_file, numerics)?;
-        m.use_tq_int8(job.tq_int8);
+        m.use_tq_int8(job.tq_int8 && backend.is_none());
         ref_model = Some(m);
     }
     let (win, reference) = session::windows_and_reference(

@@ -302,14 +302,16 @@ pub(crate) enum Kernel {
     Scalar,
     #[cfg(target_arch = "x86_64")]
     Avx2,
-    #[cfg(target_arch = "x86_64")]
+    /// Only with the `avx512` cargo feature (its intrinsics need Rust 1.89, above the crate's
+    /// rust-version).
+    #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
     Vnni,
 }
 
 impl Kernel {
     /// The fastest kernel this CPU runs.
     pub fn best() -> Kernel {
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
         {
             if is_x86_feature_detected!("avx512vnni")
                 && is_x86_feature_detected!("avx512vl")
@@ -319,6 +321,9 @@ impl Kernel {
             {
                 return Kernel::Vnni;
             }
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
                 return Kernel::Avx2;
             }
@@ -335,6 +340,7 @@ impl Kernel {
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
                 v.push(Kernel::Avx2);
             }
+            #[cfg(feature = "avx512")]
             if Kernel::best() == Kernel::Vnni {
                 v.push(Kernel::Vnni);
             }
@@ -407,9 +413,14 @@ fn run_chunk(
                     }
                 }
                 #[cfg(target_arch = "x86_64")]
-                Kernel::Avx2 | Kernel::Vnni => {
+                Kernel::Avx2 => {
                     // SAFETY: the kernel was chosen from the CPU's detected features; the
                     // tile and token ranges are inside `w` and `a` (t + rt ≤ tiles, c + ct ≤ rows).
+                    unsafe { x86::micro(kernel, w, t, rt, a, c, ct, &mut res) }
+                }
+                #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+                Kernel::Vnni => {
+                    // SAFETY: as for Avx2.
                     unsafe { x86::micro(kernel, w, t, rt, a, c, ct, &mut res) }
                 }
             }
@@ -463,6 +474,7 @@ mod x86 {
             };
         }
         match kernel {
+            #[cfg(feature = "avx512")]
             Kernel::Vnni => go!(tile_vnni),
             _ => go!(tile_avx2),
         }
@@ -477,6 +489,8 @@ mod x86 {
     }
 
     /// `RT` tiles × `CT` tokens with AVX-512 VNNI (256-bit `vpdpbusd`).
+    #[cfg(feature = "avx512")]
+    #[allow(clippy::incompatible_msrv)]
     #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
     unsafe fn tile_vnni<const RT: usize, const CT: usize>(
         w: &TqInt8,

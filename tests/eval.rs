@@ -1252,6 +1252,7 @@ fn cuda_numerics_linear_set_equals_cuda_native_matvec() {
                 row0: 0,
                 ty,
                 cuda,
+                int8: None,
             });
             off += n;
         }

@@ -161,13 +161,13 @@ pub struct EvalJob {
 /// `f32` (decoded weights, exact activations).
 pub const TQ_DOT_ENV: &str = "TQ_TQ_DOT";
 
-/// The default of [`TQ_DOT_ENV`]: int8 (faster than llama.cpp's Q4_0 on the same windows; KLD
-/// within noise of the f32 path, docs/bench/eval.md).
-const TQ_DOT_DEFAULT_INT8: bool = true;
-
+/// The default of [`TQ_DOT_ENV`]: int8 where its VNNI kernel runs (a build with the `avx512`
+/// feature on a CPU with AVX-512 VNNI: faster than llama.cpp's Q4_0 on the same windows, KLD
+/// within noise of the f32 path), else f32 (the AVX2 kernel is slower than the f32 GEMM);
+/// docs/bench/eval.md.
 fn tq_dot_from_env() -> Result<bool> {
     match std::env::var(TQ_DOT_ENV) {
-        Err(std::env::VarError::NotPresent) => Ok(TQ_DOT_DEFAULT_INT8),
+        Err(std::env::VarError::NotPresent) => Ok(crate::model::tqdot::int8_is_faster()),
         Ok(v) if v == "int8" => Ok(true),
         Ok(v) if v == "f32" => Ok(false),
         Ok(v) => Err(Error::Usage(format!(

@@ -104,7 +104,7 @@ pub struct Segment {
     pub cuda: Option<Arc<CudaWeights>>,
     /// Set by [`LinearSet::prepare_int8`]: this TQ weight is multiplied by the int8 path
     /// ([`super::tqdot`]) instead of through the f32 weights.
-    pub(crate) int8: Option<Arc<TqInt8>>,
+    pub int8: Option<Arc<TqInt8>>,
 }
 
 /// Weights sharing one input of width `k`, stacked row-wise (`n_total × k`), with optional biases.

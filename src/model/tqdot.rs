@@ -34,7 +34,7 @@ const TB: usize = QK * TILE;
 const LANES: usize = 8;
 
 /// A TQ4_1S / TQ3_1S weight prepared for the int8 dot products.
-pub(crate) struct TqInt8 {
+pub struct TqInt8 {
     n: usize,
     nb: usize,
     codes: Vec<i8>,
@@ -347,6 +347,17 @@ impl Kernel {
         }
         v
     }
+}
+
+/// Whether the int8 path beats the f32 one on this CPU and build: only with the VNNI kernel (the
+/// AVX2 kernel's sign/`vpmaddubsw`/`vpmaddwd` sequence measured slower than the f32 GEMM,
+/// docs/bench/eval.md).
+pub(crate) fn int8_is_faster() -> bool {
+    #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+    if Kernel::best() == Kernel::Vnni {
+        return true;
+    }
+    false
 }
 
 /// `out[c * stride + i] = (x_c · W_i)` for every token `c < a.rows()` and output `i < w.n()`,

@@ -718,7 +718,7 @@ mod tests {
 
     /// Against the f32 path (decoded weights × exact activations): the int8 rounding of the
     /// codebook and of the rotated activations moves each output by well under 2 % of the
-    /// outputs. RMS.
+    /// outputs' RMS.
     #[test]
     fn close_to_f32_decode_path() {
         for ty in [TensorType::TQ4_1S, TensorType::TQ3_1S] {

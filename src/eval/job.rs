@@ -152,6 +152,32 @@ pub struct EvalJob {
     numerics: Numerics,
     backend: Option<BackendKind>,
     format: Format,
+    /// TQ weights through the int8 path ([`crate::model::Model::use_tq_int8`]).
+    tq_int8: bool,
+}
+
+/// The environment variable choosing how `tq eval` multiplies TQ4_1S / TQ3_1S weights under
+/// ggml numerics: `int8` (integer dot products on the rotated, int8-quantized activation) or
+/// `f32` (decoded weights, exact activations).
+pub const TQ_DOT_ENV: &str = "TQ_TQ_DOT";
+
+/// The default of [`TQ_DOT_ENV`]: int8 where its VNNI kernel runs (a build with the `avx512`
+/// feature on a CPU with AVX-512 VNNI: faster than llama.cpp's Q4_0 on the same windows, KLD
+/// within noise of the f32 path), else f32 (the AVX2 kernel is slower than the f32 GEMM);
+/// docs/bench/eval.md.
+fn tq_dot_from_env() -> Result<bool> {
+    match std::env::var(TQ_DOT_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(crate::model::tqdot::int8_is_faster()),
+        Ok(v) if v == "int8" => Ok(true),
+        Ok(v) if v == "f32" => Ok(false),
+        Ok(v) => Err(Error::Usage(format!(
+            "{TQ_DOT_ENV}={}: expected int8 or f32",
+            crate::error::one_line(&v)
+        ))),
+        Err(_) => Err(Error::Usage(format!(
+            "{TQ_DOT_ENV}: not valid Unicode; expected int8 or f32"
+        ))),
+    }
 }
 
 impl EvalJob {
@@ -189,11 +215,13 @@ impl EvalJob {
                 a.tokens.as_deref(),
             ],
         )?;
+        let tq_int8 = tq_dot_from_env()?;
         Ok(EvalJob {
             flags: a,
             numerics,
             backend,
             format,
+            tq_int8,
         })
     }
 }
@@ -225,6 +253,8 @@ pub fn run(job: &EvalJob, threads: usize) -> Result<EvalReport> {
     let (a, numerics, backend, format) = (&job.flags, job.numerics, job.backend, job.format);
     let file = GgufFile::open(&a.model)?;
     let mut model = Model::new(&file, numerics)?;
+    // With a GPU backend the CPU twin it is checked against stays the f32 reference.
+    model.use_tq_int8(job.tq_int8 && backend.is_none());
     if let Some(b) = backend {
         model.use_backend(b)?;
     }
@@ -243,7 +273,9 @@ pub fn run(job: &EvalJob, threads: usize) -> Result<EvalReport> {
     let mut ref_model = None;
     if let Some(r) = &a.reference {
         ref_file = GgufFile::open(r)?;
-        ref_model = Some(Model::new(&ref_file, numerics)?);
+        let mut m = Model::new(&ref_file, numerics)?;
+        m.use_tq_int8(job.tq_int8 && backend.is_none());
+        ref_model = Some(m);
     }
     let (win, reference) = session::windows_and_reference(
         &file,

@@ -11,7 +11,7 @@ use super::kv::{hadamard_blocks, round_trip, KvLayer};
 use super::layer::{glu_rows, rms_norm_rows, LayerWeights};
 use super::matmul::ActRound;
 use super::rope::{model_ropes, Rope};
-use super::runtime::{Model, Observer};
+use super::runtime::{Model, Numerics, Observer};
 use crate::error::{Error, Result};
 use rayon::prelude::*;
 
@@ -177,10 +177,14 @@ impl Model<'_> {
         if l + 1 < self.cfg.n_layer {
             self.prefetch_block(l + 1);
         }
-        let mut lw = match kern {
-            Some(k) => LayerWeights::load_with(self.file, &self.cfg, l, &|n| k.has(n))?,
-            None => LayerWeights::load(self.file, &self.cfg, l)?,
-        };
+        let int8 = self.tq_int8() && self.numerics == Numerics::Ggml && !watch;
+        let on_kern = |n: &str| kern.is_some_and(|k| k.has(n));
+        let is_tq = |n: &str| self.file.tensor(n).is_some_and(|t| t.ty.is_tq_weight());
+        let skip = |n: &str| on_kern(n) || (int8 && is_tq(n));
+        let mut lw = LayerWeights::load_with(self.file, &self.cfg, l, &skip)?;
+        if int8 {
+            lw.prepare_int8(self.file, &on_kern)?;
+        }
         if let Some(path) = self.numerics.cuda_path() {
             if watch {
                 return Err(Error::internal(format!(

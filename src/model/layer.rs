@@ -4,6 +4,7 @@
 use super::config::{Config, LayerNames};
 use super::kernels::Kernels;
 use super::matmul::{matmul_t, ActRound};
+use super::tqdot::{ActQ, TqInt8};
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::numerics::cuda_matmul::CudaWeights;
@@ -101,6 +102,9 @@ pub struct Segment {
     /// Set by [`LinearSet::prepare_cuda`]: this weight is multiplied the way the fork's CUDA
     /// kernels do it instead of through the f32 weights.
     pub cuda: Option<Arc<CudaWeights>>,
+    /// Set by [`LinearSet::prepare_int8`]: this TQ weight is multiplied by the int8 path
+    /// ([`super::tqdot`]) instead of through the f32 weights.
+    pub int8: Option<Arc<TqInt8>>,
 }
 
 /// Weights sharing one input of width `k`, stacked row-wise (`n_total × k`), with optional biases.
@@ -171,6 +175,7 @@ impl LinearSet {
                 row0: 0,
                 ty: t.ty,
                 cuda: None,
+                int8: None,
             });
             off += n;
         }
@@ -212,6 +217,7 @@ impl LinearSet {
                 row0: r0,
                 ty: t.ty,
                 cuda: None,
+                int8: None,
             });
         }
         let mut w = vec![0f32; parts.len() * n * k];
@@ -258,6 +264,45 @@ impl LinearSet {
         Ok(count)
     }
 
+    /// Route this set's TQ4_1S / TQ3_1S weights (those `skip` does not name) through the int8
+    /// path, from their bytes in `f` (their f32 weights are not needed: load the set with them
+    /// skipped). Returns how many segments it prepared.
+    pub(crate) fn prepare_int8(
+        &mut self,
+        f: &GgufFile,
+        skip: &dyn Fn(&str) -> bool,
+    ) -> Result<usize> {
+        let mut count = 0;
+        for seg in &mut self.segments {
+            if !seg.ty.is_tq_weight() || seg.cuda.is_some() || skip(&seg.name) {
+                continue;
+            }
+            let t = f
+                .tensor(&seg.name)
+                .ok_or_else(|| Error::bad_input(&f.path, format!("missing tensor {}", seg.name)))?;
+            let row_bytes = self.k / seg.ty.block_size() * seg.ty.block_bytes();
+            let data = f.tensor_data(t);
+            let bytes = data
+                .get(seg.row0 * row_bytes..(seg.row0 + seg.n) * row_bytes)
+                .ok_or_else(|| {
+                    Error::bad_input(&f.path, format!("{}: tensor data too short", seg.name))
+                })?;
+            let w = TqInt8::new(seg.ty, bytes, seg.n, self.k).map_err(|e| {
+                Error::bad_input(
+                    &f.path,
+                    format!(
+                        "{}: {e}; the model file is corrupt (fix or reconvert the source model)",
+                        crate::error::one_line(&seg.name)
+                    ),
+                )
+            })?;
+            f.release(t);
+            seg.int8 = Some(Arc::new(w));
+            count += 1;
+        }
+        Ok(count)
+    }
+
     /// `out (rows × n_total) = x (rows × k) · Wᵀ + b`. With `ggml_numerics`, the input is first
     /// rounded the way ggml converts activations for each weight's type; segments with the same
     /// rounding are multiplied together. Segments prepared by [`LinearSet::prepare_cuda`] go
@@ -288,8 +333,19 @@ impl LinearSet {
         let k = self.k;
         let on_backend =
             |s: &Segment, kn: &Option<&mut Kernels>| kn.as_ref().is_some_and(|kn| kn.has(&s.name));
+        // The int8 path's rotated, quantized input: made once for all its segments.
+        let mut xq: Option<ActQ> = None;
         let mut i = 0;
         while i < self.segments.len() {
+            if let Some(w8) = self.segments[i].int8.as_deref() {
+                if !on_backend(&self.segments[i], &kernels) {
+                    let a = xq.get_or_insert_with(|| ActQ::new(x, rows, k));
+                    let off = self.segments[i].off;
+                    super::tqdot::matmul(w8, a, &mut out[off..], self.n_total, threads);
+                    i += 1;
+                    continue;
+                }
+            }
             if on_backend(&self.segments[i], &kernels) {
                 let seg = &self.segments[i];
                 let kn = kernels.as_deref_mut().expect("checked above");
@@ -311,6 +367,7 @@ impl LinearSet {
             let mut j = i + 1;
             while j < self.segments.len()
                 && self.segments[j].cuda.is_none()
+                && self.segments[j].int8.is_none()
                 && !on_backend(&self.segments[j], &kernels)
                 && (!ggml_numerics || ActRound::for_weight(self.segments[j].ty) == round)
             {
@@ -371,6 +428,22 @@ impl LayerWeights {
             + self.wo.prepare_cuda(f, path)?
             + self.gate_up.prepare_cuda(f, path)?
             + self.down.prepare_cuda(f, path)?)
+    }
+
+    /// [`LinearSet::prepare_int8`] for every set of the block; returns the number of weights.
+    pub(crate) fn prepare_int8(
+        &mut self,
+        f: &GgufFile,
+        skip: &dyn Fn(&str) -> bool,
+    ) -> Result<usize> {
+        Ok(self.qkv.prepare_int8(f, skip)?
+            + self.wo.prepare_int8(f, skip)?
+            + self.gate_up.prepare_int8(f, skip)?
+            + self.down.prepare_int8(f, skip)?
+            + match self.router.as_mut() {
+                Some(r) => r.prepare_int8(f, skip)?,
+                None => 0,
+            })
     }
 
     /// The linear sets of block `l` as [`LayerWeights::load`] builds them, without loading

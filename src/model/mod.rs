@@ -13,6 +13,7 @@ pub(crate) mod matmul;
 pub(crate) mod moe;
 pub(crate) mod rope;
 pub(crate) mod runtime;
+pub(crate) mod tqdot;
 
 pub use block::Batches;
 pub use config::{Arch, Config};

@@ -139,6 +139,8 @@ pub struct Model<'a> {
     /// The backend that multiplies the linear weights with a mat-mul kernel (`--backend`), with
     /// those weights resident on it; `None`: everything on the CPU.
     kernels: Option<RefCell<Kernels>>,
+    /// TQ4_1S / TQ3_1S block weights through the int8 path ([`Model::use_tq_int8`]).
+    tq_int8: bool,
 }
 
 /// The GPU backend a model runs on: the API, the device and what runs where.
@@ -167,6 +169,7 @@ impl<'a> Model<'a> {
             kv: KvCache::default(),
             output_norm,
             kernels: None,
+            tq_int8: false,
         })
     }
 
@@ -203,6 +206,20 @@ impl<'a> Model<'a> {
         Ok(())
     }
 
+    /// Multiply the blocks' TQ4_1S / TQ3_1S weights by the int8 path (`model/tqdot.rs`: the
+    /// activation rotated and quantized to int8 per 32 values, an int8 codebook, integer dot
+    /// products) instead of f32 decoded weights. Only under [`Numerics::Ggml`] and when no
+    /// observer watches the linear inputs (calibration keeps f32); other weights are unchanged.
+    /// It changes the numerics slightly (docs/bench/eval.md records by how much).
+    pub fn use_tq_int8(&mut self, on: bool) {
+        self.tq_int8 = on;
+    }
+
+    /// Whether [`Model::use_tq_int8`] is on.
+    pub fn tq_int8(&self) -> bool {
+        self.tq_int8
+    }
+
     /// The backend attached by [`Model::use_backend`], and where each linear weight runs.
     pub fn backend(&self) -> Option<BackendInfo> {
         let k = self.kernels.as_ref()?.borrow();
@@ -224,6 +241,7 @@ impl<'a> Model<'a> {
             kv: self.kv.clone(),
             output_norm: self.output_norm.clone(),
             kernels: None,
+            tq_int8: self.tq_int8,
         }
     }
 

@@ -8,7 +8,7 @@
 mod fixtures;
 
 use fixtures::gguf_gen::tiny_llama;
-use fixtures::{s, tq};
+use fixtures::{s, tq, tq_env};
 use std::path::{Path, PathBuf};
 use tq::eval::backend::KldBound;
 use tq::eval::{evaluate, Reference, Windows};
@@ -93,6 +93,27 @@ impl Setup {
         tq(&a)
     }
 
+    /// `tq eval` with the CPU's TQ weights through the f32 path, the reference `--backend` runs
+    /// are compared with (plain `tq eval` may take the int8 path on a CPU with VNNI).
+    fn eval_json_f32(&self, model: &Path, extra: &[&str]) -> serde_json::Value {
+        let mut a = vec![
+            "eval",
+            s(model),
+            "--tokens",
+            s(&self.tokens),
+            "--ctx",
+            "16",
+            "--chunks",
+            "4",
+            "-q",
+            "--json",
+        ];
+        a.extend_from_slice(extra);
+        let (code, out, err) = tq_env(&a, &[("TQ_TQ_DOT", "f32")]);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str(&out).unwrap()
+    }
+
     fn eval_json(&self, model: &Path, extra: &[&str]) -> serde_json::Value {
         let mut e = extra.to_vec();
         e.push("--json");
@@ -147,8 +168,8 @@ fn eval_backend_reports_placement_and_the_kld_to_the_cpu_run() {
             let ppl = j["result"]["ppl"]["value"].as_f64().unwrap();
             let ppl_cpu = c["ppl_cpu"]["value"].as_f64().unwrap();
             assert!((ppl / ppl_cpu - 1.0).abs() < 1e-4, "{ppl} {ppl_cpu}");
-            // The CPU run's PPL is what `--backend cpu` reports.
-            let cpu = t.eval_json(art, &["--numerics", numerics]);
+            // The CPU run's PPL is what `tq eval` reports on the f32 path.
+            let cpu = t.eval_json_f32(art, &["--numerics", numerics]);
             assert_eq!(cpu["result"]["ppl"]["value"], c["ppl_cpu"]["value"]);
         }
     }

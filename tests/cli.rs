@@ -206,7 +206,7 @@ fn inspect_large_sparse_file() {
         b.extend_from_slice(&d.to_le_bytes());
     }
     b.extend_from_slice(&fx.bytes[pos + 12..pos + 24]); // type + offset
-    while b.len() % 32 != 0 {
+    while !b.len().is_multiple_of(32) {
         b.push(0);
     }
     let dir = tempfile::tempdir().unwrap();

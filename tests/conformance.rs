@@ -16,7 +16,7 @@ type QFn = fn(&[f32], &mut [u8]);
 type DFn = fn(&[u8], &mut [f32]);
 
 fn hex_bytes(s: &str) -> Vec<u8> {
-    assert!(s.len() % 2 == 0, "odd hex length");
+    assert!(s.len().is_multiple_of(2), "odd hex length");
     (0..s.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex byte"))

@@ -285,7 +285,7 @@ fn tensor_info(b: &mut Vec<u8>, name: &str, dims: &[u64], ty: u32, off: u64) {
 }
 
 fn with_data(mut b: Vec<u8>, data_len: usize) -> Vec<u8> {
-    while b.len() % 32 != 0 {
+    while !b.len().is_multiple_of(32) {
         b.push(0);
     }
     b.extend(std::iter::repeat_n(0u8, data_len));

@@ -299,7 +299,7 @@ fn st_parts(p: &Path) -> (serde_json::Value, Vec<u8>) {
 
 fn st_join(h: &serde_json::Value, data: &[u8]) -> Vec<u8> {
     let mut j = h.to_string().into_bytes();
-    while j.len() % 8 != 0 {
+    while !j.len().is_multiple_of(8) {
         j.push(b' ');
     }
     let mut b = (j.len() as u64).to_le_bytes().to_vec();

@@ -341,7 +341,7 @@ fn tq2_t_is_a_candidate_when_asked() {
             .map(|d| d.iter().filter_map(|x| x.as_u64()).collect())
             .unwrap_or_default();
         let name = t["name"].as_str().unwrap();
-        if dims.len() == 2 && dims[0] % 64 == 0 && !name.starts_with("token_embd") {
+        if dims.len() == 2 && dims[0].is_multiple_of(64) && !name.starts_with("token_embd") {
             assert_eq!(t["type"], "tq2_t", "{name}: {t}");
             n2t += 1;
         }

@@ -249,7 +249,7 @@ pub fn run_blocks_sequential(
 
 /// Whole windows of at least 2 tokens, and at least one, in chunks of `batch >= 1`.
 pub(crate) fn check_windows(windows: &[u32], ctx: usize, batch: usize) -> Result<()> {
-    if ctx < 2 || batch == 0 || windows.is_empty() || windows.len() % ctx != 0 {
+    if ctx < 2 || batch == 0 || windows.is_empty() || !windows.len().is_multiple_of(ctx) {
         return Err(Error::Usage(
             "calibration: --ctx must be >= 2, --batch >= 1, and the input at least one window"
                 .into(),

@@ -103,7 +103,7 @@ fn parse_npy(path: &Path, b: &[u8]) -> Result<Vec<f32>> {
     }
     let data = &b[end..];
     if header.contains("'<f4'") {
-        if data.len() % 4 != 0 {
+        if !data.len().is_multiple_of(4) {
             return Err(bad("data is not a whole number of f32"));
         }
         Ok(data
@@ -111,7 +111,7 @@ fn parse_npy(path: &Path, b: &[u8]) -> Result<Vec<f32>> {
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
             .collect())
     } else if header.contains("'<f8'") {
-        if data.len() % 8 != 0 {
+        if !data.len().is_multiple_of(8) {
             return Err(bad("data is not a whole number of f64"));
         }
         Ok(data

@@ -241,7 +241,7 @@ fn median(sorted: &[f32]) -> f64 {
     if n == 0 {
         return 0.0;
     }
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         (0.5 * (sorted[n / 2] + sorted[n / 2 - 1])) as f64
     } else {
         sorted[n / 2] as f64

@@ -315,14 +315,14 @@ pub fn recommend(cfg: &Config, profile: &Profile) -> Recommendation {
     let t4 = bits_per_value(Turbo4, hd, r.table, r.groups);
     reasons.push(format!(
         "head_dim {hd}: turbo groups of {g} values{}; turbo4 costs {t4:.3} bits per real value",
-        if hd % g != 0 {
+        if !hd.is_multiple_of(g) {
             format!(" (zero-padded to {})", hd.div_ceil(g) * g)
         } else {
             String::new()
         }
     ));
     let q4 = bits_per_value(Q4_0, hd, r.table, r.groups);
-    let mut p = if t4 >= q4 && hd % 32 == 0 {
+    let mut p = if t4 >= q4 && hd.is_multiple_of(32) {
         reasons.push(format!(
             "padding makes turbo4 ({t4:.3} bits) no smaller than q4_0 ({q4:.3}): q8_0 K / q4_0 V"
         ));

@@ -248,7 +248,7 @@ mod tests {
                 "{}",
                 k.entry
             );
-            assert!(k.simt.threads as usize % 32 == 0 && k.wgsl.threads > 0);
+            assert!((k.simt.threads as usize).is_multiple_of(32) && k.wgsl.threads > 0);
         }
         assert!(kernel(TensorType::Q4_0, Op::Dequantize).is_err());
         assert_eq!(prerotate().entry, "tq_prerotate");

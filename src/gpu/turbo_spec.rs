@@ -90,7 +90,7 @@ impl TurboSpec {
                 self.codebook.len()
             )));
         }
-        if bytes % l.block_bytes() != 0 {
+        if !bytes.is_multiple_of(l.block_bytes()) {
             return Err(Error::Unsupported(format!(
                 "{}: {bytes} bytes is not a whole number of {}-byte blocks",
                 self.ty,

@@ -56,7 +56,7 @@ fn is_prime(p: usize) -> bool {
     }
     let mut i = 2;
     while i * i <= p {
-        if p % i == 0 {
+        if p.is_multiple_of(i) {
             return false;
         }
         i += 1;
@@ -95,7 +95,7 @@ pub fn paley_hadamard(h: usize) -> Option<Vec<i8>> {
     if h == 2 {
         return Some(vec![1, 1, 1, -1]);
     }
-    if h % 4 != 0 {
+    if !h.is_multiple_of(4) {
         return None;
     }
     // Paley I: p = h - 1 prime, p ≡ 3 (mod 4). H = I + S, S = [[0, 1ᵀ], [-1, Q]], Q_ij = χ(j - i).
@@ -205,9 +205,9 @@ fn dct_matrix(q: usize) -> Vec<f32> {
 /// `out[a] = Σ_a' M[a][a'] · x[a']` over rows of length `w` (x, out: h rows × w).
 fn mix_rows(m: &[f32], h: usize, x: &[f32], out: &mut [f32], w: usize, transpose: bool) {
     match w {
-        _ if w % 16 == 0 => mix_tiled::<16>(m, h, x, out, w, transpose),
-        _ if w % 8 == 0 => mix_tiled::<8>(m, h, x, out, w, transpose),
-        _ if w % 4 == 0 => mix_tiled::<4>(m, h, x, out, w, transpose),
+        _ if w.is_multiple_of(16) => mix_tiled::<16>(m, h, x, out, w, transpose),
+        _ if w.is_multiple_of(8) => mix_tiled::<8>(m, h, x, out, w, transpose),
+        _ if w.is_multiple_of(4) => mix_tiled::<4>(m, h, x, out, w, transpose),
         _ => mix_tiled::<1>(m, h, x, out, w, transpose),
     }
 }

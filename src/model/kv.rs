@@ -361,7 +361,7 @@ impl KvCache {
                         info.name
                     )));
                 }
-                if !t.is_turbo() && head_dim % info.block_size != 0 {
+                if !t.is_turbo() && !head_dim.is_multiple_of(info.block_size) {
                     return Err(Error::Unsupported(format!(
                         "layer {l}: {which} cache type {} needs heads that are a multiple of {} (head dim {head_dim}); choose another type",
                         info.name, info.block_size
@@ -416,11 +416,11 @@ impl KvCache {
 impl KvLayer {
     /// Rotation size applied to K (and queries), if any.
     pub fn k_rotation(&self, rotate: bool, head_dim: usize) -> Option<usize> {
-        if !rotate || !self.k.is_quantized() || self.k.is_turbo() || head_dim % 64 != 0 {
+        if !rotate || !self.k.is_quantized() || self.k.is_turbo() || !head_dim.is_multiple_of(64) {
             return None;
         }
         let mut n = 64;
-        while head_dim % (2 * n) == 0 {
+        while head_dim.is_multiple_of(2 * n) {
             n *= 2;
         }
         Some(n)
@@ -428,7 +428,7 @@ impl KvLayer {
 
     /// Rotation size applied to V (and rotated back on the output), if any.
     pub fn v_rotation(&self, rotate: bool, head_dim: usize) -> Option<usize> {
-        if !rotate || !self.v.is_quantized() || self.v.is_turbo() || head_dim % 64 != 0 {
+        if !rotate || !self.v.is_quantized() || self.v.is_turbo() || !head_dim.is_multiple_of(64) {
             return None;
         }
         Some(64)

@@ -25,7 +25,7 @@ pub fn dequantize_rows(
     let k = t.row_len() as usize;
     let ty = t.ty;
     let bs = ty.block_size();
-    if k % bs != 0 {
+    if !k.is_multiple_of(bs) {
         return Err(Error::bad_input(
             &f.path,
             format!(
@@ -376,7 +376,7 @@ impl LinearSet {
             let off = self.segments[i].off;
             let n = self.segments[j - 1].off + self.segments[j - 1].n - off;
             let w = &self.w[off * k..(off + n) * k];
-            if round == ActRound::None || k % round.block() != 0 {
+            if round == ActRound::None || !k.is_multiple_of(round.block()) {
                 matmul_t(x, rows, k, w, n, &mut out[off..], self.n_total, threads);
             } else {
                 let mut xr = x[..rows * k].to_vec();
@@ -417,8 +417,17 @@ pub struct LayerWeights {
     /// routed to them, into `experts`).
     pub router: Option<LinearSet>,
     /// An MoE block's experts loaded so far: kept with the block, so a block-major pass loads
-    /// each once (see [`super::moe::Experts`]).
-    pub(crate) experts: super::moe::Experts,
+    /// each once (see [`Experts`]).
+    pub(crate) experts: Experts,
+}
+
+/// A block's expert slices loaded so far (gate | up, down per expert), kept while the block runs
+/// on every batch of a block-major pass, so each expert is dequantized once per block per pass
+/// rather than once per batch. At most the block's whole expert tensors in f32 (Qwen3-30B-A3B:
+/// 128 experts × 3 × 768 × 2048 × 4 B = 2.4 GB), dropped with the block's other weights.
+#[derive(Default)]
+pub(crate) struct Experts {
+    pub(super) loaded: Vec<Option<(LinearSet, LinearSet)>>,
 }
 
 impl LayerWeights {

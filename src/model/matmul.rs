@@ -221,7 +221,7 @@ impl ActRound {
                 }
             }
             ActRound::Q8_0 => {
-                if row.len() % 32 != 0 {
+                if !row.len().is_multiple_of(32) {
                     return;
                 }
                 for b in row.chunks_exact_mut(32) {
@@ -235,7 +235,7 @@ impl ActRound {
                 }
             }
             ActRound::Q8K => {
-                if row.len() % 256 != 0 {
+                if !row.len().is_multiple_of(256) {
                     return;
                 }
                 for b in row.chunks_exact_mut(256) {

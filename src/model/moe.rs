@@ -2,19 +2,10 @@
 //! gating): routing and the per-expert SwiGLU, one expert's weights dequantized at a time.
 
 use super::config::{LayerNames, Moe};
-use super::layer::{glu_rows, LinearSet};
+use super::layer::{glu_rows, Experts, LinearSet};
 use super::runtime::{Model, Observer};
 use crate::error::Result;
 use rayon::prelude::*;
-
-/// A block's expert slices loaded so far (gate | up, down per expert), kept while the block runs
-/// on every batch of a block-major pass, so each expert is dequantized once per block per pass
-/// rather than once per batch. At most the block's whole expert tensors in f32 (Qwen3-30B-A3B:
-/// 128 experts × 3 × 768 × 2048 × 4 B = 2.4 GB), dropped with the block's other weights.
-#[derive(Default)]
-pub(crate) struct Experts {
-    loaded: Vec<Option<(LinearSet, LinearSet)>>,
-}
 
 /// Expert `x`'s slices of block `names`' expert tensors: gate | up (`nff` rows each), down.
 fn load_expert(

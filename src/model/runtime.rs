@@ -332,7 +332,7 @@ impl<'a> Model<'a> {
         out_from: usize,
         observer: Option<&mut dyn Observer>,
     ) -> Result<Vec<f32>> {
-        assert!(seq > 0 && tokens.len() % seq == 0 && out_from < seq);
+        assert!(seq > 0 && tokens.len().is_multiple_of(seq) && out_from < seq);
         let x = self.embed(tokens)?;
         self.forward_from(tokens.len() / seq, seq, out_from, 0, x, observer)
     }
@@ -424,7 +424,7 @@ impl<'a> Model<'a> {
             ActRound::None
         };
         let hr;
-        let hin: &[f32] = if round != ActRound::None && e % round.block() == 0 {
+        let hin: &[f32] = if round != ActRound::None && e.is_multiple_of(round.block()) {
             let mut v = hn.to_vec();
             round.apply_rows(&mut v, e);
             hr = v;

@@ -71,7 +71,7 @@ impl TqInt8 {
         } else {
             TQ3_BYTES
         };
-        if k % QK != 0 {
+        if !k.is_multiple_of(QK) {
             return Err(format!("row length {k} is not a multiple of {QK}"));
         }
         let nb = k / QK;
@@ -168,7 +168,7 @@ impl ActQ {
     /// kernels. A block holding a NaN or an infinity gets a NaN scale, so it poisons its results
     /// as it would in f32.
     pub fn new(x: &[f32], rows: usize, k: usize) -> ActQ {
-        assert!(k % QK == 0 && x.len() >= rows * k);
+        assert!(k.is_multiple_of(QK) && x.len() >= rows * k);
         let nb = k / QK;
         let mut xv = vec![0u8; rows * nb * TB];
         let mut xd = vec![0f32; rows * nb];

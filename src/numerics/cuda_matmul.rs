@@ -80,7 +80,7 @@ impl CudaWeights {
             ))
         })?;
         let bb = ty.block_bytes();
-        if k == 0 || k % 32 != 0 || Some(bytes.len()) != (n * k / 32).checked_mul(bb) {
+        if k == 0 || !k.is_multiple_of(32) || Some(bytes.len()) != (n * k / 32).checked_mul(bb) {
             return Err(Error::Unsupported(format!(
                 "{ty}: a {n}x{k} weight with {} bytes does not fit the CUDA model",
                 bytes.len()

@@ -218,7 +218,8 @@ pub fn matvec(
             "{ty}: the CUDA model covers tq4_1s and tq3_1s weights only"
         )));
     }
-    if cols % 32 != 0 || x.len() != cols || w.len() != rows * cols / 32 * ty.block_bytes() {
+    if !cols.is_multiple_of(32) || x.len() != cols || w.len() != rows * cols / 32 * ty.block_bytes()
+    {
         return Err(Error::Unsupported(format!(
             "{ty}: {rows}x{cols} mat-vec with {} weight bytes and {} inputs does not fit",
             w.len(),

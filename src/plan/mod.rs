@@ -148,7 +148,7 @@ fn row_len(dims: &[u64]) -> u64 {
 }
 
 fn fits(t: TensorType, row_len: u64) -> bool {
-    row_len % t.block_size() as u64 == 0
+    row_len.is_multiple_of(t.block_size() as u64)
 }
 
 /// Plan a conversion of `tensors` under `req` for the engine described by `profile`.

@@ -345,7 +345,7 @@ fn allows_quantization(arch: &str, t: &SourceTensor) -> bool {
 /// fit either. None when `t` has no fallback (llama-quantize refuses the tensor).
 pub fn fallback(t: TensorType, ncols: u64) -> Option<TensorType> {
     use TensorType::*;
-    if ncols % t.block_size() as u64 == 0 {
+    if ncols.is_multiple_of(t.block_size() as u64) {
         return Some(t);
     }
     let f = match t {
@@ -357,7 +357,7 @@ pub fn fallback(t: TensorType, ncols: u64) -> Option<TensorType> {
         _ if t.block_size() <= 32 => t,
         _ => return None,
     };
-    Some(if ncols % f.block_size() as u64 == 0 {
+    Some(if ncols.is_multiple_of(f.block_size() as u64) {
         f
     } else {
         F16
@@ -459,7 +459,10 @@ impl Pass<'_> {
             };
             if let Some(o) = self.o.output_type {
                 ty = o;
-            } else if self.ft == F::MXFP4_MOE || falcon || t.dims[0] % ty.block_size() as u64 != 0 {
+            } else if self.ft == F::MXFP4_MOE
+                || falcon
+                || !t.dims[0].is_multiple_of(ty.block_size() as u64)
+            {
                 ty = Q8_0;
             } else if self.is(&[
                 F::IQ2_XXS,

@@ -371,7 +371,7 @@ impl TensorType {
     /// the size overflows.
     pub fn bytes_for(self, n: u64) -> Option<u64> {
         let bs = self.block_size() as u64;
-        if n % bs != 0 {
+        if !n.is_multiple_of(bs) {
             return None;
         }
         (n / bs).checked_mul(self.block_bytes() as u64)
@@ -486,7 +486,7 @@ pub fn quantize_rows(
 /// Bytes per row, when `values` is a whole number of rows of whole blocks.
 fn check_rows(ty: TensorType, values: usize, row_len: usize, what: &str) -> Result<usize> {
     match ty.bytes_for(row_len as u64) {
-        Some(rb) if row_len > 0 && values % row_len == 0 => Ok(rb as usize),
+        Some(rb) if row_len > 0 && values.is_multiple_of(row_len) => Ok(rb as usize),
         _ => Err(Error::Unsupported(format!(
             "{what}: rows of {row_len} values do not fit {} (blocks of {})",
             ty.name(),
@@ -497,7 +497,9 @@ fn check_rows(ty: TensorType, values: usize, row_len: usize, what: &str) -> Resu
 
 fn check_sizes(ty: TensorType, bytes: usize, values: usize, what: &str) -> Result<()> {
     let info = ty.info();
-    if values % info.block_size != 0 || bytes != values / info.block_size * info.block_bytes {
+    if !values.is_multiple_of(info.block_size)
+        || bytes != values / info.block_size * info.block_bytes
+    {
         return Err(Error::Unsupported(format!(
             "{what}: {values} values / {bytes} bytes is not a whole number of {} blocks ({} values, {} bytes each)",
             info.name, info.block_size, info.block_bytes

@@ -126,7 +126,7 @@ pub struct Packed {
 }
 
 fn check_shape(n: usize, k: usize, incoherent: bool, op: &str) -> Result<()> {
-    if k == 0 || k % QK2 != 0 {
+    if k == 0 || !k.is_multiple_of(QK2) {
         return Err(Error::Unsupported(format!(
             "{op}: row length {k} is not a positive multiple of {QK2}; the 2-bit format has one scale per {QK2} values"
         )));

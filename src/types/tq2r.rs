@@ -78,7 +78,7 @@ pub fn rotation(k: usize) -> Result<Arc<Rotation>> {
     if let Some(r) = cache.lock().expect("rotation cache").get(&k) {
         return Ok(r.clone());
     }
-    if k == 0 || k % QK != 0 {
+    if k == 0 || !k.is_multiple_of(QK) {
         return Err(Error::Unsupported(format!(
             "tq2_r: row length {k} is not a positive multiple of {QK}"
         )));

@@ -304,7 +304,7 @@ fn reachable_groups(l: u32, ends: Ends, i: usize) -> std::ops::Range<usize> {
     let q = 1usize << (l - 2);
     let w = (l / 2 - 1) as usize;
     match ends {
-        Ends::Wrap(top) if l % 2 == 0 && i < w && q % step::GROUP == 0 => {
+        Ends::Wrap(top) if l.is_multiple_of(2) && i < w && q.is_multiple_of(step::GROUP) => {
             let lo = (top as usize % (1 << (2 * (w - i)))) << (2 * i);
             let hi = lo + (1 << (2 * i));
             let g = step::GROUP;
@@ -331,7 +331,7 @@ fn step(
     groups: std::ops::Range<usize>,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if (cost.len() / 4) % step::GROUP == 0 && std::arch::is_x86_feature_detected!("avx2") {
+    if (cost.len() / 4).is_multiple_of(step::GROUP) && std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 and q is a multiple of the kernel's group (checked above), as
         // are the ends of `groups` (`reachable_groups`); `viterbi` passes equal lengths for cost,
         // dc and next and q back pointers.
@@ -616,7 +616,7 @@ pub fn dequantize_row(blocks: &[u8], out: &mut [f32]) -> Result<()> {
 }
 
 fn check_len(k: usize) -> Result<()> {
-    if k == 0 || k % QK != 0 {
+    if k == 0 || !k.is_multiple_of(QK) {
         return Err(crate::error::Error::Unsupported(format!(
             "tq2_t: row length {k} is not a positive multiple of {QK}; keep this tensor in another type (e.g. --weights tq2_r or q4_K)"
         )));

@@ -11,7 +11,7 @@ use crate::types::TensorType;
 
 /// The rule every dequantize input follows: whole blocks only.
 fn whole_blocks(ty: TensorType, bytes: usize, block_bytes: usize) -> Result<usize> {
-    if bytes % block_bytes != 0 {
+    if !bytes.is_multiple_of(block_bytes) {
         return Err(Error::Unsupported(format!(
             "{ty}: {bytes} bytes is not a whole number of {block_bytes}-byte blocks"
         )));

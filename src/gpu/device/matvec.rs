@@ -21,7 +21,7 @@ pub(super) fn matvec<D: Device>(
         let rb = cols / ty.block_size() * ty.block_bytes();
         let need = rows
             .checked_mul(rb)
-            .filter(|&n| n <= w.len() && cols % ty.block_size() == 0);
+            .filter(|&n| n <= w.len() && cols.is_multiple_of(ty.block_size()));
         let Some(need) = need else {
             return Err(Error::Unsupported(format!(
                 "{ty}: mat-vec {rows}x{cols} does not match its buffers"
@@ -36,7 +36,7 @@ pub(super) fn matvec<D: Device>(
         };
         return twobit_matvec(d, &m, x, false);
     }
-    if cols % 32 != 0 || x.len() < cols || w.len() < rows * cols / 32 * ty.block_bytes() {
+    if !cols.is_multiple_of(32) || x.len() < cols || w.len() < rows * cols / 32 * ty.block_bytes() {
         return Err(Error::Unsupported(format!(
             "{ty}: mat-vec {rows}x{cols} does not match its buffers"
         )));
@@ -84,7 +84,7 @@ pub(crate) fn matmul_weight_check(
     cols: usize,
 ) -> Result<&'static Kernel> {
     let k = kernels::kernel(ty, Op::MatMul)?;
-    if cols % 32 != 0 || bytes < rows * (cols / 32) * ty.block_bytes() {
+    if !cols.is_multiple_of(32) || bytes < rows * (cols / 32) * ty.block_bytes() {
         return Err(Error::Unsupported(format!(
             "{ty}: mat-mul weight {rows}x{cols} does not match its {bytes} bytes"
         )));

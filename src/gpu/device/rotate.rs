@@ -31,7 +31,7 @@ pub(super) fn rotate_rows<D: Device>(
     inverse: bool,
     path: RotatePath,
 ) -> Result<Vec<f32>> {
-    if cols == 0 || x.len() % cols != 0 {
+    if cols == 0 || !x.len().is_multiple_of(cols) {
         return Err(Error::Unsupported(format!(
             "rotation: {} values are not whole rows of {cols}",
             x.len()

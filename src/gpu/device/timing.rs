@@ -42,7 +42,7 @@ pub(super) fn time_matvec<D: Device>(
     let k = kernels::kernel(ty, Op::MatVec)?;
     let bs = ty.block_size();
     let need = cols / bs * rows * ty.block_bytes();
-    if rows == 0 || cols == 0 || cols % bs != 0 || w.len() < need {
+    if rows == 0 || cols == 0 || !cols.is_multiple_of(bs) || w.len() < need {
         return Err(Error::Unsupported(format!(
             "{ty}: mat-vec {rows}x{cols} does not match its buffers"
         )));

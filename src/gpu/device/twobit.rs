@@ -85,7 +85,7 @@ impl TwoBit<'_> {
     pub fn blocks(&self) -> Result<usize> {
         let bad = |why: String| Err(Error::Unsupported(format!("2-bit matrix: {why}")));
         let qk = self.layout.block_values();
-        if self.cols == 0 || self.cols % qk != 0 {
+        if self.cols == 0 || !self.cols.is_multiple_of(qk) {
             return bad(format!(
                 "row length {} is not a positive multiple of {qk}",
                 self.cols

@@ -83,7 +83,7 @@ pub(super) fn fit(
         order.sort_by(|&a, &b| est[b].err.total_cmp(&est[a].err));
         // Near the operating range (4–5 bits), not the extremes: KLD grows faster than
         // linearly at large errors, and q8_0's KLD is lost in the noise of two windows.
-        let opt = if (j + q) % 2 == 0 {
+        let opt = if (j + q).is_multiple_of(2) {
             order[order.len() / 4]
         } else {
             order[(order.len() / 4).saturating_sub(1)]

@@ -40,7 +40,7 @@ pub(crate) fn quantize_rows_with(
     let round = |ri: usize, j: usize, x: &[f64]| {
         let o = &mut out[ri * row_bytes..(ri + 1) * row_bytes];
         let b = &mut o[j / QK * TQ2R_BYTES..(j / QK + 1) * TQ2R_BYTES];
-        if j % QK == 0 {
+        if j.is_multiple_of(QK) {
             let ss: f64 = x[j..j + QK].iter().map(|v| v * v).sum();
             let s = f16::from_f64((0.5 * (ss / QK as f64).sqrt()).min(f16::MAX.to_f64()));
             b[..2].copy_from_slice(&s.to_bits().to_le_bytes());

@@ -85,7 +85,7 @@ pub(super) fn quantize_rows_in<T: Elem>(
     let simd = path == Path::Simd && super::tq_round::avx2();
     let round = |j: usize, x: &[T], q: &mut [T]| {
         if let (Some(xf), Some(qf)) = (T::as_f32(x), T::as_f32_mut(q)) {
-            if j % 16 == 0 {
+            if j.is_multiple_of(16) {
                 half_scales(xf, nr, j, c, t, &mut d, simd);
                 for (b, &dr) in blocks.iter_mut().zip(&d) {
                     b[j / QK].d[(j % QK) / 16] = dr;
@@ -97,7 +97,7 @@ pub(super) fn quantize_rows_in<T: Elem>(
             }
             return;
         }
-        if j % 16 == 0 {
+        if j.is_multiple_of(16) {
             for (r, dr) in d.iter_mut().enumerate() {
                 let mut v = [0f64; 16];
                 for (i, vi) in v.iter_mut().enumerate() {
@@ -151,7 +151,7 @@ pub(super) fn quantize_rows_with(
     let mut blocks = vec![vec![empty; n / QK]; nr];
     let mut d = vec![0f32; nr];
     let round = |r: usize, j: usize, x: &[f64]| {
-        if j % 16 == 0 {
+        if j.is_multiple_of(16) {
             d[r] = half_scale(&x[j..j + 16], c, t);
             blocks[r][j / QK].d[(j % QK) / 16] = d[r];
         }

@@ -109,13 +109,13 @@ impl Config {
         if c.n_layer > 4096 {
             return Err(bad(format!("layer count {} is out of range", c.n_layer)));
         }
-        if c.n_head % c.n_head_kv != 0 {
+        if !c.n_head.is_multiple_of(c.n_head_kv) {
             return Err(bad(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {} (llama.cpp shares each key/value head among a whole number of query heads)",
                 c.n_head, c.n_head_kv
             )));
         }
-        if c.head_dim_explicit()?.is_none() && c.n_embd % c.n_head != 0 {
+        if c.head_dim_explicit()?.is_none() && !c.n_embd.is_multiple_of(c.n_head) {
             return Err(bad(format!(
                 "hidden_size {} is not a multiple of num_attention_heads {} and there is no head_dim",
                 c.n_embd, c.n_head

@@ -337,7 +337,7 @@ impl HfSource {
             let dims: Vec<u64> = t.shape.iter().rev().map(|&d| d as u64).collect();
             if let Perm::Rope(h) = perm {
                 let rows = t.shape[0] as u64;
-                if rows % (2 * h) != 0 {
+                if !rows.is_multiple_of(2 * h) {
                     return Err(Error::bad_input(
                         shard,
                         format!(
@@ -495,7 +495,7 @@ impl TensorSource for HfSource {
         }
         let n_rows = st.n_rows();
         let n = (out.len() / row_len) as u64;
-        if row0.checked_add(n).is_none_or(|e| e > n_rows) || out.len() % row_len != 0 {
+        if row0.checked_add(n).is_none_or(|e| e > n_rows) || !out.len().is_multiple_of(row_len) {
             return Err(Error::internal(format!(
                 "{}: rows {row0}..{} requested of {n_rows}",
                 st.name,

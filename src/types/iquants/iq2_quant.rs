@@ -656,7 +656,7 @@ mod tests {
                 x.iter()
                     .zip(y)
                     .enumerate()
-                    .filter(|(i, _)| i % QK_K % 3 == 0)
+                    .filter(|(i, _)| (i % QK_K).is_multiple_of(3))
                     .map(|(_, (a, b))| ((a - b) as f64).powi(2))
                     .sum()
             };

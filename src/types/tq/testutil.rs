@@ -146,7 +146,7 @@ pub(crate) fn mixed_block(r: &mut Rng) -> [f32; QK] {
         10 => {
             // Repeated values and sign flips.
             for i in 0..QK {
-                if r.next() % 3 == 0 {
+                if r.next().is_multiple_of(3) {
                     x[i] = -x[(i * 7) % QK];
                 }
             }

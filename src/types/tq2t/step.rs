@@ -33,8 +33,10 @@ pub(super) unsafe fn step_avx2(
 ) {
     let ns = cost.len();
     let q = ns / 4;
-    assert!(dc.len() == ns && next.len() == ns && bp.len() >= q && q % GROUP == 0);
-    assert!(groups.start % GROUP == 0 && groups.end % GROUP == 0 && groups.end <= q);
+    assert!(dc.len() == ns && next.len() == ns && bp.len() >= q && q.is_multiple_of(GROUP));
+    assert!(
+        groups.start.is_multiple_of(GROUP) && groups.end.is_multiple_of(GROUP) && groups.end <= q
+    );
     let unit = wi == 1.0;
     let xv = _mm256_set1_ps(xi);
     let wv = _mm256_set1_ps(wi);

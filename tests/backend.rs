@@ -78,6 +78,15 @@ fn setup() -> Setup {
 
 impl Setup {
     fn eval(&self, model: &Path, extra: &[&str]) -> (i32, String, String) {
+        self.eval_env(model, extra, &[])
+    }
+
+    fn eval_env(
+        &self,
+        model: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> (i32, String, String) {
         let mut a = vec![
             "eval",
             s(model),
@@ -90,26 +99,15 @@ impl Setup {
             "-q",
         ];
         a.extend_from_slice(extra);
-        tq(&a)
+        tq_env(&a, env)
     }
 
     /// `tq eval` with the CPU's TQ weights through the f32 path, the reference `--backend` runs
     /// are compared with (plain `tq eval` may take the int8 path on a CPU with VNNI).
     fn eval_json_f32(&self, model: &Path, extra: &[&str]) -> serde_json::Value {
-        let mut a = vec![
-            "eval",
-            s(model),
-            "--tokens",
-            s(&self.tokens),
-            "--ctx",
-            "16",
-            "--chunks",
-            "4",
-            "-q",
-            "--json",
-        ];
-        a.extend_from_slice(extra);
-        let (code, out, err) = tq_env(&a, &[("TQ_TQ_DOT", "f32")]);
+        let mut e = extra.to_vec();
+        e.push("--json");
+        let (code, out, err) = self.eval_env(model, &e, &[("TQ_TQ_DOT", "f32")]);
         assert_eq!(code, 0, "{err}");
         serde_json::from_str(&out).unwrap()
     }

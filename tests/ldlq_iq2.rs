@@ -20,12 +20,7 @@ fn ldlq_beats_the_imatrix_encoder_on_smollm2_ffn_down() {
     };
     let f = GgufFile::open(&smol).unwrap();
     let name = "blk.7.ffn_down.weight";
-    let t = f.tensors.iter().find(|t| t.name == name).unwrap();
-    let n = t.dims[0] as usize;
-    let mut w = vec![0f32; t.n_elements() as usize];
-    types::dequantize(t.ty, f.tensor_data(t), &mut w, name).unwrap();
-    // 64 rows keep the test fast; rows are independent.
-    w.truncate(64 * n);
+    let (w, n) = fixtures::tensor_rows(&f, name, 64);
     let h = hs.for_tensor(name).unwrap();
     let imatrix: Vec<f32> = (0..n)
         .map(|i| (h.h[i * n + i] / h.tokens as f64) as f32)

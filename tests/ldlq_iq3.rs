@@ -18,12 +18,7 @@ fn ldlq_halves_the_imatrix_encoders_error_on_smollm2_ffn_down() {
     };
     let f = GgufFile::open(&smol).unwrap();
     for name in ["blk.7.ffn_down.weight", "blk.20.ffn_down.weight"] {
-        let t = f.tensors.iter().find(|t| t.name == name).unwrap();
-        let n = t.dims[0] as usize;
-        let mut w = vec![0f32; t.n_elements() as usize];
-        types::dequantize(t.ty, f.tensor_data(t), &mut w, name).unwrap();
-        // 64 rows keep the test fast; rows are independent.
-        w.truncate(64 * n);
+        let (w, n) = fixtures::tensor_rows(&f, name, 64);
         let h = hs.for_tensor(name).unwrap();
         // llama-imatrix's importance: the mean squared activation per column.
         let imp: Vec<f32> = (0..n)

@@ -22,11 +22,7 @@ fn shrink_trades_calibration_fit_for_held_out_error() {
     };
     let f = GgufFile::open(&smol).unwrap();
     let name = "blk.7.ffn_down.weight";
-    let t = f.tensors.iter().find(|t| t.name == name).unwrap();
-    let n = t.dims[0] as usize;
-    let mut w = vec![0f32; t.n_elements() as usize];
-    types::dequantize(t.ty, f.tensor_data(t), &mut w, name).unwrap();
-    w.truncate(64 * n);
+    let (w, n) = fixtures::tensor_rows(&f, name, 64);
     let c = cal.for_tensor(name).unwrap();
     let a = all.for_tensor(name).unwrap();
     assert_eq!((c.tokens, a.tokens), (2048, 4096));

@@ -27,12 +27,7 @@ fn ldlq_beats_rtn_on_smollm2_tensors_in_stock_types() {
         // 576 columns: whole 32-value blocks (iq4_nl), not 256 (no k-quant, no iq4_xs).
         ("blk.7.attn_q.weight", &[Q4_0, Q5_0, Q8_0, IQ4NL][..]),
     ] {
-        let t = f.tensors.iter().find(|t| t.name == name).unwrap();
-        let n = t.dims[0] as usize;
-        let mut w = vec![0f32; t.n_elements() as usize];
-        types::dequantize(t.ty, f.tensor_data(t), &mut w, name).unwrap();
-        // 64 rows keep the test fast; rows are independent.
-        w.truncate(64 * n);
+        let (w, n) = fixtures::tensor_rows(&f, name, 64);
         let h = hs.for_tensor(name).unwrap();
         for &ty in tys {
             let bytes = ty.bytes_for(w.len() as u64).unwrap() as usize;

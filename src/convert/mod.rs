@@ -603,6 +603,14 @@ mod proxies {
             passes,
             feedback,
             psp,
+            fast: 0,
+        };
+        let quadw = |fast, feedback, psp| TrellisInner::Quad {
+            weighted: false,
+            passes: 4,
+            feedback,
+            psp,
+            fast,
         };
         let all = [
             ("plain (old)", TrellisInner::Plain),
@@ -614,6 +622,14 @@ mod proxies {
             ("plain+fb2+CD, beam256x2+CD", quad(false, 4, 2, (2, 256))),
             ("plain+CD, beam256+CD", quad(false, 4, 0, (1, 256))),
             ("plain+fb1+CD, beam256+CD", quad(false, 4, 1, (1, 256))),
+            ("plain+fb2w+CD, beam128+CD", quadw(1, 2, (1, 128))),
+            ("plain+fb2w+CD, beam256+CD", quadw(1, 2, (1, 256))),
+            ("plain+fb1w+CD, beam128+CD", quadw(1, 1, (1, 128))),
+            ("plain+fb2w+CD (no beam)", quadw(1, 2, (0, 0))),
+            ("plain1+fb2w+CD, beam128+CD", quadw(2, 2, (1, 128))),
+            ("plain1+fb3w+CD, beam128+CD", quadw(2, 3, (1, 128))),
+            ("plain1+fb2w+CD, beam64+CD", quadw(2, 2, (1, 64))),
+            ("plain1+fb2w+CD, beam192+CD", quadw(2, 2, (1, 192))),
         ];
         // TQ_PROXY_VARIANTS: comma-separated indices into `all` (default: every one).
         let pick = std::env::var("TQ_PROXY_VARIANTS").ok();
@@ -649,14 +665,27 @@ mod proxies {
             let ft = factor_hessian(TensorType::TQ2T, h, 0.01, 0.0, 0, name).unwrap();
             for &(label, inner) in &variants {
                 let t0 = std::time::Instant::now();
+                let c0 = process_cpu_s();
                 let q = quantize_trellis(&w, n, &ft, 0, inner);
+                let cpu = process_cpu_s() - c0;
                 let l = proxy_loss(&h.h, n, &w, &dec(TensorType::TQ2T, &q));
                 eprintln!(
-                    "{name}: tq2_t {label}: {l:.5} ({:.3}x tq2_r, {:.1} s)",
+                    "{name}: tq2_t {label}: {l:.5} ({:.3}x tq2_r, {:.1} s, {cpu:.2} CPU-s)",
                     l / lr,
                     t0.elapsed().as_secs_f64()
                 );
             }
         }
+        crate::quant::ldlq::prof::report();
+    }
+
+    /// The process's user + system CPU seconds.
+    fn process_cpu_s() -> f64 {
+        // SAFETY: a zeroed rusage is a valid output buffer for getrusage.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `ru` is valid and writable; RUSAGE_SELF is a constant libc knows.
+        unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+        let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+        tv(ru.ru_utime) + tv(ru.ru_stime)
     }
 }

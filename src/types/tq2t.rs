@@ -330,6 +330,14 @@ fn step(
     next: &mut [f32],
     groups: std::ops::Range<usize>,
 ) {
+    #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+    if (cost.len() / 4).is_multiple_of(step::GROUP) && step::has_avx512() {
+        // SAFETY: the CPU has AVX-512F/BW/VL and q is a multiple of the kernel's group (checked
+        // above), as are the ends of `groups`; `viterbi` passes equal lengths for cost, dc and
+        // next and q back pointers.
+        unsafe { step::step_avx512(xi, wi, dc, cost, bp, next, groups) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if (cost.len() / 4).is_multiple_of(step::GROUP) && std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 and q is a multiple of the kernel's group (checked above), as
@@ -768,6 +776,35 @@ mod tests {
                         n1.iter().zip(&n2).all(|(a, b)| a.to_bits() == b.to_bits()),
                         "l={l} trial {trial}"
                     );
+                    // The AVX-512 step, where the CPU has it (and on a sub-range of groups).
+                    #[cfg(feature = "avx512")]
+                    if step::has_avx512() && q.is_multiple_of(step::GROUP) {
+                        let (mut n3, mut b3) = (vec![0f32; ns], vec![5u8; q]);
+                        // SAFETY: AVX-512F/BW/VL checked, lengths as the kernel requires.
+                        unsafe { step::step_avx512(xi, wi, &dc, &cost, &mut b3, &mut n3, 0..q) };
+                        assert_eq!(b1, b3, "avx512 l={l} trial {trial}");
+                        assert!(
+                            n1.iter().zip(&n3).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "avx512 l={l} trial {trial}"
+                        );
+                        let g = step::GROUP..q - step::GROUP;
+                        if !g.is_empty() {
+                            let (mut n4, mut b4) = (vec![-1f32; ns], vec![9u8; q]);
+                            // SAFETY: as above; the range's ends are multiples of GROUP.
+                            unsafe {
+                                step::step_avx512(xi, wi, &dc, &cost, &mut b4, &mut n4, g.clone())
+                            };
+                            assert_eq!(b1[g.clone()], b4[g.clone()], "avx512 range l={l}");
+                            assert!(b4[..g.start].iter().all(|&v| v == 9), "wrote outside");
+                            assert!(n4[4 * g.end..].iter().all(|&v| v == -1.0), "wrote outside");
+                            assert!(n1[4 * g.start..4 * g.end]
+                                .iter()
+                                .zip(&n4[4 * g.start..4 * g.end])
+                                .all(|(a, b)| a.to_bits() == b.to_bits()));
+                        }
+                    } else if trial == 0 && l == 12 {
+                        eprintln!("NOT RUN: the AVX-512 step: the CPU has no AVX-512F/BW/VL");
+                    }
                 }
             }
         } else {

@@ -20,17 +20,29 @@ pub(crate) enum Phase {
     Inverse,
     SweepBatch,
     SweepGemm,
+    /// tq2_t block-LDLQ: the Viterbi searches of a block (first search and decision feedback).
+    TrellisSearch,
+    /// tq2_t block-LDLQ: coordinate descent and the scale under the block's form.
+    TrellisDescent,
+    /// tq2_t block-LDLQ: the per-survivor beam search.
+    TrellisBeam,
+    /// tq2_t block-LDLQ: the rest of the row (its sweep through the block's columns, the forms).
+    TrellisRow,
 }
 
-const NAMES: [&str; 5] = [
+const NAMES: [&str; 9] = [
     "rotate",
     "cholesky",
     "inverse",
     "sweep-in-batch",
     "sweep-gemm",
+    "tq2t-search",
+    "tq2t-descent",
+    "tq2t-beam",
+    "tq2t-row",
 ];
-static NS: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
-static CPU_NS: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+static NS: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
+static CPU_NS: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
 
 /// The calling thread's CPU time in nanoseconds (0 where not available).
 fn thread_cpu_ns() -> u64 {

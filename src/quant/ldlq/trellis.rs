@@ -31,6 +31,13 @@ pub(crate) enum TrellisInner {
         /// Per-survivor searches ([`viterbi_psp`](super::psp::viterbi_psp)) per block (0 = off),
         /// beam width (0 = every state; the format: one search, 128 paths).
         psp: (usize, usize),
+        /// How many Viterbi searches the first stage spends: 0 = the round-to-nearest encoder
+        /// for the first codes and for every decision-feedback round (a free pass for the wrap,
+        /// the wrapped pass, a least-squares scale and both passes again: four searches each);
+        /// 1 = each feedback round one pass, tail-biting on the current codes' wrap at the
+        /// current scale (the scale is refit under the form afterwards); 2 = that, and the first
+        /// codes without the second scale's passes (two searches).
+        fast: u8,
     },
 }
 
@@ -40,6 +47,7 @@ impl TrellisInner {
         passes: 4,
         feedback: 2,
         psp: (1, 128),
+        fast: 0,
     };
 }
 
@@ -113,6 +121,7 @@ pub(crate) fn quantize_row_trellis(
                 passes,
                 feedback,
                 psp: _,
+                fast,
             } => {
                 let au = &forms[blk * 2 * QK * QK..(blk + 1) * 2 * QK * QK];
                 let (a, ub) = au.split_at(QK * QK);
@@ -131,7 +140,7 @@ pub(crate) fn quantize_row_trellis(
                     ub,
                     &wt,
                     passes,
-                    feedback,
+                    (feedback, fast),
                     ps.as_mut(),
                     &mut sc,
                     b,
@@ -139,6 +148,7 @@ pub(crate) fn quantize_row_trellis(
                 );
             }
         }
+        let t = super::prof::start();
         for (jj, &qj) in q.iter().enumerate() {
             let j = j0 + jj;
             let urow = &f.u[j * n..(j + 1) * n];
@@ -147,6 +157,7 @@ pub(crate) fn quantize_row_trellis(
                 x[k] -= err * urow[k];
             }
         }
+        super::prof::add(super::prof::Phase::TrellisRow, t);
     }
 }
 
@@ -158,10 +169,12 @@ pub(crate) fn quantize_trellis(
     band: usize,
     inner: TrellisInner,
 ) -> Vec<u8> {
+    let t = super::prof::start();
     let forms = match inner {
         TrellisInner::Plain => Vec::new(),
         TrellisInner::Quad { .. } => trellis_block_forms(f),
     };
+    super::prof::add(super::prof::Phase::TrellisRow, t);
     let mut out = vec![0u8; w.len() / QK * TQ2T_BYTES];
     out.par_chunks_mut(n / QK * TQ2T_BYTES)
         .zip(w.par_chunks(n))
@@ -336,7 +349,7 @@ pub(crate) fn quantize_block_quad(
     ub: &[f64],
     wt: &[f32],
     passes: usize,
-    feedback: usize,
+    (feedback, fast): (usize, u8),
     psp: Option<&mut PspScratch>,
     sc: &mut Scratch,
     b: &mut [u8],
@@ -345,8 +358,12 @@ pub(crate) fn quantize_block_quad(
     let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
     let mut codes = [0u8; QK];
     let cb = format_codebook();
-    let (mut e, _) =
-        encode_block_weighted(&xf, wt, cb, Settings::FORMAT, true, sc, &mut codes, out);
+    let t_search = super::prof::start();
+    let first = Settings {
+        refit: fast < 2,
+        ..Settings::FORMAT
+    };
+    let (mut e, _) = encode_block_weighted(&xf, wt, cb, first, true, sc, &mut codes, out);
     if e != 0 && (passes > 0 || feedback > 0 || psp.is_some()) {
         let mut cost = quad_cost(x, a, scale_of(e), &codes);
         if feedback > 0 {
@@ -370,8 +387,14 @@ pub(crate) fn quantize_block_quad(
                 }
                 let tf: Vec<f32> = t.iter().map(|&v| v as f32).collect();
                 let mut c2 = [0u8; QK];
-                let (e2, _) =
-                    encode_block_weighted(&tf, &dw, cb, Settings::FORMAT, true, sc, &mut c2, out);
+                let e2 = if fast >= 1 {
+                    let dc: Vec<f32> = cb.iter().map(|&c| d * c).collect();
+                    let ends = tq2t::Ends::Wrap(wrap_of(&cur));
+                    tq2t::viterbi(&tf, &dw, &dc, L, ends, sc, &mut c2);
+                    ecur
+                } else {
+                    encode_block_weighted(&tf, &dw, cb, Settings::FORMAT, true, sc, &mut c2, out).0
+                };
                 if e2 == 0 {
                     break;
                 }
@@ -385,6 +408,7 @@ pub(crate) fn quantize_block_quad(
                 (cur, ecur) = (c2, e2);
             }
         }
+        super::prof::add(super::prof::Phase::TrellisSearch, t_search);
         // Coordinate descent, then at the least-squares scale under A and descent again.
         let descend = |e: u8, codes: &mut [u8; QK]| -> (u8, f64) {
             let cost = refine_codes(x, a, scale_of(e), codes, passes);
@@ -399,7 +423,9 @@ pub(crate) fn quantize_block_quad(
             (e, cost)
         };
         if passes > 0 {
+            let t = super::prof::start();
             (e, cost) = descend(e, &mut codes);
+            super::prof::add(super::prof::Phase::TrellisDescent, t);
         }
         if let Some(ps) = psp {
             // The per-survivor search (after all of the above, so the result is never worse
@@ -410,11 +436,14 @@ pub(crate) fn quantize_block_quad(
                 let d = scale_of(ecur);
                 let dc: Vec<f32> = cb.iter().map(|&c| d * c).collect();
                 let mut c2 = [0u8; QK];
+                let t = super::prof::start();
                 if ps.beam > 0 {
                     viterbi_beam(&xf, ub, &dc, top, ps.beam, &mut ps.bs, &mut c2);
                 } else {
                     viterbi_psp(&xf, ub, &dc, top, ps, &mut c2);
                 }
+                super::prof::add(super::prof::Phase::TrellisBeam, t);
+                let t = super::prof::start();
                 let next = refit_scale_quad(x, a, ecur, &c2);
                 let mut c3 = c2;
                 let (e3, cost3) = if passes > 0 {
@@ -422,6 +451,7 @@ pub(crate) fn quantize_block_quad(
                 } else {
                     (ecur, quad_cost(x, a, d, &c3))
                 };
+                super::prof::add(super::prof::Phase::TrellisDescent, t);
                 if cost3 < cost {
                     (e, codes, cost) = (e3, c3, cost3);
                 }
@@ -571,6 +601,7 @@ mod tests {
                 passes,
                 feedback,
                 psp,
+                fast,
             } = TrellisInner::FORMAT
             else {
                 unreachable!()
@@ -581,7 +612,16 @@ mod tests {
             );
             let mut quad = |ps: Option<&mut PspScratch>, b: &mut [u8]| {
                 quantize_block_quad(
-                    &x, a, ub, &[1.0; QK], passes, feedback, ps, &mut sc, b, &mut q,
+                    &x,
+                    a,
+                    ub,
+                    &[1.0; QK],
+                    passes,
+                    (feedback, fast),
+                    ps,
+                    &mut sc,
+                    b,
+                    &mut q,
                 )
             };
             quad(None, &mut b_prev);

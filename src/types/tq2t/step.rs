@@ -12,6 +12,19 @@ use std::arch::x86_64::*;
 /// Predecessor groups per iteration (four vectors of eight).
 pub(super) const GROUP: usize = 32;
 
+/// Whether [`step_avx512`] runs here (AVX-512F, BW and VL; `TQ_NO_AVX512=1` turns it off, for
+/// timing the AVX2 step on the same machine). Read once.
+#[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+pub(super) fn has_avx512() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::env::var_os("TQ_NO_AVX512").is_none_or(|v| v == "0")
+    })
+}
+
 /// `next[4p + b] = min_t cost[p + t·q] + wi · (xi − dc[4p + b])²` and `bp[p]` = the lowest `t`
 /// reaching the minimum, for `q = cost.len() / 4` a multiple of [`GROUP`] and the predecessor
 /// groups `p` in `groups` (its ends multiples of [`GROUP`]; the rest of `next` and `bp` is not
@@ -84,5 +97,90 @@ pub(super) unsafe fn step_avx2(
         let hi = _mm256_packs_epi32(tv[2], tv[3]);
         let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(lo, hi), order);
         _mm256_storeu_si256(bp.as_mut_ptr().add(p0) as *mut __m256i, bytes);
+    }
+}
+
+/// [`step_avx2`] on 16-lane vectors (AVX-512F/BW/VL): sixteen predecessor groups per compare,
+/// the three comparisons into mask registers, each back pointer `t` built from them (`bit 1` =
+/// the pair (2, 3) won, `bit 0` = the second of the winning pair won) and stored as sixteen
+/// bytes, each minimum spread to its four successors by one `vpermps` per sixteen successors.
+/// The same operations on every element as the portable step (`vminps(b, a)` is
+/// `if b < a { b } else { a }`), so the same bits (a test holds them equal).
+///
+/// # Safety
+/// The CPU must have AVX-512F, AVX-512BW and AVX-512VL; the lengths as [`step_avx2`] requires.
+#[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn step_avx512(
+    xi: f32,
+    wi: f32,
+    dc: &[f32],
+    cost: &[f32],
+    bp: &mut [u8],
+    next: &mut [f32],
+    groups: std::ops::Range<usize>,
+) {
+    let ns = cost.len();
+    let q = ns / 4;
+    assert!(dc.len() == ns && next.len() == ns && bp.len() >= q && q.is_multiple_of(GROUP));
+    assert!(
+        groups.start.is_multiple_of(GROUP) && groups.end.is_multiple_of(GROUP) && groups.end <= q
+    );
+    let unit = wi == 1.0;
+    let xv = _mm512_set1_ps(xi);
+    let wv = _mm512_set1_ps(wi);
+    let ones = _mm_set1_epi8(1);
+    let twos = _mm_set1_epi8(2);
+    let spread: [__m512i; 4] = std::array::from_fn(|j| {
+        let g = 4 * j as i32;
+        _mm512_setr_epi32(
+            g,
+            g,
+            g,
+            g,
+            g + 1,
+            g + 1,
+            g + 1,
+            g + 1,
+            g + 2,
+            g + 2,
+            g + 2,
+            g + 2,
+            g + 3,
+            g + 3,
+            g + 3,
+            g + 3,
+        )
+    });
+    let (cp, dp, np, bq) = (
+        cost.as_ptr(),
+        dc.as_ptr(),
+        next.as_mut_ptr(),
+        bp.as_mut_ptr(),
+    );
+    for p in groups.step_by(16) {
+        // SAFETY (all loads and stores): p + 16 ≤ groups.end ≤ q, so p + 3q + 16 ≤ 4q = ns,
+        // 4p + 64 ≤ ns and p + 16 ≤ q ≤ bp.len(); the asserts above hold the lengths.
+        let a = _mm512_loadu_ps(cp.add(p));
+        let b = _mm512_loadu_ps(cp.add(p + q));
+        let c = _mm512_loadu_ps(cp.add(p + 2 * q));
+        let d = _mm512_loadu_ps(cp.add(p + 3 * q));
+        let m01 = _mm512_min_ps(b, a);
+        let k01 = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(b, a);
+        let m23 = _mm512_min_ps(d, c);
+        let k23 = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(d, c);
+        let m = _mm512_min_ps(m23, m01);
+        let km = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(m23, m01);
+        let bit0 = (km & k23) | (!km & k01);
+        let t = _mm_add_epi8(_mm_maskz_mov_epi8(bit0, ones), _mm_maskz_mov_epi8(km, twos));
+        _mm_storeu_si128(bq.add(p) as *mut __m128i, t);
+        for (j, idx) in spread.iter().enumerate() {
+            let s = 4 * p + 16 * j;
+            let mj = _mm512_permutexvar_ps(*idx, m);
+            let e = _mm512_sub_ps(xv, _mm512_loadu_ps(dp.add(s)));
+            let e2 = _mm512_mul_ps(e, e);
+            let dist = if unit { e2 } else { _mm512_mul_ps(wv, e2) };
+            _mm512_storeu_ps(np.add(s), _mm512_add_ps(mj, dist));
+        }
     }
 }

@@ -119,7 +119,7 @@ pub fn quantize_ldlq_refit(
         panic!("{ty}: no LDLQ for this type (TensorType::ldlq)");
     };
     if kind == LdlqKind::Trellis {
-        return trellis::quantize_trellis(w, n, f, band, trellis::TrellisInner::FORMAT);
+        return trellis::quantize_trellis(w, n, f, band, trellis::TrellisInner::chosen());
     }
     let (bs, bb) = (ty.block_size(), ty.block_bytes());
     let row_bytes = n / bs * bb;

@@ -49,6 +49,34 @@ impl TrellisInner {
         psp: (1, 128),
         fast: 0,
     };
+
+    /// [`TrellisInner::FORMAT`], or with `TQ_TQ2T_FAST=1|2` its `fast` level (measurements of
+    /// fewer Viterbi searches per block on whole models; read once).
+    pub(crate) fn chosen() -> TrellisInner {
+        static FAST: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+        let fast = *FAST.get_or_init(|| {
+            std::env::var("TQ_TQ2T_FAST")
+                .ok()
+                .and_then(|v| v.parse::<u8>().ok())
+                .map_or(0, |v| v.min(2))
+        });
+        match TrellisInner::FORMAT {
+            TrellisInner::Quad {
+                weighted,
+                passes,
+                feedback,
+                psp,
+                ..
+            } => TrellisInner::Quad {
+                weighted,
+                passes,
+                feedback,
+                psp,
+                fast,
+            },
+            plain => plain,
+        }
+    }
 }
 
 /// The quadratic form each block's error is charged by, for every 64-column block `b` of the

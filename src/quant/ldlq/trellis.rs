@@ -687,6 +687,55 @@ mod tests {
         assert!(ln < lo, "proxy loss {ln} vs plain {lo}");
     }
 
+    /// The cheaper first stages (`fast` 1 and 2: fewer Viterbi searches per block) still beat the
+    /// plain block search on the proxy loss, stay within a few percent of the format's, and give
+    /// the same bytes for any thread count.
+    #[test]
+    fn fewer_searches_still_beat_plain() {
+        let n = 128;
+        let (h, f) = correlated_factor(n, 34);
+        let mut g = SplitMix64::new(8);
+        let w: Vec<f32> = (0..6 * n).map(|_| g.gauss() as f32).collect();
+        let loss = |bytes: &[u8]| {
+            let mut q = vec![0f32; w.len()];
+            crate::types::dequantize_rows(TensorType::TQ2T, bytes, &mut q, n, "t").unwrap();
+            proxy_loss(&h, n, &w, &q)
+        };
+        let plain = loss(&quantize_trellis(&w, n, &f, 0, TrellisInner::Plain));
+        let format = loss(&quantize_trellis(&w, n, &f, 0, TrellisInner::FORMAT));
+        for fast in [1u8, 2] {
+            let TrellisInner::Quad {
+                weighted,
+                passes,
+                feedback,
+                psp,
+                ..
+            } = TrellisInner::FORMAT
+            else {
+                unreachable!()
+            };
+            let inner = TrellisInner::Quad {
+                weighted,
+                passes,
+                feedback,
+                psp,
+                fast,
+            };
+            let run = |threads: usize| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap()
+                    .install(|| quantize_trellis(&w, n, &f, 0, inner))
+            };
+            let one = run(1);
+            assert_eq!(one, run(3), "fast {fast}");
+            let l = loss(&one);
+            assert!(l < plain, "fast {fast}: {l} vs plain {plain}");
+            assert!(l < 1.05 * format, "fast {fast}: {l} vs format {format}");
+        }
+    }
+
     /// Rows are encoded independently: the bytes do not depend on the thread count.
     #[test]
     fn trellis_ldlq_same_bytes_for_any_thread_count() {

@@ -331,8 +331,8 @@ mod tests {
             s
         };
         let mut rows: Vec<Vec<f32>> = vec![];
-        for k in 0..40 {
-            let e = (k as i32 % 20 - 10) as f32;
+        for k in 0..40i32 {
+            let e = (k % 20 - 10) as f32;
             rows.push(
                 (0..512)
                     .map(|_| ((next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * 2f32.powf(e))

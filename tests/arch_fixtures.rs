@@ -553,3 +553,75 @@ fn mix_on_moe_fixtures() {
         );
     }
 }
+
+/// One factor per expert Hessian (issue 32, item 2): `ffn_gate_exps` and `ffn_up_exps` read the
+/// same per-expert Hessians, so each expert's is factored once for both. Oracle: each tensor
+/// converted with the other left in F16 (so nothing is shared) must give the same bytes, and the
+/// factorizations counted by `TQ_LDLQ_PROF=1` must be the same with one or both tensors
+/// calibrated (without sharing, both would add one per calibrated gate|up expert).
+#[test]
+fn expert_tensors_sharing_a_hessian_share_its_factor() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| dir.path().join(n);
+    let model = write_fixture(dir.path(), "qwen3moe");
+    let text = synthetic_text();
+    std::fs::write(d("calib.txt"), &text[text.len() / 2..]).unwrap();
+    let h = d("h.safetensors");
+    let (code, _, err) = tq(&[
+        "calib",
+        s(&model),
+        "--text",
+        s(&d("calib.txt")),
+        "--ctx",
+        "128",
+        "-o",
+        s(&h),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    // The gate|up expert groups that LDLQ reads (at least MIN_EXPERT_TOKENS = 32 tokens): what
+    // sharing saves.
+    let (hs, _) = tq::quant::Hessians::load(&h).unwrap();
+    let shared = hs
+        .groups
+        .values()
+        .filter(|g| g.tensors.len() == 2 && g.tensors[0].contains("_exps.weight#"))
+        .filter(|g| g.tokens >= 32)
+        .count();
+    assert!(shared >= 8, "only {shared} gate|up experts calibrated");
+    for ty in ["q4_0", "tq4_1s"] {
+        let conv = |out: &str, extra: &[&str]| -> (GgufFile, u64) {
+            let o = d(&format!("{ty}-{out}.gguf"));
+            let mut a = vec!["convert", s(&model), "--weights", ty, "--calib", s(&h)];
+            a.extend(extra);
+            a.extend(["--no-provenance", "-o", s(&o)]);
+            let (code, _, err) = fixtures::tq_env(&a, &[("TQ_LDLQ_PROF", "1")]);
+            assert_eq!(code, 0, "{ty}: {err}");
+            let n = err
+                .lines()
+                .find_map(|l| l.split_once("; factors "))
+                .and_then(|(_, n)| n.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{ty}: no factor count in: {err}"));
+            (GgufFile::open(o).unwrap(), n)
+        };
+        let (both, n_both) = conv("both", &[]);
+        let (gate, n_gate) = conv("gate", &["--tensor-type", "ffn_up_exps=f16"]);
+        let (up, n_up) = conv("up", &["--tensor-type", "ffn_gate_exps=f16"]);
+        assert_eq!((n_both, n_both), (n_gate, n_up), "{ty}: factorizations");
+        let mut checked = 0;
+        for t in &both.tensors {
+            let other = match () {
+                _ if t.name.contains("ffn_up_exps") => &up,
+                _ => &gate,
+            };
+            let u = other.tensor(&t.name).unwrap();
+            assert_eq!(t.ty, u.ty, "{ty}: {}", t.name);
+            assert!(
+                both.tensor_data(t) == other.tensor_data(u),
+                "{ty}: {} differs from its conversion without sharing",
+                t.name
+            );
+            checked += t.name.contains("ffn_up_exps") as usize;
+        }
+        assert_eq!(checked, 4, "{ty}");
+    }
+}

@@ -51,6 +51,10 @@ pub(super) struct Producer<'a> {
     ldlq_index: std::collections::HashMap<&'a str, usize>,
     /// LDLQ factors by (family, group), with the plan index of the last entry that uses each.
     factors: std::collections::HashMap<String, (Arc<Factor>, usize)>,
+    /// Expert tensors encoded ahead with the factors of an earlier tensor that shares their
+    /// per-expert Hessians (gate|up): plan index → (their bytes in order, the experts rounded to
+    /// nearest). Sent when the entry's turn comes; it no longer needs its Hessians.
+    early: std::collections::HashMap<usize, (Vec<Vec<u8>>, Vec<String>)>,
     pub(super) converted: usize,
     pub(super) copied: usize,
 }
@@ -76,6 +80,7 @@ impl<'a> Producer<'a> {
                 .map(|(i, e)| (e.name.as_str(), i))
                 .collect(),
             factors: Default::default(),
+            early: Default::default(),
             converted: 0,
             copied: 0,
         }
@@ -84,7 +89,9 @@ impl<'a> Producer<'a> {
     /// `name` is an LDLQ tensor not written yet.
     pub(super) fn pending_ldlq(&self, name: &str) -> bool {
         let name = crate::quant::tensor_of(name);
-        self.ldlq_index.get(name).is_some_and(|&i| i >= self.next)
+        self.ldlq_index
+            .get(name)
+            .is_some_and(|&i| i >= self.next && !self.early.contains_key(&i))
     }
 
     /// Every entry was written; an LDLQ tensor whose Hessian never came is an error.
@@ -112,7 +119,7 @@ impl<'a> Producer<'a> {
             .get(self.next)
             .filter(|_| self.next < self.end)
         {
-            if !ready(e, hs) {
+            if !self.early.contains_key(&self.next) && !ready(e, hs) {
                 break;
             }
             self.entry(self.next, e, hs)?;
@@ -187,6 +194,10 @@ impl<'a> Producer<'a> {
     /// A 3-D expert tensor with LDLQ: each expert's rows (`dims[1]` of them) with the factor of
     /// that expert's Hessian; experts that saw fewer than
     /// [`crate::quant::hessian::MIN_EXPERT_TOKENS`] tokens are rounded to nearest, and named.
+    /// Later expert tensors of the range that read the same per-expert Hessians (gate|up) in the
+    /// same type family are encoded here too, with the same factor (one factorization per expert,
+    /// not one per tensor), and their bytes held until their turn (their output size, instead of
+    /// `n_expert` factors).
     fn experts(
         &mut self,
         i: usize,
@@ -194,11 +205,21 @@ impl<'a> Producer<'a> {
         hs: &Hessians,
         rows_per_chunk: usize,
     ) -> Result<()> {
+        if let Some((chunks, rtn)) = self.early.remove(&i) {
+            for c in chunks {
+                self.tx
+                    .send(Msg::Data(c))
+                    .map_err(|_| Error::internal("output writer stopped"))?;
+            }
+            report_rtn_experts(e, &rtn);
+            return Ok(());
+        }
         let ldlq = self.plan.ldlq;
         let src = self.src;
-        let closed = || Error::internal("output writer stopped");
-        let (row_len, per, n_exp) = (e.dims[0] as usize, e.dims[1] as usize, e.dims[2] as usize);
+        let (row_len, n_exp) = (e.dims[0] as usize, e.dims[2] as usize);
         let min_tok = crate::quant::hessian::MIN_EXPERT_TOKENS;
+        let mates = self.expert_mates(i, e, hs);
+        let mut held: Vec<Vec<Vec<u8>>> = vec![vec![]; mates.len()];
         let mut rtn = vec![];
         for x in 0..n_exp {
             let factor = match hs.for_expert(&e.name, x) {
@@ -218,30 +239,64 @@ impl<'a> Producer<'a> {
                     None
                 }
             };
-            let mut r = 0;
-            while r < per {
-                let rows = rows_per_chunk.min(per - r);
-                let row0 = (x * per + r) as u64;
-                let xr = read_finite_rows(src, i, &e.name, row0, rows, row_len)?;
+            // This tensor's expert `x` goes out now, each mate's into its hold.
+            for (k, &j) in std::iter::once(&i).chain(&mates).enumerate() {
+                let t = &self.plan.entries[j];
+                let per = t.dims[1] as usize;
                 let enc = crate::quant::Encoder::choose(
-                    e.dst,
-                    factor.as_ref().map(|f| (f, ldlq.band_for(e.dst))),
-                    e.importance.as_deref(),
+                    t.dst,
+                    factor.as_ref().map(|f| (f, ldlq.band_for(t.dst))),
+                    t.importance.as_deref(),
                 );
-                let bytes = crate::quant::encode_rows(e.dst, &e.name, &xr, row_len, &enc)?;
-                self.tx.send(Msg::Data(bytes)).map_err(|_| closed())?;
-                r += rows;
+                let mut r = 0;
+                while r < per {
+                    let rows = rows_per_chunk.min(per - r);
+                    let row0 = (x * per + r) as u64;
+                    let xr = read_finite_rows(src, j, &t.name, row0, rows, row_len)?;
+                    let bytes = crate::quant::encode_rows(t.dst, &t.name, &xr, row_len, &enc)?;
+                    match k {
+                        0 => self
+                            .tx
+                            .send(Msg::Data(bytes))
+                            .map_err(|_| Error::internal("output writer stopped"))?,
+                        _ => held[k - 1].push(bytes),
+                    }
+                    r += rows;
+                }
             }
         }
-        if !rtn.is_empty() {
-            eprintln!(
-                "tq convert: {}: {} of {n_exp} experts saw fewer than {min_tok} calibration tokens and are rounded to nearest: experts {}",
-                e.name,
-                rtn.len(),
-                rtn.join(", ")
-            );
+        report_rtn_experts(e, &rtn);
+        for (j, chunks) in mates.into_iter().zip(held) {
+            src.release(j);
+            self.early.insert(j, (chunks, rtn.clone()));
         }
         Ok(())
+    }
+
+    /// The later LDLQ expert tensors in this producer's range whose every expert reads the same
+    /// Hessian as entry `i`'s (both none, or one group: gate|up) and whose factor is the same
+    /// (type family and LDLQ kind, as [`Self::factor`] keys it; same input width and experts).
+    fn expert_mates(&self, i: usize, e: &PlanEntry, hs: &Hessians) -> Vec<usize> {
+        let n_exp = e.dims[2] as usize;
+        let same = |x: &PlanEntry| {
+            x.ldlq
+                && x.dims.len() == 3
+                && x.dims[0] == e.dims[0]
+                && x.dims[2] == e.dims[2]
+                && x.dst.family() == e.dst.family()
+                && x.dst.ldlq() == e.dst.ldlq()
+                && (0..n_exp).all(|k| {
+                    match (hs.for_expert(&e.name, k), hs.for_expert(&x.name, k)) {
+                        (None, None) => true,
+                        (Some(a), Some(b)) => std::ptr::eq(a, b),
+                        _ => false,
+                    }
+                })
+                && (0..n_exp).any(|k| hs.for_expert(&e.name, k).is_some())
+        };
+        (i + 1..self.end)
+            .filter(|&j| !self.early.contains_key(&j) && same(&self.plan.entries[j]))
+            .collect()
     }
 
     /// The LDLQ factor for entry `i`, computed once per Hessian group and type family (q/k/v
@@ -300,6 +355,20 @@ impl<'a> Producer<'a> {
             .map_or(i, |(j, _)| j);
         self.factors.insert(key, (f.clone(), last));
         Ok(f)
+    }
+}
+
+/// The one-line note naming the experts of `e` that were rounded to nearest (too few tokens).
+fn report_rtn_experts(e: &PlanEntry, rtn: &[String]) {
+    if !rtn.is_empty() {
+        eprintln!(
+            "tq convert: {}: {} of {} experts saw fewer than {} calibration tokens and are rounded to nearest: experts {}",
+            e.name,
+            rtn.len(),
+            e.dims[2],
+            crate::quant::hessian::MIN_EXPERT_TOKENS,
+            rtn.join(", ")
+        );
     }
 }
 

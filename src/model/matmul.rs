@@ -221,41 +221,13 @@ impl ActRound {
                 }
             }
             ActRound::Q8_0 => {
-                if !row.len().is_multiple_of(32) {
-                    return;
-                }
-                for b in row.chunks_exact_mut(32) {
-                    let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    let d = amax / 127.0;
-                    let dh = half::f16::from_f32(d).to_f32();
-                    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-                    for v in b.iter_mut() {
-                        *v = (*v * id).round_ties_even() * dh;
-                    }
+                if row.len().is_multiple_of(32) {
+                    with_roundps(row, false)
                 }
             }
             ActRound::Q8K => {
-                if !row.len().is_multiple_of(256) {
-                    return;
-                }
-                for b in row.chunks_exact_mut(256) {
-                    let (mut amax, mut max) = (0f32, 0f32);
-                    for &v in b.iter() {
-                        if v.abs() > amax {
-                            amax = v.abs();
-                            max = v;
-                        }
-                    }
-                    if amax == 0.0 {
-                        b.fill(0.0);
-                        continue;
-                    }
-                    let iscale = -127.0 / max;
-                    let d = 1.0 / iscale;
-                    for v in b.iter_mut() {
-                        let q = (iscale * *v).round_ties_even().min(127.0);
-                        *v = q * d;
-                    }
+                if row.len().is_multiple_of(256) {
+                    with_roundps(row, true)
                 }
             }
         }
@@ -275,9 +247,147 @@ impl ActRound {
     }
 }
 
+/// Run `f` on `row`, compiled for SSE4.1 where the CPU has it: `round_ties_even` is then one
+/// `roundps` (round to nearest even, the same result for every input) instead of a call to
+/// `rintf` per value, which baseline x86-64 (SSE2) has no instruction for. Same bits either way
+/// (`q8_rounding_sse41_equals_portable`).
+/// `q8k`: Q8_K's rounding ([`round_q8k`]), else Q8_0's ([`round_q8_0`]).
+#[inline(always)]
+fn with_roundps(row: &mut [f32], q8k: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("sse4.1") {
+        // SAFETY: SSE4.1 was detected on this CPU.
+        return unsafe { sse41(row, q8k) };
+    }
+    match q8k {
+        true => round_q8k(row),
+        false => round_q8_0(row),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse4.1")]
+unsafe fn sse41(row: &mut [f32], q8k: bool) {
+    match q8k {
+        true => round_q8k(row),
+        false => round_q8_0(row),
+    }
+}
+
+/// ggml's Q8_0 activation rounding of one row (a multiple of 32 long): per 32 values
+/// `d = max|v| / 127` (stored as f16), `v ← round(v · 127 / max|v|) · d`.
+#[inline(always)]
+fn round_q8_0(row: &mut [f32]) {
+    for b in row.chunks_exact_mut(32) {
+        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let dh = half::f16::from_f32(d).to_f32();
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        for v in b.iter_mut() {
+            *v = (*v * id).round_ties_even() * dh;
+        }
+    }
+}
+
+/// ggml's Q8_K activation rounding of one row (a multiple of 256 long): per 256 values the
+/// signed value of largest magnitude `max` sets `iscale = -127 / max`, `v ← min(round(iscale ·
+/// v), 127) / iscale`.
+#[inline(always)]
+fn round_q8k(row: &mut [f32]) {
+    for b in row.chunks_exact_mut(256) {
+        let (mut amax, mut max) = (0f32, 0f32);
+        for &v in b.iter() {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            b.fill(0.0);
+            continue;
+        }
+        let iscale = -127.0 / max;
+        let d = 1.0 / iscale;
+        for v in b.iter_mut() {
+            let q = (iscale * *v).round_ties_even().min(127.0);
+            *v = q * d;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The SSE4.1 build of the activation rounding gives the portable build's bits: random rows
+    /// over many magnitudes, rows whose scaled values are exact halves (ties), zeros, ±0.
+    #[test]
+    fn q8_rounding_sse41_equals_portable() {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut rows: Vec<Vec<f32>> = vec![];
+        for k in 0..40i32 {
+            let e = (k % 20 - 10) as f32;
+            rows.push(
+                (0..512)
+                    .map(|_| ((next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * 2f32.powf(e))
+                    .collect(),
+            );
+        }
+        // max|v| = 127 (Q8_0: id = 1; Q8_K: iscale = -1): values k + 0.5 are exact ties.
+        rows.push(
+            (0..512)
+                .map(|i| {
+                    if i % 32 == 0 {
+                        127.0
+                    } else {
+                        (i % 64) as f32 - 31.5
+                    }
+                })
+                .collect(),
+        );
+        rows.push(
+            (0..512)
+                .map(|i| {
+                    if i % 256 == 0 {
+                        -127.0
+                    } else {
+                        (i % 50) as f32 - 24.5
+                    }
+                })
+                .collect(),
+        );
+        rows.push(vec![0.0; 512]);
+        rows.push(
+            (0..512)
+                .map(|i| if i % 2 == 0 { 0.0 } else { -0.0 })
+                .collect(),
+        );
+        let mut ties = 0;
+        for r in &rows {
+            for (q8k, f) in [(false, round_q8_0 as fn(&mut [f32])), (true, round_q8k)] {
+                let mut a = r.clone();
+                f(&mut a);
+                let mut b = r.clone();
+                with_roundps(&mut b, q8k);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b));
+                ties += r.iter().filter(|v| v.fract().abs() == 0.5).count();
+            }
+        }
+        assert!(ties > 500, "{ties}");
+        // And the dispatching entry point is the same function.
+        let mut a = rows[3].clone();
+        ActRound::Q8K.apply(&mut a);
+        let mut b = rows[3].clone();
+        round_q8k(&mut b);
+        assert_eq!(a, b);
+    }
 
     #[test]
     fn matmul_matches_naive() {

@@ -468,6 +468,7 @@ pub fn factor_hessian_owned(
     refit: usize,
     what: &str,
 ) -> Result<Factor> {
+    super::prof::count_factor();
     let t = super::prof::start();
     if h.len() == n * n {
         shrink_to_diagonal(&mut h, n, shrink);

@@ -43,6 +43,13 @@ const NAMES: [&str; 9] = [
 ];
 static NS: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
 static CPU_NS: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
+/// Hessians factored (calls of `factor_hessian_owned`): tensors that share a Hessian share one.
+static FACTORS: AtomicU64 = AtomicU64::new(0);
+
+/// Count one factorization (always; printed by [`report`]).
+pub(crate) fn count_factor() {
+    FACTORS.fetch_add(1, Ordering::Relaxed);
+}
 
 /// The calling thread's CPU time in nanoseconds (0 where not available).
 fn thread_cpu_ns() -> u64 {
@@ -94,7 +101,8 @@ pub fn report() {
         })
         .collect();
     eprintln!(
-        "tq: ldlq phases (wall-seconds summed over calls, calling thread's CPU in brackets): {}",
-        parts.join(", ")
+        "tq: ldlq phases (wall-seconds summed over calls, calling thread's CPU in brackets): {}; factors {}",
+        parts.join(", "),
+        FACTORS.load(Ordering::Relaxed)
     );
 }

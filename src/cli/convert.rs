@@ -234,5 +234,6 @@ fn flags(a: ConvertArgs) -> ConvertFlags {
         verify: a.verify,
         max_kld: a.max_kld,
         no_provenance: a.no_provenance,
+        mix_in_memory: false,
     }
 }

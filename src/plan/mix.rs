@@ -333,7 +333,8 @@ pub enum Calibration<'a> {
 /// Per item, per member, per candidate: the tensor's weighted error estimate.
 pub type Table = Vec<Vec<Vec<crate::quant::sensitivity::Estimate>>>;
 
-/// Measure every item's members under every candidate (rows sampled: at most `sample` per tensor).
+/// Measure every item's members under every candidate (rows sampled: `sample` per tensor, fewer
+/// for rows over 4096 wide: [`crate::quant::sensitivity::rows_for`]).
 /// A token embedding (no Hessian: its input is one token) is weighted by its mean row error, one
 /// token's worth; a tensor without calibration data by its plain squared error.
 #[allow(clippy::too_many_arguments)]
@@ -377,7 +378,7 @@ impl Measurer {
         calib: &Calibration,
         sample: usize,
     ) -> Result<Vec<Vec<crate::quant::sensitivity::Estimate>>> {
-        use crate::quant::sensitivity::{errors, sample_rows, Estimate, Weighting};
+        use crate::quant::sensitivity::{errors, rows_for, sample_rows, Estimate, Weighting};
         if let Calibration::Stream(_) = calib {
             return Err(Error::internal(
                 "the mix's sensitivity from a streamed calibration is measured block by block",
@@ -392,7 +393,7 @@ impl Measurer {
             }
             let n = row_len(&e.dims) as usize;
             let n_rows: u64 = e.dims.iter().skip(1).product();
-            let picks = sample_rows(n_rows, sample);
+            let picks = sample_rows(n_rows, rows_for(sample, n));
             let mut rows = vec![0f32; picks.len() * n];
             for (r, buf) in picks.iter().zip(rows.chunks_mut(n)) {
                 src.read_rows_f32(i, *r, buf)?;
@@ -462,7 +463,7 @@ fn expert_errors(
     calib: &Calibration,
     sample: usize,
 ) -> Result<Option<Vec<crate::quant::sensitivity::Estimate>>> {
-    use crate::quant::sensitivity::{errors, sample_rows, Estimate, Factors, Weighting};
+    use crate::quant::sensitivity::{errors, rows_for, sample_rows, Estimate, Factors, Weighting};
     use std::borrow::Cow;
     let e = &plan.entries[i];
     let [n, per, n_exp] = e.dims[..] else {
@@ -485,7 +486,7 @@ fn expert_errors(
     if total == 0 {
         return Ok(None);
     }
-    let k = sample.div_ceil(n_exp).max(1);
+    let k = rows_for(sample, n).div_ceil(n_exp).max(1);
     let mut sum = vec![(0f64, 0f64); tys.len()];
     for (x, h) in hs.iter().enumerate() {
         let Some(h) = h.as_deref().filter(|h| h.tokens > 0) else {

@@ -224,6 +224,13 @@ pub(super) fn measure(
     let todo: Vec<usize> = (0..cands.len())
         .filter(|&k| !known.contains_key(&plan_key(&cands[k].plan)))
         .collect();
+    if todo.is_empty() {
+        // Every plan's KLD is known (the mix cache): no pass, no calibration pass.
+        return Ok(cands
+            .iter()
+            .map(|c| (known[&plan_key(&c.plan)], true))
+            .collect());
+    }
     let marked: Vec<Plan> = todo
         .iter()
         .map(|&k| marked(&cands[k].plan, calib))

@@ -649,7 +649,7 @@ fn cache_key(job: &Job) -> Result<cache::Key> {
         (
             "settings",
             format!(
-                "profile {} mix-rows {} ldlq band {} damp {} refit {}{} tq {}",
+                "profile {} mix-rows {} per 4096 elements ldlq band {} damp {} refit {}{} tq {}",
                 job.profile.name,
                 a.mix_rows.max(1),
                 l.band_label(),

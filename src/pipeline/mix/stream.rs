@@ -112,6 +112,12 @@ impl TextStream {
                 "calibration pass: Hessians left after the last block",
             ));
         }
+        if !self.quiet {
+            eprintln!(
+                "tq: mix: calibration pass for {what} done; at most {:.2} GB of Hessians held at once",
+                self.peak_bytes() as f64 / 1e9
+            );
+        }
         Ok(())
     }
 }

@@ -164,12 +164,27 @@ pub(crate) fn encode(
 ) -> Result<Vec<u8>> {
     let factor = match w {
         Weighting::Hessian { h, ldlq } if ty.has_ldlq() => {
-            // Act-order for the stock grids; per family otherwise (IQ2: natural order).
-            let key = if ty.ldlq_unrotated() {
-                "act-order".to_string()
-            } else {
-                format!("{:?}", ty.family())
-            };
+            // Act-order for the stock grids; per family otherwise (IQ2: natural order). What
+            // else makes a factor differ by type is in the key: its damping and shrinkage, and
+            // whether it carries the damped Hessian for the i-quants' scale refit (every IQ2/IQ3
+            // type under `--ldlq-refit` > 0, never IQ1_S/IQ1_M: `ldlq::factor_hessian_owned`),
+            // so IQ2_XXS never reuses IQ1_S's factor, which has no refit.
+            let refits = ldlq.refit > 0
+                && matches!(
+                    ty.ldlq(),
+                    Some(crate::types::LdlqKind::Lattice | crate::types::LdlqKind::IqGrid)
+                )
+                && !matches!(ty, TensorType::IQ1S | TensorType::IQ1M);
+            let key = format!(
+                "{} damp {} shrink {} refit {refits}",
+                if ty.ldlq_unrotated() {
+                    "act-order".to_string()
+                } else {
+                    format!("{:?}", ty.family())
+                },
+                ldlq.damp_for(ty),
+                ldlq.shrink_for(ty)
+            );
             Some(match factors.get(&key) {
                 Some(f) => f.clone(),
                 None => {
@@ -225,6 +240,55 @@ fn row_error(a: &[f32], b: &[f32], w: &Weighting) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The factors shared between candidate types (one per key) give each type the errors of its
+    /// own factor, as convert computes it for that type alone: IQ2/IQ3 (refit) after IQ1_S (none)
+    /// in the default candidates' order, and the stock types sharing act-order.
+    #[test]
+    fn shared_factors_equal_each_type_factored_alone() {
+        let n = 256;
+        let mut s = 9u64;
+        let mut r = || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f64 / (1u64 << 24) as f64) - 0.5
+        };
+        let x: Vec<f64> = (0..n * 300).map(|_| r()).collect();
+        let mut hm = vec![0f64; n * n];
+        for row in x.chunks(n) {
+            for i in 0..n {
+                for j in 0..n {
+                    hm[i * n + j] += row[i] * row[j];
+                }
+            }
+        }
+        let h = Hessian {
+            tensors: vec!["t".into()],
+            n,
+            h: hm,
+            tokens: 300,
+        };
+        let w = Weighting::Hessian {
+            h: &h,
+            ldlq: crate::quant::LdlqSettings::default(),
+        };
+        assert!(crate::quant::LdlqSettings::default().refit > 0);
+        let rows: Vec<f32> = (0..6 * n).map(|_| r() as f32).collect();
+        use TensorType::*;
+        let tys = [IQ1S, IQ2XXS, IQ2XS, IQ3XXS, IQ3S, Q2K, Q4K, IQ4XS];
+        let shared = errors("t", &rows, n, 6, &tys, &w, &mut Factors::new()).unwrap();
+        for (k, &ty) in tys.iter().enumerate() {
+            let alone = errors("t", &rows, n, 6, &[ty], &w, &mut Factors::new()).unwrap();
+            assert_eq!(
+                shared[k].err.to_bits(),
+                alone[0].err.to_bits(),
+                "{ty}: {} shared vs {} alone",
+                shared[k].err,
+                alone[0].err
+            );
+        }
+    }
 
     #[test]
     fn long_rows_sample_the_same_elements_in_fewer_rows() {

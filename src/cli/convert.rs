@@ -130,7 +130,7 @@ pub struct ConvertArgs {
     /// plus tq3_1s/tq4_1s for the fork).
     #[arg(long, value_name = "LIST")]
     pub types: Option<String>,
-    /// Rows sampled per tensor for the mix's error estimate.
+    /// Rows sampled per tensor for the mix's error estimate (rows over 4096 wide: fewer, the same elements).
     #[arg(long, default_value_t = 64)]
     pub mix_rows: usize,
     /// Text for the mix's KLD fit and for --verify (default: --calib when it is a text file).
@@ -234,5 +234,6 @@ fn flags(a: ConvertArgs) -> ConvertFlags {
         verify: a.verify,
         max_kld: a.max_kld,
         no_provenance: a.no_provenance,
+        mix_in_memory: false,
     }
 }

@@ -57,6 +57,10 @@ pub struct ConvertFlags {
     /// `--max-kld X` (with `--verify`): the gate.
     pub max_kld: Option<f64>,
     pub no_provenance: bool,
+    /// Not a flag (tests): a mix with `--calib TEXT` calibrates once and holds every block's
+    /// Hessians in memory until the conversion ends (the path before the mix streamed them),
+    /// to compare the streamed path with.
+    pub mix_in_memory: bool,
 }
 
 /// Where LDLQ's Hessians come from, decided once.
@@ -633,7 +637,9 @@ pub(super) fn file_size_of(
     let mut p = plan.clone();
     match calib {
         Calibration::File(f) => plan::assign_ldlq(&mut p, &f.index, &job.flags.ldlq),
-        Calibration::Memory(h) => plan::assign_ldlq(&mut p, h, &job.flags.ldlq),
+        Calibration::Memory(h) | Calibration::Stream(h) => {
+            plan::assign_ldlq(&mut p, h, &job.flags.ldlq)
+        }
         Calibration::Imatrix(_) | Calibration::None => {}
     }
     if let Some(m) = imatrix {

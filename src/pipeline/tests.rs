@@ -89,3 +89,76 @@ fn sensitivity_bytes_are_the_converted_files() {
         }
     }
 }
+
+/// `tq convert --target-bpw --calib TEXT --kld-text`: the mix that calibrates block by block in
+/// each pass (holding one block's Hessians) chooses the plan, measures the probes' and the plans'
+/// KLDs and writes the bytes of the mix that calibrated once and held every Hessian, bit for bit.
+#[test]
+fn streamed_mix_is_the_in_memory_mix() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n);
+    let model = p("m.gguf");
+    std::fs::write(&model, crate::gguf_gen::tiny_llama_tok(3, 256, 256).bytes).unwrap();
+    let text = p("t.txt");
+    std::fs::write(&text, crate::gguf_gen::pseudo_text(2500)).unwrap();
+    let run = |in_memory: bool| {
+        let out = p(&format!("mix-{in_memory}.gguf"));
+        let f = ConvertFlags {
+            input: model.clone(),
+            output: Some(out.clone()),
+            target: Some("upstream".into()),
+            target_bpw: Some(5.0),
+            calib: Some(text.clone()),
+            calib_tokens: 512,
+            calib_ctx: 64,
+            calib_batch: 4,
+            kld_text: Some(text.clone()),
+            kld_windows: 2,
+            kld_probes: 6,
+            mix_rows: 64,
+            quiet: true,
+            mix_in_memory: in_memory,
+            ..Default::default()
+        };
+        let o = convert(&Job::resolve(f).unwrap()).unwrap();
+        (o, std::fs::read(&out).unwrap())
+    };
+    let (a, bytes_a) = run(false);
+    let (b, bytes_b) = run(true);
+    let types = |o: &super::Outcome| -> Vec<(String, TensorType)> {
+        o.plan
+            .entries
+            .iter()
+            .map(|e| (e.name.clone(), e.dst))
+            .collect()
+    };
+    assert_eq!(types(&a), types(&b), "the plans differ");
+    let (ma, mb) = (a.mix.as_ref().unwrap(), b.mix.as_ref().unwrap());
+    let probes = |m: &super::mix::MixReport| -> Vec<(String, TensorType, u64, u64)> {
+        m.probes
+            .iter()
+            .map(|p| (p.tensor.clone(), p.ty, p.err.to_bits(), p.kld.to_bits()))
+            .collect()
+    };
+    assert!(!ma.probes.is_empty() && ma.probes.iter().all(|p| p.kld > 0.0));
+    assert!(
+        ma.probes.iter().any(|p| p.tensor.starts_with("blk.")),
+        "probes in the blocks (Hessian data from a pass)"
+    );
+    assert_eq!(probes(ma), probes(mb), "the probes differ");
+    let tried = |m: &super::mix::MixReport| -> Vec<(String, u64, u64)> {
+        m.tried
+            .iter()
+            .map(|t| (t.name.clone(), t.file, t.kld.to_bits()))
+            .collect()
+    };
+    assert!(ma.tried.len() >= 2, "several plans measured");
+    assert_eq!(tried(ma), tried(mb), "the measured plans differ");
+    assert_eq!(
+        ma.err.to_bits(),
+        mb.err.to_bits(),
+        "the sensitivity differs"
+    );
+    assert_eq!(ma.chosen, mb.chosen);
+    assert!(bytes_a == bytes_b, "the written files differ");
+}

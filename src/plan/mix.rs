@@ -313,11 +313,17 @@ pub fn apply(
 }
 
 /// Where the error weights come from (and with them how convert will quantize).
+#[derive(Clone, Copy)]
 pub enum Calibration<'a> {
     /// Hessians in a file from `tq calib`, read one group at a time.
     File(&'a crate::quant::HessianFile),
-    /// Hessians in memory (`--calib TEXT`, calibrated before the mix).
+    /// Hessians in memory: all of them, or (inside a streamed pass) one block's.
     Memory(&'a crate::quant::Hessians),
+    /// `--calib TEXT` streamed: the index of the groups a calibration will produce (shapes, no
+    /// data; [`crate::calib::stream::expected`]). The passes that need a Hessian's data
+    /// calibrate block by block and measure each block with [`Calibration::Memory`] of that
+    /// block's groups ([`Measurer::item`]); asked for data, this answers an internal error.
+    Stream(&'a crate::quant::Hessians),
     /// `--imatrix`: per-column importance by tensor name.
     Imatrix(&'a std::collections::BTreeMap<String, Vec<f32>>),
     /// Nothing: plain squared error.
@@ -327,7 +333,8 @@ pub enum Calibration<'a> {
 /// Per item, per member, per candidate: the tensor's weighted error estimate.
 pub type Table = Vec<Vec<Vec<crate::quant::sensitivity::Estimate>>>;
 
-/// Measure every item's members under every candidate (rows sampled: at most `sample` per tensor).
+/// Measure every item's members under every candidate (rows sampled: `sample` per tensor, fewer
+/// for rows over 4096 wide: [`crate::quant::sensitivity::rows_for`]).
 /// A token embedding (no Hessian: its input is one token) is weighted by its mean row error, one
 /// token's worth; a tensor without calibration data by its plain squared error.
 #[allow(clippy::too_many_arguments)]
@@ -339,13 +346,44 @@ pub fn measure(
     sample: usize,
     progress: &dyn Fn(usize, usize),
 ) -> Result<Table> {
-    use crate::quant::sensitivity::{errors, sample_rows, Estimate, Factors, Weighting};
-    let mut live: Option<crate::quant::Hessian> = None;
-    let mut live_key: Option<String> = None;
-    let mut factors = Factors::new();
+    let mut m = Measurer::default();
     let mut table = Vec::with_capacity(items.len());
     for (it, (idx, tys)) in items.iter().enumerate() {
         progress(it, items.len());
+        table.push(m.item(src, plan, idx, tys, calib, sample)?);
+    }
+    progress(items.len(), items.len());
+    Ok(table)
+}
+
+/// The sensitivity pass's state from item to item: the Hessian group last measured under (from a
+/// file, its matrix) and its LDLQ factors by type family, reused while consecutive tensors share
+/// the group (a layer's q/k/v, gate/up). The estimates do not depend on it: a factor is a
+/// function of its Hessian and type family, computed again when the group changes.
+#[derive(Default)]
+pub struct Measurer {
+    live: Option<crate::quant::Hessian>,
+    live_key: Option<String>,
+    factors: crate::quant::sensitivity::Factors,
+}
+
+impl Measurer {
+    /// One item's members under each of its candidate types `tys` ([`measure`]).
+    pub fn item(
+        &mut self,
+        src: &dyn crate::source::TensorSource,
+        plan: &Plan,
+        idx: &[usize],
+        tys: &[TensorType],
+        calib: &Calibration,
+        sample: usize,
+    ) -> Result<Vec<Vec<crate::quant::sensitivity::Estimate>>> {
+        use crate::quant::sensitivity::{errors, rows_for, sample_rows, Estimate, Weighting};
+        if let Calibration::Stream(_) = calib {
+            return Err(Error::internal(
+                "the mix's sensitivity from a streamed calibration is measured block by block",
+            ));
+        }
         let mut per = vec![];
         for &i in idx {
             let e = &plan.entries[i];
@@ -355,7 +393,7 @@ pub fn measure(
             }
             let n = row_len(&e.dims) as usize;
             let n_rows: u64 = e.dims.iter().skip(1).product();
-            let picks = sample_rows(n_rows, sample);
+            let picks = sample_rows(n_rows, rows_for(sample, n));
             let mut rows = vec![0f32; picks.len() * n];
             for (r, buf) in picks.iter().zip(rows.chunks_mut(n)) {
                 src.read_rows_f32(i, *r, buf)?;
@@ -367,17 +405,17 @@ pub fn measure(
                 Calibration::Memory(h) => h.for_tensor(&e.name).map(|g| g.tensors.join(",")),
                 _ => None,
             };
-            if key.is_some() && key != live_key {
+            if key.is_some() && key != self.live_key {
                 // A new Hessian group: its factors (and, from a file, its matrix) replace the last.
-                factors.clear();
-                live = None;
+                self.factors.clear();
+                self.live = None;
                 if let (Some(k), Calibration::File(f)) = (&key, calib) {
-                    live = Some(f.load_group(k)?);
+                    self.live = Some(f.load_group(k)?);
                 }
-                live_key = key.clone();
+                self.live_key = key.clone();
             }
             let h: Option<&crate::quant::Hessian> = match calib {
-                Calibration::File(_) if key.is_some() => live.as_ref(),
+                Calibration::File(_) if key.is_some() => self.live.as_ref(),
                 Calibration::Memory(hs) => hs.for_tensor(&e.name),
                 _ => None,
             };
@@ -391,7 +429,7 @@ pub fn measure(
                 (None, Some(v)) => Weighting::Diagonal(v),
                 _ => Weighting::Identity,
             };
-            let mut est = errors(&e.name, &rows, n, n_rows, tys, &w, &mut factors)?;
+            let mut est = errors(&e.name, &rows, n, n_rows, tys, &w, &mut self.factors)?;
             let calibrated = !matches!(calib, Calibration::None);
             if calibrated
                 && matches!(w, Weighting::Identity)
@@ -407,10 +445,8 @@ pub fn measure(
             }
             per.push(est);
         }
-        table.push(per);
+        Ok(per)
     }
-    progress(items.len(), items.len());
-    Ok(table)
 }
 
 /// A 3-D expert tensor with per-expert Hessians: each expert's sampled rows measured under its
@@ -427,7 +463,7 @@ fn expert_errors(
     calib: &Calibration,
     sample: usize,
 ) -> Result<Option<Vec<crate::quant::sensitivity::Estimate>>> {
-    use crate::quant::sensitivity::{errors, sample_rows, Estimate, Factors, Weighting};
+    use crate::quant::sensitivity::{errors, rows_for, sample_rows, Estimate, Factors, Weighting};
     use std::borrow::Cow;
     let e = &plan.entries[i];
     let [n, per, n_exp] = e.dims[..] else {
@@ -450,7 +486,7 @@ fn expert_errors(
     if total == 0 {
         return Ok(None);
     }
-    let k = sample.div_ceil(n_exp).max(1);
+    let k = rows_for(sample, n).div_ceil(n_exp).max(1);
     let mut sum = vec![(0f64, 0f64); tys.len()];
     for (x, h) in hs.iter().enumerate() {
         let Some(h) = h.as_deref().filter(|h| h.tokens > 0) else {
@@ -505,6 +541,13 @@ pub fn has_weights(calib: &Calibration, e: &PlanEntry) -> bool {
     match calib {
         Calibration::File(f) => any(&f.index),
         Calibration::Memory(h) => any(h),
+        // The index has every expert's group but not its tokens (known once the block runs):
+        // a calibration routes each token to some expert of every MoE block, so an expert
+        // tensor with groups of its row length has data, as in memory.
+        Calibration::Stream(h) => {
+            h.for_tensor(&e.name).is_some_and(|h| h.n == n)
+                || (0..n_exp).any(|x| h.for_expert(&e.name, x).is_some_and(|h| h.n == n))
+        }
         Calibration::Imatrix(m) => m.get(&e.name).is_some_and(|v| v.len() == n),
         Calibration::None => false,
     }

@@ -38,6 +38,29 @@ pub struct Estimate {
     pub se: f64,
 }
 
+/// Row length up to which `--mix-rows N` samples N rows of a tensor ([`rows_for`]).
+pub(crate) const ROW_ELEMENTS: usize = 4096;
+
+/// The fewest rows sampled from a tensor with rows longer than [`ROW_ELEMENTS`].
+pub(crate) const MIN_ROWS: usize = 16;
+
+/// Rows to sample from a tensor whose rows have `n` elements, for `--mix-rows sample`: `sample`
+/// rows of up to [`ROW_ELEMENTS`] elements; longer rows fewer, in proportion (the same
+/// elements, `sample × 4096`), at least [`MIN_ROWS`] and never more than `sample`. A row's
+/// error sums its elements' errors, so a longer row's error varies less from row to row
+/// and the estimate's relative standard error stays about the same with fewer rows, while each
+/// sampled row costs LDLQ `n²` per candidate type (a 7B `ffn_down`, 11,008 wide: 24 rows, not 64,
+/// 2.7× less of the sensitivity pass's largest item). Models up to 4096 wide sample as before.
+pub(crate) fn rows_for(sample: usize, n: usize) -> usize {
+    if n <= ROW_ELEMENTS {
+        return sample;
+    }
+    (sample * ROW_ELEMENTS)
+        .div_ceil(n)
+        .max(MIN_ROWS)
+        .min(sample)
+}
+
 /// The rows sampled from a tensor of `n_rows` rows: `k` evenly spaced (all when `k ≥ n_rows`).
 pub(crate) fn sample_rows(n_rows: u64, k: usize) -> Vec<u64> {
     let k = (k as u64).min(n_rows);
@@ -141,12 +164,27 @@ pub(crate) fn encode(
 ) -> Result<Vec<u8>> {
     let factor = match w {
         Weighting::Hessian { h, ldlq } if ty.has_ldlq() => {
-            // Act-order for the stock grids; per family otherwise (IQ2: natural order).
-            let key = if ty.ldlq_unrotated() {
-                "act-order".to_string()
-            } else {
-                format!("{:?}", ty.family())
-            };
+            // Act-order for the stock grids; per family otherwise (IQ2: natural order). What
+            // else makes a factor differ by type is in the key: its damping and shrinkage, and
+            // whether it carries the damped Hessian for the i-quants' scale refit (every IQ2/IQ3
+            // type under `--ldlq-refit` > 0, never IQ1_S/IQ1_M: `ldlq::factor_hessian_owned`),
+            // so IQ2_XXS never reuses IQ1_S's factor, which has no refit.
+            let refits = ldlq.refit > 0
+                && matches!(
+                    ty.ldlq(),
+                    Some(crate::types::LdlqKind::Lattice | crate::types::LdlqKind::IqGrid)
+                )
+                && !matches!(ty, TensorType::IQ1S | TensorType::IQ1M);
+            let key = format!(
+                "{} damp {} shrink {} refit {refits}",
+                if ty.ldlq_unrotated() {
+                    "act-order".to_string()
+                } else {
+                    format!("{:?}", ty.family())
+                },
+                ldlq.damp_for(ty),
+                ldlq.shrink_for(ty)
+            );
             Some(match factors.get(&key) {
                 Some(f) => f.clone(),
                 None => {
@@ -202,6 +240,66 @@ fn row_error(a: &[f32], b: &[f32], w: &Weighting) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The factors shared between candidate types (one per key) give each type the errors of its
+    /// own factor, as convert computes it for that type alone: IQ2/IQ3 (refit) after IQ1_S (none)
+    /// in the default candidates' order, and the stock types sharing act-order.
+    #[test]
+    fn shared_factors_equal_each_type_factored_alone() {
+        let n = 256;
+        let mut s = 9u64;
+        let mut r = || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f64 / (1u64 << 24) as f64) - 0.5
+        };
+        let x: Vec<f64> = (0..n * 300).map(|_| r()).collect();
+        let mut hm = vec![0f64; n * n];
+        for row in x.chunks(n) {
+            for i in 0..n {
+                for j in 0..n {
+                    hm[i * n + j] += row[i] * row[j];
+                }
+            }
+        }
+        let h = Hessian {
+            tensors: vec!["t".into()],
+            n,
+            h: hm,
+            tokens: 300,
+        };
+        let w = Weighting::Hessian {
+            h: &h,
+            ldlq: crate::quant::LdlqSettings::default(),
+        };
+        assert!(crate::quant::LdlqSettings::default().refit > 0);
+        let rows: Vec<f32> = (0..6 * n).map(|_| r() as f32).collect();
+        use TensorType::*;
+        let tys = [IQ1S, IQ2XXS, IQ2XS, IQ3XXS, IQ3S, Q2K, Q4K, IQ4XS];
+        let shared = errors("t", &rows, n, 6, &tys, &w, &mut Factors::new()).unwrap();
+        for (k, &ty) in tys.iter().enumerate() {
+            let alone = errors("t", &rows, n, 6, &[ty], &w, &mut Factors::new()).unwrap();
+            assert_eq!(
+                shared[k].err.to_bits(),
+                alone[0].err.to_bits(),
+                "{ty}: {} shared vs {} alone",
+                shared[k].err,
+                alone[0].err
+            );
+        }
+    }
+
+    #[test]
+    fn long_rows_sample_the_same_elements_in_fewer_rows() {
+        assert_eq!(rows_for(64, 576), 64);
+        assert_eq!(rows_for(64, 4096), 64);
+        assert_eq!(rows_for(64, 8192), 32);
+        assert_eq!(rows_for(64, 11008), 24);
+        assert_eq!(rows_for(64, 28672), MIN_ROWS);
+        assert_eq!(rows_for(8, 28672), 8, "never more than asked");
+        assert_eq!(rows_for(1000, 11008), 373);
+    }
 
     #[test]
     fn sampling_is_even_and_estimate_exact_on_full_sample() {

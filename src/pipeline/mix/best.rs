@@ -219,10 +219,18 @@ pub(super) fn measure(
     windows: usize,
     known: &BTreeMap<String, f64>,
     quiet: bool,
+    stream: Option<&super::stream::TextStream>,
 ) -> Result<Vec<(f64, bool)>> {
     let todo: Vec<usize> = (0..cands.len())
         .filter(|&k| !known.contains_key(&plan_key(&cands[k].plan)))
         .collect();
+    if todo.is_empty() {
+        // Every plan's KLD is known (the mix cache): no pass, no calibration pass.
+        return Ok(cands
+            .iter()
+            .map(|c| (known[&plan_key(&c.plan)], true))
+            .collect());
+    }
     let marked: Vec<Plan> = todo
         .iter()
         .map(|&k| marked(&cands[k].plan, calib))
@@ -259,7 +267,15 @@ pub(super) fn measure(
         done.set(done.get() + 1);
         pb.set_position(done.get());
     };
+    // A streamed calibration: the block being run's Hessians, moved here for the time of its
+    // stage (the blocks run from inside the calibration pass, below).
+    let cur = std::cell::RefCell::new(crate::quant::Hessians::default());
     let mut subs = |stage: Stage| -> Result<Vec<Vec<Substitute>>> {
+        let held = cur.borrow();
+        let calib = match calib {
+            Calibration::Stream(_) => &Calibration::Memory(&held),
+            c => c,
+        };
         let mut bytes: HashMap<(usize, TensorType), Arc<Vec<u8>>> = HashMap::new();
         let mut out = Vec::with_capacity(marked.len());
         for (p, m) in marked.iter().zip(&by_stage) {
@@ -284,7 +300,29 @@ pub(super) fn measure(
         }
         Ok(out)
     };
-    let klds = probes.kld_streamed(marked.len(), &mut subs, &step)?;
+    let streamed = match calib {
+        Calibration::Stream(_) => stream,
+        _ => None,
+    };
+    let mut drive = |f: &mut dyn FnMut(usize) -> Result<()>| -> Result<()> {
+        let Some(s) = streamed else {
+            return Err(Error::internal("measured plans: no calibration to stream"));
+        };
+        s.pass("the measured plans", &mut |l, hs| {
+            cur.borrow_mut().groups = std::mem::take(&mut hs.groups);
+            let r = f(l);
+            cur.borrow_mut().groups.clear();
+            r
+        })
+    };
+    let klds = probes.kld_streamed(
+        marked.len(),
+        &mut subs,
+        &step,
+        streamed
+            .is_some()
+            .then_some(&mut drive as super::probe::Driver),
+    )?;
     pb.finish_and_clear();
     let mut measured: HashMap<usize, f64> = todo.iter().copied().zip(klds).collect();
     Ok((0..cands.len())
@@ -468,6 +506,7 @@ pub(super) fn best_of_few(
         b.o.kld_windows,
         known,
         b.o.quiet,
+        b.o.stream,
     )?;
     let keys: Vec<String> = cands.iter().map(|c| plan_key(&c.plan)).collect();
     for ((k, (kld, _)), p) in keys.iter().zip(&klds).zip(&predicted) {
@@ -686,6 +725,7 @@ mod tests {
             2,
             &BTreeMap::new(),
             true,
+            None,
         )
         .unwrap();
         // Each measured KLD is the written file's.
@@ -738,6 +778,7 @@ mod tests {
             2,
             &known,
             true,
+            None,
         )
         .unwrap();
         assert_eq!(again[0], (7.0, true));

@@ -119,12 +119,36 @@ pub(super) fn fit(
             probes.start_of(&names)
         })
         .collect();
+    // A streamed calibration: the probes of tensors in blocks are encoded in one calibration
+    // pass, each when its block ends (a probe holds one tensor's bytes until it runs).
+    let mut pre: std::collections::HashMap<usize, Vec<Substitute>> = Default::default();
+    if let (Calibration::Stream(_), Some(s)) = (calib, o.stream) {
+        let n_layer = s.n_layer();
+        let blocks: Vec<Option<usize>> = jobs
+            .iter()
+            .map(|(_, idx, _)| super::stream::block_of(plan, idx, n_layer))
+            .collect::<Result<_>>()?;
+        if blocks.iter().any(Option::is_some) {
+            s.pass("the KLD probes' encodings", &mut |l, hs| {
+                for (r, (_, idx, ty)) in jobs.iter().enumerate() {
+                    if blocks[r] == Some(l) {
+                        let c = Calibration::Memory(hs);
+                        pre.insert(r, substitutes(src, plan, profile, idx, *ty, &c)?);
+                    }
+                }
+                Ok(())
+            })?;
+        }
+    }
     let mut run: Vec<usize> = (0..jobs.len()).collect();
     run.sort_by_key(|&r| starts[r]);
     let mut pb = crate::pipeline::progress::steps(o.quiet, jobs.len() as u64, "KLD probes");
     for (done, &r) in run.iter().enumerate() {
         let (job, idx, ty) = &jobs[r];
-        let subs = substitutes(src, plan, profile, idx, *ty, calib)?;
+        let subs = match pre.remove(&r) {
+            Some(s) => s,
+            None => substitutes(src, plan, profile, idx, *ty, calib)?,
+        };
         let kld = probes.kld(subs)?;
         match *job {
             Job::Probe(j) => rep.probes[j].kld = kld,
@@ -326,7 +350,7 @@ pub(super) fn mark(p: &mut Plan, calib: &Calibration) {
     let ldlq = p.ldlq;
     match calib {
         Calibration::File(f) => plan::assign_ldlq(p, &f.index, &ldlq),
-        Calibration::Memory(h) => plan::assign_ldlq(p, h, &ldlq),
+        Calibration::Memory(h) | Calibration::Stream(h) => plan::assign_ldlq(p, h, &ldlq),
         Calibration::Imatrix(m) => plan::assign_importance(p, m),
         Calibration::None => {}
     }
@@ -343,6 +367,18 @@ pub(super) fn encode_entry(
 ) -> Result<Vec<u8>> {
     let c = match calib {
         Calibration::File(f) => convert::Calib::File(f),
+        // A streamed calibration's data comes block by block (as `Memory` of the block);
+        // a tensor without Hessians (token_embd, output) needs none.
+        Calibration::Stream(ix) => {
+            let e = &p.entries[i];
+            if ix.for_tensor(&e.name).is_some() || ix.has_experts(&e.name) {
+                return Err(Error::internal(format!(
+                    "{}: its Hessian is encoded from inside a calibration pass",
+                    e.name
+                )));
+            }
+            convert::Calib::Hessians(crate::quant::Hessians::default())
+        }
         Calibration::Memory(hs) => {
             let mut one = crate::quant::Hessians::default();
             let e = &p.entries[i];

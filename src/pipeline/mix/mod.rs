@@ -7,6 +7,7 @@ mod calibrate;
 mod fit;
 mod probe;
 mod report;
+mod stream;
 mod target;
 
 pub use calibrate::KldCalibration;
@@ -34,6 +35,9 @@ pub struct MixOpts<'a> {
     pub quiet: bool,
     /// `--mix-cache FILE` and what its measurements depend on besides the candidate types.
     pub(crate) cache: Option<(&'a Path, cache::Key)>,
+    /// `--calib TEXT`, streamed (with [`Calibration::Stream`] of its index): every pass that
+    /// needs Hessian data calibrates block by block.
+    pub(crate) stream: Option<&'a stream::TextStream>,
 }
 
 /// Choose the plan's types for the budget. `size_of(plan)` is the file size the plan gives with
@@ -62,7 +66,9 @@ pub fn choose(
         )));
     }
     let weighting = match calib {
-        Calibration::File(_) | Calibration::Memory(_) => "hessian (tr(dW H dW^T), LDLQ as convert)",
+        Calibration::File(_) | Calibration::Memory(_) | Calibration::Stream(_) => {
+            "hessian (tr(dW H dW^T), LDLQ as convert)"
+        }
         Calibration::Imatrix(_) => "imatrix diagonal (weighted block fit as convert)",
         Calibration::None => "identity: plain squared error (no --calib/--imatrix)",
     };
@@ -180,9 +186,16 @@ pub fn choose(
         Some(m) => m.table.clone(),
         None => {
             let mut pb = super::progress::steps(o.quiet, items.len() as u64, "sensitivity");
-            let t = mix::measure(src, plan, &items, calib, o.rows, &|d, _| {
-                pb.set_position(d as u64)
-            })?;
+            let t = match (calib, o.stream) {
+                (Calibration::Stream(_), Some(s)) => {
+                    s.sensitivity(src, plan, &items, o.rows, &mut |d| {
+                        pb.set_position(d as u64)
+                    })?
+                }
+                _ => mix::measure(src, plan, &items, calib, o.rows, &|d, _| {
+                    pb.set_position(d as u64)
+                })?,
+            };
             pb.finish_and_clear();
             t
         }
@@ -511,7 +524,9 @@ fn same_types(a: &Plan, b: &Plan) -> bool {
 }
 
 /// Choose the mix for `job`'s budget: calibration data loaded as convert will use it (a text is
-/// calibrated on here, in memory, and the Hessians handed on to the conversion), sensitivity,
+/// calibrated on block by block in each pass that needs Hessians, [`stream`], and the
+/// conversion calibrates again as it writes; with [`super::ConvertFlags::mix_in_memory`] it is
+/// calibrated on once, in memory, and the Hessians handed on to the conversion), sensitivity,
 /// fit, DP. Sets the plan's types and base type.
 pub(crate) fn run(
     job: &Job,
@@ -522,12 +537,13 @@ pub(crate) fn run(
     let a = &job.flags;
     let mut file = None;
     let mut mem = None;
+    let mut text = None;
     let mut im = None;
     match &job.calib {
         CalibInput::Hessians { path, .. } => {
             file = Some(crate::quant::HessianFile::open(path)?.0)
         }
-        CalibInput::Text { .. } if !a.dry_run => {
+        CalibInput::Text { .. } if !a.dry_run && a.mix_in_memory => {
             let o = job.text_options().expect("text calibration");
             let p = job.calib.path().expect("a path");
             mem = Some(crate::calib::input::calibrate_text(
@@ -536,6 +552,11 @@ pub(crate) fn run(
                 p,
                 &o,
             )?);
+        }
+        CalibInput::Text { .. } if !a.dry_run => {
+            let o = job.text_options().expect("text calibration");
+            let p = job.calib.path().expect("a path");
+            text = Some(stream::TextStream::new(&a.input, &job.profile, p, &o)?);
         }
         CalibInput::Text { path, .. } => {
             return Err(Error::Usage(format!(
@@ -549,10 +570,11 @@ pub(crate) fn run(
     if let Some(p) = &job.flags.imatrix {
         im = Some(crate::calib::imatrix::load(p)?.entries);
     }
-    let calib = match (&file, &mem, &im) {
-        (Some(f), _, _) => Calibration::File(f),
-        (_, Some(h), _) => Calibration::Memory(h),
-        (_, _, Some(m)) => Calibration::Imatrix(m),
+    let calib = match (&file, &mem, &text, &im) {
+        (Some(f), ..) => Calibration::File(f),
+        (_, Some(h), ..) => Calibration::Memory(h),
+        (_, _, Some(t), _) => Calibration::Stream(&t.index),
+        (.., Some(m)) => Calibration::Imatrix(m),
         _ => Calibration::None,
     };
     let cache = match &a.mix_cache {
@@ -561,6 +583,7 @@ pub(crate) fn run(
     };
     let o = MixOpts {
         cache,
+        stream: text.as_ref(),
         budget,
         types: a.types.as_deref(),
         rows: a.mix_rows.max(1),
@@ -626,7 +649,7 @@ fn cache_key(job: &Job) -> Result<cache::Key> {
         (
             "settings",
             format!(
-                "profile {} mix-rows {} ldlq band {} damp {} refit {}{} tq {}",
+                "profile {} mix-rows {} per 4096 elements ldlq band {} damp {} refit {}{} tq {}",
                 job.profile.name,
                 a.mix_rows.max(1),
                 l.band_label(),

@@ -23,6 +23,9 @@ use std::path::Path;
 /// The bytes are shared: one encoding of a (tensor, type) serves every plan that holds it.
 pub(crate) type Substitute = (String, TensorType, u32, std::sync::Arc<Vec<u8>>);
 
+/// Runs blocks `0..n_layer` in order through the function it is given ([`Probes::kld_streamed`]).
+pub(crate) type Driver<'d> = &'d mut dyn FnMut(&mut dyn FnMut(usize) -> Result<()>) -> Result<()>;
+
 /// Where a forward pass reads a tensor: the embedding lookup, one block, or the output head.
 /// Ordered as the pass runs.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
@@ -117,11 +120,17 @@ impl<'a> Probes<'a> {
     /// read once for all variants. Each KLD is bit for bit what [`Probes::kld`] gives for the
     /// variant's replacements all at once: every block and the head run on the same batches with
     /// the same weights, and the KLD accumulates in the same order.
+    ///
+    /// `drive`, when given, runs the blocks: it calls its argument with each block `0..n_layer`
+    /// in order (a streamed calibration pass does, from inside the pass, so that `subs` of a
+    /// block can encode under that block's Hessians while they are alive); without it the
+    /// blocks run in a plain loop.
     pub(crate) fn kld_streamed(
         &mut self,
         n: usize,
         subs: &mut dyn FnMut(Stage) -> Result<Vec<Vec<Substitute>>>,
         ran: &dyn Fn(),
+        drive: Option<Driver>,
     ) -> Result<Vec<f64>> {
         let (ctx, first, batch) = (self.win.n_ctx, self.win.first(), self.batch);
         let n_layer = self.reference.cfg.n_layer;
@@ -163,23 +172,43 @@ impl<'a> Probes<'a> {
         }
         drop(plain);
         // Blocks: each variant's states through block l with its replacements, then the next.
-        for l in 0..n_layer {
-            for (k, sk) in stage(subs, Stage::Block(l))?.into_iter().enumerate() {
-                let view = self.file.with_tensors(sk)?;
-                let m = Model::new(&view, Numerics::Ggml)?;
-                let mut b = Batches {
-                    seq: ctx,
-                    out_from: first,
-                    batches: ranges
-                        .iter()
-                        .zip(std::mem::take(&mut states[k]))
-                        .map(|(&(w0, w1), x)| (w1 - w0, x))
-                        .collect(),
-                };
-                m.blocks_major(&mut b, l..l + 1, &mut |_, _| {})?;
-                states[k] = b.batches.into_iter().map(|(_, x)| x).collect();
-                ran();
+        let mut next = 0usize;
+        {
+            let file = self.file;
+            let mut block = |l: usize| -> Result<()> {
+                if l != next {
+                    return Err(crate::error::Error::internal(format!(
+                        "measured plans: block {l} run where block {next} was due"
+                    )));
+                }
+                next += 1;
+                for (k, sk) in stage(subs, Stage::Block(l))?.into_iter().enumerate() {
+                    let view = file.with_tensors(sk)?;
+                    let m = Model::new(&view, Numerics::Ggml)?;
+                    let mut b = Batches {
+                        seq: ctx,
+                        out_from: first,
+                        batches: ranges
+                            .iter()
+                            .zip(std::mem::take(&mut states[k]))
+                            .map(|(&(w0, w1), x)| (w1 - w0, x))
+                            .collect(),
+                    };
+                    m.blocks_major(&mut b, l..l + 1, &mut |_, _| {})?;
+                    states[k] = b.batches.into_iter().map(|(_, x)| x).collect();
+                    ran();
+                }
+                Ok(())
+            };
+            match drive {
+                Some(d) => d(&mut block)?,
+                None => (0..n_layer).try_for_each(&mut block)?,
             }
+        }
+        if next != n_layer {
+            return Err(crate::error::Error::internal(format!(
+                "measured plans: {next} of {n_layer} blocks run"
+            )));
         }
         self.blocks_run += n * n_layer;
         // The head, resumed from each variant's last block's output rows.

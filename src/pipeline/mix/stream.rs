@@ -1,0 +1,277 @@
+//! `--calib TEXT` for the mix without whole-model Hessians: each pass that needs Hessian data
+//! (sensitivity, the fit's probe encodings, the measured plans) runs the block-streaming
+//! calibration of [`crate::calib::stream`] again and does its work on block `l`'s groups when
+//! block `l` ends, after which they are dropped. At most one block's Hessians are alive (7B:
+//! 1.37 GB f64; 70B: 8.2 GB), never the model's (44 GB, 655 GB); no temporary file. Each pass
+//! costs one calibration forward pass and its `XᵀX` (≈ 11 CPU-s per 7B block at 1,024 tokens),
+//! small beside the work it feeds. The Hessians are those of `calib::input::calibrate_text`, bit
+//! for bit (`stream.rs`'s own test), so the plan, the measured KLDs and the written bytes are
+//! those of the in-memory path (tested in `super::tests`).
+
+use crate::calib::input::{text_windows, TextOptions};
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use crate::quant::Hessians;
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+
+/// A calibration text ready to be streamed through the model, any number of times.
+pub(crate) struct TextStream {
+    model: PathBuf,
+    file: GgufFile,
+    windows: Vec<u32>,
+    ctx: usize,
+    batch: usize,
+    quiet: bool,
+    /// The groups a pass produces (shapes, no data): [`crate::plan::mix::Calibration::Stream`].
+    pub(crate) index: Hessians,
+    /// The most Hessian bytes (f64 matrices) alive at once over the passes so far.
+    peak: Cell<u64>,
+    /// Calibration passes run.
+    pub(crate) passes: Cell<usize>,
+}
+
+/// Bytes of the Hessian matrices `hs` holds.
+pub(crate) fn held_bytes(hs: &Hessians) -> u64 {
+    hs.groups.values().map(|g| g.h.len() as u64 * 8).sum()
+}
+
+impl TextStream {
+    /// The windows of `text` for `model` (as `tq convert --calib TEXT` takes them) and the index.
+    pub(crate) fn new(
+        model: &Path,
+        profile: &crate::types::profile::Profile,
+        text: &Path,
+        o: &TextOptions,
+    ) -> Result<TextStream> {
+        let (file, windows) = text_windows(model, profile, text, o)?;
+        let index = crate::calib::stream::expected(&file, windows.len() as u64)?;
+        Ok(TextStream {
+            model: model.to_path_buf(),
+            file,
+            windows,
+            ctx: o.ctx,
+            batch: o.batch,
+            quiet: o.quiet,
+            index,
+            peak: Cell::new(0),
+            passes: Cell::new(0),
+        })
+    }
+
+    /// The most Hessian bytes alive at once in any pass so far (one block's, by construction).
+    pub(crate) fn peak_bytes(&self) -> u64 {
+        self.peak.get()
+    }
+
+    /// The model's block count.
+    pub(crate) fn n_layer(&self) -> usize {
+        crate::model::Config::from_gguf(&self.file).map_or(0, |c| c.n_layer)
+    }
+
+    /// One calibration pass for `what`: `on_block(l, hs)` gets block `l`'s complete Hessians
+    /// (only them), in block order; they are dropped when it returns (it may move them out for
+    /// the time of the call).
+    pub(crate) fn pass(
+        &self,
+        what: &str,
+        on_block: &mut dyn FnMut(usize, &mut Hessians) -> Result<()>,
+    ) -> Result<()> {
+        if !self.quiet {
+            eprintln!(
+                "tq: mix: calibration pass for {what} ({} windows of {}, block by block; one block's Hessians held)",
+                self.windows.len() / self.ctx.max(1),
+                self.ctx
+            );
+        }
+        self.passes.set(self.passes.get() + 1);
+        let run = crate::calib::stream::Run {
+            model: &self.model,
+            file: &self.file,
+            windows: &self.windows,
+            ctx: self.ctx,
+            batch: self.batch,
+            quiet: self.quiet,
+        };
+        let mut next = 0usize;
+        let peak = &self.peak;
+        let left = crate::calib::stream::run_blocks(&run, &|_| true, &mut |l, hs| {
+            if l != next {
+                return Err(Error::internal(format!(
+                    "calibration pass: block {l} ended where block {next} was due"
+                )));
+            }
+            next += 1;
+            peak.set(peak.get().max(held_bytes(hs)));
+            let r = on_block(l, hs);
+            hs.groups.clear();
+            r
+        })?;
+        if !left.groups.is_empty() {
+            return Err(Error::internal(
+                "calibration pass: Hessians left after the last block",
+            ));
+        }
+        if !self.quiet {
+            eprintln!(
+                "tq: mix: calibration pass for {what} done; at most {:.2} GB of Hessians held at once",
+                self.peak_bytes() as f64 / 1e9
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The block every member of an item (plan entries `idx`) sits in: None for tensors outside the
+/// blocks (token_embd, output); an item across blocks is an internal error (items group a
+/// layer's tensors only).
+pub(crate) fn block_of(
+    plan: &crate::plan::Plan,
+    idx: &[usize],
+    n_layer: usize,
+) -> Result<Option<usize>> {
+    let of = |i: usize| {
+        crate::arch::layer_of(&plan.entries[i].name)
+            .map(|l| l as usize)
+            .filter(|&l| l < n_layer)
+    };
+    let b = of(idx[0]);
+    if idx.iter().any(|&i| of(i) != b) {
+        return Err(Error::internal(format!(
+            "{}: a mix item across blocks",
+            plan.entries[idx[0]].name
+        )));
+    }
+    Ok(b)
+}
+
+impl TextStream {
+    /// The sensitivity table of `items` ([`crate::plan::mix::measure`]'s, value for value):
+    /// the items outside the blocks first (no Hessian), then each block's items when its
+    /// calibration ends, under that block's Hessians. `progress(done)` after each item.
+    pub(crate) fn sensitivity(
+        &self,
+        src: &dyn crate::source::TensorSource,
+        plan: &crate::plan::Plan,
+        items: &[(Vec<usize>, Vec<crate::types::TensorType>)],
+        sample: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<crate::plan::mix::Table> {
+        use crate::plan::mix::{Calibration, Measurer};
+        let n_layer = self.n_layer();
+        let blocks: Vec<Option<usize>> = items
+            .iter()
+            .map(|(idx, _)| block_of(plan, idx, n_layer))
+            .collect::<Result<_>>()?;
+        let mut table: Vec<Option<Vec<Vec<crate::quant::sensitivity::Estimate>>>> =
+            vec![None; items.len()];
+        let mut m = Measurer::default();
+        let mut done = 0;
+        let empty = Hessians::default();
+        for (it, (idx, tys)) in items.iter().enumerate() {
+            if blocks[it].is_none() {
+                table[it] =
+                    Some(m.item(src, plan, idx, tys, &Calibration::Memory(&empty), sample)?);
+                done += 1;
+                progress(done);
+            }
+        }
+        if blocks.iter().any(Option::is_some) {
+            self.pass("sensitivity", &mut |l, hs| {
+                for (it, (idx, tys)) in items.iter().enumerate() {
+                    if blocks[it] == Some(l) {
+                        table[it] =
+                            Some(m.item(src, plan, idx, tys, &Calibration::Memory(hs), sample)?);
+                        done += 1;
+                        progress(done);
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        table
+            .into_iter()
+            .map(|t| t.ok_or_else(|| Error::internal("a mix item was not measured in its block")))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::calib::input::calibrate_text;
+    use crate::plan::mix::{self, Calibration};
+    use crate::types::profile::Profile;
+
+    /// The streamed sensitivity pass holds one block's Hessians at a time (the most bytes alive
+    /// is the largest block's, below the model's) and gives the table of the in-memory pass over
+    /// all Hessians, bit for bit, in one calibration pass.
+    #[test]
+    fn sensitivity_holds_one_block_and_equals_the_in_memory_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("m.gguf");
+        std::fs::write(&model, crate::gguf_gen::tiny_llama_tok(3, 256, 256).bytes).unwrap();
+        let text = dir.path().join("t.txt");
+        std::fs::write(&text, crate::gguf_gen::pseudo_text(2500)).unwrap();
+        let profile = Profile::default();
+        let o = TextOptions {
+            tokens: 512,
+            ctx: 64,
+            batch: 4,
+            quiet: true,
+        };
+        let src = crate::source::open(&model, &profile).unwrap();
+        let req = crate::plan::Request {
+            weights: crate::types::TensorType::Q4K,
+            recipe: &crate::plan::recipe::RECIPES[0],
+            overrides: vec![],
+            output_type: None,
+            token_embd_type: None,
+            keep_types: false,
+            strict: false,
+            preset: None,
+        };
+        let plan = crate::plan::plan(src.tensors(), &req, &profile).unwrap();
+        use crate::types::TensorType::*;
+        let items = mix::items(&plan, &[Q2K, Q4K, IQ4XS, Q8_0], &profile);
+        let ts = TextStream::new(&model, &profile, &text, &o).unwrap();
+        let streamed = ts
+            .sensitivity(src.as_ref(), &plan, &items, 32, &mut |_| {})
+            .unwrap();
+        assert_eq!(ts.passes.get(), 1);
+        let hs = calibrate_text(&model, &profile, &text, &o).unwrap();
+        let whole = mix::measure(
+            src.as_ref(),
+            &plan,
+            &items,
+            &Calibration::Memory(&hs),
+            32,
+            &|_, _| {},
+        )
+        .unwrap();
+        assert_eq!(streamed.len(), whole.len());
+        for (a, b) in streamed
+            .iter()
+            .flatten()
+            .flatten()
+            .zip(whole.iter().flatten().flatten())
+        {
+            assert_eq!(a.err.to_bits(), b.err.to_bits());
+            assert_eq!(a.se.to_bits(), b.se.to_bits());
+        }
+        // The bound: the largest block's Hessians, not the model's.
+        let mut per_block = [0u64; 3];
+        for g in hs.groups.values() {
+            let l = crate::arch::layer_of(&g.tensors[0]).unwrap() as usize;
+            per_block[l] += g.h.len() as u64 * 8;
+        }
+        let total: u64 = per_block.iter().sum();
+        assert_eq!(held_bytes(&hs), total);
+        assert_eq!(ts.peak_bytes(), *per_block.iter().max().unwrap());
+        assert!(
+            ts.peak_bytes() * 3 <= total,
+            "{} of {total}",
+            ts.peak_bytes()
+        );
+    }
+}

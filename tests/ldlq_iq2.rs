@@ -38,22 +38,24 @@ fn ldlq_beats_the_imatrix_encoder_on_smollm2_ffn_down() {
         assert!(fac.perm.is_none(), "{ty}: natural column order");
         let q = ldlq::quantize_ldlq(ty, &w, n, &fac, 0);
         assert_eq!(q.len(), im.len(), "{ty}: same bytes as the imatrix encoder");
-        // The default path: convert's band for the type and its default refit passes.
-        let band = ldlq::default_band(ty);
-        assert_eq!(band, ldlq::IQ_BAND, "{ty}: the i-quants' default band");
-        let q64 = ldlq::quantize_ldlq(ty, &w, n, &fac, band);
-        let fac2 = ldlq::factor_hessian(ty, h, 0.01, 0.0, 2, name).unwrap();
+        // The default path: convert's band and shrinkage for the type and its default refit
+        // passes.
+        let (band, shrink) = (ldlq::default_band(ty), ldlq::default_shrink(ty));
+        assert_eq!((band, shrink), (ldlq::IQ_BAND, ldlq::IQ_SHRINK), "{ty}");
+        let fac0 = ldlq::factor_hessian(ty, h, 0.01, shrink, 0, name).unwrap();
+        let q64 = ldlq::quantize_ldlq(ty, &w, n, &fac0, band);
+        let fac2 = ldlq::factor_hessian(ty, h, 0.01, shrink, 2, name).unwrap();
         let q64r = ldlq::quantize_ldlq(ty, &w, n, &fac2, band);
         let loss = |b: &[u8]| ldlq::proxy_loss(&h.h, n, &w, &dec(b));
         let (l_rtn, l_im, l_ldlq, l_64) = (loss(&rtn), loss(&im), loss(&q), loss(&q64));
         let l_64r = loss(&q64r);
         eprintln!(
-            "{name} {ty}: H-weighted relative error no imatrix {l_rtn:.3e}, imatrix {l_im:.3e}, LDLQ full {l_ldlq:.3e} ({:.2}x the imatrix's), band {band} {l_64:.3e} ({:.2}x), band {band} + refit 2 {l_64r:.3e} ({:.2}x)",
+            "{name} {ty}: H-weighted relative error no imatrix {l_rtn:.3e}, imatrix {l_im:.3e}, LDLQ full {l_ldlq:.3e} ({:.2}x the imatrix's), band {band} shrink {shrink} {l_64:.3e} ({:.2}x), + refit 2 {l_64r:.3e} ({:.2}x)",
             l_ldlq / l_im,
             l_64 / l_im,
             l_64r / l_im
         );
-        // The band still beats the imatrix encoder, and the scale refit lowers it further.
+        // The default still beats the imatrix encoder, and the scale refit lowers it further.
         assert!(l_64 < l_im, "{ty}: band {band} {l_64} vs imatrix {l_im}");
         assert!(l_64r < l_64, "{ty}: refit {l_64r} vs band {band} {l_64}");
         assert!(l_im < l_rtn, "{ty}: the imatrix was not used");

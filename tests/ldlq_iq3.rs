@@ -54,21 +54,31 @@ fn ldlq_halves_the_imatrix_encoders_error_on_smollm2_ffn_down() {
             assert!(l_ldlq <= 0.5 * l_im, "{name} {ty}: {l_ldlq} vs {l_im}");
             // Deterministic.
             assert_eq!(q, ldlq::quantize_ldlq(ty, &w, n, &fac, 0), "{ty}");
-            // The default path (convert's band for the type, `--ldlq-refit 2`): the band beats
-            // the imatrix encoder and the scale refit (IQ3 only) lowers the error further.
-            let band = ldlq::default_band(ty);
-            assert_eq!(band, ldlq::IQ_BAND, "{ty}: the i-quants' default band");
+            // The default path (convert's band and shrinkage for the type, `--ldlq-refit 2`):
+            // it beats the imatrix encoder and the scale refit (IQ3 only) lowers the error
+            // further.
+            let (band, shrink) = (ldlq::default_band(ty), ldlq::default_shrink(ty));
+            if matches!(ty, TensorType::IQ1S | TensorType::IQ1M) {
+                assert_eq!(
+                    (band, shrink),
+                    (ldlq::IQ1_BAND, 0.0),
+                    "{ty}: IQ1's defaults"
+                );
+            } else {
+                assert_eq!((band, shrink), (ldlq::IQ_BAND, ldlq::IQ_SHRINK), "{ty}");
+            }
+            let fac0 = ldlq::factor_hessian(ty, h, 0.01, shrink, 0, name).unwrap();
             let l_band = ldlq::proxy_loss(
                 &h.h,
                 n,
                 &w,
-                &dec(&ldlq::quantize_ldlq(ty, &w, n, &fac, band)),
+                &dec(&ldlq::quantize_ldlq(ty, &w, n, &fac0, band)),
             );
-            let fac2 = ldlq::factor_hessian(ty, h, 0.01, 0.0, 2, name).unwrap();
+            let fac2 = ldlq::factor_hessian(ty, h, 0.01, shrink, 2, name).unwrap();
             let q2 = ldlq::quantize_ldlq(ty, &w, n, &fac2, band);
             let l_refit = ldlq::proxy_loss(&h.h, n, &w, &dec(&q2));
             eprintln!(
-                "{name} {ty}: band {band} {:.2}x the imatrix encoder's, with refit 2 {:.2}x",
+                "{name} {ty}: band {band} shrink {shrink} {:.2}x the imatrix encoder's, with refit 2 {:.2}x",
                 l_band / l_im,
                 l_refit / l_im
             );

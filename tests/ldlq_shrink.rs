@@ -77,3 +77,110 @@ fn shrink_trades_calibration_fit_for_held_out_error() {
     assert!(cal5 > cal0, "calibration error {cal5} vs {cal0}");
     assert!(held5 < held0, "held-out error {held5} vs {held0}");
 }
+
+/// The defaults per type (issue 30): `tq convert --calib H` without `--shrink` / `--ldlq-band`
+/// writes each LDLQ'd tensor as the library does at `default_shrink` / `default_band` of its type
+/// (stock 0.25 at the full band, IQ2 / IQ3 0.5 at the full band, IQ1 none at band 64), and
+/// `--shrink 0` (with `--ldlq-band 64` for the i-quants) writes the bytes of the defaults before
+/// shrinkage existed: the unshrunk Hessian, stock at the full band, i-quants at band 64.
+#[test]
+fn convert_defaults_per_type_and_shrink_zero_keeps_the_old_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n);
+    let model = p("tiny.gguf");
+    std::fs::write(&model, fixtures::gguf_gen::tiny_llama_tok(3, 64, 256).bytes).unwrap();
+    let text = p("calib.txt");
+    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(600)).unwrap();
+    let hp = p("h.safetensors");
+    let (code, _, err) = fixtures::tq(&[
+        "calib",
+        fixtures::s(&model),
+        "--text",
+        fixtures::s(&text),
+        "--tokens",
+        "512",
+        "--ctx",
+        "32",
+        "-q",
+        "-o",
+        fixtures::s(&hp),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (hs, _) = tq::quant::Hessians::load(&hp).unwrap();
+    let cases = [
+        ("blk.0.ffn_down.weight", TensorType::IQ3XXS, 0.5, 0),
+        ("blk.1.ffn_down.weight", TensorType::IQ2XS, 0.5, 0),
+        ("blk.2.ffn_down.weight", TensorType::IQ1S, 0.0, 64),
+        ("blk.0.ffn_up.weight", TensorType::Q4_0, 0.25, 0),
+        ("blk.1.attn_q.weight", TensorType::IQ4NL, 0.25, 0),
+    ];
+    let convert = |extra: &[&str], out: &std::path::Path| {
+        let mut a = vec![
+            "convert",
+            fixtures::s(&model),
+            "--weights",
+            "f16",
+            "--target",
+            "upstream",
+            "--tensor-type",
+            "blk\\.0\\.ffn_down=iq3_xxs",
+            "--tensor-type",
+            "blk\\.1\\.ffn_down=iq2_xs",
+            "--tensor-type",
+            "blk\\.2\\.ffn_down=iq1_s",
+            "--tensor-type",
+            "blk\\.0\\.ffn_up=q4_0",
+            "--tensor-type",
+            "blk\\.1\\.attn_q=iq4_nl",
+            "--calib",
+            fixtures::s(&hp),
+            "-q",
+            "-o",
+            fixtures::s(out),
+        ];
+        a.extend(extra);
+        let (code, _, err) = fixtures::tq(&a);
+        assert_eq!(code, 0, "{err}");
+        GgufFile::open(out).unwrap()
+    };
+    let src = GgufFile::open(&model).unwrap();
+    let lib = |name: &str, ty: TensorType, shrink: f64, band: usize| {
+        let (w, n) = fixtures::tensor_rows(&src, name, 1 << 20);
+        let h = hs.for_tensor(name).unwrap();
+        let refit = ldlq::Refit::DEFAULT.passes;
+        let fac = ldlq::factor_hessian(ty, h, ldlq::default_damp(ty), shrink, refit, name).unwrap();
+        ldlq::quantize_ldlq(ty, &w, n, &fac, band)
+    };
+    let def = convert(&[], &p("default.gguf"));
+    let old_stock = convert(&["--shrink", "0"], &p("shrink0.gguf"));
+    let old_iq = convert(
+        &["--shrink", "0", "--ldlq-band", "64"],
+        &p("shrink0-band64.gguf"),
+    );
+    for (name, ty, shrink, band) in cases {
+        assert_eq!(ldlq::default_shrink(ty), shrink, "{ty}: default shrink");
+        assert_eq!(ldlq::default_band(ty), band, "{ty}: default band");
+        let data = |f: &GgufFile| {
+            let t = f.tensor(name).unwrap();
+            assert_eq!(t.ty, ty, "{name}");
+            f.tensor_data(t).to_vec()
+        };
+        let d = data(&def);
+        assert!(d == lib(name, ty, shrink, band), "{name} {ty}: default");
+        // Before the per-type defaults: no shrinkage; the i-quants at band 64, the rest full.
+        let (old, old_band) = if ty.ldlq() == Some(tq::types::LdlqKind::Stock) {
+            (data(&old_stock), 0)
+        } else {
+            (data(&old_iq), 64)
+        };
+        assert!(
+            old == lib(name, ty, 0.0, old_band),
+            "{name} {ty}: --shrink 0"
+        );
+        if shrink > 0.0 {
+            assert!(d != old, "{name} {ty}: the default shrinkage had no effect");
+        } else {
+            assert!(d == old, "{name} {ty}: IQ1's default is unchanged");
+        }
+    }
+}

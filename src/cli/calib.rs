@@ -69,7 +69,7 @@ pub struct CalibArgs {
     #[arg(long, requires = "sequential", default_value = "pure")]
     pub recipe: String,
     /// With --sequential: the LDLQ band convert will use (0 = full; unset: convert's per-type
-    /// default, 64 for the i-quants and full for the others).
+    /// default, 64 for IQ1_S / IQ1_M and full for the others).
     #[arg(long, requires = "sequential")]
     pub ldlq_band: Option<usize>,
     /// With --sequential: the LDLQ damping convert will use.

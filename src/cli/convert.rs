@@ -84,8 +84,8 @@ pub struct ConvertArgs {
     /// (diagonal-only weighting; round-to-nearest values).
     #[arg(long, value_name = "FILE")]
     pub imatrix: Option<PathBuf>,
-    /// LDLQ error-feedback band in columns (0 = full). Unset: 64 for the i-quants (IQ1/IQ2/IQ3),
-    /// full for every other type.
+    /// LDLQ error-feedback band in columns (0 = full). Unset: 64 for IQ1_S / IQ1_M, full for
+    /// every other type.
     #[arg(long)]
     pub ldlq_band: Option<usize>,
     /// LDLQ damping λ: H += λ·mean(diag(H))·I (raised ×10 on Cholesky failure).
@@ -93,7 +93,8 @@ pub struct ConvertArgs {
     #[arg(long)]
     pub damp: Option<f64>,
     /// LDLQ: shrink the Hessian towards its diagonal before damping, H ← (1 − s)·H + s·diag(H)
-    /// (0: the Hessian as calibrated; 1: diagonal only, no error feedback). Unset: 0.
+    /// (0: the Hessian as calibrated; 1: diagonal only, no error feedback). Unset: 0.25 for the
+    /// stock types, 0.5 for IQ2 / IQ3, 0 for IQ1 and tq's own types.
     #[arg(long, value_name = "S")]
     pub shrink: Option<f64>,
     /// Stock types: after the LDLQ sweep, refit each row's block parameters to its codes under

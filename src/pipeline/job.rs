@@ -324,14 +324,12 @@ impl Job {
                 f.push("--allow-partial-calib".into());
             }
             f.push(format!(
-                "--ldlq-band {} --damp {} --ldlq-refit {}",
+                "--ldlq-band {} --damp {} --ldlq-refit {} --shrink {}",
                 self.flags.ldlq.band_label(),
                 self.flags.ldlq.damp_label(),
-                self.flags.ldlq.refit
+                self.flags.ldlq.refit,
+                self.flags.ldlq.shrink_label()
             ));
-            if let Some(s) = self.flags.ldlq.shrink_label() {
-                f.push(format!("--shrink {s}"));
-            }
         }
         if let Some(x) = a.target_bpw {
             f.push(format!("--target-bpw {x}"));
@@ -366,16 +364,12 @@ impl Job {
     pub fn checkpoint_key(&self) -> String {
         let a = &self.flags;
         format!(
-            "{} | --ldlq-band {} --damp {} --ldlq-refit {}{} | input {} | calib {} | imatrix {} | tq {}",
+            "{} | --ldlq-band {} --damp {} --ldlq-refit {} --shrink {} | input {} | calib {} | imatrix {} | tq {}",
             self.canonical_flags(),
             self.flags.ldlq.band_label(),
             self.flags.ldlq.damp_label(),
             self.flags.ldlq.refit,
-            self.flags
-                .ldlq
-                .shrink_label()
-                .map(|s| format!(" --shrink {s}"))
-                .unwrap_or_default(),
+            self.flags.ldlq.shrink_label(),
             file_identity(&a.input),
             self.calib.path().map(file_identity).unwrap_or_default(),
             self.flags.imatrix.as_deref().map(file_identity).unwrap_or_default(),

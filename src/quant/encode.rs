@@ -55,14 +55,13 @@ impl LdlqSettings {
             .unwrap_or_else(|| super::ldlq::default_shrink(ty))
     }
 
-    /// The shrinkage as recorded in provenance and checkpoint keys: `None` when it is 0 for
-    /// every type (no `--shrink` and zero defaults, so that files made before the flag existed
-    /// keep their keys), else the number given or the default.
-    pub fn shrink_label(&self) -> Option<String> {
+    /// The shrinkage as recorded in provenance and checkpoint keys: the number given, or the
+    /// per-kind defaults spelled out (`--shrink 0` and no `--shrink` are different files).
+    pub fn shrink_label(&self) -> String {
+        use super::ldlq::{IQ_SHRINK, SHRINK};
         match self.shrink {
-            Some(s) => Some(s.to_string()),
-            None if super::ldlq::SHRINK == 0.0 => None,
-            None => Some(format!("default ({})", super::ldlq::SHRINK)),
+            Some(s) => s.to_string(),
+            None => format!("default (stock {SHRINK}, iq2/iq3 {IQ_SHRINK}, others 0)"),
         }
     }
 
@@ -108,8 +107,9 @@ impl LdlqSettings {
         match self.band {
             Some(b) => b.to_string(),
             None => format!(
-                "default (i-quants {}, others 0 = full)",
-                super::ldlq::IQ_BAND
+                "default (iq2/iq3 {}, iq1 {}, others 0 = full)",
+                super::ldlq::IQ_BAND,
+                super::ldlq::IQ1_BAND
             ),
         }
     }

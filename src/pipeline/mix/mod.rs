@@ -649,15 +649,13 @@ fn cache_key(job: &Job) -> Result<cache::Key> {
         (
             "settings",
             format!(
-                "profile {} mix-rows {} per 4096 elements ldlq band {} damp {} refit {}{} tq {}",
+                "profile {} mix-rows {} per 4096 elements ldlq band {} damp {} refit {} shrink {} tq {}",
                 job.profile.name,
                 a.mix_rows.max(1),
                 l.band_label(),
                 l.damp_label(),
                 l.refit,
-                l.shrink_label()
-                    .map(|s| format!(" shrink {s}"))
-                    .unwrap_or_default(),
+                l.shrink_label(),
                 env!("CARGO_PKG_VERSION")
             ),
         ),

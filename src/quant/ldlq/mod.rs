@@ -49,11 +49,16 @@ use rayon::prelude::*;
 /// one matrix product per panel.
 const ROWS: usize = 32;
 
-/// The band the i-quant kinds ([`LdlqKind::IqGrid`], [`LdlqKind::Lattice`]) are swept with when
-/// `--ldlq-band` is not given. Their scales are fixed before the sweep, and feeding the error
-/// through the whole row overshoots on text the Hessian did not see: on SmolLM2's IQ3_XXS / IQ2_XS
-/// presets the whole-model KLD is best at this band (docs/bench/presets.md).
-pub const IQ_BAND: usize = 64;
+/// The band IQ2_XXS / IQ2_XS / IQ2_S and IQ3_XXS / IQ3_S are swept with when `--ldlq-band` is not
+/// given: the full band. With the Hessian shrunk towards its diagonal ([`IQ_SHRINK`]) the whole-row
+/// feedback no longer overshoots on text the Hessian did not see: on SmolLM2's presets (KLD vs F16
+/// on 10 wikitext windows, llama.cpp + imatrix from the same Botchan tokens) IQ3_XXS went from
+/// 0.874x (band 64, no shrink) to 0.775x, IQ2_XS from 1.01x to 0.755x (docs/bench/presets.md).
+pub const IQ_BAND: usize = 0;
+
+/// The band IQ1_S / IQ1_M keep when `--ldlq-band` is not given: 64, the i-quants' default before
+/// [`IQ_BAND`] went to the full band (their whole-model KLD at the full band is not measured).
+pub const IQ1_BAND: usize = 64;
 
 /// The damping (`H += λ·mean(diag H)·I`) of every type but the i-quants when `--damp` is not given.
 pub const DAMP: f64 = 0.01;
@@ -62,17 +67,35 @@ pub const DAMP: f64 = 0.01;
 /// their grids overfits the calibration tokens: on SmolLM2's `ffn_down` (1536 inputs, 8,192
 /// Botchan tokens) the full-band sweep at 0.01 has 0.48x the imatrix encoder's error on the
 /// calibration tokens but 0.96x on the evaluation text, and damping 1 keeps more of the win on
-/// the evaluation text (examples/iq_proxy.rs, docs/bench/presets.md); whether that carries to the
-/// whole model's KLD is being measured, so the default stays 0.01 until it is.
+/// the evaluation text (examples/iq_proxy.rs, docs/bench/presets.md); the shrinkage towards the
+/// diagonal ([`IQ_SHRINK`]) is the default remedy, measured on the whole model.
 pub const IQ_DAMP: f64 = 0.01;
 
-/// The shrinkage of the Hessian towards its diagonal ([`shrink_to_diagonal`]) when `--shrink` is
-/// not given: none, for every type (docs/bench/presets.md has the measurements).
-pub const SHRINK: f64 = 0.0;
+/// The shrinkage of the Hessian towards its diagonal ([`shrink_to_diagonal`]) of the stock types
+/// ([`LdlqKind::Stock`]: the k-quants, legacy quants, IQ4_NL / IQ4_XS) when `--shrink` is not
+/// given. On SmolLM2 with all 69,632 Botchan tokens for both tools, Q4_K_M + LDLQ went from 0.77x
+/// llama.cpp + imatrix's KLD (no shrink) to 0.685x, Q3_K_M to 0.693x (docs/bench/presets.md).
+pub const SHRINK: f64 = 0.25;
 
-/// The shrinkage of `ty`'s Hessian when `--shrink` is not given ([`SHRINK`] for every type).
-pub fn default_shrink(_ty: TensorType) -> f64 {
-    SHRINK
+/// The shrinkage of IQ2_XXS / IQ2_XS / IQ2_S and IQ3_XXS / IQ3_S when `--shrink` is not given
+/// (with the full band, [`IQ_BAND`]).
+pub const IQ_SHRINK: f64 = 0.5;
+
+/// The i-quants whose defaults are [`IQ_BAND`] and [`IQ_SHRINK`]; IQ1_S / IQ1_M keep band
+/// [`IQ1_BAND`] and no shrinkage.
+fn iq_shrunk(ty: TensorType) -> bool {
+    !matches!(ty, TensorType::IQ1S | TensorType::IQ1M)
+}
+
+/// The shrinkage of `ty`'s Hessian when `--shrink` is not given: [`SHRINK`] for the stock types,
+/// [`IQ_SHRINK`] for the IQ2 / IQ3 kinds, none for IQ1 and tq's own rotated and trellis types
+/// (whose whole-model KLD with shrinkage is not measured).
+pub fn default_shrink(ty: TensorType) -> f64 {
+    match ty.ldlq() {
+        Some(LdlqKind::Stock) => SHRINK,
+        Some(LdlqKind::IqGrid | LdlqKind::Lattice) if iq_shrunk(ty) => IQ_SHRINK,
+        _ => 0.0,
+    }
 }
 
 /// The damping of `ty` when `--damp` is not given: [`IQ_DAMP`] for the i-quant kinds, [`DAMP`]
@@ -84,10 +107,11 @@ pub fn default_damp(ty: TensorType) -> f64 {
     }
 }
 
-/// The band `ty` is swept with when `--ldlq-band` is not given: [`IQ_BAND`] for the i-quant kinds,
-/// 0 (the full band) for every other type.
+/// The band `ty` is swept with when `--ldlq-band` is not given: [`IQ1_BAND`] for IQ1_S / IQ1_M,
+/// [`IQ_BAND`] for the other i-quants, 0 (the full band) for every other type.
 pub fn default_band(ty: TensorType) -> usize {
     match ty.ldlq() {
+        Some(LdlqKind::IqGrid | LdlqKind::Lattice) if !iq_shrunk(ty) => IQ1_BAND,
         Some(LdlqKind::IqGrid | LdlqKind::Lattice) => IQ_BAND,
         _ => 0,
     }

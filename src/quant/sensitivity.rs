@@ -82,10 +82,47 @@ pub(crate) fn errors(
     w: &Weighting,
     factors: &mut Factors,
 ) -> Result<Vec<Estimate>> {
+    errors_holding(
+        name,
+        rows,
+        n,
+        n_rows,
+        types,
+        w,
+        factors,
+        HOLD_ONE_FACTOR_ABOVE,
+    )
+}
+
+/// [`errors`], holding one factor at a time in `factors` when the Hessian is wider than
+/// `hold_one_above`.
+#[allow(clippy::too_many_arguments)]
+fn errors_holding(
+    name: &str,
+    rows: &[f32],
+    n: usize,
+    n_rows: u64,
+    types: &[TensorType],
+    w: &Weighting,
+    factors: &mut Factors,
+    hold_one_above: usize,
+) -> Result<Vec<Estimate>> {
+    let wide = n > hold_one_above;
     let k = rows.len() / n.max(1);
-    let mut decoded = Vec::with_capacity(types.len());
-    for &ty in types {
-        decoded.push(roundtrip(name, rows, n, ty, w, factors)?);
+    // Types that share a factor run together, so that a wide Hessian's factor can be dropped
+    // before the next is built ([`encode`]) without being built twice; the results go back in
+    // `types`' order and do not depend on it (each type's bytes depend only on its factor).
+    let mut order: Vec<usize> = (0..types.len()).collect();
+    order.sort_by_key(|&i| factor_key(types[i], w));
+    let mut decoded = vec![Vec::new(); types.len()];
+    for i in order {
+        let key = factor_key(types[i], w);
+        if wide && key.as_ref().is_some_and(|k| !factors.contains_key(k)) {
+            // A 70B FFN-width factor (U and the damped Hessian for the refit) is 13 GB in
+            // f64: hold one at a time, not one per key.
+            factors.clear();
+        }
+        decoded[i] = roundtrip(name, rows, n, types[i], w, factors)?;
     }
     // One type per task, each product single-threaded: the sums do not depend on the pool.
     Ok(decoded
@@ -153,6 +190,42 @@ fn roundtrip(
     Ok(q)
 }
 
+/// Above this Hessian width the factor cache holds one factor at a time (a 28,672-wide factor
+/// is 6.6 GB per f64 matrix); below it, every key's factor stays while the Hessian is live, for
+/// the other tensors of its group.
+const HOLD_ONE_FACTOR_ABOVE: usize = 16_384;
+
+/// The factor `ty` is quantized with under `w`, as a cache key: `None` where no factor is used.
+/// Act-order for the stock grids; per family otherwise (IQ2: natural order). What else makes a
+/// factor differ by type is in the key: its damping and shrinkage, and whether it carries the
+/// damped Hessian for the i-quants' scale refit (every IQ2/IQ3 type under `--ldlq-refit` > 0,
+/// never IQ1_S/IQ1_M: `ldlq::factor_hessian_owned`), so IQ2_XXS never reuses IQ1_S's factor,
+/// which has no refit.
+fn factor_key(ty: TensorType, w: &Weighting) -> Option<String> {
+    let Weighting::Hessian { ldlq, .. } = w else {
+        return None;
+    };
+    if !ty.has_ldlq() {
+        return None;
+    }
+    let refits = ldlq.refit > 0
+        && matches!(
+            ty.ldlq(),
+            Some(crate::types::LdlqKind::Lattice | crate::types::LdlqKind::IqGrid)
+        )
+        && !matches!(ty, TensorType::IQ1S | TensorType::IQ1M);
+    Some(format!(
+        "{} damp {} shrink {} refit {refits}",
+        if ty.ldlq_unrotated() {
+            "act-order".to_string()
+        } else {
+            format!("{:?}", ty.family())
+        },
+        ldlq.damp_for(ty),
+        ldlq.shrink_for(ty)
+    ))
+}
+
 /// The bytes convert writes for `rows` (the one encoder path, chosen as convert chooses).
 pub(crate) fn encode(
     name: &str,
@@ -162,45 +235,22 @@ pub(crate) fn encode(
     w: &Weighting,
     factors: &mut Factors,
 ) -> Result<Vec<u8>> {
-    let factor = match w {
-        Weighting::Hessian { h, ldlq } if ty.has_ldlq() => {
-            // Act-order for the stock grids; per family otherwise (IQ2: natural order). What
-            // else makes a factor differ by type is in the key: its damping and shrinkage, and
-            // whether it carries the damped Hessian for the i-quants' scale refit (every IQ2/IQ3
-            // type under `--ldlq-refit` > 0, never IQ1_S/IQ1_M: `ldlq::factor_hessian_owned`),
-            // so IQ2_XXS never reuses IQ1_S's factor, which has no refit.
-            let refits = ldlq.refit > 0
-                && matches!(
-                    ty.ldlq(),
-                    Some(crate::types::LdlqKind::Lattice | crate::types::LdlqKind::IqGrid)
-                )
-                && !matches!(ty, TensorType::IQ1S | TensorType::IQ1M);
-            let key = format!(
-                "{} damp {} shrink {} refit {refits}",
-                if ty.ldlq_unrotated() {
-                    "act-order".to_string()
-                } else {
-                    format!("{:?}", ty.family())
-                },
-                ldlq.damp_for(ty),
-                ldlq.shrink_for(ty)
-            );
-            Some(match factors.get(&key) {
-                Some(f) => f.clone(),
-                None => {
-                    let f = Arc::new(super::ldlq::factor_hessian(
-                        ty,
-                        h,
-                        ldlq.damp_for(ty),
-                        ldlq.shrink_for(ty),
-                        ldlq.refit,
-                        name,
-                    )?);
-                    factors.insert(key, f.clone());
-                    f
-                }
-            })
-        }
+    let factor = match (w, factor_key(ty, w)) {
+        (Weighting::Hessian { h, ldlq }, Some(key)) => Some(match factors.get(&key) {
+            Some(f) => f.clone(),
+            None => {
+                let f = Arc::new(super::ldlq::factor_hessian(
+                    ty,
+                    h,
+                    ldlq.damp_for(ty),
+                    ldlq.shrink_for(ty),
+                    ldlq.refit,
+                    name,
+                )?);
+                factors.insert(key, f.clone());
+                f
+            }
+        }),
         _ => None,
     };
     let (band, imp) = match w {
@@ -277,7 +327,19 @@ mod tests {
         let rows: Vec<f32> = (0..6 * n).map(|_| r() as f32).collect();
         use TensorType::*;
         let tys = [IQ1S, IQ2XXS, IQ2XS, IQ3XXS, IQ3S, Q2K, Q4K, IQ4XS];
-        let shared = errors("t", &rows, n, 6, &tys, &w, &mut Factors::new()).unwrap();
+        let mut kept = Factors::new();
+        let shared = errors("t", &rows, n, 6, &tys, &w, &mut kept).unwrap();
+        // Interleaved keys (act-order, IQ1, IQ2/IQ3 with the refit) are each factored once and
+        // kept below the width limit; above it (forced here) only the last one stays, and every
+        // estimate is the same.
+        let keys: std::collections::BTreeSet<_> =
+            tys.iter().filter_map(|&t| factor_key(t, &w)).collect();
+        assert_eq!(kept.len(), keys.len());
+        assert!(keys.len() >= 3);
+        let mut one = Factors::new();
+        let held = errors_holding("t", &rows, n, 6, &tys, &w, &mut one, 0).unwrap();
+        assert_eq!(one.len(), 1);
+        assert_eq!(held, shared);
         for (k, &ty) in tys.iter().enumerate() {
             let alone = errors("t", &rows, n, 6, &[ty], &w, &mut Factors::new()).unwrap();
             assert_eq!(

@@ -125,6 +125,26 @@ pub fn calibrate_text(
     Ok(c.hessians)
 }
 
+/// Test fixture shared by the mix's calibration tests: a 3-block tiny llama with a tokenizer
+/// (`m.gguf`) and 2,500 words of pseudo-text (`t.txt`) in `dir`, and a small calibration of them
+/// (512 tokens, windows of 64, 4 per pass).
+#[cfg(test)]
+pub(crate) fn tiny_model_and_text(
+    dir: &Path,
+) -> (std::path::PathBuf, std::path::PathBuf, TextOptions) {
+    let model = dir.join("m.gguf");
+    std::fs::write(&model, crate::gguf_gen::tiny_llama_tok(3, 256, 256).bytes).unwrap();
+    let text = dir.join("t.txt");
+    std::fs::write(&text, crate::gguf_gen::pseudo_text(2500)).unwrap();
+    let o = TextOptions {
+        tokens: 512,
+        ctx: 64,
+        batch: 4,
+        quiet: true,
+    };
+    (model, text, o)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

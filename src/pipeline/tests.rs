@@ -97,10 +97,7 @@ fn sensitivity_bytes_are_the_converted_files() {
 fn streamed_mix_is_the_in_memory_mix() {
     let dir = tempfile::tempdir().unwrap();
     let p = |n: &str| dir.path().join(n);
-    let model = p("m.gguf");
-    std::fs::write(&model, crate::gguf_gen::tiny_llama_tok(3, 256, 256).bytes).unwrap();
-    let text = p("t.txt");
-    std::fs::write(&text, crate::gguf_gen::pseudo_text(2500)).unwrap();
+    let (model, text, _) = crate::calib::input::tiny_model_and_text(dir.path());
     let run = |in_memory: bool| {
         let out = p(&format!("mix-{in_memory}.gguf"));
         let f = ConvertFlags {

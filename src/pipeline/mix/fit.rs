@@ -428,7 +428,7 @@ fn substitutes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::calib::input::{calibrate_text, TextOptions};
+    use crate::calib::input::calibrate_text;
 
     /// The copy-based probe this replaced: the input converted whole into a file with only
     /// `idx` quantized to `ty`, evaluated from that file.
@@ -480,17 +480,8 @@ mod tests {
     fn probes_in_memory_equal_the_copies() {
         let dir = tempfile::tempdir().unwrap();
         let p = |n: &str| dir.path().join(n);
-        let model = p("m.gguf");
-        std::fs::write(&model, crate::gguf_gen::tiny_llama_tok(3, 256, 256).bytes).unwrap();
-        let text = p("t.txt");
-        std::fs::write(&text, crate::gguf_gen::pseudo_text(2500)).unwrap();
+        let (model, text, o) = crate::calib::input::tiny_model_and_text(dir.path());
         let profile = Profile::default();
-        let o = TextOptions {
-            tokens: 512,
-            ctx: 64,
-            batch: 4,
-            quiet: true,
-        };
         let hs = calibrate_text(&model, &profile, &text, &o).unwrap();
         let calib = Calibration::Memory(&hs);
         let src = crate::source::open(&model, &profile).unwrap();

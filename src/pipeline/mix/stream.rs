@@ -209,17 +209,8 @@ mod tests {
     #[test]
     fn sensitivity_holds_one_block_and_equals_the_in_memory_table() {
         let dir = tempfile::tempdir().unwrap();
-        let model = dir.path().join("m.gguf");
-        std::fs::write(&model, crate::gguf_gen::tiny_llama_tok(3, 256, 256).bytes).unwrap();
-        let text = dir.path().join("t.txt");
-        std::fs::write(&text, crate::gguf_gen::pseudo_text(2500)).unwrap();
+        let (model, text, o) = crate::calib::input::tiny_model_and_text(dir.path());
         let profile = Profile::default();
-        let o = TextOptions {
-            tokens: 512,
-            ctx: 64,
-            batch: 4,
-            quiet: true,
-        };
         let src = crate::source::open(&model, &profile).unwrap();
         let req = crate::plan::Request {
             weights: crate::types::TensorType::Q4K,

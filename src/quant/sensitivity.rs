@@ -291,20 +291,17 @@ fn row_error(a: &[f32], b: &[f32], w: &Weighting) -> f64 {
 mod tests {
     use super::*;
 
-    /// The factors shared between candidate types (one per key) give each type the errors of its
-    /// own factor, as convert computes it for that type alone: IQ2/IQ3 (refit) after IQ1_S (none)
-    /// in the default candidates' order, and the stock types sharing act-order.
-    #[test]
-    fn shared_factors_equal_each_type_factored_alone() {
-        let n = 256;
-        let mut s = 9u64;
-        let mut r = || {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f64 / (1u64 << 24) as f64) - 0.5
-        };
-        let x: Vec<f64> = (0..n * 300).map(|_| r()).collect();
+    /// The next value in [−0.5, 0.5) of a 64-bit LCG.
+    fn lcg(s: &mut u64) -> f64 {
+        *s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*s >> 40) as f64 / (1u64 << 24) as f64) - 0.5
+    }
+
+    /// `Σ x xᵀ` over `tokens` rows of [`lcg`] values (`n × n`).
+    fn gram(n: usize, tokens: usize, s: &mut u64) -> Vec<f64> {
+        let x: Vec<f64> = (0..n * tokens).map(|_| lcg(s)).collect();
         let mut hm = vec![0f64; n * n];
         for row in x.chunks(n) {
             for i in 0..n {
@@ -313,6 +310,18 @@ mod tests {
                 }
             }
         }
+        hm
+    }
+
+    /// The factors shared between candidate types (one per key) give each type the errors of its
+    /// own factor, as convert computes it for that type alone: IQ2/IQ3 (refit) after IQ1_S (none)
+    /// in the default candidates' order, and the stock types sharing act-order.
+    #[test]
+    fn shared_factors_equal_each_type_factored_alone() {
+        let n = 256;
+        let mut s = 9u64;
+        let hm = gram(n, 300, &mut s);
+        let mut r = || lcg(&mut s);
         let h = Hessian {
             tensors: vec!["t".into()],
             n,
@@ -407,21 +416,8 @@ mod tests {
     fn product_form_matches_the_scalar_reference() {
         let n = 40;
         let mut s = 3u64;
-        let mut r = || {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f64 / (1u64 << 24) as f64) - 0.5
-        };
-        let x: Vec<f64> = (0..n * 60).map(|_| r()).collect();
-        let mut hm = vec![0f64; n * n];
-        for row in x.chunks(n) {
-            for i in 0..n {
-                for j in 0..n {
-                    hm[i * n + j] += row[i] * row[j];
-                }
-            }
-        }
+        let hm = gram(n, 60, &mut s);
+        let mut r = || lcg(&mut s);
         let h = Hessian {
             tensors: vec![],
             n,

@@ -10,12 +10,13 @@
 #     (level 3: 42 MB; libnvrtc-builtins is needed too, 0.4 MB compressed):
 #       L=~/.cache/tq/nvrtc-12.9.86/nvidia/cuda_nvrtc/lib     # unpacked by scripts/ci-gpu.sh
 #       mkdir -p carry && zstd -19 -T0 $L/libnvrtc.so.12 $L/libnvrtc-builtins.so.12.9 --output-dir-flat carry
-#     This script decompresses carry/*.zst (or takes plain .so files) into a temp directory.
+#     or xz (31 MB; for machines without zstd: xz -6 -c FILE > carry/FILE.xz).
+#     This script decompresses carry/*.zst / *.xz (or takes plain .so files) into a temp directory.
 #   - the conformance vectors (shared/conformance, or TQ_CONFORMANCE).
 #
 # Usage: scripts/gpu-cuda.sh [TQ_BINARY] [NVRTC_DIR]
 #   TQ_BINARY  default: $TQ_BIN, else target/release/tq, else ./tq
-#   NVRTC_DIR  directory with libnvrtc.so.12[.zst] + libnvrtc-builtins.so.12.*[.zst]
+#   NVRTC_DIR  directory with libnvrtc.so.12[.zst|.xz] + libnvrtc-builtins.so.12.*[.zst|.xz]
 #              (default: $TQ_NVRTC_DIR, else ./carry); only used when the machine has no libnvrtc
 # Output: the log in $TQ_LOG (default ./gpu-cuda-<date>.log) and markdown rows on stdout.
 # Exit status: non-zero when the harness fails (the bench still runs and is logged).
@@ -59,10 +60,13 @@ else
   for f in "$CARRY"/libnvrtc*; do
     case "$f" in
       *.zst) zstd -q -d "$f" -o "$NV/$(basename "${f%.zst}")" || { say "error: zstd -d $f failed"; exit 1; } ;;
+      # xz through Python's lzma: the GPU machines seen so far have python3 but no zstd or xz.
+      *.xz) python3 -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+              "$f" "$NV/$(basename "${f%.xz}")" || { say "error: cannot unpack $f"; exit 1; } ;;
       *) cp "$f" "$NV/" ;;
     esac
   done
-  ls "$NV"/libnvrtc.so.12 >/dev/null 2>&1 || { say "error: $CARRY has no libnvrtc.so.12[.zst]"; exit 1; }
+  ls "$NV"/libnvrtc.so.12 >/dev/null 2>&1 || { say "error: $CARRY has no libnvrtc.so.12[.zst|.xz]"; exit 1; }
   ls "$NV"/libnvrtc-builtins.so.* >/dev/null 2>&1 || say "warning: no libnvrtc-builtins in $CARRY: NVRTC will fail to compile"
   # cudarc also looks for the unversioned name.
   ln -sf libnvrtc.so.12 "$NV/libnvrtc.so"

@@ -705,7 +705,8 @@ mod tests {
             UOut::F64(u) => u,
             UOut::F32(_) => unreachable!("asked for f64"),
         };
-        let u64_ = wide(inverse_factor_f64(&mut Some(Source::F64(h.clone())), n, shift, false).unwrap());
+        let u64_ =
+            wide(inverse_factor_f64(&mut Some(Source::F64(h.clone())), n, shift, false).unwrap());
         let in_pool = |threads: usize| {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)

@@ -4,7 +4,7 @@
 //! into the upper-triangular inverse factor `U` with `H⁻¹ = Uᵀ U` by one Cholesky and one
 //! triangular inverse (the reversal trick, [`factor_owned`]).
 
-use super::precision::{factor_f32, sweep_f64, tq_factor_f64};
+use super::precision::{factor_f32, sweep_f64, tq_factor_f64, F32_FACTOR_ABOVE};
 use crate::error::{Error, Result};
 use crate::types::tq::QK;
 use crate::types::{tq2r, LdlqKind, TensorType};
@@ -190,8 +190,24 @@ pub fn factor(h: &[f64], n: usize, damp: f64, what: &str) -> Result<Factor> {
 /// [`factor`] taking the Hessian by value, so that at most two n×n f64 matrices are alive at any
 /// point (the Hessian and the matrix being factored, then the factor and its inverse): the
 /// Cholesky runs in place and the Hessian is dropped as soon as it succeeds.
+/// Above [`F32_FACTOR_ABOVE`] columns the factor is computed in f32 (memory; `precision.rs`).
 pub fn factor_owned(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Factor> {
-    let prec = if factor_f32() { Prec::F32 } else { Prec::F64 };
+    factor_owned_above(h, n, damp, what, F32_FACTOR_ABOVE)
+}
+
+/// [`factor_owned`] with the width above which it is f32 given (tests use small widths).
+fn factor_owned_above(
+    h: Vec<f64>,
+    n: usize,
+    damp: f64,
+    what: &str,
+    f32_above: usize,
+) -> Result<Factor> {
+    let prec = if factor_f32() || n > f32_above {
+        Prec::F32
+    } else {
+        Prec::F64
+    };
     factor_with(h, n, damp, what, prec, false)
 }
 
@@ -798,6 +814,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Above the width limit the factor is the f32 one (same `U` bits as asking for f32), at or
+    /// below it the f64 one (unless the environment asks for f32 everywhere).
+    #[test]
+    fn wide_factors_are_f32() {
+        let n = 96;
+        let h = hessian(n, 200, 11);
+        let f32_ = factor_with(h.clone(), n, 0.01, "w", Prec::F32, false).unwrap();
+        let f64_ = factor_with(h.clone(), n, 0.01, "w", Prec::F64, false).unwrap();
+        assert!(
+            f32_.u != f64_.u,
+            "the two precisions give different bits here"
+        );
+        let above = factor_owned_above(h.clone(), n, 0.01, "w", n - 1).unwrap();
+        assert!(above.u == f32_.u, "wider than the limit: f32");
+        let at = factor_owned_above(h, n, 0.01, "w", n).unwrap();
+        let want = if factor_f32() { &f32_.u } else { &f64_.u };
+        assert!(&at.u == want, "at the limit: the default precision");
     }
 
     /// The TQ formats' factor keeps `U` in f32 only: with the f64 factor, exactly the f64 `U`

@@ -4,7 +4,7 @@
 //! | step | TQ4_1S / TQ3_1S (default) | other LDLQ types |
 //! |---|---|---|
 //! | rotation of the Hessian | f64 | f64 |
-//! | Cholesky, triangular inverse | **f32** (`TQ_LDLQ_FACTOR_F64=1`: f64) | f64 (`TQ_LDLQ_FACTOR_F32=1`: f32) |
+//! | Cholesky, triangular inverse | **f32** (`TQ_LDLQ_FACTOR_F64=1`: f64) | f64 up to [`F32_FACTOR_ABOVE`] columns, f32 above (`TQ_LDLQ_FACTOR_F32=1`: f32 at every width) |
 //! | `U` kept | f32 only | f64 |
 //! | sweep (values, errors, feedback, GEMM) | f32 (`TQ_LDLQ_SWEEP_F64=1`: f64, and the factor f64) | f64 |
 //! | half-block scale search, `Σ e²` | f64 | f64 |
@@ -36,3 +36,11 @@ pub(super) fn factor_f32() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     flag("TQ_LDLQ_FACTOR_F32", &ON)
 }
+
+/// Above this many columns (70B-class FFN inputs: 28,672) every factor is computed in f32, for
+/// memory: an f64 act-order factor of a 28,672-wide Hessian holds the natural-order Hessian (kept
+/// for the refit), the permuted copy and the matrix being factored, ≈ 20 GB; in f32 ≈ 16.5 GB at
+/// its peak (the f64 `U` the stock sweep reads, beside the f32 inverse and the kept Hessian).
+/// Quality: the f32 factor measured neutral on SmolLM2 for TQ4_1S and the stock presets
+/// (docs/bench/speed.md). No model up to 7B–13B (FFN ≤ 13,824; Llama-3-8B 14,336) is affected.
+pub(crate) const F32_FACTOR_ABOVE: usize = 16_384;

@@ -343,7 +343,7 @@ impl TensorType {
     /// fixed-grid encoder ([`grid`]) and the i-quants encoded as llama-quantize does with one
     /// (`iquants::weighted_encoder`).
     pub fn imatrix_weighted(self) -> bool {
-        self.ldlq_unrotated() || iquants::weighted_encoder(self).is_some()
+        self.ldlq_unrotated() || weighted_encoder(self).is_some()
     }
 
     /// Blocks hold tq2_r's whole-row rotated row (tq2_r, tq2_t; the registry gives them a
@@ -386,6 +386,17 @@ impl TensorType {
 impl std::fmt::Display for TensorType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// The types whose importance-weighted encoder is llama.cpp's own, byte for byte with
+/// `llama-quantize --imatrix` (`Encoder::Weighted` uses it in place of [`grid`]'s fit): Q4_1 and
+/// Q5_1 (`legacy`), and the i-quants of [`iquants::weighted_encoder`].
+pub(crate) fn weighted_encoder(ty: TensorType) -> Option<iquants::WeightedFn> {
+    match ty {
+        TensorType::Q4_1 => Some(legacy::quantize_q4_1_imatrix),
+        TensorType::Q5_1 => Some(legacy::quantize_q5_1_imatrix),
+        _ => iquants::weighted_encoder(ty),
     }
 }
 

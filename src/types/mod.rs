@@ -313,7 +313,7 @@ impl TensorType {
 
     /// Banded LDLQ can round this type (`quant::ldlq`): the TQ weights and the row-rotated types
     /// (in their rotated domain), and the stock types with a fixed-grid encoder ([`grid`]:
-    /// q8_0, q4_0, q5_0, q2_K … q6_K, iq4_nl, iq4_xs; no rotation, ordinary blocks), and the
+    /// q8_0, q4_0, q4_1, q5_0, q5_1, q2_K … q6_K, iq4_nl, iq4_xs; no rotation, ordinary blocks), and the
     /// i-quant grid types: iq3_xxs, iq3_s, iq1_s, iq1_m (their grid rows as the sweep's vector
     /// quantizer) and the IQ2 types group by group.
     pub fn has_ldlq(self) -> bool {

@@ -1,4 +1,4 @@
-//! LDLQ for the stock types (`TensorType::ldlq_unrotated`: q8_0, q4_0, q5_0, q2_K … q6_K,
+//! LDLQ for the stock types (`TensorType::ldlq_unrotated`: q8_0, q4_0, q4_1, q5_0, q5_1, q2_K … q6_K,
 //! iq4_nl, iq4_xs) in the weights' own basis: every block's grid fitted first
 //! (`types::grid::fit`), the values rounded onto the fixed grids in act-order
 //! (`Factor::perm`), then the block parameters refitted under the full Hessian ([`Refit`]).
@@ -247,9 +247,10 @@ fn refit_params(
         for k in 0..per {
             let gi = blk * per + k;
             let (s, b) = (p[gi], if hm { p[ng + gi] } else { 0.0 });
-            // q4_K/q5_K store a scale and a min that are both >= 0.
-            sc[k] = if hm { s.max(0.0) as f32 } else { s as f32 };
-            mn[k] = b.max(0.0) as f32;
+            // q2_K/q4_K/q5_K store a scale and a min that are both >= 0 (q4_1/q5_1: any sign).
+            let nn = grid::nonneg_params(ty);
+            sc[k] = if nn { s.max(0.0) as f32 } else { s as f32 };
+            mn[k] = if nn { b.max(0.0) as f32 } else { b as f32 };
         }
         grid::set_params(ty, &sc, &mn, o, g);
     }
@@ -472,7 +473,7 @@ mod tests {
         let h = hessian(n, 400, 7);
         let mut s = 11;
         let w: Vec<f32> = (0..rows * n).map(|_| lcg(&mut s) as f32 * 0.05).collect();
-        for ty in [Q8_0, Q4_0, Q5_0, Q4K, Q5K, Q6K, IQ4NL, IQ4XS] {
+        for ty in [Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4K, Q5K, Q6K, IQ4NL, IQ4XS] {
             let f = factor_act_order(h.clone(), n, 0.01, Refit::DEFAULT.passes, "w").unwrap();
             let bytes = ty.bytes_for(w.len() as u64).unwrap() as usize;
             let dec = |b: &[u8]| {
@@ -530,6 +531,8 @@ mod tests {
         for ty in [
             TensorType::Q4_0,
             TensorType::Q8_0,
+            TensorType::Q4_1,
+            TensorType::Q5_1,
             TensorType::Q2K,
             TensorType::Q3K,
             TensorType::Q4K,
@@ -571,6 +574,7 @@ mod tests {
             TensorType::Q5_0,
             TensorType::Q6K,
             TensorType::Q4K,
+            TensorType::Q5_1,
             TensorType::IQ4NL,
             TensorType::IQ4XS,
         ] {
@@ -641,6 +645,8 @@ mod tests {
             TensorType::Q4_0,
             TensorType::Q5_0,
             TensorType::Q8_0,
+            TensorType::Q4_1,
+            TensorType::Q5_1,
             TensorType::Q2K,
             TensorType::Q3K,
             TensorType::Q4K,

@@ -195,10 +195,10 @@ fn fit_grids(ty: TensorType, row: &[f32], f: &Factor, out: &mut [u8]) -> Vec<gri
 }
 
 /// The block parameters of one row refitted to its codes: with the codes fixed, the decoded row
-/// `q = D p` is linear in the group parameters `p` (each group's scale, and min for q4_K/q5_K),
-/// so `min_p (w − D p) H (w − D p)ᵀ` is the least-squares problem `(Dᵀ H D) p = Dᵀ H w`, whose
-/// normal equations ([`normal_equations_row`], [`normal_equations_rows`]) are solved jointly for
-/// the whole row (a Cholesky of groups³/3). Then the stock format's own quantization of the
+/// `q = D p` is linear in the group parameters `p` (each group's scale, and its min for the types
+/// with one: `grid::has_min`), so `min_p (w − D p) H (w − D p)ᵀ` is the least-squares problem
+/// `(Dᵀ H D) p = Dᵀ H w`, whose normal equations ([`normal_equations_row`],
+/// [`normal_equations_rows`]) are solved jointly for the whole row (a Cholesky of groups³/3). Then the stock format's own quantization of the
 /// parameters (`grid::set_params`) writes them into `out` and gives the new grids. A group whose
 /// codes are all zero keeps its parameters; a singular system keeps the old grids.
 fn refit_params(
@@ -258,8 +258,8 @@ fn refit_params(
 }
 
 /// The refit's normal equations `(Dᵀ H D, Dᵀ H w)` for one row with codes `c` (natural order):
-/// parameters are every group's scale (`0..ng`), then for q4_K/q5_K every group's min
-/// (`ng..2ng`), the decoded value being `scale·c − min`. Under the full Hessian (`full`, n²
+/// parameters are every group's scale (`0..ng`), then for the types with a min (`grid::has_min`)
+/// every group's min (`ng..2ng`), the decoded value being `scale·c − min`. Under the full Hessian (`full`, n²
 /// multiply-adds) or its diagonal. The reference [`normal_equations_rows`] is held to.
 fn normal_equations_row(
     ty: TensorType,
@@ -508,7 +508,12 @@ mod tests {
         let mut s = 4;
         let w: Vec<f32> = (0..12 * n).map(|_| lcg(&mut s) as f32).collect();
         let f = factor_act_order(h.clone(), n, 0.01, Refit::DEFAULT.passes, "w").unwrap();
-        for ty in [TensorType::Q4K, TensorType::Q5_0, TensorType::IQ4XS] {
+        for ty in [
+            TensorType::Q4K,
+            TensorType::Q5_0,
+            TensorType::Q5_1,
+            TensorType::IQ4XS,
+        ] {
             let run = |t: usize| {
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(t)

@@ -1,5 +1,5 @@
-//! LDLQ for the stock types (`TensorType::ldlq_unrotated`: q8_0, q4_0, q4_1, q5_0, q5_1, q2_K … q6_K,
-//! iq4_nl, iq4_xs) in the weights' own basis: every block's grid fitted first
+//! LDLQ for the stock types (`TensorType::ldlq_unrotated`: q8_0, q4_0, q4_1, q5_0, q5_1,
+//! q2_K … q6_K, iq4_nl, iq4_xs) in the weights' own basis: every block's grid fitted first
 //! (`types::grid::fit`), the values rounded onto the fixed grids in act-order
 //! (`Factor::perm`), then the block parameters refitted under the full Hessian ([`Refit`]).
 
@@ -198,9 +198,10 @@ fn fit_grids(ty: TensorType, row: &[f32], f: &Factor, out: &mut [u8]) -> Vec<gri
 /// `q = D p` is linear in the group parameters `p` (each group's scale, and its min for the types
 /// with one: `grid::has_min`), so `min_p (w − D p) H (w − D p)ᵀ` is the least-squares problem
 /// `(Dᵀ H D) p = Dᵀ H w`, whose normal equations ([`normal_equations_row`],
-/// [`normal_equations_rows`]) are solved jointly for the whole row (a Cholesky of groups³/3). Then the stock format's own quantization of the
-/// parameters (`grid::set_params`) writes them into `out` and gives the new grids. A group whose
-/// codes are all zero keeps its parameters; a singular system keeps the old grids.
+/// [`normal_equations_rows`]) are solved jointly for the whole row (a Cholesky of groups³/3).
+/// Then the stock format's own quantization of the parameters (`grid::set_params`) writes them
+/// into `out` and gives the new grids. A group whose codes are all zero keeps its parameters; a
+/// singular system keeps the old grids.
 fn refit_params(
     ty: TensorType,
     n: usize,
@@ -259,8 +260,8 @@ fn refit_params(
 
 /// The refit's normal equations `(Dᵀ H D, Dᵀ H w)` for one row with codes `c` (natural order):
 /// parameters are every group's scale (`0..ng`), then for the types with a min (`grid::has_min`)
-/// every group's min (`ng..2ng`), the decoded value being `scale·c − min`. Under the full Hessian (`full`, n²
-/// multiply-adds) or its diagonal. The reference [`normal_equations_rows`] is held to.
+/// every group's min (`ng..2ng`), the decoded value being `scale·c − min`. Under the full Hessian
+/// (`full`, n² multiply-adds) or its diagonal. The reference [`normal_equations_rows`] is held to.
 fn normal_equations_row(
     ty: TensorType,
     row: &[f32],

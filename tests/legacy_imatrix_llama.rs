@@ -361,3 +361,89 @@ fn smollm2_576_matches_llama() {
     );
     compare_recorded(&ts, "smollm2_576");
 }
+
+/// The route a user takes: `tq convert SmolLM2 --preset Q5_K_M --imatrix IM` writes its q5_1
+/// tensors (the fallback of the 576-wide matrices) byte-identical to `llama-quantize --imatrix IM
+/// … Q5_K_M` (live, and against the recorded blake3 of llama-quantize's tensors). The other
+/// tensors (q5_K, q6_K, q8_0) go through tq's own importance-weighted fit and are not compared.
+#[test]
+fn smollm2_q5_k_m_imatrix_q5_1_tensors_match_llama() {
+    let Some(model) = fixtures::smollm2() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let f = GgufFile::open(&model).unwrap();
+    let ts: Vec<Tensor> = f
+        .tensors
+        .iter()
+        .filter(|t| t.dims.len() == 2 && t.name.starts_with("blk."))
+        .map(|t| Tensor {
+            name: t.name.clone(),
+            dims: [t.dims[0], t.dims[1]],
+            data: vec![],
+        })
+        .collect();
+    let im = imatrix(&ts, dir.path());
+    let ours = dir.path().join("tq.gguf");
+    let (code, _, err) = fixtures::tq(&[
+        "convert",
+        fixtures::s(&model),
+        "--preset",
+        "Q5_K_M",
+        "--imatrix",
+        fixtures::s(&im.path),
+        "-q",
+        "-o",
+        fixtures::s(&ours),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let g = GgufFile::open(&ours).unwrap();
+    let mine: BTreeMap<String, String> = g
+        .tensors
+        .iter()
+        .filter(|t| t.ty == ty("q5_1"))
+        .map(|t| (t.name.clone(), fixtures::blake3_hex(g.tensor_data(t))))
+        .collect();
+    assert!(mine.len() >= 160, "only {} q5_1 tensors", mine.len());
+    let key = "smollm2_preset_Q5_K_M_imatrix";
+    if let Some(bin) = fixtures::llama_quantize() {
+        let theirs = dir.path().join("llama.gguf");
+        let o = std::process::Command::new(bin)
+            .arg("--allow-requantize")
+            .arg("--imatrix")
+            .arg(&im.path)
+            .args([fixtures::s(&model), fixtures::s(&theirs), "Q5_K_M", "2"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let l = GgufFile::open(&theirs).unwrap();
+        let live: BTreeMap<String, String> = l
+            .tensors
+            .iter()
+            .filter(|t| t.ty == ty("q5_1"))
+            .map(|t| (t.name.clone(), fixtures::blake3_hex(l.tensor_data(t))))
+            .collect();
+        assert_eq!(
+            mine, live,
+            "q5_1 tensors differ from llama-quantize --imatrix (live)"
+        );
+        eprintln!(
+            "{key}: {} q5_1 tensors byte-identical to llama-quantize --imatrix",
+            mine.len()
+        );
+        if EXPECTED.recording() {
+            EXPECTED.record(key, json!(live));
+        }
+    }
+    let exp = EXPECTED.load();
+    let want: BTreeMap<String, String> = exp[key]
+        .as_object()
+        .unwrap_or_else(|| panic!("no recorded {key} (run {})", EXPECTED.script))
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(
+        mine, want,
+        "q5_1 tensors differ from the recorded llama-quantize output"
+    );
+}

@@ -12,5 +12,6 @@ source "$(dirname "$0")/../common.sh"
 "$TQ_ROOT/scripts/build-llama.sh" >/dev/null
 cd "$TQ_ROOT"
 TQ_LEGACY_IMX_RECORD=1 TQ_REQUIRE_DATA=1 cargo test --test legacy_imatrix_llama -- \
-  --test-threads=1 --nocapture synthetic_matches_llama_quantize_live smollm2_576_matches_llama minilm_matches_llama
+  --test-threads=1 --nocapture synthetic_matches_llama_quantize_live smollm2_576_matches_llama minilm_matches_llama \
+  smollm2_q5_k_m_imatrix_q5_1_tensors_match_llama
 git diff --stat -- fixtures/legacy_imatrix_expected.json || true

@@ -644,6 +644,78 @@ fn smollm2_preset_bytes_match_llama_quantize() {
     }
 }
 
+/// Rows that cannot hold a k-quant super-block (96 and 288 wide) make llama-quantize's Q5_K_M
+/// and Q5_K_S fall back to q5_1 (and Q4_1 is q4_1 throughout): with `--calib` those tensors are
+/// LDLQ'd (`tq.tensor_methods` says `ldlq`, the bytes differ from the round-to-nearest preset's,
+/// the types and sizes do not), with `--imatrix` importance-weighted, and without either
+/// round-to-nearest.
+#[test]
+fn calibrated_fallback_presets_ldlq_q4_1_and_q5_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m.gguf");
+    std::fs::write(&model, fixtures::gguf_gen::tiny_llama_tok(2, 96, 288).bytes).unwrap();
+    let text = dir.path().join("calib.txt");
+    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(3000)).unwrap();
+    let calib = [
+        "--calib",
+        s(&text),
+        "--calib-tokens",
+        "1024",
+        "--calib-ctx",
+        "128",
+    ];
+    let methods = |f: &GgufFile| -> BTreeMap<String, String> {
+        f.get("tq.tensor_methods")
+            .and_then(|v| v.as_array())
+            .expect("tq.tensor_methods")
+            .iter()
+            .map(|v| {
+                let e = v.as_str().expect("a string").to_string();
+                let (name, m) = e.split_once('=').expect("name=type:method");
+                (name.to_string(), m.to_string())
+            })
+            .collect()
+    };
+    for (preset, ty) in [("Q5_K_M", "q5_1"), ("Q5_K_S", "q5_1"), ("Q4_1", "q4_1")] {
+        let conv = |name: &str, extra: &[&str]| {
+            let out = dir.path().join(format!("{preset}-{name}.gguf"));
+            let mut a = vec![
+                "convert",
+                s(&model),
+                "--preset",
+                preset,
+                "-q",
+                "-o",
+                s(&out),
+            ];
+            a.extend_from_slice(extra);
+            let (c, _, e) = tq(&a);
+            assert_eq!(c, 0, "{preset} {name}: {e}");
+            GgufFile::open(&out).unwrap()
+        };
+        let (rtn, cal) = (conv("rtn", &[]), conv("calib", &calib));
+        let (mr, mc) = (methods(&rtn), methods(&cal));
+        let (mut n, mut changed) = (0, 0);
+        for (x, y) in rtn.tensors.iter().zip(&cal.tensors) {
+            assert_eq!(
+                (&x.name, x.ty),
+                (&y.name, y.ty),
+                "{preset}: type under --calib"
+            );
+            assert_eq!(rtn.tensor_data(x).len(), cal.tensor_data(y).len());
+            if x.ty.name() != ty || x.dims.len() != 2 || x.name == "token_embd.weight" {
+                continue;
+            }
+            n += 1;
+            assert_eq!(mr[&x.name], format!("{ty}:rtn"), "{preset} {}", x.name);
+            assert_eq!(mc[&x.name], format!("{ty}:ldlq"), "{preset} {}", x.name);
+            changed += (rtn.tensor_data(x) != cal.tensor_data(y)) as usize;
+        }
+        assert!(n >= 8, "{preset}: only {n} {ty} matrices");
+        assert_eq!(changed, n, "{preset}: LDLQ left some {ty} matrix unchanged");
+    }
+}
+
 #[test]
 fn calibrated_preset_keeps_types_and_bytes() {
     let dir = tempfile::tempdir().unwrap();

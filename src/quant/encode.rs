@@ -211,7 +211,7 @@ pub fn encode_rows(
     let mut buf = vec![0u8; x.len() / row_len * row_bytes];
     let rows = buf.par_chunks_mut(row_bytes).zip(x.par_chunks(row_len));
     match enc {
-        Encoder::Weighted(imp) => match crate::types::iquants::weighted_encoder(dst) {
+        Encoder::Weighted(imp) => match crate::types::weighted_encoder(dst) {
             Some(f) => rows.for_each(|(ob, row)| f(row, imp, ob)),
             None => {
                 rows.for_each(|(ob, row)| crate::types::grid::quantize_weighted(dst, row, imp, ob))

@@ -17,6 +17,9 @@
 //!   wider range of trials); the best trial's least-squares scale is kept;
 //! - asymmetric groups (q4_K, q5_K; q2_K's 16-value groups with ggml's q2_K settings): ggml's
 //!   `make_qkx2_quants` with the weights `w` in place of its `mean|x| + |x|` (or `|x|`) heuristic;
+//! - q4_1 / q5_1 blocks (scale and a free offset): ggml's `make_qkx3_quants` with llama.cpp's
+//!   imatrix settings (37 trials from `(−0.9 + nmax)/(max − min)` in steps of 0.05), the weights
+//!   `w` in place of llama-quantize's `imp·sqrt(σ² + x²)`;
 //! - iq4_nl / iq4_xs 32-value groups: llama.cpp's search (`iquants::iq4::search_scale`: the
 //!   max-based scale, then 15 trial inverse scales `(k − 127)/m`, `k = −7..=7`, each scored by the
 //!   weighted least-squares fit) with the weights `w` in place of its `x²`, and 15 more trials
@@ -123,7 +126,7 @@ pub(crate) fn supports(ty: TensorType) -> bool {
     use TensorType::*;
     matches!(
         ty,
-        Q8_0 | Q4_0 | Q5_0 | Q2K | Q3K | Q4K | Q5K | Q6K | IQ4NL | IQ4XS
+        Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q2K | Q3K | Q4K | Q5K | Q6K | IQ4NL | IQ4XS
     )
 }
 
@@ -135,6 +138,8 @@ fn range(ty: TensorType) -> (i32, i32) {
         Q8_0 => (-127, 127),
         Q4_0 => (-8, 7),
         Q5_0 => (-16, 15),
+        Q4_1 => (0, 15),
+        Q5_1 => (0, 31),
         Q2K => (0, 3),
         Q3K => (-4, 3),
         Q4K => (0, 15),
@@ -246,6 +251,12 @@ pub(crate) fn fit(ty: TensorType, x: &[f32], w: &[f32], out: &mut [u8], g: &mut 
                 mins[j] = m;
             }
         }
+        Q4_1 | Q5_1 => {
+            let wb: &[f32; QK] = w.try_into().expect("a 32-value block");
+            let (d, m, _) = super::legacy::qkx3_block(x, wb, g.hi);
+            scales[0] = d;
+            mins[0] = -m;
+        }
         IQ4NL | IQ4XS => {
             let anchors = [KV_F32[0] as i32, KV_F32[15] as i32];
             for (ib, s) in scales[..ng].iter_mut().enumerate() {
@@ -268,6 +279,14 @@ pub(crate) fn group_size(ty: TensorType) -> usize {
 
 /// Whether `ty`'s groups have a min (value `a·c − b`) besides the scale.
 pub(crate) fn has_min(ty: TensorType) -> bool {
+    use TensorType::*;
+    matches!(ty, Q2K | Q4K | Q5K | Q4_1 | Q5_1)
+}
+
+/// Whether `ty` stores its groups' scale and min as non-negative numbers (the k-quants'
+/// quantized super-block scales), so a refit clamps them at 0; q4_1 / q5_1 store both as f16,
+/// any sign.
+pub(crate) fn nonneg_params(ty: TensorType) -> bool {
     matches!(ty, TensorType::Q2K | TensorType::Q4K | TensorType::Q5K)
 }
 
@@ -299,6 +318,13 @@ pub(crate) fn set_params(
             let d = f16_round(scales[0]);
             out[..2].copy_from_slice(&f32_to_f16_bits(d).to_le_bytes());
             g.a.fill(d);
+        }
+        Q4_1 | Q5_1 => {
+            // The decoder's `c·d + m`, with `m = −min`: `a·c − b` with `b = −m` is the same f32.
+            let d = put_f16(out, 0, scales[0]);
+            let m = put_f16(out, 2, -mins[0]);
+            g.a.fill(d);
+            g.b.fill(-m);
         }
         Q6K => {
             let (mut max_scale, mut amax) = (0f32, 0f32);
@@ -423,6 +449,13 @@ pub(crate) fn pack(ty: TensorType, codes: &[i32], out: &mut [u8]) {
                 out[2 + j] = (codes[j] + 8) as u8 | (((codes[j + 16] + 8) as u8) << 4);
             }
         }
+        Q4_1 | Q5_1 => {
+            let mut l = [0u8; QK];
+            for (o, &c) in l.iter_mut().zip(codes) {
+                *o = c as u8;
+            }
+            super::legacy::pack_1(&l, out);
+        }
         Q5_0 => {
             let mut qh = 0u32;
             for j in 0..QK / 2 {
@@ -542,10 +575,12 @@ mod tests {
             .collect()
     }
 
-    const ALL: [TensorType; 10] = [
+    const ALL: [TensorType; 12] = [
         TensorType::Q8_0,
         TensorType::Q4_0,
+        TensorType::Q4_1,
         TensorType::Q5_0,
+        TensorType::Q5_1,
         TensorType::Q2K,
         TensorType::Q3K,
         TensorType::Q4K,

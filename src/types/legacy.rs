@@ -326,6 +326,101 @@ pub fn quantize_q8_0(src: &[f32], out: &mut [u8]) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Importance-weighted Q4_1 / Q5_1 (`llama-quantize --imatrix`)
+
+/// Q4_1 rows weighted by an importance matrix, as `llama-quantize --imatrix` writes them
+/// (ggml's `quantize_row_q4_1_impl`): `src` is whole rows of `imp.len()` values, `imp` one
+/// importance per column. Per block the weights are `imp[j]·sqrt(σ² + x[j]²)` (σ² the row's mean
+/// square) and the scale and min come from ggml's `make_qkx3_quants` search (nmax 15, 37 trial
+/// inverse scales `(−0.9 + 0.05·k + nmax)/(max − min)`, each refined by weighted least squares),
+/// whose codes are stored as found.
+pub(crate) fn quantize_q4_1_imatrix(src: &[f32], imp: &[f32], out: &mut [u8]) {
+    weighted_rows::<Q4_1_BYTES>(src, imp, out, 15)
+}
+
+/// Q5_1 rows weighted by an importance matrix (ggml's `quantize_row_q5_1_impl`): as
+/// [`quantize_q4_1_imatrix`] with nmax 31.
+pub(crate) fn quantize_q5_1_imatrix(src: &[f32], imp: &[f32], out: &mut [u8]) {
+    weighted_rows::<Q5_1_BYTES>(src, imp, out, 31)
+}
+
+/// The importance weights of one block as ggml forms them: `qw[j]·sqrt(σ² + x[j]²)`.
+pub(crate) fn imatrix_block_weights(x: &[f32], qw: &[f32], sigma2: f32, w: &mut [f32; QK]) {
+    for ((o, &q), &v) in w.iter_mut().zip(qw).zip(x) {
+        *o = q * (sigma2 + v * v).sqrt();
+    }
+}
+
+/// A row's mean square, summed in f32 in index order (ggml's `sigma2`).
+pub(crate) fn row_sigma2(row: &[f32]) -> f32 {
+    let mut s = 0f32;
+    for &v in row {
+        s += v * v;
+    }
+    s / row.len() as f32
+}
+
+/// ggml's `make_qkx3_quants` for one 32-value block with weights (the search `_impl` calls):
+/// `(scale, offset, codes)`, the decoded value `scale·c + offset` (offset <= 0). With weights
+/// given it is `make_qkx2_quants` step for step (the two differ only in their weightless
+/// defaults and in testing `max <= min` for `max == min`, equal after `min` is clamped to <= 0).
+pub(crate) fn qkx3_block(x: &[f32], w: &[f32; QK], nmax: i32) -> (f32, f32, [u8; QK]) {
+    let (mut l, mut laux) = ([0u8; QK], [0u8; QK]);
+    let (d, the_min) = crate::types::kquants::make_qkx2_quants::<QK>(
+        nmax,
+        x.try_into().expect("a 32-value block"),
+        w,
+        &mut l,
+        &mut laux,
+        -0.9,
+        0.05,
+        36,
+        false,
+    );
+    (d, -the_min, l)
+}
+
+fn weighted_rows<const BYTES: usize>(src: &[f32], imp: &[f32], out: &mut [u8], nmax: i32) {
+    let n = imp.len();
+    let row_bytes = n / QK * BYTES;
+    let mut w = [0f32; QK];
+    for (row, ob) in src.chunks_exact(n).zip(out.chunks_exact_mut(row_bytes)) {
+        let sigma2 = row_sigma2(row);
+        for ((x, qw), b) in row
+            .chunks_exact(QK)
+            .zip(imp.chunks_exact(QK))
+            .zip(ob.chunks_exact_mut(BYTES))
+        {
+            imatrix_block_weights(x, qw, sigma2, &mut w);
+            let (d, m, l) = qkx3_block(x, &w, nmax);
+            crate::types::kquants::put_f16(b, 0, d);
+            crate::types::kquants::put_f16(b, 2, m);
+            pack_1(&l, b);
+        }
+    }
+}
+
+/// Store the codes (`0..=15` for Q4_1, `0..=31` for Q5_1, chosen by the block's size) of one
+/// block whose `d` and `m` are written: low nibbles of values `0..16`, high of `16..32`, Q5_1's
+/// fifth bits in `qh`.
+pub(crate) fn pack_1(l: &[u8; QK], b: &mut [u8]) {
+    if b.len() == Q4_1_BYTES {
+        for j in 0..QK / 2 {
+            b[4 + j] = l[j] | (l[j + QK / 2] << 4);
+        }
+        return;
+    }
+    let mut qh = 0u32;
+    for j in 0..QK / 2 {
+        let (x0, x1) = (l[j], l[j + QK / 2]);
+        b[8 + j] = (x0 & 0x0F) | ((x1 & 0x0F) << 4);
+        qh |= (((x0 & 0x10) >> 4) as u32) << j;
+        qh |= (((x1 & 0x10) >> 4) as u32) << (j + QK / 2);
+    }
+    b[4..8].copy_from_slice(&qh.to_le_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -313,7 +313,7 @@ impl TensorType {
 
     /// Banded LDLQ can round this type (`quant::ldlq`): the TQ weights and the row-rotated types
     /// (in their rotated domain), and the stock types with a fixed-grid encoder ([`grid`]:
-    /// q8_0, q4_0, q5_0, q2_K … q6_K, iq4_nl, iq4_xs; no rotation, ordinary blocks), and the
+    /// q8_0, q4_0, q4_1, q5_0, q5_1, q2_K … q6_K, iq4_nl, iq4_xs; no rotation, ordinary blocks), and the
     /// i-quant grid types: iq3_xxs, iq3_s, iq1_s, iq1_m (their grid rows as the sweep's vector
     /// quantizer) and the IQ2 types group by group.
     pub fn has_ldlq(self) -> bool {
@@ -343,7 +343,7 @@ impl TensorType {
     /// fixed-grid encoder ([`grid`]) and the i-quants encoded as llama-quantize does with one
     /// (`iquants::weighted_encoder`).
     pub fn imatrix_weighted(self) -> bool {
-        self.ldlq_unrotated() || iquants::weighted_encoder(self).is_some()
+        self.ldlq_unrotated() || weighted_encoder(self).is_some()
     }
 
     /// Blocks hold tq2_r's whole-row rotated row (tq2_r, tq2_t; the registry gives them a
@@ -386,6 +386,17 @@ impl TensorType {
 impl std::fmt::Display for TensorType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// The types whose importance-weighted encoder is llama.cpp's own, byte for byte with
+/// `llama-quantize --imatrix` (`Encoder::Weighted` uses it in place of [`grid`]'s fit): Q4_1 and
+/// Q5_1 (`legacy`), and the i-quants of [`iquants::weighted_encoder`].
+pub(crate) fn weighted_encoder(ty: TensorType) -> Option<iquants::WeightedFn> {
+    match ty {
+        TensorType::Q4_1 => Some(legacy::quantize_q4_1_imatrix),
+        TensorType::Q5_1 => Some(legacy::quantize_q5_1_imatrix),
+        _ => iquants::weighted_encoder(ty),
     }
 }
 

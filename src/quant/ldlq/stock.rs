@@ -1,5 +1,5 @@
-//! LDLQ for the stock types (`TensorType::ldlq_unrotated`: q8_0, q4_0, q5_0, q2_K … q6_K,
-//! iq4_nl, iq4_xs) in the weights' own basis: every block's grid fitted first
+//! LDLQ for the stock types (`TensorType::ldlq_unrotated`: q8_0, q4_0, q4_1, q5_0, q5_1,
+//! q2_K … q6_K, iq4_nl, iq4_xs) in the weights' own basis: every block's grid fitted first
 //! (`types::grid::fit`), the values rounded onto the fixed grids in act-order
 //! (`Factor::perm`), then the block parameters refitted under the full Hessian ([`Refit`]).
 
@@ -195,12 +195,13 @@ fn fit_grids(ty: TensorType, row: &[f32], f: &Factor, out: &mut [u8]) -> Vec<gri
 }
 
 /// The block parameters of one row refitted to its codes: with the codes fixed, the decoded row
-/// `q = D p` is linear in the group parameters `p` (each group's scale, and min for q4_K/q5_K),
-/// so `min_p (w − D p) H (w − D p)ᵀ` is the least-squares problem `(Dᵀ H D) p = Dᵀ H w`, whose
-/// normal equations ([`normal_equations_row`], [`normal_equations_rows`]) are solved jointly for
-/// the whole row (a Cholesky of groups³/3). Then the stock format's own quantization of the
-/// parameters (`grid::set_params`) writes them into `out` and gives the new grids. A group whose
-/// codes are all zero keeps its parameters; a singular system keeps the old grids.
+/// `q = D p` is linear in the group parameters `p` (each group's scale, and its min for the types
+/// with one: `grid::has_min`), so `min_p (w − D p) H (w − D p)ᵀ` is the least-squares problem
+/// `(Dᵀ H D) p = Dᵀ H w`, whose normal equations ([`normal_equations_row`],
+/// [`normal_equations_rows`]) are solved jointly for the whole row (a Cholesky of groups³/3).
+/// Then the stock format's own quantization of the parameters (`grid::set_params`) writes them
+/// into `out` and gives the new grids. A group whose codes are all zero keeps its parameters; a
+/// singular system keeps the old grids.
 fn refit_params(
     ty: TensorType,
     n: usize,
@@ -247,9 +248,10 @@ fn refit_params(
         for k in 0..per {
             let gi = blk * per + k;
             let (s, b) = (p[gi], if hm { p[ng + gi] } else { 0.0 });
-            // q4_K/q5_K store a scale and a min that are both >= 0.
-            sc[k] = if hm { s.max(0.0) as f32 } else { s as f32 };
-            mn[k] = b.max(0.0) as f32;
+            // q2_K/q4_K/q5_K store a scale and a min that are both >= 0 (q4_1/q5_1: any sign).
+            let nn = grid::nonneg_params(ty);
+            sc[k] = if nn { s.max(0.0) as f32 } else { s as f32 };
+            mn[k] = if nn { b.max(0.0) as f32 } else { b as f32 };
         }
         grid::set_params(ty, &sc, &mn, o, g);
     }
@@ -257,9 +259,9 @@ fn refit_params(
 }
 
 /// The refit's normal equations `(Dᵀ H D, Dᵀ H w)` for one row with codes `c` (natural order):
-/// parameters are every group's scale (`0..ng`), then for q4_K/q5_K every group's min
-/// (`ng..2ng`), the decoded value being `scale·c − min`. Under the full Hessian (`full`, n²
-/// multiply-adds) or its diagonal. The reference [`normal_equations_rows`] is held to.
+/// parameters are every group's scale (`0..ng`), then for the types with a min (`grid::has_min`)
+/// every group's min (`ng..2ng`), the decoded value being `scale·c − min`. Under the full Hessian
+/// (`full`, n² multiply-adds) or its diagonal. The reference [`normal_equations_rows`] is held to.
 fn normal_equations_row(
     ty: TensorType,
     row: &[f32],
@@ -472,7 +474,7 @@ mod tests {
         let h = hessian(n, 400, 7);
         let mut s = 11;
         let w: Vec<f32> = (0..rows * n).map(|_| lcg(&mut s) as f32 * 0.05).collect();
-        for ty in [Q8_0, Q4_0, Q5_0, Q4K, Q5K, Q6K, IQ4NL, IQ4XS] {
+        for ty in [Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4K, Q5K, Q6K, IQ4NL, IQ4XS] {
             let f = factor_act_order(h.clone(), n, 0.01, Refit::DEFAULT.passes, "w").unwrap();
             let bytes = ty.bytes_for(w.len() as u64).unwrap() as usize;
             let dec = |b: &[u8]| {
@@ -507,7 +509,12 @@ mod tests {
         let mut s = 4;
         let w: Vec<f32> = (0..12 * n).map(|_| lcg(&mut s) as f32).collect();
         let f = factor_act_order(h.clone(), n, 0.01, Refit::DEFAULT.passes, "w").unwrap();
-        for ty in [TensorType::Q4K, TensorType::Q5_0, TensorType::IQ4XS] {
+        for ty in [
+            TensorType::Q4K,
+            TensorType::Q5_0,
+            TensorType::Q5_1,
+            TensorType::IQ4XS,
+        ] {
             let run = |t: usize| {
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(t)
@@ -530,6 +537,8 @@ mod tests {
         for ty in [
             TensorType::Q4_0,
             TensorType::Q8_0,
+            TensorType::Q4_1,
+            TensorType::Q5_1,
             TensorType::Q2K,
             TensorType::Q3K,
             TensorType::Q4K,
@@ -571,6 +580,7 @@ mod tests {
             TensorType::Q5_0,
             TensorType::Q6K,
             TensorType::Q4K,
+            TensorType::Q5_1,
             TensorType::IQ4NL,
             TensorType::IQ4XS,
         ] {
@@ -641,6 +651,8 @@ mod tests {
             TensorType::Q4_0,
             TensorType::Q5_0,
             TensorType::Q8_0,
+            TensorType::Q4_1,
+            TensorType::Q5_1,
             TensorType::Q2K,
             TensorType::Q3K,
             TensorType::Q4K,

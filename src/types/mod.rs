@@ -610,7 +610,7 @@ mod tests {
         assert_eq!(kinds(LdlqKind::IqGrid), [IQ2XXS, IQ2XS, IQ2S]);
         assert_eq!(
             kinds(LdlqKind::Stock),
-            [Q4_0, Q5_0, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K, IQ4NL, IQ4XS]
+            [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K, IQ4NL, IQ4XS]
         );
         for t in TYPES {
             assert_eq!(

@@ -633,15 +633,39 @@ mod proxies {
         ];
         // TQ_PROXY_VARIANTS: comma-separated indices into `all` (default: every one).
         let pick = std::env::var("TQ_PROXY_VARIANTS").ok();
-        let variants: Vec<_> = all
+        let mut variants: Vec<(String, TrellisInner)> = all
             .iter()
             .enumerate()
             .filter(|(i, _)| {
                 pick.as_deref()
                     .is_none_or(|p| p.split(',').any(|v| v.parse() == Ok(*i)))
             })
-            .map(|(_, v)| *v)
+            .map(|(_, (l, v))| (l.to_string(), *v))
             .collect();
+        // TQ_PROXY_CUSTOM: `fast:feedback:passes:beam` variants separated by commas.
+        if let Ok(c) = std::env::var("TQ_PROXY_CUSTOM") {
+            for v in c.split(',').filter(|v| !v.is_empty()) {
+                let p: Vec<usize> = v.split(':').map(|x| x.parse().unwrap()).collect();
+                let inner = quadw(p[0] as u8, p[1], (usize::from(p[3] > 0), p[3]));
+                let inner = match inner {
+                    TrellisInner::Quad {
+                        weighted,
+                        feedback,
+                        psp,
+                        fast,
+                        ..
+                    } => TrellisInner::Quad {
+                        weighted,
+                        passes: p[2],
+                        feedback,
+                        psp,
+                        fast,
+                    },
+                    other => other,
+                };
+                variants.push((format!("custom {v}"), inner));
+            }
+        }
         for name in names.split(',') {
             let t = f.tensors.iter().find(|t| t.name == name).unwrap();
             let n = t.dims[0] as usize;
@@ -663,7 +687,8 @@ mod proxies {
                 t0.elapsed().as_secs_f64()
             );
             let ft = factor_hessian(TensorType::TQ2T, h, 0.01, 0.0, 0, name).unwrap();
-            for &(label, inner) in &variants {
+            for (label, inner) in &variants {
+                let inner = *inner;
                 let t0 = std::time::Instant::now();
                 let c0 = process_cpu_s();
                 let q = quantize_trellis(&w, n, &ft, 0, inner);

@@ -52,7 +52,7 @@ pub(crate) fn count_factor() {
 }
 
 /// The calling thread's CPU time in nanoseconds (0 where not available).
-fn thread_cpu_ns() -> u64 {
+pub(crate) fn thread_cpu_ns() -> u64 {
     #[cfg(unix)]
     {
         let mut ts = libc::timespec {

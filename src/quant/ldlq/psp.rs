@@ -192,11 +192,16 @@ pub(crate) struct BeamScratch {
     par: Vec<u16>,
     /// Per step, per kept survivor: its state.
     hst: Vec<u16>,
-    /// Per state: best candidate of this step (cost, top code of its predecessor, parent, z),
-    /// valid where `mark` is the step number.
-    slot: Vec<(f32, u8, u16, f32)>,
-    mark: Vec<u32>,
-    cand: Vec<u32>,
+    /// Per candidate (survivor `i`, successor code `b` at `4i + b`): cost, `z`, parent survivor.
+    cc: Vec<f32>,
+    zz: Vec<f32>,
+    cp: Vec<u16>,
+    /// Survivors merged into another of their group this step.
+    dead: Vec<bool>,
+    /// Per predecessor group (state `& 1023`: survivors with the same successors): the first
+    /// survivor of the group this step, valid where `gmark` is the step number.
+    gmark: Vec<u32>,
+    gidx: Vec<u16>,
     keys: Vec<u64>,
 }
 
@@ -238,7 +243,13 @@ unsafe fn viterbi_beam_avx2(
     viterbi_beam_body(x, ub, dc, top, k, bs, codes)
 }
 
-/// The search itself (both builds).
+/// The search itself (both builds). Candidates are laid out per survivor (its four successors
+/// are the four consecutive states `4·(s & 1023) + b`, so their scaled code values are one
+/// contiguous load); survivors whose successors coincide (same `s & 1023`, at most four) are
+/// found through a 1024-entry group table and merged lane by lane, lowest (cost, predecessor
+/// top code) first, as the full search merges. Then the `k` of lowest (cost, state) go on. The
+/// codes and metric are those of the definition (`viterbi_beam_ref` in the tests) bit for bit:
+/// the same candidates, the same arithmetic per candidate, the same merge and selection order.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn viterbi_beam_body(
@@ -251,7 +262,7 @@ fn viterbi_beam_body(
     codes: &mut [u8],
 ) -> f32 {
     let ns = 1usize << L;
-    let mask = ns as u32 - 1;
+    let gmask = (ns / 4 - 1) as u32;
     let lowmask = (1u32 << (L - 2)) - 1;
     let k = k.clamp(4, ns);
     let uf: Vec<f32> = ub.iter().map(|&v| v as f32).collect();
@@ -263,9 +274,9 @@ fn viterbi_beam_body(
     bs.par.resize(QK * k, 0);
     bs.hst.clear();
     bs.hst.resize(QK * k, 0);
-    bs.slot.resize(ns, (0.0, 0, 0, 0.0));
-    bs.mark.clear();
-    bs.mark.resize(ns, u32::MAX);
+    bs.gmark.clear();
+    bs.gmark.resize(ns / 4, u32::MAX);
+    bs.gidx.resize(ns / 4, 0);
     for b in 0..4u32 {
         let s = top << 2 | b;
         let z = (x[0] - dc[s as usize]) * inv[0];
@@ -277,41 +288,81 @@ fn viterbi_beam_body(
     }
     for j in 1..QK {
         let (xj, ij) = (x[j], inv[j]);
-        bs.cand.clear();
-        for (i, (&s, &c)) in bs.st.iter().zip(&bs.cost).enumerate() {
+        let m = bs.st.len();
+        bs.cc.resize(4 * m, 0.0);
+        bs.zz.resize(4 * m, 0.0);
+        bs.cp.resize(4 * m, 0);
+        bs.dead.clear();
+        bs.dead.resize(m, false);
+        // Every candidate's cost (branch-free, four lanes per survivor).
+        for (i, ((&s, &c), (cc, zz))) in bs
+            .st
+            .iter()
+            .zip(&bs.cost)
+            .zip(bs.cc.chunks_exact_mut(4).zip(bs.zz.chunks_exact_mut(4)))
+            .enumerate()
+        {
             let tj = xj - bs.fb[i * QK + j];
-            let t = (s >> (L - 2)) as u8;
-            for b in 0..4u32 {
-                // The last five codes are the wrap's: only paths that can end on it go on.
-                if j + 5 >= QK && b != (top >> (2 * (QK - 1 - j))) & 3 {
-                    continue;
+            let base = 4 * (s & gmask) as usize;
+            let d4 = &dc[base..base + 4];
+            for b in 0..4 {
+                let z = (tj - d4[b]) * ij;
+                zz[b] = z;
+                cc[b] = c + z * z;
+            }
+        }
+        for (i, cp) in bs.cp.chunks_exact_mut(4).enumerate() {
+            cp.fill(i as u16);
+        }
+        // Merge survivors with the same successors (rare: at most four per group).
+        for i in 0..m {
+            let g = (bs.st[i] & gmask) as usize;
+            if bs.gmark[g] != j as u32 {
+                bs.gmark[g] = j as u32;
+                bs.gidx[g] = i as u16;
+                continue;
+            }
+            let i0 = bs.gidx[g] as usize;
+            let ti = bs.st[i] >> (L - 2);
+            for b in 0..4 {
+                let (ci, c0) = (bs.cc[4 * i + b], bs.cc[4 * i0 + b]);
+                let th = bs.st[bs.cp[4 * i0 + b] as usize] >> (L - 2);
+                if ci < c0 || (ci == c0 && ti < th) {
+                    bs.cc[4 * i0 + b] = ci;
+                    bs.zz[4 * i0 + b] = bs.zz[4 * i + b];
+                    bs.cp[4 * i0 + b] = i as u16;
                 }
-                let s2 = ((s << 2) | b) & mask;
-                let z = (tj - dc[s2 as usize]) * ij;
-                let c2 = c + z * z;
-                let sl = &mut bs.slot[s2 as usize];
-                if bs.mark[s2 as usize] != j as u32 {
-                    bs.mark[s2 as usize] = j as u32;
-                    *sl = (c2, t, i as u16, z);
-                    bs.cand.push(s2);
-                } else if c2 < sl.0 || (c2 == sl.0 && t < sl.1) {
-                    *sl = (c2, t, i as u16, z);
+            }
+            bs.dead[i] = true;
+        }
+        // Lanes that cannot go on are NaN (dropped below): merged survivors' and, in the
+        // last five steps, the codes other than the wrap's (only paths that can end on it go on).
+        let only = (j + 5 >= QK).then(|| (top >> (2 * (QK - 1 - j))) & 3);
+        for (cc, &dead) in bs.cc.chunks_exact_mut(4).zip(&bs.dead) {
+            for (b, c) in cc.iter_mut().enumerate() {
+                if dead || only.is_some_and(|w| w != b as u32) {
+                    *c = f32::NAN;
                 }
             }
         }
-        if bs.cand.len() > k {
-            // (cost, state) as one integer: costs are ≥ 0 (or +inf), whose bits order as the
-            // values do. The order of the kept ones does not matter (merges break ties by `t`).
-            bs.keys.clear();
-            let slot = &bs.slot;
-            bs.keys.extend(
-                bs.cand
-                    .iter()
-                    .map(|&s| (slot[s as usize].0.to_bits() as u64) << 32 | s as u64),
-            );
+        // (cost, state, candidate) as one integer: costs are ≥ 0 (or +inf), whose bits order as
+        // the values do; states are distinct, so the candidate index never decides.
+        bs.keys.clear();
+        for (i, (cc, &s)) in bs.cc.chunks_exact(4).zip(&bs.st).enumerate() {
+            let s0 = (s & gmask) << 2;
+            for (b, &c) in cc.iter().enumerate() {
+                if !c.is_nan() {
+                    bs.keys.push(
+                        (c.to_bits() as u64) << 32
+                            | ((s0 | b as u32) as u64) << 14
+                            | (4 * i + b) as u64,
+                    );
+                }
+            }
+        }
+        if bs.keys.len() > k {
             bs.keys.select_nth_unstable(k - 1);
-            bs.cand.clear();
-            bs.cand.extend(bs.keys[..k].iter().map(|&v| v as u32));
+            bs.keys.truncate(k);
         }
         bs.nst.clear();
         bs.ncost.clear();
@@ -320,13 +371,15 @@ fn viterbi_beam_body(
             bs.nfb.resize(k * QK, 0.0);
         }
         let uj = &uf[j * QK + j + 1..(j + 1) * QK];
-        for (n, &s2) in bs.cand.iter().enumerate() {
-            let (c2, _, i, z) = bs.slot[s2 as usize];
+        for (n, &key) in bs.keys.iter().enumerate() {
+            let c = (key & 0x3fff) as usize;
+            let s2 = ((key >> 14) as u32) & (ns as u32 - 1);
+            let (i, z) = (bs.cp[c] as usize, bs.zz[c]);
             bs.nst.push(s2);
-            bs.ncost.push(c2);
-            bs.par[j * k + n] = i;
+            bs.ncost.push(bs.cc[c]);
+            bs.par[j * k + n] = i as u16;
             bs.hst[j * k + n] = s2 as u16;
-            let src = &bs.fb[i as usize * QK + j + 1..(i as usize + 1) * QK];
+            let src = &bs.fb[i * QK + j + 1..(i + 1) * QK];
             let dst = &mut bs.nfb[n * QK + j + 1..(n + 1) * QK];
             for ((d, &f), &u) in dst.iter_mut().zip(src).zip(uj) {
                 *d = f + z * u;
@@ -481,6 +534,239 @@ mod tests {
             })
             .collect();
         (u, a)
+    }
+
+    /// Work space of [`viterbi_beam_ref`].
+    #[derive(Default)]
+    struct RefScratch {
+        /// Survivors: state, cost, feedback row (stride `QK`, absolute columns).
+        st: Vec<u32>,
+        cost: Vec<f32>,
+        fb: Vec<f32>,
+        nst: Vec<u32>,
+        ncost: Vec<f32>,
+        nfb: Vec<f32>,
+        /// Per step, per kept survivor: index of its parent in the step before.
+        par: Vec<u16>,
+        /// Per step, per kept survivor: its state.
+        hst: Vec<u16>,
+        /// Per state: best candidate of this step (cost, top code of its predecessor, parent, z),
+        /// valid where `mark` is the step number.
+        slot: Vec<(f32, u8, u16, f32)>,
+        mark: Vec<u32>,
+        cand: Vec<u32>,
+        keys: Vec<u64>,
+    }
+
+    /// The definition of [`viterbi_beam`] (the beam before its candidate layout: a 4096-entry
+    /// slot table per state, candidates merged as they arrive).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn viterbi_beam_ref(
+        x: &[f32],
+        ub: &[f64],
+        dc: &[f32],
+        top: u32,
+        k: usize,
+        bs: &mut RefScratch,
+        codes: &mut [u8],
+    ) -> f32 {
+        let ns = 1usize << L;
+        let mask = ns as u32 - 1;
+        let lowmask = (1u32 << (L - 2)) - 1;
+        let k = k.clamp(4, ns);
+        let uf: Vec<f32> = ub.iter().map(|&v| v as f32).collect();
+        let inv: [f32; QK] = std::array::from_fn(|j| (1.0 / ub[j * QK + j]) as f32);
+        bs.st.clear();
+        bs.cost.clear();
+        bs.fb.clear();
+        bs.par.clear();
+        bs.par.resize(QK * k, 0);
+        bs.hst.clear();
+        bs.hst.resize(QK * k, 0);
+        bs.slot.resize(ns, (0.0, 0, 0, 0.0));
+        bs.mark.clear();
+        bs.mark.resize(ns, u32::MAX);
+        for b in 0..4u32 {
+            let s = top << 2 | b;
+            let z = (x[0] - dc[s as usize]) * inv[0];
+            bs.hst[b as usize] = s as u16;
+            bs.st.push(s);
+            bs.cost.push(z * z);
+            bs.fb.push(0.0);
+            bs.fb.extend(uf[1..QK].iter().map(|&u| z * u));
+        }
+        for j in 1..QK {
+            let (xj, ij) = (x[j], inv[j]);
+            bs.cand.clear();
+            for (i, (&s, &c)) in bs.st.iter().zip(&bs.cost).enumerate() {
+                let tj = xj - bs.fb[i * QK + j];
+                let t = (s >> (L - 2)) as u8;
+                for b in 0..4u32 {
+                    // The last five codes are the wrap's: only paths that can end on it go on.
+                    if j + 5 >= QK && b != (top >> (2 * (QK - 1 - j))) & 3 {
+                        continue;
+                    }
+                    let s2 = ((s << 2) | b) & mask;
+                    let z = (tj - dc[s2 as usize]) * ij;
+                    let c2 = c + z * z;
+                    let sl = &mut bs.slot[s2 as usize];
+                    if bs.mark[s2 as usize] != j as u32 {
+                        bs.mark[s2 as usize] = j as u32;
+                        *sl = (c2, t, i as u16, z);
+                        bs.cand.push(s2);
+                    } else if c2 < sl.0 || (c2 == sl.0 && t < sl.1) {
+                        *sl = (c2, t, i as u16, z);
+                    }
+                }
+            }
+            if bs.cand.len() > k {
+                // (cost, state) as one integer: costs are ≥ 0 (or +inf), whose bits order as the
+                // values do. The order of the kept ones does not matter (merges break ties by `t`).
+                bs.keys.clear();
+                let slot = &bs.slot;
+                bs.keys.extend(
+                    bs.cand
+                        .iter()
+                        .map(|&s| (slot[s as usize].0.to_bits() as u64) << 32 | s as u64),
+                );
+                bs.keys.select_nth_unstable(k - 1);
+                bs.cand.clear();
+                bs.cand.extend(bs.keys[..k].iter().map(|&v| v as u32));
+            }
+            bs.nst.clear();
+            bs.ncost.clear();
+            // Rows hold columns > j only (the rest is stale and never read).
+            if bs.nfb.len() < k * QK {
+                bs.nfb.resize(k * QK, 0.0);
+            }
+            let uj = &uf[j * QK + j + 1..(j + 1) * QK];
+            for (n, &s2) in bs.cand.iter().enumerate() {
+                let (c2, _, i, z) = bs.slot[s2 as usize];
+                bs.nst.push(s2);
+                bs.ncost.push(c2);
+                bs.par[j * k + n] = i;
+                bs.hst[j * k + n] = s2 as u16;
+                let src = &bs.fb[i as usize * QK + j + 1..(i as usize + 1) * QK];
+                let dst = &mut bs.nfb[n * QK + j + 1..(n + 1) * QK];
+                for ((d, &f), &u) in dst.iter_mut().zip(src).zip(uj) {
+                    *d = f + z * u;
+                }
+            }
+            std::mem::swap(&mut bs.st, &mut bs.nst);
+            std::mem::swap(&mut bs.cost, &mut bs.ncost);
+            std::mem::swap(&mut bs.fb, &mut bs.nfb);
+        }
+        let mut best = (f32::INFINITY, u32::MAX, 0usize);
+        for (i, (&s, &c)) in bs.st.iter().zip(&bs.cost).enumerate() {
+            if (s & lowmask) == top && (c < best.0 || (c == best.0 && s < best.1)) {
+                best = (c, s, i);
+            }
+        }
+        if best.1 == u32::MAX {
+            // No survivor ends on the wrap (the beam dropped them all): signal "no candidate".
+            return f32::INFINITY;
+        }
+        let mut i = best.2;
+        for j in (0..QK).rev() {
+            codes[j] = (bs.hst[j * k + i] & 3) as u8;
+            i = bs.par[j * k + i] as usize;
+        }
+        best.0
+    }
+
+    /// The beam with its per-survivor candidate layout and group merge is its definition bit for
+    /// bit (codes and metric) at every width, on random blocks and on blocks full of exact ties
+    /// (a codebook and targets on a half-integer grid, `U = I`: many equal costs and merges).
+    #[test]
+    fn beam_equals_reference() {
+        let cb = format_codebook();
+        let mut bs = BeamScratch::default();
+        let mut rs = RefScratch::default();
+        let mut eye = vec![0f64; QK * QK];
+        (0..QK).for_each(|i| eye[i * QK + i] = 1.0);
+        let mut cases = 0;
+        for seed in 0..6u64 {
+            let tie = seed >= 4;
+            let (u, _) = upper_and_form(700 + seed);
+            let u = if tie { eye.clone() } else { u };
+            let mut xf = gauss(QK, 800 + seed);
+            let d = 0.5 + 0.1 * seed as f32;
+            let mut dc: Vec<f32> = cb.iter().map(|&c| d * c).collect();
+            if tie {
+                dc.iter_mut().for_each(|v| *v = (*v * 2.0).round() / 2.0);
+                xf.iter_mut().for_each(|v| *v = (*v * 2.0).round() / 2.0);
+            }
+            for top in [0u32, 1023, (seed as u32 * 401) & 1023] {
+                for k in [4, 16, 128, 300, 1 << L] {
+                    let (mut c1, mut c2) = ([0u8; QK], [0u8; QK]);
+                    let m1 = viterbi_beam(&xf, &u, &dc, top, k, &mut bs, &mut c1);
+                    let m2 = viterbi_beam_ref(&xf, &u, &dc, top, k, &mut rs, &mut c2);
+                    assert_eq!(
+                        (c1, m1.to_bits()),
+                        (c2, m2.to_bits()),
+                        "seed {seed} top {top} k {k}"
+                    );
+                    cases += 1;
+                }
+            }
+        }
+        assert_eq!(cases, 6 * 3 * 5);
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn beam_ref_avx2(
+        x: &[f32],
+        ub: &[f64],
+        dc: &[f32],
+        top: u32,
+        k: usize,
+        bs: &mut RefScratch,
+        codes: &mut [u8],
+    ) -> f32 {
+        viterbi_beam_ref(x, ub, dc, top, k, bs, codes)
+    }
+
+    /// Timing (not CI): the beam against its definition on the same blocks, alternated, thread
+    /// CPU per call. `TQ_BEAM_K` (default 128).
+    /// `cargo test --release --lib beam_speed -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn beam_speed() {
+        let k: usize = std::env::var("TQ_BEAM_K").map_or(128, |v| v.parse().unwrap());
+        let cb = format_codebook();
+        let blocks: Vec<_> = (0..20u64)
+            .map(|s| {
+                let (u, _) = upper_and_form(900 + s);
+                let dc: Vec<f32> = cb.iter().map(|&c| 0.6 * c).collect();
+                (u, gauss(QK, 950 + s), dc, (s as u32 * 97) & 1023)
+            })
+            .collect();
+        let mut bs = BeamScratch::default();
+        let mut rs = RefScratch::default();
+        let mut c = [0u8; QK];
+        for round in 0..3 {
+            for new in [false, true] {
+                let t0 = crate::quant::ldlq::prof::thread_cpu_ns() as f64 * 1e-9;
+                for _ in 0..10 {
+                    for (u, x, dc, top) in &blocks {
+                        if new {
+                            viterbi_beam(x, u, dc, *top, k, &mut bs, &mut c);
+                        } else {
+                            // SAFETY: timing only on AVX2 machines (the old beam's dispatch).
+                            unsafe { beam_ref_avx2(x, u, dc, *top, k, &mut rs, &mut c) };
+                        }
+                    }
+                }
+                let us =
+                    (crate::quant::ldlq::prof::thread_cpu_ns() as f64 * 1e-9 - t0) * 1e6 / 200.0;
+                eprintln!(
+                    "round {round} k {k} {}: {us:.1} µs per block",
+                    ["reference", "new"][new as usize]
+                );
+            }
+        }
     }
 
     /// The AVX2 build of the beam search gives the baseline build's codes and metric bit for

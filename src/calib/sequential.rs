@@ -72,16 +72,7 @@ impl SeqQuant {
     ) -> Result<SeqQuant> {
         let weights = TensorType::parse(weights)?;
         let r = crate::plan::recipe::parse(recipe)?;
-        let req = crate::plan::Request {
-            weights,
-            recipe: r,
-            overrides: vec![],
-            output_type: None,
-            token_embd_type: None,
-            keep_types: false,
-            strict: false,
-            preset: None,
-        };
+        let req = crate::plan::Request::new(weights, r);
         let tensors: Vec<SourceTensor> = f.tensors.iter().map(SourceTensor::of_gguf).collect();
         let mut p = crate::plan::plan(&tensors, &req, &Profile::default())?;
         p.ldlq = ldlq;

@@ -79,6 +79,23 @@ pub struct Request<'a> {
     pub preset: Option<std::sync::Arc<PresetTypes>>,
 }
 
+impl<'a> Request<'a> {
+    /// Every matrix at `weights` under `recipe`, nothing else asked for: no overrides, output and
+    /// token-embedding types from the recipe, not strict, no preset, sources' types not kept.
+    pub fn new(weights: TensorType, recipe: &'a Recipe) -> Request<'a> {
+        Request {
+            weights,
+            recipe,
+            overrides: vec![],
+            output_type: None,
+            token_embd_type: None,
+            keep_types: false,
+            strict: false,
+            preset: None,
+        }
+    }
+}
+
 /// Parse `REGEX=TYPE`.
 pub fn parse_override(s: &str) -> Result<(Regex, TensorType)> {
     let (re, ty) = s.rsplit_once('=').ok_or_else(|| {

@@ -317,14 +317,8 @@ fn probe_plan(
     calib: &Calibration,
 ) -> Result<Plan> {
     let keep = Request {
-        weights: TensorType::Q8_0,
-        recipe: &plan::recipe::RECIPES[0],
-        overrides: vec![],
-        output_type: None,
-        token_embd_type: None,
         keep_types: true,
-        strict: false,
-        preset: None,
+        ..Request::new(TensorType::Q8_0, &plan::recipe::RECIPES[0])
     };
     let mut p = plan::plan(src.tensors(), &keep, profile)?;
     p.ldlq = plan.ldlq;
@@ -485,16 +479,7 @@ mod tests {
         let hs = calibrate_text(&model, &profile, &text, &o).unwrap();
         let calib = Calibration::Memory(&hs);
         let src = crate::source::open(&model, &profile).unwrap();
-        let req = Request {
-            weights: TensorType::Q4K,
-            recipe: &plan::recipe::RECIPES[0],
-            overrides: vec![],
-            output_type: None,
-            token_embd_type: None,
-            keep_types: false,
-            strict: false,
-            preset: None,
-        };
+        let req = Request::new(TensorType::Q4K, &plan::recipe::RECIPES[0]);
         let mut plan = plan::plan(src.tensors(), &req, &profile).unwrap();
         plan.ldlq.band = Some(64);
         let ref_path = p("ref.logits");

@@ -212,16 +212,10 @@ mod tests {
         let (model, text, o) = crate::calib::input::tiny_model_and_text(dir.path());
         let profile = Profile::default();
         let src = crate::source::open(&model, &profile).unwrap();
-        let req = crate::plan::Request {
-            weights: crate::types::TensorType::Q4K,
-            recipe: &crate::plan::recipe::RECIPES[0],
-            overrides: vec![],
-            output_type: None,
-            token_embd_type: None,
-            keep_types: false,
-            strict: false,
-            preset: None,
-        };
+        let req = crate::plan::Request::new(
+            crate::types::TensorType::Q4K,
+            &crate::plan::recipe::RECIPES[0],
+        );
         let plan = crate::plan::plan(src.tensors(), &req, &profile).unwrap();
         use crate::types::TensorType::*;
         let items = mix::items(&plan, &[Q2K, Q4K, IQ4XS, Q8_0], &profile);

@@ -293,3 +293,84 @@ impl<'a> Probes<'a> {
         })
     }
 }
+
+/// Elements above which a KLD probe quantizes a sample of the tensor's rows rather than the whole
+/// tensor ([`row_probe`]). Every tensor of SmolLM2 (at most 576 × 1536) is at or below it, so its
+/// probes are whole tensors, as before; a 7B `attn_q` (4096 × 4096) is probed on 256 rows, a 7B
+/// `ffn_down` (11008 wide) on 96.
+pub(crate) const PROBE_ELEMENTS: u64 = 1 << 20;
+
+/// A probe on a sample of a tensor's rows: the replacement (the input's bytes, with the sampled
+/// rows replaced by their quantized values in the input's float type) and the sampled rows'
+/// summed weighted error `Σ Δw H Δwᵀ / tokens`, the sensitivity's units.
+pub(crate) struct RowProbe {
+    pub(crate) sub: Substitute,
+    pub(crate) err: f64,
+    /// Rows sampled.
+    pub(crate) rows: usize,
+}
+
+/// Probe entry `i` (a 2-D tensor stored as f32, f16 or bf16 in `file`, with Hessian `h`) at
+/// `ty` on `rows_for(elements)` evenly spaced rows when it has more than `cap` elements: the rows
+/// are quantized as convert would (the sensitivity's encoder: LDLQ with `h`'s factor, `ldlq`'s
+/// settings; `factors` caches factors of `h` across calls, the caller clears it when `h`
+/// changes) and decoded; the other rows keep the input's bytes, so the runtime computes them
+/// exactly as in the reference. LDLQ quantizes rows independently, so the sampled rows' values
+/// are those of the whole tensor's encoding (tested), at `rows / n_rows` of its sweep cost.
+/// Under a first-order model both the KLD and the weighted error add over rows, so
+/// `KLD(sample) / err(sample)` estimates the whole tensor's `KLD / err` — all the fit uses.
+/// None: at or below `cap` elements, not 2-D, a quantized source or no matching Hessian (the
+/// whole tensor is probed).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn row_probe(
+    file: &GgufFile,
+    src: &dyn crate::source::TensorSource,
+    e: &crate::plan::PlanEntry,
+    i: usize,
+    ty: TensorType,
+    h: Option<&crate::quant::Hessian>,
+    ldlq: crate::quant::LdlqSettings,
+    factors: &mut crate::quant::sensitivity::Factors,
+    cap: u64,
+) -> Result<Option<RowProbe>> {
+    use crate::quant::sensitivity::{encode, row_errors, sample_rows, Weighting};
+    let [n, n_rows] = e.dims[..] else {
+        return Ok(None);
+    };
+    let Some(t) = file.tensor(&e.name) else {
+        return Ok(None);
+    };
+    let float = matches!(t.ty, TensorType::F32 | TensorType::F16 | TensorType::BF16);
+    let Some(h) = h.filter(|h| h.n as u64 == n) else {
+        return Ok(None);
+    };
+    if n * n_rows <= cap || !float || t.n_elements() != n * n_rows {
+        return Ok(None);
+    }
+    let n = n as usize;
+    let picks = sample_rows(n_rows, cap.div_ceil(n as u64) as usize);
+    let mut rows = vec![0f32; picks.len() * n];
+    for (r, buf) in picks.iter().zip(rows.chunks_mut(n)) {
+        src.read_rows_f32(i, *r, buf)?;
+        crate::quant::check_finite(&e.name, *r, buf)?;
+    }
+    let w = Weighting::Hessian { h, ldlq };
+    let bytes = encode(&e.name, &rows, n, ty, &w, factors)?;
+    let mut q = vec![0f32; rows.len()];
+    crate::quant::decode_rows(ty, &bytes, &mut q, n, &e.name)?;
+    let err: f64 = row_errors(&rows, &q, n, &w).iter().sum();
+    // The input's bytes with the sampled rows in its own float type.
+    let enc = crate::quant::Encoder::Nearest;
+    let back = crate::quant::encode_rows(t.ty, &e.name, &q, n, &enc)?;
+    let rb = back.len() / picks.len();
+    let mut data = file.tensor_data(t).to_vec();
+    for (k, &r) in picks.iter().enumerate() {
+        let at = r as usize * rb;
+        data[at..at + rb].copy_from_slice(&back[k * rb..(k + 1) * rb]);
+    }
+    Ok(Some(RowProbe {
+        sub: (e.name.clone(), t.ty, t.type_id, std::sync::Arc::new(data)),
+        err,
+        rows: picks.len(),
+    }))
+}

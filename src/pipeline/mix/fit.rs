@@ -526,7 +526,7 @@ impl ProbeEncoder {
                 h,
                 ldlq,
                 factors,
-                super::probe::PROBE_ELEMENTS,
+                super::probe::probe_elements(),
             )?;
             if let Some(p) = p {
                 return Ok((vec![p.sub], Some(p.err)));
@@ -641,9 +641,10 @@ mod tests {
                 )
                 .unwrap()
                 .expect("a sample over the cap");
-                assert!(rp.rows > 0 && (rp.rows as u64) < n_rows, "{}", rp.rows);
+                let rows = cap.div_ceil(n as u64) as usize;
+                assert!(rows > 1 && (rows as u64) < n_rows, "{rows}");
                 assert_eq!((rp.sub.1, rp.sub.2), (t.ty, t.type_id));
-                let picks = sample_rows(n_rows, rp.rows);
+                let picks = sample_rows(n_rows, rows);
                 let got = &rp.sub.3;
                 let mut err = 0.0;
                 let w = Weighting::Hessian {

@@ -300,14 +300,23 @@ impl<'a> Probes<'a> {
 /// `ffn_down` (11008 wide) on 96.
 pub(crate) const PROBE_ELEMENTS: u64 = 1 << 20;
 
-/// A probe on a sample of a tensor's rows: the replacement (the input's bytes, with the sampled
-/// rows replaced by their quantized values in the input's float type) and the sampled rows'
-/// summed weighted error `Σ Δw H Δwᵀ / tokens`, the sensitivity's units.
+/// [`PROBE_ELEMENTS`], or `TQ_PROBE_ELEMENTS` when set to a positive integer (a measurement knob:
+/// how the fit moves when smaller tensors are sampled too, docs/bench/scale.md).
+pub(crate) fn probe_elements() -> u64 {
+    std::env::var("TQ_PROBE_ELEMENTS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(PROBE_ELEMENTS)
+}
+
+/// A probe on a sample of a tensor's rows (`cap / n` rounded up, evenly spaced): the replacement
+/// (the input's bytes, with the sampled rows replaced by their quantized values in the input's
+/// float type) and the sampled rows' summed weighted error `Σ Δw H Δwᵀ / tokens`, the
+/// sensitivity's units.
 pub(crate) struct RowProbe {
     pub(crate) sub: Substitute,
     pub(crate) err: f64,
-    /// Rows sampled.
-    pub(crate) rows: usize,
 }
 
 /// Probe entry `i` (a 2-D tensor stored as f32, f16 or bf16 in `file`, with Hessian `h`) at
@@ -371,6 +380,5 @@ pub(crate) fn row_probe(
     Ok(Some(RowProbe {
         sub: (e.name.clone(), t.ty, t.type_id, std::sync::Arc::new(data)),
         err,
-        rows: picks.len(),
     }))
 }

@@ -161,9 +161,13 @@ pub(super) fn fit(
     let mut pb = crate::pipeline::progress::steps(o.quiet, jobs.len() as u64, "KLD probes");
     for (done, &r) in run.iter().enumerate() {
         let (job, idx, ty) = &jobs[r];
-        let (subs, sample_err) = match pre.remove(&r) {
+        let encoded = match pre.remove(&r) {
             Some(s) => s,
             None => enc.encode(file, src, plan, profile, *job, idx, *ty, calib)?,
+        };
+        let (subs, sample_err) = match encoded {
+            Encoded::Whole(v) => (v, None),
+            Encoded::Rows(p) => (vec![p.substitute(file)?], Some(p.err)),
         };
         let kld = probes.kld(subs)?;
         match *job {
@@ -448,8 +452,11 @@ fn substitutes(
         .collect()
 }
 
-/// A probe's replacements, and for a probe on a sample of rows the sample's weighted error.
-type Encoded = (Vec<Substitute>, Option<f64>);
+/// A probe's replacements: a whole encoding, or a sample of rows.
+enum Encoded {
+    Whole(Vec<Substitute>),
+    Rows(super::probe::RowProbe),
+}
 
 /// The Hessian group `name` belongs to under `calib`, as a key.
 fn group_of(calib: &Calibration, name: &str) -> Option<String> {
@@ -529,10 +536,12 @@ impl ProbeEncoder {
                 super::probe::probe_elements(),
             )?;
             if let Some(p) = p {
-                return Ok((vec![p.sub], Some(p.err)));
+                return Ok(Encoded::Rows(p));
             }
         }
-        Ok((substitutes(src, plan, profile, idx, ty, calib)?, None))
+        Ok(Encoded::Whole(substitutes(
+            src, plan, profile, idx, ty, calib,
+        )?))
     }
 }
 
@@ -643,9 +652,11 @@ mod tests {
                 .expect("a sample over the cap");
                 let rows = cap.div_ceil(n as u64) as usize;
                 assert!(rows > 1 && (rows as u64) < n_rows, "{rows}");
-                assert_eq!((rp.sub.1, rp.sub.2), (t.ty, t.type_id));
+
                 let picks = sample_rows(n_rows, rows);
-                let got = &rp.sub.3;
+                let sub = rp.substitute(&file).unwrap();
+                assert_eq!((sub.1, sub.2), (t.ty, t.type_id));
+                let got = &sub.3;
                 let mut err = 0.0;
                 let w = Weighting::Hessian {
                     h: h.unwrap(),

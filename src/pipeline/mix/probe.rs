@@ -310,13 +310,38 @@ pub(crate) fn probe_elements() -> u64 {
         .unwrap_or(PROBE_ELEMENTS)
 }
 
-/// A probe on a sample of a tensor's rows (`cap / n` rounded up, evenly spaced): the replacement
-/// (the input's bytes, with the sampled rows replaced by their quantized values in the input's
-/// float type) and the sampled rows' summed weighted error `Σ Δw H Δwᵀ / tokens`, the
-/// sensitivity's units.
+/// A probe on a sample of a tensor's rows (`cap / n` rounded up, evenly spaced): the sampled rows'
+/// quantized values in the input's float type, and their summed weighted error
+/// `Σ Δw H Δwᵀ / tokens` (the sensitivity's units). It holds only the sample until it runs
+/// ([`RowProbe::substitute`]), so probes encoded ahead (in a calibration pass) cost their rows,
+/// not a tensor copy each (a 70B `ffn_down` in f16 is 470 MB).
 pub(crate) struct RowProbe {
-    pub(crate) sub: Substitute,
+    name: String,
+    /// The sampled rows, and their bytes in the input's type (one row after another).
+    picks: Vec<u64>,
+    rows: Vec<u8>,
     pub(crate) err: f64,
+}
+
+impl RowProbe {
+    /// The replacement: the input's bytes with the sampled rows' quantized values.
+    pub(crate) fn substitute(&self, file: &GgufFile) -> Result<Substitute> {
+        let t = file.tensor(&self.name).ok_or_else(|| {
+            crate::error::Error::internal(format!("{}: no such tensor", self.name))
+        })?;
+        let rb = self.rows.len() / self.picks.len().max(1);
+        let mut data = file.tensor_data(t).to_vec();
+        for (k, &r) in self.picks.iter().enumerate() {
+            let at = r as usize * rb;
+            data[at..at + rb].copy_from_slice(&self.rows[k * rb..(k + 1) * rb]);
+        }
+        Ok((
+            self.name.clone(),
+            t.ty,
+            t.type_id,
+            std::sync::Arc::new(data),
+        ))
+    }
 }
 
 /// Probe entry `i` (a 2-D tensor stored as f32, f16 or bf16 in `file`, with Hessian `h`) at
@@ -368,17 +393,13 @@ pub(crate) fn row_probe(
     let mut q = vec![0f32; rows.len()];
     crate::quant::decode_rows(ty, &bytes, &mut q, n, &e.name)?;
     let err: f64 = row_errors(&rows, &q, n, &w).iter().sum();
-    // The input's bytes with the sampled rows in its own float type.
+    // The sampled rows in the input's own float type.
     let enc = crate::quant::Encoder::Nearest;
-    let back = crate::quant::encode_rows(t.ty, &e.name, &q, n, &enc)?;
-    let rb = back.len() / picks.len();
-    let mut data = file.tensor_data(t).to_vec();
-    for (k, &r) in picks.iter().enumerate() {
-        let at = r as usize * rb;
-        data[at..at + rb].copy_from_slice(&back[k * rb..(k + 1) * rb]);
-    }
+    let rows = crate::quant::encode_rows(t.ty, &e.name, &q, n, &enc)?;
     Ok(Some(RowProbe {
-        sub: (e.name.clone(), t.ty, t.type_id, std::sync::Arc::new(data)),
+        name: e.name.clone(),
+        picks,
+        rows,
         err,
     }))
 }

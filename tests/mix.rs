@@ -469,6 +469,7 @@ fn mix_phases_print_progress_with_eta_off_a_terminal() {
         "sensitivity",
         "KLD reference",
         "KLD probes",
+        "KLD probes' encodings",
         "measured plans",
         "writing",
         "verify",
@@ -486,6 +487,19 @@ fn mix_phases_print_progress_with_eta_off_a_terminal() {
             "{phase}: no end line in\n{err}"
         );
     }
+    // The calibration's own lines come from the conversion's pass only: the mix's passes
+    // (sensitivity, probes' encodings, measured plans) report as their phase, not as
+    // calibration blocks.
+    let calib_lines = err
+        .lines()
+        .filter(|l| l.starts_with("tq calib: block 1/"))
+        .count();
+    assert_eq!(calib_lines, 1, "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("tq: mix: the KLD probes' encodings: block 1/")),
+        "{err}"
+    );
     let (code, stdout, err) = run(true);
     assert_eq!(code, 0, "{err}");
     assert!(json(&stdout)["mix"].is_object());

@@ -112,6 +112,7 @@ pub(super) fn fit(
     }
     let file = GgufFile::open(input)?;
     let mut probes = Probes::new(&file, &ref_path, o.kld_windows)?;
+    let file = &file;
     let starts: Vec<usize> = jobs
         .iter()
         .map(|(_, idx, _)| {
@@ -119,25 +120,40 @@ pub(super) fn fit(
             probes.start_of(&names)
         })
         .collect();
+    // A probe of one tensor over PROBE_ELEMENTS elements is measured on a sample of its rows
+    // (`probe::row_probe`): its KLD scaled by the tensor's estimated error over the sample's.
     // A streamed calibration: the probes of tensors in blocks are encoded in one calibration
     // pass, each when its block ends (a probe holds one tensor's bytes until it runs).
-    let mut pre: std::collections::HashMap<usize, Vec<Substitute>> = Default::default();
+    let mut pre: std::collections::HashMap<usize, Encoded> = Default::default();
+    let mut enc = ProbeEncoder::default();
     if let (Calibration::Stream(_), Some(s)) = (calib, o.stream) {
         let n_layer = s.n_layer();
         let blocks: Vec<Option<usize>> = jobs
             .iter()
             .map(|(_, idx, _)| super::stream::block_of(plan, idx, n_layer))
             .collect::<Result<_>>()?;
-        if blocks.iter().any(Option::is_some) {
+        let in_blocks = blocks.iter().filter(|b| b.is_some()).count() as u64;
+        if in_blocks > 0 {
+            let mut pb =
+                crate::pipeline::progress::steps(o.quiet, in_blocks, "KLD probes' encodings");
+            let mut done = 0u64;
             s.pass("the KLD probes' encodings", &mut |l, hs| {
-                for (r, (_, idx, ty)) in jobs.iter().enumerate() {
-                    if blocks[r] == Some(l) {
-                        let c = Calibration::Memory(hs);
-                        pre.insert(r, substitutes(src, plan, profile, idx, *ty, &c)?);
-                    }
+                let c = Calibration::Memory(hs);
+                let mut mine: Vec<usize> =
+                    (0..jobs.len()).filter(|&r| blocks[r] == Some(l)).collect();
+                // Probes under one Hessian group together, so its factors are built once.
+                mine.sort_by_key(|&r| group_of(&c, &plan.entries[jobs[r].1[0]].name));
+                for r in mine {
+                    let (job, idx, ty) = &jobs[r];
+                    let e = enc.encode(file, src, plan, profile, *job, idx, *ty, &c)?;
+                    pre.insert(r, e);
+                    done += 1;
+                    pb.set_position(done);
                 }
+                enc.clear();
                 Ok(())
             })?;
+            pb.finish_and_clear();
         }
     }
     let mut run: Vec<usize> = (0..jobs.len()).collect();
@@ -145,13 +161,24 @@ pub(super) fn fit(
     let mut pb = crate::pipeline::progress::steps(o.quiet, jobs.len() as u64, "KLD probes");
     for (done, &r) in run.iter().enumerate() {
         let (job, idx, ty) = &jobs[r];
-        let subs = match pre.remove(&r) {
+        let encoded = match pre.remove(&r) {
             Some(s) => s,
-            None => substitutes(src, plan, profile, idx, *ty, calib)?,
+            None => enc.encode(file, src, plan, profile, *job, idx, *ty, calib)?,
+        };
+        let (subs, sample_err) = match encoded {
+            Encoded::Whole(v) => (v, None),
+            Encoded::Rows(p) => (vec![p.substitute(file)?], Some(p.err)),
         };
         let kld = probes.kld(subs)?;
         match *job {
-            Job::Probe(j) => rep.probes[j].kld = kld,
+            Job::Probe(j) => {
+                let p = &mut rep.probes[j];
+                p.kld = match sample_err {
+                    // The whole tensor's KLD at the sample's KLD per unit of error.
+                    Some(e) if e > 0.0 => kld * p.err / e,
+                    _ => kld,
+                };
+            }
             Job::Direct(it, c) => {
                 if let Some(d) = direct[it].as_mut() {
                     d[c] = kld;
@@ -419,6 +446,102 @@ fn substitutes(
         .collect()
 }
 
+/// A probe's replacements: a whole encoding, or a sample of rows.
+enum Encoded {
+    Whole(Vec<Substitute>),
+    Rows(super::probe::RowProbe),
+}
+
+/// The Hessian group `name` belongs to under `calib`, as a key.
+fn group_of(calib: &Calibration, name: &str) -> Option<String> {
+    match calib {
+        Calibration::Memory(h) | Calibration::Stream(h) => {
+            h.for_tensor(name).map(|g| g.tensors.join(","))
+        }
+        Calibration::File(f) => f.index.for_tensor(name).map(|g| g.tensors.join(",")),
+        _ => None,
+    }
+}
+
+/// Encodes the probes: a large tensor on a sample of its rows ([`super::probe::row_probe`]),
+/// with the LDLQ factors of the current Hessian group kept for the group's next probes (q/k/v
+/// share one, gate/up another; a tensor probed at two types reuses its family's); everything
+/// else whole, as convert writes it ([`substitutes`]).
+#[derive(Default)]
+struct ProbeEncoder {
+    group: Option<String>,
+    /// From a Hessian file: the current group's matrix.
+    loaded: Option<crate::quant::Hessian>,
+    factors: crate::quant::sensitivity::Factors,
+    last: Option<TensorType>,
+}
+
+impl ProbeEncoder {
+    /// Forget the group (its Hessian is about to be dropped).
+    fn clear(&mut self) {
+        *self = ProbeEncoder::default();
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn encode(
+        &mut self,
+        file: &GgufFile,
+        src: &dyn TensorSource,
+        plan: &Plan,
+        profile: &Profile,
+        job: Job,
+        idx: &[usize],
+        ty: TensorType,
+        calib: &Calibration,
+    ) -> Result<Encoded> {
+        if let (Job::Probe(_), [i]) = (job, idx) {
+            let e = &plan.entries[*i];
+            let key = group_of(calib, &e.name);
+            if key != self.group {
+                self.factors.clear();
+                self.loaded = None;
+                self.last = None;
+                if let (Some(k), Calibration::File(f)) = (&key, calib) {
+                    self.loaded = Some(f.load_group(k)?);
+                }
+                self.group = key;
+            }
+            // A 70B FFN-width factor is several GB: one at a time (a second type of the same
+            // family keeps it).
+            if e.dims.first().is_some_and(|&n| n > WIDE) && self.last != Some(ty) {
+                self.factors.clear();
+            }
+            self.last = Some(ty);
+            let h = match calib {
+                Calibration::Memory(hs) => hs.for_tensor(&e.name),
+                Calibration::File(_) => self.loaded.as_ref(),
+                _ => None,
+            };
+            let (ldlq, factors) = (plan.ldlq, &mut self.factors);
+            let p = super::probe::row_probe(
+                file,
+                src,
+                e,
+                *i,
+                ty,
+                h,
+                ldlq,
+                factors,
+                super::probe::probe_elements(),
+            )?;
+            if let Some(p) = p {
+                return Ok(Encoded::Rows(p));
+            }
+        }
+        Ok(Encoded::Whole(substitutes(
+            src, plan, profile, idx, ty, calib,
+        )?))
+    }
+}
+
+/// Hessian width above which the probes hold one LDLQ factor at a time.
+const WIDE: u64 = 16_384;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,6 +587,123 @@ mod tests {
         };
         convert::execute(&target, c, &|_| {})?;
         Ok(())
+    }
+
+    /// A probe on a sample of rows holds, in the sampled rows, the values of the whole tensor's
+    /// encoding as convert writes it (LDLQ encodes rows independently), in the input's float
+    /// type, and the input's own bytes in every other row; its error is the sampled rows' summed
+    /// weighted error of that encoding (the scalar reference's); at or under the cap, no sample.
+    #[test]
+    fn row_probes_hold_the_whole_encodings_rows() {
+        use crate::quant::sensitivity::{row_errors, sample_rows, Factors, Weighting};
+        let dir = tempfile::tempdir().unwrap();
+        let (model, text, o) = crate::calib::input::tiny_model_and_text(dir.path());
+        let profile = Profile::default();
+        let hs = calibrate_text(&model, &profile, &text, &o).unwrap();
+        let calib = Calibration::Memory(&hs);
+        let src = crate::source::open(&model, &profile).unwrap();
+        let req = Request {
+            weights: TensorType::Q4K,
+            recipe: &plan::recipe::RECIPES[0],
+            overrides: vec![],
+            output_type: None,
+            token_embd_type: None,
+            keep_types: false,
+            strict: false,
+            preset: None,
+        };
+        let plan = plan::plan(src.tensors(), &req, &profile).unwrap();
+        let file = GgufFile::open(&model).unwrap();
+        let mut factors = Factors::new();
+        let mut sampled = 0;
+        for name in ["blk.1.ffn_down.weight", "blk.0.attn_q.weight"] {
+            let i = plan.entries.iter().position(|e| e.name == name).unwrap();
+            let e = &plan.entries[i];
+            let (n, n_rows) = (e.dims[0] as usize, e.dims[1]);
+            let h = hs.for_tensor(name);
+            let t = file.tensor(name).unwrap();
+            let orig = file.tensor_data(t);
+            let rb = orig.len() / n_rows as usize;
+            let mut x = vec![0f32; n * n_rows as usize];
+            src.read_rows_f32(i, 0, &mut x).unwrap();
+            for ty in [TensorType::Q4K, TensorType::Q3K, TensorType::IQ4XS] {
+                let whole = substitutes(src.as_ref(), &plan, &profile, &[i], ty, &calib).unwrap();
+                let mut q = vec![0f32; x.len()];
+                crate::quant::decode_rows(ty, &whole[0].3, &mut q, n, name).unwrap();
+                let cap = (n as u64 * n_rows) / 4;
+                let rp = super::super::probe::row_probe(
+                    &file,
+                    src.as_ref(),
+                    e,
+                    i,
+                    ty,
+                    h,
+                    plan.ldlq,
+                    &mut factors,
+                    cap,
+                )
+                .unwrap()
+                .expect("a sample over the cap");
+                let rows = cap.div_ceil(n as u64) as usize;
+                assert!(rows > 1 && (rows as u64) < n_rows, "{rows}");
+
+                let picks = sample_rows(n_rows, rows);
+                let sub = rp.substitute(&file).unwrap();
+                assert_eq!((sub.1, sub.2), (t.ty, t.type_id));
+                let got = &sub.3;
+                let mut err = 0.0;
+                let w = Weighting::Hessian {
+                    h: h.unwrap(),
+                    ldlq: plan.ldlq,
+                };
+                for r in 0..n_rows as usize {
+                    let at = r * rb..(r + 1) * rb;
+                    if picks.contains(&(r as u64)) {
+                        let row = &q[r * n..(r + 1) * n];
+                        let back = crate::quant::encode_rows(
+                            t.ty,
+                            name,
+                            row,
+                            n,
+                            &crate::quant::Encoder::Nearest,
+                        )
+                        .unwrap();
+                        assert!(
+                            got[at] == back[..],
+                            "{name} {ty}: row {r} is not the whole encoding's"
+                        );
+                        err += row_errors(&x[r * n..(r + 1) * n], row, n, &w)[0];
+                    } else {
+                        assert!(got[at.clone()] == orig[at], "{name} {ty}: row {r} changed");
+                    }
+                }
+                assert!(
+                    (rp.err - err).abs() <= 1e-9 * err,
+                    "{}: {} vs {err}",
+                    name,
+                    rp.err
+                );
+                assert!(err > 0.0);
+                sampled += 1;
+                // At or under the cap: the whole tensor (no sample).
+                let whole_cap = n as u64 * n_rows;
+                assert!(super::super::probe::row_probe(
+                    &file,
+                    src.as_ref(),
+                    e,
+                    i,
+                    ty,
+                    h,
+                    plan.ldlq,
+                    &mut factors,
+                    whole_cap,
+                )
+                .unwrap()
+                .is_none());
+            }
+            factors.clear();
+        }
+        assert_eq!(sampled, 6);
     }
 
     /// The probes in memory, resumed at their first block, give the KLDs of the copies they

@@ -293,3 +293,113 @@ impl<'a> Probes<'a> {
         })
     }
 }
+
+/// Elements above which a KLD probe quantizes a sample of the tensor's rows rather than the whole
+/// tensor ([`row_probe`]). Every tensor of SmolLM2 (at most 576 × 1536) is at or below it, so its
+/// probes are whole tensors, as before; a 7B `attn_q` (4096 × 4096) is probed on 256 rows, a 7B
+/// `ffn_down` (11008 wide) on 96.
+pub(crate) const PROBE_ELEMENTS: u64 = 1 << 20;
+
+/// [`PROBE_ELEMENTS`], or `TQ_PROBE_ELEMENTS` when set to a positive integer (a measurement knob:
+/// how the fit moves when smaller tensors are sampled too, docs/bench/scale.md).
+pub(crate) fn probe_elements() -> u64 {
+    std::env::var("TQ_PROBE_ELEMENTS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(PROBE_ELEMENTS)
+}
+
+/// A probe on a sample of a tensor's rows (`cap / n` rounded up, evenly spaced): the sampled rows'
+/// quantized values in the input's float type, and their summed weighted error
+/// `Σ Δw H Δwᵀ / tokens` (the sensitivity's units). It holds only the sample until it runs
+/// ([`RowProbe::substitute`]), so probes encoded ahead (in a calibration pass) cost their rows,
+/// not a tensor copy each (a 70B `ffn_down` in f16 is 470 MB).
+pub(crate) struct RowProbe {
+    name: String,
+    /// The sampled rows, and their bytes in the input's type (one row after another).
+    picks: Vec<u64>,
+    rows: Vec<u8>,
+    pub(crate) err: f64,
+}
+
+impl RowProbe {
+    /// The replacement: the input's bytes with the sampled rows' quantized values.
+    pub(crate) fn substitute(&self, file: &GgufFile) -> Result<Substitute> {
+        let t = file.tensor(&self.name).ok_or_else(|| {
+            crate::error::Error::internal(format!("{}: no such tensor", self.name))
+        })?;
+        let rb = self.rows.len() / self.picks.len().max(1);
+        let mut data = file.tensor_data(t).to_vec();
+        for (k, &r) in self.picks.iter().enumerate() {
+            let at = r as usize * rb;
+            data[at..at + rb].copy_from_slice(&self.rows[k * rb..(k + 1) * rb]);
+        }
+        Ok((
+            self.name.clone(),
+            t.ty,
+            t.type_id,
+            std::sync::Arc::new(data),
+        ))
+    }
+}
+
+/// Probe entry `i` (a 2-D tensor stored as f32, f16 or bf16 in `file`, with Hessian `h`) at
+/// `ty` on `rows_for(elements)` evenly spaced rows when it has more than `cap` elements: the rows
+/// are quantized as convert would (the sensitivity's encoder: LDLQ with `h`'s factor, `ldlq`'s
+/// settings; `factors` caches factors of `h` across calls, the caller clears it when `h`
+/// changes) and decoded; the other rows keep the input's bytes, so the runtime computes them
+/// exactly as in the reference. LDLQ quantizes rows independently, so the sampled rows' values
+/// are those of the whole tensor's encoding (tested), at `rows / n_rows` of its sweep cost.
+/// Under a first-order model both the KLD and the weighted error add over rows, so
+/// `KLD(sample) / err(sample)` estimates the whole tensor's `KLD / err` — all the fit uses.
+/// None: at or below `cap` elements, not 2-D, a quantized source or no matching Hessian (the
+/// whole tensor is probed).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn row_probe(
+    file: &GgufFile,
+    src: &dyn crate::source::TensorSource,
+    e: &crate::plan::PlanEntry,
+    i: usize,
+    ty: TensorType,
+    h: Option<&crate::quant::Hessian>,
+    ldlq: crate::quant::LdlqSettings,
+    factors: &mut crate::quant::sensitivity::Factors,
+    cap: u64,
+) -> Result<Option<RowProbe>> {
+    use crate::quant::sensitivity::{encode, row_errors, sample_rows, Weighting};
+    let [n, n_rows] = e.dims[..] else {
+        return Ok(None);
+    };
+    let Some(t) = file.tensor(&e.name) else {
+        return Ok(None);
+    };
+    let float = matches!(t.ty, TensorType::F32 | TensorType::F16 | TensorType::BF16);
+    let Some(h) = h.filter(|h| h.n as u64 == n) else {
+        return Ok(None);
+    };
+    if n * n_rows <= cap || !float || t.n_elements() != n * n_rows {
+        return Ok(None);
+    }
+    let n = n as usize;
+    let picks = sample_rows(n_rows, cap.div_ceil(n as u64) as usize);
+    let mut rows = vec![0f32; picks.len() * n];
+    for (r, buf) in picks.iter().zip(rows.chunks_mut(n)) {
+        src.read_rows_f32(i, *r, buf)?;
+        crate::quant::check_finite(&e.name, *r, buf)?;
+    }
+    let w = Weighting::Hessian { h, ldlq };
+    let bytes = encode(&e.name, &rows, n, ty, &w, factors)?;
+    let mut q = vec![0f32; rows.len()];
+    crate::quant::decode_rows(ty, &bytes, &mut q, n, &e.name)?;
+    let err: f64 = row_errors(&rows, &q, n, &w).iter().sum();
+    // The sampled rows in the input's own float type.
+    let enc = crate::quant::Encoder::Nearest;
+    let rows = crate::quant::encode_rows(t.ty, &e.name, &q, n, &enc)?;
+    Ok(Some(RowProbe {
+        name: e.name.clone(),
+        picks,
+        rows,
+        err,
+    }))
+}

@@ -85,16 +85,21 @@ impl TextStream {
             );
         }
         self.passes.set(self.passes.get() + 1);
+        // The calibration's own lines (its block bar, per-block ETA and GFLOP/s) would count
+        // blocks while the phase's work runs inside them: the phase reports its progress, and
+        // the pass one line per block.
         let run = crate::calib::stream::Run {
             model: &self.model,
             file: &self.file,
             windows: &self.windows,
             ctx: self.ctx,
             batch: self.batch,
-            quiet: self.quiet,
+            quiet: true,
         };
         let mut next = 0usize;
         let peak = &self.peak;
+        let n_layer = self.n_layer();
+        let t0 = std::time::Instant::now();
         let left = crate::calib::stream::run_blocks(&run, &|_| true, &mut |l, hs| {
             if l != next {
                 return Err(Error::internal(format!(
@@ -103,6 +108,13 @@ impl TextStream {
             }
             next += 1;
             peak.set(peak.get().max(held_bytes(hs)));
+            if !self.quiet {
+                eprintln!(
+                    "tq: mix: {what}: block {}/{n_layer} calibrated ({:.0} s into the pass)",
+                    l + 1,
+                    t0.elapsed().as_secs_f64()
+                );
+            }
             let r = on_block(l, hs);
             hs.groups.clear();
             r

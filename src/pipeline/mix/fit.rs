@@ -602,16 +602,7 @@ mod tests {
         let hs = calibrate_text(&model, &profile, &text, &o).unwrap();
         let calib = Calibration::Memory(&hs);
         let src = crate::source::open(&model, &profile).unwrap();
-        let req = Request {
-            weights: TensorType::Q4K,
-            recipe: &plan::recipe::RECIPES[0],
-            overrides: vec![],
-            output_type: None,
-            token_embd_type: None,
-            keep_types: false,
-            strict: false,
-            preset: None,
-        };
+        let req = Request::new(TensorType::Q4K, &plan::recipe::RECIPES[0]);
         let plan = plan::plan(src.tensors(), &req, &profile).unwrap();
         let file = GgufFile::open(&model).unwrap();
         let mut factors = Factors::new();

@@ -15,8 +15,7 @@
 //!   encoder ([`LdlqKind::IqGrid`]);
 //! - `iq_refit.rs`: the IQ2 / IQ3 scales refitted under the Hessian after a sweep (`--ldlq-refit`);
 //! - `trellis.rs`, `psp.rs`: tq2_t's block-LDLQ with the trellis as each block's vector quantizer
-//!   ([`LdlqKind::Trellis`]) and its per-survivor Viterbi searches; `rsse.rs` (tests only): a
-//!   reduced-state per-survivor search screened against the beam (issue 32, not used).
+//!   ([`LdlqKind::Trellis`]) and its per-survivor Viterbi searches.
 //!
 //! This file dispatches on the kind ([`quantize_ldlq_refit`]) and holds the proxy loss.
 
@@ -30,8 +29,6 @@ mod precision;
 pub mod prof;
 mod psp;
 mod rows;
-#[cfg(test)]
-mod rsse;
 mod stock;
 mod sweep;
 mod tq;

@@ -594,6 +594,82 @@ fn mix_cache_plans_a_second_size_without_measuring() {
     assert!(!o.exists());
 }
 
+/// `--mix-cache` keeps the measured plans' encodings beside the cache (`FILE.enc/`): the
+/// conversion writes the chosen plan's tensors from them, and another size's measured plans read
+/// them instead of encoding again; every file is byte-identical to a run without the cache.
+#[test]
+fn mix_cache_keeps_the_measured_plans_encodings() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write(
+        dir.path(),
+        "tiny.gguf",
+        &fixtures::gguf_gen::tiny_llama_tok(2, 256, 256),
+    );
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(2500)).unwrap();
+    let cache = dir.path().join("mix-cache.json");
+    let run = |bpw: &str, out: &Path, extra: &[&str]| {
+        let args = [
+            &[
+                "convert",
+                s(&model),
+                "--target",
+                "upstream",
+                "--target-bpw",
+                bpw,
+                "--calib",
+                s(&text),
+                "--calib-tokens",
+                "1024",
+                "--kld-probes",
+                "4",
+                "-o",
+                s(out),
+            ][..],
+            extra,
+        ]
+        .concat();
+        let (code, _, err) = fixtures::tq_env(&args, &[("TQ_PROGRESS_SECS", "1000")]);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        err
+    };
+    // "tq: --mix-cache: N of …": N.
+    let count = |err: &str, what: &str| -> usize {
+        let line = err
+            .lines()
+            .find(|l| l.starts_with("tq: --mix-cache: ") && l.contains(what))
+            .unwrap_or_else(|| panic!("no '{what}' line:\n{err}"));
+        line["tq: --mix-cache: ".len()..]
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let with_cache = ["--mix-cache", s(&cache)];
+    let (a, b) = (dir.path().join("a.gguf"), dir.path().join("b.gguf"));
+    let err = run("6", &b, &with_cache);
+    assert!(
+        count(&err, "tensors written from the measured plans' encodings") > 0,
+        "{err}"
+    );
+    assert!(dir.path().join("mix-cache.json.enc").is_dir());
+    run("6", &a, &[]);
+    assert!(
+        std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(),
+        "the file written from the kept encodings differs from a run without the cache"
+    );
+    // Another size: its measured plans read the kept encodings; same file as a cold run.
+    let (c, d) = (dir.path().join("c.gguf"), dir.path().join("d.gguf"));
+    let err = run("5", &c, &with_cache);
+    assert!(count(&err, "encodings read from") > 0, "{err}");
+    run("5", &d, &[]);
+    assert!(
+        std::fs::read(&c).unwrap() == std::fs::read(&d).unwrap(),
+        "the second size planned from the kept encodings differs from a cold run's"
+    );
+}
+
 /// Best of few, measured: with `--kld-text` the mix measures whole plans (the knapsack's and the
 /// llama.cpp presets that fit) on the windows, writes the best measured that fits, and says so;
 /// `--verify` measures the written file on the same windows and gets the chosen plan's KLD.

@@ -252,6 +252,7 @@ pub fn gguf_pipeline(data: &[u8]) {
                 out: &out,
                 hash_input: None,
                 cp: &cp,
+                prepared: None,
             };
             let _ = tq::convert::execute(&target, tq::convert::Calib::None, &|_| {});
             let _ = std::fs::remove_file(&out);

@@ -11,6 +11,7 @@ mod producer;
 use crate::quant::Hessians;
 use crate::source::TensorSource;
 use crate::types::profile::Profile;
+pub use producer::Prepared;
 use producer::Producer;
 
 use std::path::Path;
@@ -380,6 +381,8 @@ pub struct Target<'a> {
     pub out: &'a Path,
     pub hash_input: Option<&'a Path>,
     pub cp: &'a Checkpoints,
+    /// Entries whose bytes were made before (the mix's kept encodings), by plan index.
+    pub prepared: Option<&'a Prepared<'a>>,
 }
 
 /// What the writer thread receives: tensor bytes, or "plan entries before this index are
@@ -551,6 +554,7 @@ fn execute_with(
             Ok(w)
         });
         let mut p = Producer::new(t.src, t.plan, tx, start.map_or(0, |(next, _)| next));
+        p.prepared = t.prepared;
         let produced = drive(&mut p);
         stats.tensors_converted = p.converted;
         stats.tensors_copied = p.copied;

@@ -28,10 +28,12 @@ pub fn convert(job: &Job) -> Result<Outcome> {
     super::report::engine_issues(&src.name(), &issues);
     let mut mix = None;
     let mut pre = None;
+    let mut kept = None;
     if let Some(b) = job.budget {
-        let (rep, h) = mix::run(job, b, src.as_ref(), &mut plan)?;
+        let (rep, h, k) = mix::run(job, b, src.as_ref(), &mut plan)?;
         pre = h;
         mix = Some(rep);
+        kept = k;
     }
     let seq_now = SeqQuant::from_plan(&plan, job.request.weights.name(), job.request.recipe.name);
     // Dropped at the end whatever happens: the mix's temporary folder.
@@ -140,6 +142,8 @@ pub fn convert(job: &Job) -> Result<Outcome> {
         key: job.checkpoint_key(),
         quiet: a.quiet,
     };
+    // The mix's kept encodings (`--mix-cache`): a tensor found there is written as it is.
+    let from_kept = |i: usize| kept.as_ref().and_then(|s| s.get(&plan, i));
     let target = convert::Target {
         src: src.as_ref(),
         plan: &plan,
@@ -149,6 +153,7 @@ pub fn convert(job: &Job) -> Result<Outcome> {
         out: &out,
         hash_input: prov.as_ref().map(|_| a.input.as_path()),
         cp: &cp,
+        prepared: kept.as_ref().map(|_| &from_kept as &convert::Prepared),
     };
     let progress = |d| pb.set_position(d);
     let calib = match &mut loaded {
@@ -174,6 +179,13 @@ pub fn convert(job: &Job) -> Result<Outcome> {
     };
     let stats = convert::execute(&target, calib, &progress)?;
     pb.finish_and_clear();
+    if let (Some(s), false) = (&kept, a.quiet) {
+        eprintln!(
+            "tq: --mix-cache: {} of {} tensors written from the measured plans' encodings",
+            s.hits(),
+            stats.tensors_converted
+        );
+    }
     let secs = t0.elapsed().as_secs_f64();
     let verified = match &verify_ref {
         Some((r, _, ref_secs)) => {

@@ -16,6 +16,7 @@
 
 use super::probe::{Probes, Stage, Substitute};
 use super::report::{MixReport, Tried};
+use super::store::Store;
 use super::MixOpts;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -220,6 +221,7 @@ pub(super) fn measure(
     known: &BTreeMap<String, f64>,
     quiet: bool,
     stream: Option<&super::stream::TextStream>,
+    store: Option<&Store>,
 ) -> Result<Vec<(f64, bool)>> {
     let todo: Vec<usize> = (0..cands.len())
         .filter(|&k| !known.contains_key(&plan_key(&cands[k].plan)))
@@ -270,6 +272,7 @@ pub(super) fn measure(
     // A streamed calibration: the block being run's Hessians, moved here for the time of its
     // stage (the blocks run from inside the calibration pass, below).
     let cur = std::cell::RefCell::new(crate::quant::Hessians::default());
+    let warned = std::cell::Cell::new(false);
     let mut subs = |stage: Stage| -> Result<Vec<Vec<Substitute>>> {
         let held = cur.borrow();
         let calib = match calib {
@@ -288,7 +291,19 @@ pub(super) fn measure(
                 let b = match bytes.get(&(i, e.dst)) {
                     Some(b) => b.clone(),
                     None => {
-                        let b = Arc::new(super::fit::encode_entry(src, p, i, calib)?);
+                        let b = Arc::new(match store.and_then(|s| s.get(p, i)) {
+                            Some(b) => b,
+                            None => {
+                                let b = super::fit::encode_entry(src, p, i, calib)?;
+                                // The store only saves work: a failure to keep is a note.
+                                if let Some(Err(err)) = store.map(|s| s.put(p, i, &b)) {
+                                    if !quiet && !warned.replace(true) {
+                                        eprintln!("tq: --mix-cache: an encoding was not kept ({err}); going on without");
+                                    }
+                                }
+                                b
+                            }
+                        });
                         bytes.insert((i, e.dst), b.clone());
                         step();
                         b
@@ -324,6 +339,14 @@ pub(super) fn measure(
             .then_some(&mut drive as super::probe::Driver),
     )?;
     pb.finish_and_clear();
+    if let (Some(s), false) = (store, quiet) {
+        let n: usize = encodes.values().map(BTreeSet::len).sum();
+        eprintln!(
+            "tq: --mix-cache: {} of the measured plans' {n} encodings read from {}",
+            s.hits(),
+            s.dir().display()
+        );
+    }
     let mut measured: HashMap<usize, f64> = todo.iter().copied().zip(klds).collect();
     Ok((0..cands.len())
         .map(|k| match measured.remove(&k) {
@@ -496,6 +519,11 @@ pub(super) fn best_of_few(
             r
         }
     };
+    // `--mix-cache`: the encodings are kept beside it for the next size (or rerun).
+    let store = match &b.o.cache {
+        Some((p, k)) => Some(Store::open(p, k)?),
+        None => None,
+    };
     let klds = measure(
         b.input,
         b.src,
@@ -507,6 +535,7 @@ pub(super) fn best_of_few(
         known,
         b.o.quiet,
         b.o.stream,
+        store.as_ref(),
     )?;
     let keys: Vec<String> = cands.iter().map(|c| plan_key(&c.plan)).collect();
     for ((k, (kld, _)), p) in keys.iter().zip(&klds).zip(&predicted) {
@@ -697,6 +726,8 @@ mod tests {
         ];
         let ref_path = p("ref.logits");
         super::super::fit::reference_logits(&model, &text, 2, &ref_path, true).unwrap();
+        let key = super::super::cache::Key(vec![("model", "m".into())]);
+        let store = Store::open(&p("mix-cache.json"), &key).unwrap();
         let klds = measure(
             &model,
             src.as_ref(),
@@ -708,8 +739,15 @@ mod tests {
             &BTreeMap::new(),
             true,
             None,
+            Some(&store),
         )
         .unwrap();
+        // A cold store: nothing read back, except a tied token_embd's second stage (the head),
+        // which reads what the first (the embedding lookup) kept.
+        let tied = !plan.entries.iter().any(|e| e.name == "output.weight");
+        if !tied {
+            assert_eq!(store.hits(), 0, "a cold store");
+        }
         // Each measured KLD is the written file's.
         for (k, c) in cands.iter().enumerate() {
             let out = p(&format!("c{k}.gguf"));
@@ -729,6 +767,7 @@ mod tests {
                 out: &out,
                 hash_input: None,
                 cp: &cp,
+                prepared: None,
             };
             let mut all = crate::quant::Hessians::default();
             for (key, g) in &hs.groups {
@@ -750,6 +789,7 @@ mod tests {
         // Ties go to the earlier candidate; a known KLD is not measured again.
         assert_eq!(ranking(&[0.5, 0.5, 0.25]), vec![2, 0, 1]);
         let known: BTreeMap<String, f64> = [(plan_key(&cands[0].plan), 7.0)].into();
+        let s2 = Store::open(&p("mix-cache.json"), &key).unwrap();
         let again = measure(
             &model,
             src.as_ref(),
@@ -761,9 +801,31 @@ mod tests {
             &known,
             true,
             None,
+            Some(&s2),
         )
         .unwrap();
         assert_eq!(again[0], (7.0, true));
+        // Measured again from the kept encodings: the same KLD, bit for bit.
         assert_eq!(again[1], (k[1], false));
+        // Every encoding of the second plan came from the store.
+        let reopened = Store::open(&p("mix-cache.json"), &key).unwrap();
+        let m = marked(&cands[1].plan, &calib);
+        let quantized: Vec<usize> = (0..m.entries.len())
+            .filter(|&i| m.entries[i].action != Action::Copy)
+            .collect();
+        assert!(!quantized.is_empty());
+        // (A tied token_embd is read twice: by the embedding lookup and by the head.)
+        assert_eq!(
+            s2.hits(),
+            quantized.len() + tied as usize,
+            "no encoding made again"
+        );
+        for &i in &quantized {
+            assert!(reopened.get(&m, i).is_some(), "{}", m.entries[i].name);
+        }
+        // And a read-back encoding is what convert writes.
+        let i = quantized[0];
+        let direct = super::super::fit::encode_entry(src.as_ref(), &m, i, &calib).unwrap();
+        assert!(reopened.get(&m, i).unwrap() == direct);
     }
 }

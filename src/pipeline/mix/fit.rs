@@ -574,6 +574,7 @@ mod tests {
             out,
             hash_input: None,
             cp: &cp,
+            prepared: None,
         };
         let c = match calib {
             Calibration::Memory(hs) => {

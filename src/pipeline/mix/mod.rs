@@ -7,12 +7,14 @@ mod calibrate;
 mod fit;
 mod probe;
 mod report;
+mod store;
 mod stream;
 mod target;
 
 pub use calibrate::KldCalibration;
 pub use fit::{kld_of, reference_logits};
 pub use report::{MixReport, Probe, Step, Tried};
+pub(crate) use store::Store;
 
 use super::job::{Budget, CalibInput, Job};
 use crate::error::{Error, Result};
@@ -527,13 +529,14 @@ fn same_types(a: &Plan, b: &Plan) -> bool {
 /// calibrated on block by block in each pass that needs Hessians, [`stream`], and the
 /// conversion calibrates again as it writes; with [`super::ConvertFlags::mix_in_memory`] it is
 /// calibrated on once, in memory, and the Hessians handed on to the conversion), sensitivity,
-/// fit, DP. Sets the plan's types and base type.
+/// fit, DP. Sets the plan's types and base type. With `--mix-cache`, also returns the store of
+/// the encodings the measured plans kept.
 pub(crate) fn run(
     job: &Job,
     budget: Budget,
     src: &dyn TensorSource,
     plan: &mut Plan,
-) -> Result<(MixReport, Option<crate::quant::Hessians>)> {
+) -> Result<(MixReport, Option<crate::quant::Hessians>, Option<Store>)> {
     let a = &job.flags;
     let mut file = None;
     let mut mem = None;
@@ -607,7 +610,13 @@ pub(crate) fn run(
         plan.base_type = t;
         plan.file_type = job.profile.file_type_of(t);
     }
-    Ok((rep, mem))
+    // The encodings the measured plans kept beside the cache, for the conversion to write as
+    // they are (a tensor whose bytes depend on anything else is not found there).
+    let kept = match &o.cache {
+        Some((p, k)) if !a.dry_run => Some(Store::open(p, k)?),
+        _ => None,
+    };
+    Ok((rep, mem, kept))
 }
 
 /// What a mix's measurements depend on besides the candidate types: the model's and the

@@ -7,7 +7,8 @@
 //! its descriptor and bytes. Its file name is the blake3 of the cache's key (the model's and the
 //! calibration's contents, the KLD text, the LDLQ settings and the tq version) and the
 //! descriptor (name, shape, source and destination type, action, LDLQ or not, importance or
-//! not, the plan's LDLQ settings): whatever the bytes depend on. A file that is short, long or
+//! not, the plan's LDLQ settings), and the executable's own hash (another build's encoders may
+//! differ): whatever the bytes depend on. A file that is short, long or
 //! whose checksum differs is not used (the tensor is encoded again and the file replaced); files
 //! are written beside and renamed, so a reader never sees half of one. The folder holds one
 //! key's encodings: opening it for another key (the cache was replaced) removes the others.
@@ -54,11 +55,25 @@ fn check(desc: &str, bytes: &[u8]) -> [u8; CHECK] {
     *h.finalize().as_bytes()
 }
 
+/// The running executable's blake3: kept bytes are only read back by the build that made them
+/// (an encoder may change between builds of one version). Without it, this process's id: no
+/// reuse across runs, but correct bytes.
+fn build_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|p| crate::io::hash_file(&p).ok())
+            .unwrap_or_else(|| format!("process {}", std::process::id()))
+    })
+}
+
 impl Store {
     /// The store beside the cache at `cache` for `key` (created if missing); the encodings of any
     /// other key are removed.
     pub(crate) fn open(cache: &Path, key: &Key) -> Result<Store> {
         let mut h = blake3::Hasher::new();
+        h.update(build_id().as_bytes());
         for (k, v) in &key.0 {
             h.update(k.as_bytes());
             h.update(&[0]);

@@ -594,6 +594,90 @@ fn mix_cache_plans_a_second_size_without_measuring() {
     assert!(!o.exists());
 }
 
+/// Never worse than a preset: at the byte size of tq's own `--preset P --calib` file plus the
+/// mix's own metadata (`tq.mix.*`, under 4 KB; llama.cpp's preset files carry about 1 KB more
+/// metadata than tq's, so at their bytes the preset's plan fits too: 896 bytes to spare on SmolLM2
+/// Q4_K_M), the mix (whose candidates include that preset's plan) writes a file whose KLD on the
+/// `--kld-text` windows is at most the preset file's, both measured by `tq eval` on those windows.
+#[test]
+fn the_mix_is_never_worse_than_a_preset_at_its_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write(
+        dir.path(),
+        "tiny.gguf",
+        &fixtures::gguf_gen::tiny_llama_tok(2, 256, 256),
+    );
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(2500)).unwrap();
+    let calib = ["--calib", s(&text), "--calib-tokens", "1024"];
+    let kld = |f: &Path| {
+        let (code, out, err) = tq(&[
+            "eval",
+            s(f),
+            "--ref",
+            s(&model),
+            "--text",
+            s(&text),
+            "--chunks",
+            "2",
+            "--json",
+            "-q",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        json(&out)["result"]["kld"]["kld"]["value"]
+            .as_f64()
+            .unwrap()
+    };
+    for preset in ["Q4_K_M", "Q3_K_S"] {
+        let p = dir.path().join(format!("{preset}.gguf"));
+        let args = [
+            &["convert", s(&model), "--preset", preset, "-q", "-o", s(&p)][..],
+            &calib,
+        ]
+        .concat();
+        let (code, _, err) = tq(&args);
+        assert_eq!(code, 0, "{err}");
+        let size = (std::fs::metadata(&p).unwrap().len() + 4096).to_string();
+        let m = dir.path().join(format!("mix-{preset}.gguf"));
+        let args = [
+            &[
+                "convert",
+                s(&model),
+                "--target",
+                "upstream",
+                "--target-size",
+                &size,
+                "--kld-probes",
+                "4",
+                "--json",
+                "-q",
+                "-o",
+                s(&m),
+            ][..],
+            &calib,
+        ]
+        .concat();
+        let (code, out, err) = tq(&args);
+        assert_eq!(code, 0, "{err}");
+        let plans = json(&out)["mix"]["plans"].clone();
+        let names: Vec<&str> = plans
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["plan"].as_str().unwrap())
+            .collect();
+        assert!(
+            names
+                .iter()
+                .any(|n| n.starts_with(&format!("preset {preset}"))),
+            "{preset}'s own plan is a candidate at its size: {names:?}"
+        );
+        let (km, kp) = (kld(&m), kld(&p));
+        eprintln!("{preset} ({size} bytes): mix {km:.6}, preset {kp:.6}, plans {names:?}");
+        assert!(km <= kp * (1.0 + 1e-9), "{preset}: mix {km} > preset {kp}");
+    }
+}
+
 /// `--mix-cache` keeps the measured plans' encodings beside the cache (`FILE.enc/`): the
 /// conversion writes the chosen plan's tensors from them, and another size's measured plans read
 /// them instead of encoding again; every file is byte-identical to a run without the cache.

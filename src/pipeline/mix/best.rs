@@ -581,7 +581,6 @@ pub(super) fn best_of_few(
 mod tests {
     use super::*;
     use crate::calib::input::{calibrate_text, TextOptions};
-    use crate::convert;
     use crate::plan::{self, Request};
 
     /// A preset's plan with bytes to spare: the upgrade keeps every tensor at its preset type or
@@ -752,28 +751,7 @@ mod tests {
         for (k, c) in cands.iter().enumerate() {
             let out = p(&format!("c{k}.gguf"));
             let m = marked(&c.plan, &calib);
-            let md = convert::output_metadata(src.metadata(), &m, None, false);
-            let cp = convert::Checkpoints {
-                resume: false,
-                key: String::new(),
-                quiet: true,
-            };
-            let target = convert::Target {
-                src: src.as_ref(),
-                plan: &m,
-                metadata: &md,
-                version: src.gguf_version(),
-                profile: &profile,
-                out: &out,
-                hash_input: None,
-                cp: &cp,
-                prepared: None,
-            };
-            let mut all = crate::quant::Hessians::default();
-            for (key, g) in &hs.groups {
-                all.groups.insert(key.clone(), g.clone());
-            }
-            convert::execute(&target, convert::Calib::Hessians(all), &|_| {}).unwrap();
+            super::super::fit::write_plan(src.as_ref(), &m, &profile, &calib, &out).unwrap();
             let disk = super::super::fit::kld_of(&out, &ref_path, 2, "", true).unwrap();
             let mem = klds[k].0;
             assert!(

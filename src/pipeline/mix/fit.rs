@@ -542,6 +542,47 @@ impl ProbeEncoder {
 /// Hessian width above which the probes hold one LDLQ factor at a time.
 const WIDE: u64 = 16_384;
 
+/// `plan` written to `out` as convert writes it (tests: the file a probe or a measured plan
+/// stands for), with `calib`'s in-memory Hessians.
+#[cfg(test)]
+pub(super) fn write_plan(
+    src: &dyn TensorSource,
+    plan: &Plan,
+    profile: &Profile,
+    calib: &Calibration,
+    out: &Path,
+) -> Result<()> {
+    let md = convert::output_metadata(src.metadata(), plan, None, false);
+    let cp = convert::Checkpoints {
+        resume: false,
+        key: String::new(),
+        quiet: true,
+    };
+    let target = convert::Target {
+        src,
+        plan,
+        metadata: &md,
+        version: src.gguf_version(),
+        profile,
+        out,
+        hash_input: None,
+        cp: &cp,
+        prepared: None,
+    };
+    let c = match calib {
+        Calibration::Memory(hs) => {
+            let mut all = crate::quant::Hessians::default();
+            for (k, g) in &hs.groups {
+                all.groups.insert(k.clone(), g.clone());
+            }
+            convert::Calib::Hessians(all)
+        }
+        _ => convert::Calib::None,
+    };
+    convert::execute(&target, c, &|_| {})?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -559,35 +600,29 @@ mod tests {
         out: &Path,
     ) -> Result<()> {
         let p = probe_plan(src, plan, profile, idx, ty, calib)?;
-        let md = convert::output_metadata(src.metadata(), &p, None, false);
-        let cp = convert::Checkpoints {
-            resume: false,
-            key: String::new(),
-            quiet: true,
-        };
-        let target = convert::Target {
-            src,
-            plan: &p,
-            metadata: &md,
-            version: src.gguf_version(),
-            profile,
-            out,
-            hash_input: None,
-            cp: &cp,
-            prepared: None,
-        };
-        let c = match calib {
-            Calibration::Memory(hs) => {
-                let mut all = crate::quant::Hessians::default();
-                for (k, g) in &hs.groups {
-                    all.groups.insert(k.clone(), g.clone());
-                }
-                convert::Calib::Hessians(all)
-            }
-            _ => convert::Calib::None,
-        };
-        convert::execute(&target, c, &|_| {})?;
-        Ok(())
+        write_plan(src, &p, profile, calib, out)
+    }
+
+    /// The whole-model setup of these tests: the tiny 3-block model, its text, in-memory
+    /// Hessians, the opened source and a q4_K plan.
+    #[allow(clippy::type_complexity)]
+    fn tiny_q4k(
+        dir: &Path,
+    ) -> (
+        std::path::PathBuf,
+        std::path::PathBuf,
+        crate::quant::Hessians,
+        Box<dyn TensorSource>,
+        Plan,
+        Profile,
+    ) {
+        let (model, text, o) = crate::calib::input::tiny_model_and_text(dir);
+        let profile = Profile::default();
+        let hs = calibrate_text(&model, &profile, &text, &o).unwrap();
+        let src = crate::source::open(&model, &profile).unwrap();
+        let req = Request::new(TensorType::Q4K, &plan::recipe::RECIPES[0]);
+        let plan = plan::plan(src.tensors(), &req, &profile).unwrap();
+        (model, text, hs, src, plan, profile)
     }
 
     /// A probe on a sample of rows holds, in the sampled rows, the values of the whole tensor's
@@ -598,13 +633,8 @@ mod tests {
     fn row_probes_hold_the_whole_encodings_rows() {
         use crate::quant::sensitivity::{row_errors, sample_rows, Factors, Weighting};
         let dir = tempfile::tempdir().unwrap();
-        let (model, text, o) = crate::calib::input::tiny_model_and_text(dir.path());
-        let profile = Profile::default();
-        let hs = calibrate_text(&model, &profile, &text, &o).unwrap();
+        let (model, _, hs, src, plan, profile) = tiny_q4k(dir.path());
         let calib = Calibration::Memory(&hs);
-        let src = crate::source::open(&model, &profile).unwrap();
-        let req = Request::new(TensorType::Q4K, &plan::recipe::RECIPES[0]);
-        let plan = plan::plan(src.tensors(), &req, &profile).unwrap();
         let file = GgufFile::open(&model).unwrap();
         let mut factors = Factors::new();
         let mut sampled = 0;
@@ -706,13 +736,8 @@ mod tests {
     fn probes_in_memory_equal_the_copies() {
         let dir = tempfile::tempdir().unwrap();
         let p = |n: &str| dir.path().join(n);
-        let (model, text, o) = crate::calib::input::tiny_model_and_text(dir.path());
-        let profile = Profile::default();
-        let hs = calibrate_text(&model, &profile, &text, &o).unwrap();
+        let (model, text, hs, src, mut plan, profile) = tiny_q4k(dir.path());
         let calib = Calibration::Memory(&hs);
-        let src = crate::source::open(&model, &profile).unwrap();
-        let req = Request::new(TensorType::Q4K, &plan::recipe::RECIPES[0]);
-        let mut plan = plan::plan(src.tensors(), &req, &profile).unwrap();
         plan.ldlq.band = Some(64);
         let ref_path = p("ref.logits");
         reference_logits(&model, &text, 2, &ref_path, true).unwrap();

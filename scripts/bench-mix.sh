@@ -25,7 +25,7 @@ H="${TQ_MIX_H:-$w/H.safetensors}"
 for f in "$f16" "$H" "$w/ref.logits" "$w/imatrix.gguf"; do
   [ -e "$f" ] || { echo "error: $f missing: run scripts/bench-stock-ldlq.sh first" >&2; exit 1; }
 done
-q4km=$(stat -c %s "$w/llama-Q4_K_M-imatrix.gguf")
+q4km=$(stat -L -c %s "$w/llama-Q4_K_M-imatrix.gguf")
 out="$w/mix.tsv"; touch "$out"
 
 evalrow() { # NAME FILE EXTRA_JSON
@@ -79,7 +79,7 @@ mixpoint() { # PRESET: the upstream mix at llama.cpp PRESET + imatrix's bytes
   local name="tq-mix-$1"
   llamapoint "$1" imatrix
   if [ ! -f "$w/$name.gguf" ]; then
-    /usr/bin/time -v "$tq" convert "$f16" --target upstream --target-size "$(stat -c %s "$w/llama-$1-imatrix.gguf")" \
+    /usr/bin/time -v "$tq" convert "$f16" --target upstream --target-size "$(stat -L -c %s "$w/llama-$1-imatrix.gguf")" \
       --calib "$H" --kld-text "$botchan" --mix-cache "$w/mix-cache.json" --json -q -o "$w/$name.gguf" \
       > "$w/$name.json" 2> "$w/$name.time"
   fi

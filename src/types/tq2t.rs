@@ -269,9 +269,28 @@ pub fn viterbi(
     let q = ns / 4;
     debug_assert!(sc.cost.len() == ns && sc.bp.len() >= n * q);
     init_costs(x[0], wt[0], dc, l, ends, &mut sc.cost);
-    for i in 1..n {
-        let bp = &mut sc.bp[i * q..(i + 1) * q];
+    let mut i = 1;
+    while i < n {
         let groups = reachable_groups(l, ends, i);
+        // Two whole steps at once where the fused kernel runs (the restricted steps are the
+        // first ones, so the step after a whole one is whole too).
+        if groups.len() == q && i + 1 < n {
+            let (bpa, bpb) = sc.bp[i * q..(i + 2) * q].split_at_mut(q);
+            if step2(
+                (x[i], wt[i]),
+                (x[i + 1], wt[i + 1]),
+                dc,
+                &sc.cost,
+                bpa,
+                bpb,
+                &mut sc.next,
+            ) {
+                std::mem::swap(&mut sc.cost, &mut sc.next);
+                i += 2;
+                continue;
+            }
+        }
+        let bp = &mut sc.bp[i * q..(i + 1) * q];
         if groups.len() < q {
             // Every other state is unreachable: infinite in the full step as well (all four
             // predecessors infinite), with back pointer 0 (the first of four equal minima).
@@ -292,8 +311,33 @@ pub fn viterbi(
             groups,
         );
         std::mem::swap(&mut sc.cost, &mut sc.next);
+        i += 1;
     }
     trace(&sc.cost, &sc.bp, n, l, ends, codes)
+}
+
+/// Two whole trellis steps, `cost → (xa, wa) → (xb, wb) → next`, with the fused kernel
+/// ([`step::step2_avx512`]) where the CPU has AVX-512 and the trellis at least 256 states;
+/// returns false (nothing written) elsewhere, for the caller to take two single steps. The same
+/// values and back pointers as two [`step`]s (a test holds them equal).
+fn step2(
+    a: (f32, f32),
+    b: (f32, f32),
+    dc: &[f32],
+    cost: &[f32],
+    bpa: &mut [u8],
+    bpb: &mut [u8],
+    next: &mut [f32],
+) -> bool {
+    #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+    if (cost.len() / 4).is_multiple_of(64) && step::has_avx512() {
+        // SAFETY: the CPU has AVX-512F/BW/VL and q is a multiple of 64 (checked above);
+        // `viterbi` passes equal lengths for cost, dc and next and q back pointers per step.
+        unsafe { step::step2_avx512(a, b, dc, cost, bpa, bpb, next) };
+        return true;
+    }
+    let _ = (a, b, dc, cost, bpa, bpb, next);
+    false
 }
 
 /// The predecessor groups step `i` must compute, widened to whole [`step::GROUP`]s: all of them,
@@ -809,6 +853,67 @@ mod tests {
             }
         } else {
             eprintln!("NOT RUN: avx2_step_equals_portable_step: the CPU has no AVX2");
+        }
+    }
+
+    /// The fused two-step kernel is two portable steps bit for bit: both steps' back pointers
+    /// and the final costs, with ties between predecessors in every pattern and infinite costs
+    /// at the input, ties in the middle (a codebook with repeated words: equal successors), unit
+    /// and non-unit weights in either step, at every state size it runs at.
+    #[test]
+    fn fused_two_steps_equal_two_portable_steps() {
+        #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+        if step::has_avx512() {
+            let mut g = SplitMix64::new(91);
+            for l in [8u32, 10, 12] {
+                let ns = 1usize << l;
+                let q = ns / 4;
+                let mut sc = Scratch::new(l, 1);
+                for trial in 0..24 {
+                    let mut cb = codebook(l);
+                    if trial % 3 == 0 {
+                        for s in (0..ns).step_by(2) {
+                            cb[s + 1] = cb[s];
+                        }
+                    }
+                    let dc: Vec<f32> = cb.iter().map(|c| 0.8 * c).collect();
+                    let mut cost: Vec<f32> = (0..ns).map(|_| (g.gauss() as f32).abs()).collect();
+                    for p in 0..q {
+                        match g.next_u64() % 6 {
+                            0 => cost[p + q] = cost[p],
+                            1 => cost[p + 3 * q] = cost[p + 2 * q],
+                            2 => cost[p + 2 * q] = cost[p + q],
+                            3 => (1..4).for_each(|t| cost[p + t * q] = f32::INFINITY),
+                            4 => (0..4).for_each(|t| cost[p + t * q] = f32::INFINITY),
+                            _ => {}
+                        }
+                    }
+                    let w = |k: usize, g: &mut SplitMix64| {
+                        if (trial >> k) % 2 == 0 {
+                            1.0
+                        } else {
+                            (g.gauss() as f32).exp()
+                        }
+                    };
+                    let a = (g.gauss() as f32, w(0, &mut g));
+                    let b = (g.gauss() as f32, w(1, &mut g));
+                    let (mut mid, mut n1) = (vec![0f32; ns], vec![0f32; ns]);
+                    let (mut a1, mut b1) = (vec![9u8; q], vec![9u8; q]);
+                    let (sd, sm) = (&mut sc.dist, &mut sc.min);
+                    step_generic(a.0, a.1, &dc, &cost, sd, sm, &mut a1, &mut mid);
+                    step_generic(b.0, b.1, &dc, &mid, sd, sm, &mut b1, &mut n1);
+                    let (mut n2, mut a2, mut b2) = (vec![0f32; ns], vec![7u8; q], vec![7u8; q]);
+                    // SAFETY: AVX-512F/BW/VL checked, lengths as the kernel requires (q ≥ 64).
+                    unsafe { step::step2_avx512(a, b, &dc, &cost, &mut a2, &mut b2, &mut n2) };
+                    assert_eq!((&a1, &b1), (&a2, &b2), "l={l} trial {trial}");
+                    assert!(
+                        n1.iter().zip(&n2).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "l={l} trial {trial}"
+                    );
+                }
+            }
+        } else {
+            eprintln!("NOT RUN: fused_two_steps_equal_two_portable_steps: no AVX-512F/BW/VL");
         }
     }
 

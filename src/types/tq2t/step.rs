@@ -126,32 +126,7 @@ pub(super) unsafe fn step_avx512(
     assert!(
         groups.start.is_multiple_of(GROUP) && groups.end.is_multiple_of(GROUP) && groups.end <= q
     );
-    let unit = wi == 1.0;
-    let xv = _mm512_set1_ps(xi);
-    let wv = _mm512_set1_ps(wi);
-    let ones = _mm_set1_epi8(1);
-    let twos = _mm_set1_epi8(2);
-    let spread: [__m512i; 4] = std::array::from_fn(|j| {
-        let g = 4 * j as i32;
-        _mm512_setr_epi32(
-            g,
-            g,
-            g,
-            g,
-            g + 1,
-            g + 1,
-            g + 1,
-            g + 1,
-            g + 2,
-            g + 2,
-            g + 2,
-            g + 2,
-            g + 3,
-            g + 3,
-            g + 3,
-            g + 3,
-        )
-    });
+    let k = Kernel512::new(xi, wi);
     let (cp, dp, np, bq) = (
         cost.as_ptr(),
         dc.as_ptr(),
@@ -159,28 +134,150 @@ pub(super) unsafe fn step_avx512(
         bp.as_mut_ptr(),
     );
     for p in groups.step_by(16) {
-        // SAFETY (all loads and stores): p + 16 ≤ groups.end ≤ q, so p + 3q + 16 ≤ 4q = ns,
-        // 4p + 64 ≤ ns and p + 16 ≤ q ≤ bp.len(); the asserts above hold the lengths.
-        let a = _mm512_loadu_ps(cp.add(p));
-        let b = _mm512_loadu_ps(cp.add(p + q));
-        let c = _mm512_loadu_ps(cp.add(p + 2 * q));
-        let d = _mm512_loadu_ps(cp.add(p + 3 * q));
-        let m01 = _mm512_min_ps(b, a);
-        let k01 = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(b, a);
-        let m23 = _mm512_min_ps(d, c);
-        let k23 = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(d, c);
+        // SAFETY: p + 16 ≤ groups.end ≤ q, so p + 3q + 16 ≤ 4q = ns, 4p + 64 ≤ ns and
+        // p + 16 ≤ q ≤ bp.len(); the asserts above hold the lengths.
+        k.groups16(cp.add(p), q, dp.add(4 * p), np.add(4 * p), bq.add(p));
+    }
+}
+
+/// Two steps at once, `cost → (xa, wa) → (xb, wb) → next`, every group of both: the same values
+/// and back pointers as [`step_avx512`] twice (`bpa`, `bpb` the two steps' back pointers), but
+/// the first step's results for the 64 predecessor groups of each chunk of the second step stay
+/// in a 1 KB buffer (L1) instead of a 16 KB array: per two steps the state costs are read from
+/// and written to L2 once, not twice (at L = 12 the three 16 KB arrays do not fit L1 together
+/// and the single step waits on them).
+///
+/// Chunk `P` (64 groups of the second step, `P` a multiple of 64) reads the first step's states
+/// `P + t·q .. + 64` (`t` = 0..4), which are the successors of the first step's groups
+/// `(P + t·q) / 4 .. + 16`: one 16-group iteration each. The chunks cover each first-step group
+/// once.
+///
+/// # Safety
+/// The CPU must have AVX-512F, AVX-512BW and AVX-512VL; `cost`, `dc` and `next` must have the
+/// same length `4q`, `bpa` and `bpb` at least `q` entries, and `q % 64 == 0`.
+#[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn step2_avx512(
+    (xa, wa): (f32, f32),
+    (xb, wb): (f32, f32),
+    dc: &[f32],
+    cost: &[f32],
+    bpa: &mut [u8],
+    bpb: &mut [u8],
+    next: &mut [f32],
+) {
+    let ns = cost.len();
+    let q = ns / 4;
+    assert!(dc.len() == ns && next.len() == ns && bpa.len() >= q && bpb.len() >= q);
+    assert!(q.is_multiple_of(64));
+    let (ka, kb) = (Kernel512::new(xa, wa), Kernel512::new(xb, wb));
+    let (cp, dp, np) = (cost.as_ptr(), dc.as_ptr(), next.as_mut_ptr());
+    let (ba, bb) = (bpa.as_mut_ptr(), bpb.as_mut_ptr());
+    // The first step's states P + t·q + u (u < 64) at tmp[64t + u].
+    let mut tmp = [0f32; 256];
+    let tp = tmp.as_mut_ptr();
+    for pb in (0..q).step_by(64) {
+        for t in 0..4 {
+            let g = pb / 4 + t * (q / 4);
+            // SAFETY: g + 16 ≤ q/4 · 4 = q (pb/4 + 16 ≤ q/4), so g + 3q + 16 ≤ ns, 4g + 64 ≤ ns
+            // and g + 16 ≤ bpa.len(); tmp has 64t + 64 ≤ 256 entries.
+            ka.groups16(cp.add(g), q, dp.add(4 * g), tp.add(64 * t), ba.add(g));
+        }
+        for u in 0..4 {
+            let p = pb + 16 * u;
+            // SAFETY: the predecessors of groups p..p+16 are tmp[16u + 64t ..], t < 4 (stride 64,
+            // inside tmp); 4p + 64 ≤ ns and p + 16 ≤ q ≤ bpb.len().
+            kb.groups16(tp.add(16 * u), 64, dp.add(4 * p), np.add(4 * p), bb.add(p));
+        }
+    }
+}
+
+/// One step's constants for the 16-lane kernel.
+#[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+struct Kernel512 {
+    xv: __m512,
+    wv: __m512,
+    unit: bool,
+    spread: [__m512i; 4],
+}
+
+#[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+impl Kernel512 {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    fn new(xi: f32, wi: f32) -> Kernel512 {
+        let spread: [__m512i; 4] = std::array::from_fn(|j| {
+            let g = 4 * j as i32;
+            _mm512_setr_epi32(
+                g,
+                g,
+                g,
+                g,
+                g + 1,
+                g + 1,
+                g + 1,
+                g + 1,
+                g + 2,
+                g + 2,
+                g + 2,
+                g + 2,
+                g + 3,
+                g + 3,
+                g + 3,
+                g + 3,
+            )
+        });
+        Kernel512 {
+            xv: _mm512_set1_ps(xi),
+            wv: _mm512_set1_ps(wi),
+            unit: wi == 1.0,
+            spread,
+        }
+    }
+
+    /// Sixteen predecessor groups: their predecessors at `c + t·stride` (`t` = 0..4, sixteen
+    /// each), their 64 successors' codewords at `d`, the successors' costs to `n`, the sixteen
+    /// back pointers to `b`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F/BW/VL; `c + 3·stride + 16`, `d + 64`, `n + 64` and `b + 16`
+    /// must be in bounds of their arrays.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn groups16(
+        &self,
+        c: *const f32,
+        stride: usize,
+        d: *const f32,
+        n: *mut f32,
+        b: *mut u8,
+    ) {
+        let pa = _mm512_loadu_ps(c);
+        let pb = _mm512_loadu_ps(c.add(stride));
+        let pc = _mm512_loadu_ps(c.add(2 * stride));
+        let pd = _mm512_loadu_ps(c.add(3 * stride));
+        let m01 = _mm512_min_ps(pb, pa);
+        let k01 = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(pb, pa);
+        let m23 = _mm512_min_ps(pd, pc);
+        let k23 = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(pd, pc);
         let m = _mm512_min_ps(m23, m01);
         let km = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(m23, m01);
         let bit0 = (km & k23) | (!km & k01);
-        let t = _mm_add_epi8(_mm_maskz_mov_epi8(bit0, ones), _mm_maskz_mov_epi8(km, twos));
-        _mm_storeu_si128(bq.add(p) as *mut __m128i, t);
-        for (j, idx) in spread.iter().enumerate() {
-            let s = 4 * p + 16 * j;
+        let t = _mm_add_epi8(
+            _mm_maskz_mov_epi8(bit0, _mm_set1_epi8(1)),
+            _mm_maskz_mov_epi8(km, _mm_set1_epi8(2)),
+        );
+        _mm_storeu_si128(b as *mut __m128i, t);
+        for (j, idx) in self.spread.iter().enumerate() {
             let mj = _mm512_permutexvar_ps(*idx, m);
-            let e = _mm512_sub_ps(xv, _mm512_loadu_ps(dp.add(s)));
+            let e = _mm512_sub_ps(self.xv, _mm512_loadu_ps(d.add(16 * j)));
             let e2 = _mm512_mul_ps(e, e);
-            let dist = if unit { e2 } else { _mm512_mul_ps(wv, e2) };
-            _mm512_storeu_ps(np.add(s), _mm512_add_ps(mj, dist));
+            let dist = if self.unit {
+                e2
+            } else {
+                _mm512_mul_ps(self.wv, e2)
+            };
+            _mm512_storeu_ps(n.add(16 * j), _mm512_add_ps(mj, dist));
         }
     }
 }

@@ -114,7 +114,8 @@ pub struct Scratch {
     dist: Vec<f32>,
     min: Vec<f32>,
     /// Back pointers: for step `i` and predecessor group `p = s' >> 2`, which `t` (the dropped
-    /// top code) the best path came from.
+    /// top code) the best path came from, as the step's three comparisons ([`bp_len`] bytes per
+    /// step, read by [`back`]).
     bp: Vec<u8>,
 }
 
@@ -126,8 +127,30 @@ impl Scratch {
             next: vec![0.0; ns],
             dist: vec![0.0; ns],
             min: vec![0.0; ns / 4],
-            bp: vec![0; n * ns / 4],
+            bp: vec![0; n * bp_len(ns / 4)],
         }
+    }
+}
+
+/// Bytes of one step's back pointers for `q` predecessor groups: three bitmaps of `q` bits (bit
+/// `p` at byte `p / 8`, bit `p mod 8`), each the strict `<` of one comparison of the four-way
+/// minimum: `cost[p + q] < cost[p]` (`k01`), `cost[p + 3q] < cost[p + 2q]` (`k23`), and the
+/// minimum of the last two `<` the minimum of the first two (`km`). The kernels store their
+/// comparison masks as they are; the back pointer is decoded only along the traced path.
+pub(super) const fn bp_len(q: usize) -> usize {
+    3 * q.div_ceil(8)
+}
+
+/// The back pointer `t` of group `p` from one step's bitmaps: `km ? 2 + k23 : k01` (the lowest
+/// `t` on ties, as the plain search's strict `<` in `t` order).
+#[inline]
+pub(super) fn back(bp: &[u8], q: usize, p: usize) -> u32 {
+    let w = q.div_ceil(8);
+    let bit = |k: usize| ((bp[k * w + p / 8] >> (p % 8)) & 1) as u32;
+    if bit(2) == 1 {
+        2 + bit(1)
+    } else {
+        bit(0)
     }
 }
 
@@ -192,7 +215,8 @@ fn trace(cost: &[f32], bp: &[u8], n: usize, l: u32, ends: Ends, codes: &mut [u8]
         codes[i] = (s & 3) as u8;
         if i > 0 {
             let p = (s >> 2) as usize;
-            s = (s >> 2) | ((bp[i * q + p] as u32) << (l - 2));
+            let b = bp_len(q);
+            s = (s >> 2) | (back(&bp[i * b..(i + 1) * b], q, p) << (l - 2));
         }
     }
     best.0
@@ -267,7 +291,8 @@ pub fn viterbi(
 ) -> f32 {
     let (n, ns) = (x.len(), 1usize << l);
     let q = ns / 4;
-    debug_assert!(sc.cost.len() == ns && sc.bp.len() >= n * q);
+    let bs = bp_len(q);
+    debug_assert!(sc.cost.len() == ns && sc.bp.len() >= n * bs);
     init_costs(x[0], wt[0], dc, l, ends, &mut sc.cost);
     let mut i = 1;
     while i < n {
@@ -275,7 +300,7 @@ pub fn viterbi(
         // Two whole steps at once where the fused kernel runs (the restricted steps are the
         // first ones, so the step after a whole one is whole too).
         if groups.len() == q && i + 1 < n {
-            let (bpa, bpb) = sc.bp[i * q..(i + 2) * q].split_at_mut(q);
+            let (bpa, bpb) = sc.bp[i * bs..(i + 2) * bs].split_at_mut(bs);
             if step2(
                 (x[i], wt[i]),
                 (x[i + 1], wt[i + 1]),
@@ -290,14 +315,18 @@ pub fn viterbi(
                 continue;
             }
         }
-        let bp = &mut sc.bp[i * q..(i + 1) * q];
+        let bp = &mut sc.bp[i * bs..(i + 1) * bs];
         if groups.len() < q {
             // Every other state is unreachable: infinite in the full step as well (all four
             // predecessors infinite), with back pointer 0 (the first of four equal minima).
             sc.next[..4 * groups.start].fill(f32::INFINITY);
             sc.next[4 * groups.end..].fill(f32::INFINITY);
-            bp[..groups.start].fill(0);
-            bp[groups.end..].fill(0);
+            // (`groups`' ends are multiples of 32 groups: whole bytes of each bitmap.)
+            let w = bs / 3;
+            for k in 0..3 {
+                bp[k * w..k * w + groups.start / 8].fill(0);
+                bp[k * w + groups.end / 8..(k + 1) * w].fill(0);
+            }
         }
         step(
             x[i],
@@ -416,15 +445,22 @@ fn step_generic(
     let (c0, rest) = cost.split_at(q);
     let (c1, rest) = rest.split_at(q);
     let (c2, c3) = rest.split_at(q);
-    // Branch-free selects (vectorizable); strict `<` in t order keeps the lowest t on ties, as
-    // the reference does.
+    // Strict `<` in t order keeps the lowest t on ties, as the reference does; the three
+    // comparisons go to the back pointers' bitmaps ([`bp_len`]).
+    let w = q.div_ceil(8);
+    bp[..3 * w].fill(0);
     for p in 0..q {
         let (a, b, c, d) = (c0[p], c1[p], c2[p], c3[p]);
-        let (m01, t01) = if b < a { (b, 1u8) } else { (a, 0u8) };
-        let (m23, t23) = if d < c { (d, 3u8) } else { (c, 2u8) };
-        let (m, t) = if m23 < m01 { (m23, t23) } else { (m01, t01) };
-        min[p] = m;
-        bp[p] = t;
+        let k01 = b < a;
+        let m01 = if k01 { b } else { a };
+        let k23 = d < c;
+        let m23 = if k23 { d } else { c };
+        let km = m23 < m01;
+        min[p] = if km { m23 } else { m01 };
+        let (byte, bit) = (p / 8, p % 8);
+        bp[byte] |= (k01 as u8) << bit;
+        bp[w + byte] |= (k23 as u8) << bit;
+        bp[2 * w + byte] |= (km as u8) << bit;
     }
     for ((nx, d), &m) in next
         .chunks_exact_mut(4)
@@ -466,6 +502,12 @@ pub fn encode_tail_biting(
     viterbi(x, wt, dc, l, Ends::Wrap(top), sc, codes)
 }
 
+/// The wrap of a block's codes: its last `l/2 − 1` codes as [`Ends::Wrap`] takes them.
+fn wrap_of(codes: &[u8], l: u32) -> u32 {
+    let n = codes.len();
+    (1..=(l / 2 - 1) as usize).fold(0, |top, t| top | (codes[n - t] as u32) << (2 * (t - 1)))
+}
+
 /// State of value `j` of a block of `codes` in an `l`-bit tail-biting trellis.
 #[inline]
 pub fn state_at(codes: &[u8], j: usize, l: u32) -> u32 {
@@ -484,6 +526,9 @@ pub struct Settings {
     /// Tail-biting (two passes); else a free start and the wrap ignored (measurement only: the
     /// decoder always wraps).
     pub tail_biting: bool,
+    /// The refit's search keeps the first search's wrap codes (one pass, the wrapped one)
+    /// instead of finding its own with a free pass first (tail-biting only).
+    pub refit_keeps_wrap: bool,
 }
 
 impl Settings {
@@ -492,7 +537,18 @@ impl Settings {
         alpha: 0.95,
         refit: true,
         tail_biting: true,
+        refit_keeps_wrap: false,
     };
+
+    /// The round-to-nearest encoder's settings: [`Settings::FORMAT`], or with
+    /// `TQ_TQ2T_REFIT_WRAP=1` the refit keeping the first search's wrap (measurements). Read once.
+    pub(crate) fn rtn() -> Settings {
+        static ST: std::sync::OnceLock<Settings> = std::sync::OnceLock::new();
+        *ST.get_or_init(|| Settings {
+            refit_keeps_wrap: std::env::var_os("TQ_TQ2T_REFIT_WRAP").is_some_and(|v| v == "1"),
+            ..Settings::FORMAT
+        })
+    }
 }
 
 /// Encode one block of rotated values with a float scale (measurements: any `l`, no scale
@@ -533,12 +589,13 @@ pub fn encode_block_weighted(
             (0, d)
         }
     };
-    let run = |d: f32, sc: &mut Scratch, codes: &mut [u8]| -> f32 {
+    // `wrap`: the wrap codes to keep (the refit's search with `refit_keeps_wrap`).
+    let run = |d: f32, wrap: Option<u32>, sc: &mut Scratch, codes: &mut [u8]| -> f32 {
         let dc: Vec<f32> = cb.iter().map(|&c| d * c).collect();
-        if st.tail_biting {
-            encode_tail_biting(x, wt, &dc, st.l, sc, codes)
-        } else {
-            viterbi(x, wt, &dc, st.l, Ends::Free, sc, codes)
+        match wrap {
+            Some(top) => viterbi(x, wt, &dc, st.l, Ends::Wrap(top), sc, codes),
+            None if st.tail_biting => encode_tail_biting(x, wt, &dc, st.l, sc, codes),
+            None => viterbi(x, wt, &dc, st.l, Ends::Free, sc, codes),
         }
     };
     let (mut e, mut d) = quant(st.alpha * rms);
@@ -547,7 +604,7 @@ pub fn encode_block_weighted(
         out.fill(0.0);
         return (0, x.iter().zip(wt).map(|(v, w)| w * (v * v)).sum());
     }
-    let mut err = run(d, sc, codes);
+    let mut err = run(d, None, sc, codes);
     if st.refit {
         let (mut sxc, mut scc) = (0f64, 0f64);
         for (j, (&v, &w)) in x.iter().zip(wt).enumerate() {
@@ -559,7 +616,8 @@ pub fn encode_block_weighted(
             let (e2, d2) = quant((sxc / scc) as f32);
             if d2 != d && d2 > 0.0 {
                 let mut c2 = vec![0u8; n];
-                let err2 = run(d2, sc, &mut c2);
+                let wrap = (st.tail_biting && st.refit_keeps_wrap).then(|| wrap_of(codes, st.l));
+                let err2 = run(d2, wrap, sc, &mut c2);
                 if err2 < err {
                     (e, d, err) = (e2, d2, err2);
                     codes.copy_from_slice(&c2);
@@ -588,7 +646,7 @@ pub fn quantize_tq2t_rotated(src: &[f32], out: &mut [u8]) {
     let mut sc = Scratch::new(L, QK);
     let (mut codes, mut y) = ([0u8; QK], [0f32; QK]);
     for (x, b) in src.chunks_exact(QK).zip(out.chunks_exact_mut(TQ2T_BYTES)) {
-        let (e, _) = encode_block(x, cb, Settings::FORMAT, true, &mut sc, &mut codes, &mut y);
+        let (e, _) = encode_block(x, cb, Settings::rtn(), true, &mut sc, &mut codes, &mut y);
         pack(e, &codes, b);
     }
 }
@@ -800,7 +858,8 @@ mod tests {
                         (g.gauss() as f32).exp()
                     };
                     let (mut n1, mut n2) = (vec![0f32; ns], vec![0f32; ns]);
-                    let (mut b1, mut b2) = (vec![9u8; q], vec![7u8; q]);
+                    let bl = bp_len(q);
+                    let (mut b1, mut b2) = (vec![9u8; bl], vec![7u8; bl]);
                     step_generic(
                         xi,
                         wi,
@@ -816,6 +875,17 @@ mod tests {
                         step::step_avx2(xi, wi, &dc, &cost, &mut b2, &mut n2, 0..cost.len() / 4)
                     };
                     assert_eq!(b1, b2, "l={l} trial {trial}");
+                    // The bitmaps decode to the plain search's back pointer: the lowest t
+                    // reaching the minimum.
+                    for p in 0..q {
+                        let mut bt = 0;
+                        for t in 1..4 {
+                            if cost[p + t * q] < cost[p + bt * q] {
+                                bt = t;
+                            }
+                        }
+                        assert_eq!(back(&b1, q, p), bt as u32, "l={l} trial {trial} p {p}");
+                    }
                     assert!(
                         n1.iter().zip(&n2).all(|(a, b)| a.to_bits() == b.to_bits()),
                         "l={l} trial {trial}"
@@ -823,7 +893,7 @@ mod tests {
                     // The AVX-512 step, where the CPU has it (and on a sub-range of groups).
                     #[cfg(feature = "avx512")]
                     if step::has_avx512() && q.is_multiple_of(step::GROUP) {
-                        let (mut n3, mut b3) = (vec![0f32; ns], vec![5u8; q]);
+                        let (mut n3, mut b3) = (vec![0f32; ns], vec![5u8; bl]);
                         // SAFETY: AVX-512F/BW/VL checked, lengths as the kernel requires.
                         unsafe { step::step_avx512(xi, wi, &dc, &cost, &mut b3, &mut n3, 0..q) };
                         assert_eq!(b1, b3, "avx512 l={l} trial {trial}");
@@ -833,13 +903,21 @@ mod tests {
                         );
                         let g = step::GROUP..q - step::GROUP;
                         if !g.is_empty() {
-                            let (mut n4, mut b4) = (vec![-1f32; ns], vec![9u8; q]);
+                            let (mut n4, mut b4) = (vec![-1f32; ns], vec![9u8; bl]);
                             // SAFETY: as above; the range's ends are multiples of GROUP.
                             unsafe {
                                 step::step_avx512(xi, wi, &dc, &cost, &mut b4, &mut n4, g.clone())
                             };
-                            assert_eq!(b1[g.clone()], b4[g.clone()], "avx512 range l={l}");
-                            assert!(b4[..g.start].iter().all(|&v| v == 9), "wrote outside");
+                            for p in g.clone() {
+                                assert_eq!(back(&b1, q, p), back(&b4, q, p), "avx512 range l={l}");
+                            }
+                            let w = bl / 3;
+                            for k in 0..3 {
+                                let out = b4[k * w..k * w + g.start / 8]
+                                    .iter()
+                                    .chain(&b4[k * w + g.end / 8..(k + 1) * w]);
+                                assert!(out.into_iter().all(|&v| v == 9), "wrote outside");
+                            }
                             assert!(n4[4 * g.end..].iter().all(|&v| v == -1.0), "wrote outside");
                             assert!(n1[4 * g.start..4 * g.end]
                                 .iter()
@@ -898,11 +976,12 @@ mod tests {
                     let a = (g.gauss() as f32, w(0, &mut g));
                     let b = (g.gauss() as f32, w(1, &mut g));
                     let (mut mid, mut n1) = (vec![0f32; ns], vec![0f32; ns]);
-                    let (mut a1, mut b1) = (vec![9u8; q], vec![9u8; q]);
+                    let bl = bp_len(q);
+                    let (mut a1, mut b1) = (vec![9u8; bl], vec![9u8; bl]);
                     let (sd, sm) = (&mut sc.dist, &mut sc.min);
                     step_generic(a.0, a.1, &dc, &cost, sd, sm, &mut a1, &mut mid);
                     step_generic(b.0, b.1, &dc, &mid, sd, sm, &mut b1, &mut n1);
-                    let (mut n2, mut a2, mut b2) = (vec![0f32; ns], vec![7u8; q], vec![7u8; q]);
+                    let (mut n2, mut a2, mut b2) = (vec![0f32; ns], vec![7u8; bl], vec![7u8; bl]);
                     // SAFETY: AVX-512F/BW/VL checked, lengths as the kernel requires (q ≥ 64).
                     unsafe { step::step2_avx512(a, b, &dc, &cost, &mut a2, &mut b2, &mut n2) };
                     assert_eq!((&a1, &b1), (&a2, &b2), "l={l} trial {trial}");

@@ -200,11 +200,16 @@ fn trace(cost: &[f32], bp: &[u8], n: usize, l: u32, ends: Ends, codes: &mut [u8]
                 .chain(rest)
                 .fold(f32::INFINITY, |a, &v| if v < a { v } else { a });
             if m < f32::INFINITY {
-                consider(
-                    cost.iter()
-                        .position(|&c| c == m)
-                        .expect("the minimum is present"),
-                );
+                // The first chunk holding it (a branch-free test per chunk), then its place.
+                let k = cost
+                    .chunks(16)
+                    .position(|c| c.iter().fold(false, |a, &v| a | (v == m)))
+                    .expect("the minimum is present");
+                let j = cost[16 * k..]
+                    .iter()
+                    .position(|&c| c == m)
+                    .expect("the minimum is present");
+                consider(16 * k + j);
             }
         }
         // Tail-biting: the four states whose lower bits are the wrap.
@@ -294,6 +299,13 @@ pub fn viterbi(
     let bs = bp_len(q);
     debug_assert!(sc.cost.len() == ns && sc.bp.len() >= n * bs);
     init_costs(x[0], wt[0], dc, l, ends, &mut sc.cost);
+    // The states each buffer may hold finite values in (+∞ elsewhere); `next` holds whatever the
+    // last search left.
+    let mut stale_cost = match ends {
+        Ends::Free => 0..ns,
+        Ends::Wrap(top) => 4 * top as usize..4 * top as usize + 4,
+    };
+    let mut stale_next = 0..ns;
     let mut i = 1;
     while i < n {
         let groups = reachable_groups(l, ends, i);
@@ -311,16 +323,20 @@ pub fn viterbi(
                 &mut sc.next,
             ) {
                 std::mem::swap(&mut sc.cost, &mut sc.next);
+                (stale_cost, stale_next) = (0..ns, 0..ns);
                 i += 2;
                 continue;
             }
         }
         let bp = &mut sc.bp[i * bs..(i + 1) * bs];
+        let reach = 4 * groups.start..4 * groups.end;
         if groups.len() < q {
             // Every other state is unreachable: infinite in the full step as well (all four
             // predecessors infinite), with back pointer 0 (the first of four equal minima).
-            sc.next[..4 * groups.start].fill(f32::INFINITY);
-            sc.next[4 * groups.end..].fill(f32::INFINITY);
+            // Only what may be finite from before needs the fill.
+            let st = &stale_next;
+            sc.next[st.start..st.end.min(reach.start).max(st.start)].fill(f32::INFINITY);
+            sc.next[reach.end.max(st.start).min(st.end)..st.end].fill(f32::INFINITY);
             // (`groups`' ends are multiples of 32 groups: whole bytes of each bitmap.)
             let w = bs / 3;
             for k in 0..3 {
@@ -340,6 +356,7 @@ pub fn viterbi(
             groups,
         );
         std::mem::swap(&mut sc.cost, &mut sc.next);
+        (stale_cost, stale_next) = (reach, stale_cost);
         i += 1;
     }
     trace(&sc.cost, &sc.bp, n, l, ends, codes)

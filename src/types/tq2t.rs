@@ -532,6 +532,17 @@ pub fn state_at(codes: &[u8], j: usize, l: u32) -> u32 {
     (0..(l / 2) as usize).fold(0u32, |s, t| s | (codes[(j + n - t) % n] as u32) << (2 * t))
 }
 
+/// The states of values `0..n` of a block of `codes` ([`state_at`] of each, a test holds them
+/// equal): a shift register primed with the codes that wrap, as the fast decoder reads them.
+fn block_states(codes: &[u8], l: u32) -> impl Iterator<Item = u32> + '_ {
+    let (n, mask) = (codes.len(), (1u32 << l) - 1);
+    let mut s = (n + 1 - (l / 2) as usize..n).fold(0u32, |s, j| (s << 2) | codes[j] as u32);
+    codes.iter().map(move |&c| {
+        s = ((s << 2) | c as u32) & mask;
+        s
+    })
+}
+
 /// Encoder settings (the format's are [`Settings::FORMAT`]; others are for measurements).
 #[derive(Clone, Copy, Debug)]
 pub struct Settings {
@@ -624,8 +635,8 @@ pub fn encode_block_weighted(
     let mut err = run(d, None, sc, codes);
     if st.refit {
         let (mut sxc, mut scc) = (0f64, 0f64);
-        for (j, (&v, &w)) in x.iter().zip(wt).enumerate() {
-            let c = cb[state_at(codes, j, st.l) as usize] as f64;
+        for ((&v, &w), s) in x.iter().zip(wt).zip(block_states(codes, st.l)) {
+            let c = cb[s as usize] as f64;
             sxc += w as f64 * (v as f64 * c);
             scc += w as f64 * (c * c);
         }
@@ -642,8 +653,8 @@ pub fn encode_block_weighted(
             }
         }
     }
-    for (j, o) in out.iter_mut().enumerate() {
-        *o = d * cb[state_at(codes, j, st.l) as usize];
+    for (o, s) in out.iter_mut().zip(block_states(codes, st.l)) {
+        *o = d * cb[s as usize];
     }
     (e, err)
 }
@@ -1080,6 +1091,21 @@ mod tests {
                 .map(|j| (x[j] - cb[state_at(&c, j, l) as usize]).powi(2))
                 .sum();
             assert!(err <= e);
+        }
+    }
+
+    /// The shift register's states are the definition's, for every code pattern tried, at
+    /// several state sizes and block lengths.
+    #[test]
+    fn block_states_equal_state_at() {
+        let mut g = SplitMix64::new(17);
+        for (l, n) in [(12u32, 64usize), (10, 64), (8, 16), (12, 6)] {
+            for _ in 0..20 {
+                let c: Vec<u8> = (0..n).map(|_| (g.next_u64() & 3) as u8).collect();
+                let a: Vec<u32> = block_states(&c, l).collect();
+                let b: Vec<u32> = (0..n).map(|j| state_at(&c, j, l)).collect();
+                assert_eq!(a, b, "l {l} n {n}");
+            }
         }
     }
 

@@ -363,7 +363,8 @@ pub fn viterbi(
 }
 
 /// Two whole trellis steps, `cost → (xa, wa) → (xb, wb) → next`, with the fused kernel
-/// ([`step::step2_avx512`]) where the CPU has AVX-512 and the trellis at least 256 states;
+/// ([`step::step2_avx512`]) where the CPU has AVX-512 and the trellis at least 256 states, else
+/// [`step::step2_avx2`] where it has AVX2 and at least 128 states;
 /// returns false (nothing written) elsewhere, for the caller to take two single steps. The same
 /// values and back pointers as two [`step`]s (a test holds them equal).
 fn step2(
@@ -380,6 +381,13 @@ fn step2(
         // SAFETY: the CPU has AVX-512F/BW/VL and q is a multiple of 64 (checked above);
         // `viterbi` passes equal lengths for cost, dc and next and q back pointers per step.
         unsafe { step::step2_avx512(a, b, dc, cost, bpa, bpb, next) };
+        return true;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if (cost.len() / 4).is_multiple_of(32) && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 and q is a multiple of 32 (checked above); the lengths as
+        // above.
+        unsafe { step::step2_avx2(a, b, dc, cost, bpa, bpb, next) };
         return true;
     }
     let _ = (a, b, dc, cost, bpa, bpb, next);
@@ -968,8 +976,8 @@ mod tests {
     /// and non-unit weights in either step, at every state size it runs at.
     #[test]
     fn fused_two_steps_equal_two_portable_steps() {
-        #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
-        if step::has_avx512() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
             let mut g = SplitMix64::new(91);
             for l in [8u32, 10, 12] {
                 let ns = 1usize << l;
@@ -1009,18 +1017,32 @@ mod tests {
                     let (sd, sm) = (&mut sc.dist, &mut sc.min);
                     step_generic(a.0, a.1, &dc, &cost, sd, sm, &mut a1, &mut mid);
                     step_generic(b.0, b.1, &dc, &mid, sd, sm, &mut b1, &mut n1);
-                    let (mut n2, mut a2, mut b2) = (vec![0f32; ns], vec![7u8; bl], vec![7u8; bl]);
-                    // SAFETY: AVX-512F/BW/VL checked, lengths as the kernel requires (q ≥ 64).
-                    unsafe { step::step2_avx512(a, b, &dc, &cost, &mut a2, &mut b2, &mut n2) };
-                    assert_eq!((&a1, &b1), (&a2, &b2), "l={l} trial {trial}");
+                    let (mut n3, mut a3, mut b3) = (vec![0f32; ns], vec![5u8; bl], vec![5u8; bl]);
+                    // SAFETY: AVX2 checked, lengths as the kernel requires (q ≥ 32).
+                    unsafe { step::step2_avx2(a, b, &dc, &cost, &mut a3, &mut b3, &mut n3) };
+                    assert_eq!((&a1, &b1), (&a3, &b3), "avx2 l={l} trial {trial}");
                     assert!(
-                        n1.iter().zip(&n2).all(|(x, y)| x.to_bits() == y.to_bits()),
-                        "l={l} trial {trial}"
+                        n1.iter().zip(&n3).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "avx2 l={l} trial {trial}"
                     );
+                    #[cfg(feature = "avx512")]
+                    if step::has_avx512() {
+                        let (mut n2, mut a2, mut b2) =
+                            (vec![0f32; ns], vec![7u8; bl], vec![7u8; bl]);
+                        // SAFETY: AVX-512F/BW/VL checked, lengths as the kernel requires.
+                        unsafe { step::step2_avx512(a, b, &dc, &cost, &mut a2, &mut b2, &mut n2) };
+                        assert_eq!((&a1, &b1), (&a2, &b2), "l={l} trial {trial}");
+                        assert!(
+                            n1.iter().zip(&n2).all(|(x, y)| x.to_bits() == y.to_bits()),
+                            "l={l} trial {trial}"
+                        );
+                    } else if trial == 0 && l == 12 {
+                        eprintln!("NOT RUN: the fused AVX-512 step: no AVX-512F/BW/VL");
+                    }
                 }
             }
         } else {
-            eprintln!("NOT RUN: fused_two_steps_equal_two_portable_steps: no AVX-512F/BW/VL");
+            eprintln!("NOT RUN: fused_two_steps_equal_two_portable_steps: the CPU has no AVX2");
         }
     }
 

@@ -100,6 +100,135 @@ pub(super) unsafe fn step_avx2(
     }
 }
 
+/// [`step2_avx512`] on 8-lane vectors (AVX2): chunks of 32 groups of the second step, each fed
+/// by four 8-group iterations of the first step through a 512-byte buffer. The same values and
+/// back pointers as [`step_avx2`] twice.
+///
+/// # Safety
+/// The CPU must have AVX2; `cost`, `dc` and `next` must have the same length `4q`, `bpa` and
+/// `bpb` at least `super::bp_len(q)` bytes, and `q % 32 == 0`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn step2_avx2(
+    (xa, wa): (f32, f32),
+    (xb, wb): (f32, f32),
+    dc: &[f32],
+    cost: &[f32],
+    bpa: &mut [u8],
+    bpb: &mut [u8],
+    next: &mut [f32],
+) {
+    let ns = cost.len();
+    let q = ns / 4;
+    assert!(dc.len() == ns && next.len() == ns);
+    assert!(bpa.len() >= super::bp_len(q) && bpb.len() >= super::bp_len(q));
+    assert!(q.is_multiple_of(32));
+    let (ka, kb) = (Kernel256::new(xa, wa), Kernel256::new(xb, wb));
+    let (cp, dp, np) = (cost.as_ptr(), dc.as_ptr(), next.as_mut_ptr());
+    let (ba, bb) = (bpa.as_mut_ptr(), bpb.as_mut_ptr());
+    // The first step's states P + t·q + u (u < 32) at tmp[32t + u].
+    let mut tmp = [0f32; 128];
+    let tp = tmp.as_mut_ptr();
+    for pb in (0..q).step_by(32) {
+        for t in 0..4 {
+            let g = pb / 4 + t * (q / 4);
+            // SAFETY: g + 8 ≤ q (pb/4 + 8 ≤ q/4), so g + 3q + 8 ≤ ns, 4g + 32 ≤ ns and the
+            // bitmaps' 2q/8 + g/8 + 1 ≤ 3q/8 ≤ bpa.len() (g is a multiple of 8); tmp has
+            // 32t + 32 ≤ 128 entries.
+            ka.groups8(
+                cp.add(g),
+                q,
+                dp.add(4 * g),
+                tp.add(32 * t),
+                ba.add(g / 8),
+                q / 8,
+            );
+        }
+        for u in 0..4 {
+            let p = pb + 8 * u;
+            // SAFETY: the predecessors of groups p..p+8 are tmp[8u + 32t ..], t < 4 (stride 32,
+            // inside tmp); 4p + 32 ≤ ns and 2q/8 + p/8 + 1 ≤ 3q/8 ≤ bpb.len().
+            kb.groups8(
+                tp.add(8 * u),
+                32,
+                dp.add(4 * p),
+                np.add(4 * p),
+                bb.add(p / 8),
+                q / 8,
+            );
+        }
+    }
+}
+
+/// One step's constants for the 8-lane kernel.
+#[cfg(target_arch = "x86_64")]
+struct Kernel256 {
+    xv: __m256,
+    wv: __m256,
+    unit: bool,
+    spread: [__m256i; 4],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Kernel256 {
+    #[target_feature(enable = "avx2")]
+    fn new(xi: f32, wi: f32) -> Kernel256 {
+        Kernel256 {
+            xv: _mm256_set1_ps(xi),
+            wv: _mm256_set1_ps(wi),
+            unit: wi == 1.0,
+            spread: [
+                _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+                _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+                _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5),
+                _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7),
+            ],
+        }
+    }
+
+    /// Eight predecessor groups (the layout of `Kernel512::groups16`, one byte of each bitmap).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `c + 3·stride + 8`, `d + 32`, `n + 32` and `b + 2w + 1` must be
+    /// in bounds of their arrays.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn groups8(
+        &self,
+        c: *const f32,
+        stride: usize,
+        d: *const f32,
+        n: *mut f32,
+        b: *mut u8,
+        w: usize,
+    ) {
+        let pa = _mm256_loadu_ps(c);
+        let pb = _mm256_loadu_ps(c.add(stride));
+        let pc = _mm256_loadu_ps(c.add(2 * stride));
+        let pd = _mm256_loadu_ps(c.add(3 * stride));
+        let m01 = _mm256_min_ps(pb, pa);
+        let k01 = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(pb, pa));
+        let m23 = _mm256_min_ps(pd, pc);
+        let k23 = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(pd, pc));
+        let m = _mm256_min_ps(m23, m01);
+        let km = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(m23, m01));
+        *b = k01 as u8;
+        *b.add(w) = k23 as u8;
+        *b.add(2 * w) = km as u8;
+        for (j, idx) in self.spread.iter().enumerate() {
+            let mj = _mm256_permutevar8x32_ps(m, *idx);
+            let e = _mm256_sub_ps(self.xv, _mm256_loadu_ps(d.add(8 * j)));
+            let e2 = _mm256_mul_ps(e, e);
+            let dist = if self.unit {
+                e2
+            } else {
+                _mm256_mul_ps(self.wv, e2)
+            };
+            _mm256_storeu_ps(n.add(8 * j), _mm256_add_ps(mj, dist));
+        }
+    }
+}
+
 /// [`step_avx2`] on 16-lane vectors (AVX-512F/BW/VL): sixteen predecessor groups per compare,
 /// the three comparisons into mask registers, stored as they are (16 bits of each bitmap), each
 /// minimum spread to its four successors by one `vpermps` per sixteen successors.

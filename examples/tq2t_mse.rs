@@ -66,6 +66,13 @@ fn main() {
                 },
                 true,
             ));
+            variants.push((
+                Settings {
+                    refit_keeps_wrap: true,
+                    ..base
+                },
+                true,
+            ));
         }
         for (st, byte) in variants {
             let (mut codes, mut y) = ([0u8; QK], [0f32; QK]);
@@ -89,10 +96,18 @@ fn main() {
             let cpu = thread_cpu_seconds() - c0;
             let s: f64 = x.iter().map(|v| (*v as f64).powi(2)).sum();
             println!(
-                "| {l} | {} | {} | {} | {:.4} | {:.0} | {:.0} |",
+                "| {l} | {} | {} | {} | {:.5} | {:.0} | {:.0} |",
                 if byte { "u8 (format)" } else { "f32" },
                 st.tail_biting,
-                st.refit,
+                match (st.refit, st.refit_keeps_wrap) {
+                    (true, true) => "true, keeps the wrap",
+                    (r, _) =>
+                        if r {
+                            "true"
+                        } else {
+                            "false"
+                        },
+                },
                 err / s,
                 x.len() as f64 / secs,
                 x.len() as f64 / cpu

@@ -114,7 +114,8 @@ pub struct Scratch {
     dist: Vec<f32>,
     min: Vec<f32>,
     /// Back pointers: for step `i` and predecessor group `p = s' >> 2`, which `t` (the dropped
-    /// top code) the best path came from.
+    /// top code) the best path came from, as the step's three comparisons ([`bp_len`] bytes per
+    /// step, read by [`back`]).
     bp: Vec<u8>,
 }
 
@@ -126,8 +127,30 @@ impl Scratch {
             next: vec![0.0; ns],
             dist: vec![0.0; ns],
             min: vec![0.0; ns / 4],
-            bp: vec![0; n * ns / 4],
+            bp: vec![0; n * bp_len(ns / 4)],
         }
+    }
+}
+
+/// Bytes of one step's back pointers for `q` predecessor groups: three bitmaps of `q` bits (bit
+/// `p` at byte `p / 8`, bit `p mod 8`), each the strict `<` of one comparison of the four-way
+/// minimum: `cost[p + q] < cost[p]` (`k01`), `cost[p + 3q] < cost[p + 2q]` (`k23`), and the
+/// minimum of the last two `<` the minimum of the first two (`km`). The kernels store their
+/// comparison masks as they are; the back pointer is decoded only along the traced path.
+pub(super) const fn bp_len(q: usize) -> usize {
+    3 * q.div_ceil(8)
+}
+
+/// The back pointer `t` of group `p` from one step's bitmaps: `km ? 2 + k23 : k01` (the lowest
+/// `t` on ties, as the plain search's strict `<` in `t` order).
+#[inline]
+pub(super) fn back(bp: &[u8], q: usize, p: usize) -> u32 {
+    let w = q.div_ceil(8);
+    let bit = |k: usize| ((bp[k * w + p / 8] >> (p % 8)) & 1) as u32;
+    if bit(2) == 1 {
+        2 + bit(1)
+    } else {
+        bit(0)
     }
 }
 
@@ -177,11 +200,16 @@ fn trace(cost: &[f32], bp: &[u8], n: usize, l: u32, ends: Ends, codes: &mut [u8]
                 .chain(rest)
                 .fold(f32::INFINITY, |a, &v| if v < a { v } else { a });
             if m < f32::INFINITY {
-                consider(
-                    cost.iter()
-                        .position(|&c| c == m)
-                        .expect("the minimum is present"),
-                );
+                // The first chunk holding it (a branch-free test per chunk), then its place.
+                let k = cost
+                    .chunks(16)
+                    .position(|c| c.iter().fold(false, |a, &v| a | (v == m)))
+                    .expect("the minimum is present");
+                let j = cost[16 * k..]
+                    .iter()
+                    .position(|&c| c == m)
+                    .expect("the minimum is present");
+                consider(16 * k + j);
             }
         }
         // Tail-biting: the four states whose lower bits are the wrap.
@@ -192,7 +220,8 @@ fn trace(cost: &[f32], bp: &[u8], n: usize, l: u32, ends: Ends, codes: &mut [u8]
         codes[i] = (s & 3) as u8;
         if i > 0 {
             let p = (s >> 2) as usize;
-            s = (s >> 2) | ((bp[i * q + p] as u32) << (l - 2));
+            let b = bp_len(q);
+            s = (s >> 2) | (back(&bp[i * b..(i + 1) * b], q, p) << (l - 2));
         }
     }
     best.0
@@ -267,18 +296,53 @@ pub fn viterbi(
 ) -> f32 {
     let (n, ns) = (x.len(), 1usize << l);
     let q = ns / 4;
-    debug_assert!(sc.cost.len() == ns && sc.bp.len() >= n * q);
+    let bs = bp_len(q);
+    debug_assert!(sc.cost.len() == ns && sc.bp.len() >= n * bs);
     init_costs(x[0], wt[0], dc, l, ends, &mut sc.cost);
-    for i in 1..n {
-        let bp = &mut sc.bp[i * q..(i + 1) * q];
+    // The states each buffer may hold finite values in (+∞ elsewhere); `next` holds whatever the
+    // last search left.
+    let mut stale_cost = match ends {
+        Ends::Free => 0..ns,
+        Ends::Wrap(top) => 4 * top as usize..4 * top as usize + 4,
+    };
+    let mut stale_next = 0..ns;
+    let mut i = 1;
+    while i < n {
         let groups = reachable_groups(l, ends, i);
+        // Two whole steps at once where the fused kernel runs (the restricted steps are the
+        // first ones, so the step after a whole one is whole too).
+        if groups.len() == q && i + 1 < n {
+            let (bpa, bpb) = sc.bp[i * bs..(i + 2) * bs].split_at_mut(bs);
+            if step2(
+                (x[i], wt[i]),
+                (x[i + 1], wt[i + 1]),
+                dc,
+                &sc.cost,
+                bpa,
+                bpb,
+                &mut sc.next,
+            ) {
+                std::mem::swap(&mut sc.cost, &mut sc.next);
+                (stale_cost, stale_next) = (0..ns, 0..ns);
+                i += 2;
+                continue;
+            }
+        }
+        let bp = &mut sc.bp[i * bs..(i + 1) * bs];
+        let reach = 4 * groups.start..4 * groups.end;
         if groups.len() < q {
             // Every other state is unreachable: infinite in the full step as well (all four
             // predecessors infinite), with back pointer 0 (the first of four equal minima).
-            sc.next[..4 * groups.start].fill(f32::INFINITY);
-            sc.next[4 * groups.end..].fill(f32::INFINITY);
-            bp[..groups.start].fill(0);
-            bp[groups.end..].fill(0);
+            // Only what may be finite from before needs the fill.
+            let st = &stale_next;
+            sc.next[st.start..st.end.min(reach.start).max(st.start)].fill(f32::INFINITY);
+            sc.next[reach.end.max(st.start).min(st.end)..st.end].fill(f32::INFINITY);
+            // (`groups`' ends are multiples of 32 groups: whole bytes of each bitmap.)
+            let w = bs / 3;
+            for k in 0..3 {
+                bp[k * w..k * w + groups.start / 8].fill(0);
+                bp[k * w + groups.end / 8..(k + 1) * w].fill(0);
+            }
         }
         step(
             x[i],
@@ -292,8 +356,42 @@ pub fn viterbi(
             groups,
         );
         std::mem::swap(&mut sc.cost, &mut sc.next);
+        (stale_cost, stale_next) = (reach, stale_cost);
+        i += 1;
     }
     trace(&sc.cost, &sc.bp, n, l, ends, codes)
+}
+
+/// Two whole trellis steps, `cost → (xa, wa) → (xb, wb) → next`, with the fused kernel
+/// ([`step::step2_avx512`]) where the CPU has AVX-512 and the trellis at least 256 states, else
+/// [`step::step2_avx2`] where it has AVX2 and at least 128 states;
+/// returns false (nothing written) elsewhere, for the caller to take two single steps. The same
+/// values and back pointers as two [`step`]s (a test holds them equal).
+fn step2(
+    a: (f32, f32),
+    b: (f32, f32),
+    dc: &[f32],
+    cost: &[f32],
+    bpa: &mut [u8],
+    bpb: &mut [u8],
+    next: &mut [f32],
+) -> bool {
+    #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+    if (cost.len() / 4).is_multiple_of(64) && step::has_avx512() {
+        // SAFETY: the CPU has AVX-512F/BW/VL and q is a multiple of 64 (checked above);
+        // `viterbi` passes equal lengths for cost, dc and next and q back pointers per step.
+        unsafe { step::step2_avx512(a, b, dc, cost, bpa, bpb, next) };
+        return true;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if (cost.len() / 4).is_multiple_of(32) && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 and q is a multiple of 32 (checked above); the lengths as
+        // above.
+        unsafe { step::step2_avx2(a, b, dc, cost, bpa, bpb, next) };
+        return true;
+    }
+    let _ = (a, b, dc, cost, bpa, bpb, next);
+    false
 }
 
 /// The predecessor groups step `i` must compute, widened to whole [`step::GROUP`]s: all of them,
@@ -372,15 +470,22 @@ fn step_generic(
     let (c0, rest) = cost.split_at(q);
     let (c1, rest) = rest.split_at(q);
     let (c2, c3) = rest.split_at(q);
-    // Branch-free selects (vectorizable); strict `<` in t order keeps the lowest t on ties, as
-    // the reference does.
+    // Strict `<` in t order keeps the lowest t on ties, as the reference does; the three
+    // comparisons go to the back pointers' bitmaps ([`bp_len`]).
+    let w = q.div_ceil(8);
+    bp[..3 * w].fill(0);
     for p in 0..q {
         let (a, b, c, d) = (c0[p], c1[p], c2[p], c3[p]);
-        let (m01, t01) = if b < a { (b, 1u8) } else { (a, 0u8) };
-        let (m23, t23) = if d < c { (d, 3u8) } else { (c, 2u8) };
-        let (m, t) = if m23 < m01 { (m23, t23) } else { (m01, t01) };
-        min[p] = m;
-        bp[p] = t;
+        let k01 = b < a;
+        let m01 = if k01 { b } else { a };
+        let k23 = d < c;
+        let m23 = if k23 { d } else { c };
+        let km = m23 < m01;
+        min[p] = if km { m23 } else { m01 };
+        let (byte, bit) = (p / 8, p % 8);
+        bp[byte] |= (k01 as u8) << bit;
+        bp[w + byte] |= (k23 as u8) << bit;
+        bp[2 * w + byte] |= (km as u8) << bit;
     }
     for ((nx, d), &m) in next
         .chunks_exact_mut(4)
@@ -422,11 +527,28 @@ pub fn encode_tail_biting(
     viterbi(x, wt, dc, l, Ends::Wrap(top), sc, codes)
 }
 
+/// The wrap of a block's codes: its last `l/2 − 1` codes as [`Ends::Wrap`] takes them.
+fn wrap_of(codes: &[u8], l: u32) -> u32 {
+    let n = codes.len();
+    (1..=(l / 2 - 1) as usize).fold(0, |top, t| top | (codes[n - t] as u32) << (2 * (t - 1)))
+}
+
 /// State of value `j` of a block of `codes` in an `l`-bit tail-biting trellis.
 #[inline]
 pub fn state_at(codes: &[u8], j: usize, l: u32) -> u32 {
     let n = codes.len();
     (0..(l / 2) as usize).fold(0u32, |s, t| s | (codes[(j + n - t) % n] as u32) << (2 * t))
+}
+
+/// The states of values `0..n` of a block of `codes` ([`state_at`] of each, a test holds them
+/// equal): a shift register primed with the codes that wrap, as the fast decoder reads them.
+fn block_states(codes: &[u8], l: u32) -> impl Iterator<Item = u32> + '_ {
+    let (n, mask) = (codes.len(), (1u32 << l) - 1);
+    let mut s = (n + 1 - (l / 2) as usize..n).fold(0u32, |s, j| (s << 2) | codes[j] as u32);
+    codes.iter().map(move |&c| {
+        s = ((s << 2) | c as u32) & mask;
+        s
+    })
 }
 
 /// Encoder settings (the format's are [`Settings::FORMAT`]; others are for measurements).
@@ -440,6 +562,9 @@ pub struct Settings {
     /// Tail-biting (two passes); else a free start and the wrap ignored (measurement only: the
     /// decoder always wraps).
     pub tail_biting: bool,
+    /// The refit's search keeps the first search's wrap codes (one pass, the wrapped one)
+    /// instead of finding its own with a free pass first (tail-biting only).
+    pub refit_keeps_wrap: bool,
 }
 
 impl Settings {
@@ -448,7 +573,18 @@ impl Settings {
         alpha: 0.95,
         refit: true,
         tail_biting: true,
+        refit_keeps_wrap: false,
     };
+
+    /// The round-to-nearest encoder's settings: [`Settings::FORMAT`], or with
+    /// `TQ_TQ2T_REFIT_WRAP=1` the refit keeping the first search's wrap (measurements). Read once.
+    pub(crate) fn rtn() -> Settings {
+        static ST: std::sync::OnceLock<Settings> = std::sync::OnceLock::new();
+        *ST.get_or_init(|| Settings {
+            refit_keeps_wrap: std::env::var_os("TQ_TQ2T_REFIT_WRAP").is_some_and(|v| v == "1"),
+            ..Settings::FORMAT
+        })
+    }
 }
 
 /// Encode one block of rotated values with a float scale (measurements: any `l`, no scale
@@ -489,12 +625,13 @@ pub fn encode_block_weighted(
             (0, d)
         }
     };
-    let run = |d: f32, sc: &mut Scratch, codes: &mut [u8]| -> f32 {
+    // `wrap`: the wrap codes to keep (the refit's search with `refit_keeps_wrap`).
+    let run = |d: f32, wrap: Option<u32>, sc: &mut Scratch, codes: &mut [u8]| -> f32 {
         let dc: Vec<f32> = cb.iter().map(|&c| d * c).collect();
-        if st.tail_biting {
-            encode_tail_biting(x, wt, &dc, st.l, sc, codes)
-        } else {
-            viterbi(x, wt, &dc, st.l, Ends::Free, sc, codes)
+        match wrap {
+            Some(top) => viterbi(x, wt, &dc, st.l, Ends::Wrap(top), sc, codes),
+            None if st.tail_biting => encode_tail_biting(x, wt, &dc, st.l, sc, codes),
+            None => viterbi(x, wt, &dc, st.l, Ends::Free, sc, codes),
         }
     };
     let (mut e, mut d) = quant(st.alpha * rms);
@@ -503,11 +640,11 @@ pub fn encode_block_weighted(
         out.fill(0.0);
         return (0, x.iter().zip(wt).map(|(v, w)| w * (v * v)).sum());
     }
-    let mut err = run(d, sc, codes);
+    let mut err = run(d, None, sc, codes);
     if st.refit {
         let (mut sxc, mut scc) = (0f64, 0f64);
-        for (j, (&v, &w)) in x.iter().zip(wt).enumerate() {
-            let c = cb[state_at(codes, j, st.l) as usize] as f64;
+        for ((&v, &w), s) in x.iter().zip(wt).zip(block_states(codes, st.l)) {
+            let c = cb[s as usize] as f64;
             sxc += w as f64 * (v as f64 * c);
             scc += w as f64 * (c * c);
         }
@@ -515,7 +652,8 @@ pub fn encode_block_weighted(
             let (e2, d2) = quant((sxc / scc) as f32);
             if d2 != d && d2 > 0.0 {
                 let mut c2 = vec![0u8; n];
-                let err2 = run(d2, sc, &mut c2);
+                let wrap = (st.tail_biting && st.refit_keeps_wrap).then(|| wrap_of(codes, st.l));
+                let err2 = run(d2, wrap, sc, &mut c2);
                 if err2 < err {
                     (e, d, err) = (e2, d2, err2);
                     codes.copy_from_slice(&c2);
@@ -523,8 +661,8 @@ pub fn encode_block_weighted(
             }
         }
     }
-    for (j, o) in out.iter_mut().enumerate() {
-        *o = d * cb[state_at(codes, j, st.l) as usize];
+    for (o, s) in out.iter_mut().zip(block_states(codes, st.l)) {
+        *o = d * cb[s as usize];
     }
     (e, err)
 }
@@ -544,7 +682,7 @@ pub fn quantize_tq2t_rotated(src: &[f32], out: &mut [u8]) {
     let mut sc = Scratch::new(L, QK);
     let (mut codes, mut y) = ([0u8; QK], [0f32; QK]);
     for (x, b) in src.chunks_exact(QK).zip(out.chunks_exact_mut(TQ2T_BYTES)) {
-        let (e, _) = encode_block(x, cb, Settings::FORMAT, true, &mut sc, &mut codes, &mut y);
+        let (e, _) = encode_block(x, cb, Settings::rtn(), true, &mut sc, &mut codes, &mut y);
         pack(e, &codes, b);
     }
 }
@@ -756,7 +894,8 @@ mod tests {
                         (g.gauss() as f32).exp()
                     };
                     let (mut n1, mut n2) = (vec![0f32; ns], vec![0f32; ns]);
-                    let (mut b1, mut b2) = (vec![9u8; q], vec![7u8; q]);
+                    let bl = bp_len(q);
+                    let (mut b1, mut b2) = (vec![9u8; bl], vec![7u8; bl]);
                     step_generic(
                         xi,
                         wi,
@@ -772,6 +911,17 @@ mod tests {
                         step::step_avx2(xi, wi, &dc, &cost, &mut b2, &mut n2, 0..cost.len() / 4)
                     };
                     assert_eq!(b1, b2, "l={l} trial {trial}");
+                    // The bitmaps decode to the plain search's back pointer: the lowest t
+                    // reaching the minimum.
+                    for p in 0..q {
+                        let mut bt = 0;
+                        for t in 1..4 {
+                            if cost[p + t * q] < cost[p + bt * q] {
+                                bt = t;
+                            }
+                        }
+                        assert_eq!(back(&b1, q, p), bt as u32, "l={l} trial {trial} p {p}");
+                    }
                     assert!(
                         n1.iter().zip(&n2).all(|(a, b)| a.to_bits() == b.to_bits()),
                         "l={l} trial {trial}"
@@ -779,7 +929,7 @@ mod tests {
                     // The AVX-512 step, where the CPU has it (and on a sub-range of groups).
                     #[cfg(feature = "avx512")]
                     if step::has_avx512() && q.is_multiple_of(step::GROUP) {
-                        let (mut n3, mut b3) = (vec![0f32; ns], vec![5u8; q]);
+                        let (mut n3, mut b3) = (vec![0f32; ns], vec![5u8; bl]);
                         // SAFETY: AVX-512F/BW/VL checked, lengths as the kernel requires.
                         unsafe { step::step_avx512(xi, wi, &dc, &cost, &mut b3, &mut n3, 0..q) };
                         assert_eq!(b1, b3, "avx512 l={l} trial {trial}");
@@ -789,13 +939,21 @@ mod tests {
                         );
                         let g = step::GROUP..q - step::GROUP;
                         if !g.is_empty() {
-                            let (mut n4, mut b4) = (vec![-1f32; ns], vec![9u8; q]);
+                            let (mut n4, mut b4) = (vec![-1f32; ns], vec![9u8; bl]);
                             // SAFETY: as above; the range's ends are multiples of GROUP.
                             unsafe {
                                 step::step_avx512(xi, wi, &dc, &cost, &mut b4, &mut n4, g.clone())
                             };
-                            assert_eq!(b1[g.clone()], b4[g.clone()], "avx512 range l={l}");
-                            assert!(b4[..g.start].iter().all(|&v| v == 9), "wrote outside");
+                            for p in g.clone() {
+                                assert_eq!(back(&b1, q, p), back(&b4, q, p), "avx512 range l={l}");
+                            }
+                            let w = bl / 3;
+                            for k in 0..3 {
+                                let out = b4[k * w..k * w + g.start / 8]
+                                    .iter()
+                                    .chain(&b4[k * w + g.end / 8..(k + 1) * w]);
+                                assert!(out.into_iter().all(|&v| v == 9), "wrote outside");
+                            }
                             assert!(n4[4 * g.end..].iter().all(|&v| v == -1.0), "wrote outside");
                             assert!(n1[4 * g.start..4 * g.end]
                                 .iter()
@@ -809,6 +967,82 @@ mod tests {
             }
         } else {
             eprintln!("NOT RUN: avx2_step_equals_portable_step: the CPU has no AVX2");
+        }
+    }
+
+    /// The fused two-step kernel is two portable steps bit for bit: both steps' back pointers
+    /// and the final costs, with ties between predecessors in every pattern and infinite costs
+    /// at the input, ties in the middle (a codebook with repeated words: equal successors), unit
+    /// and non-unit weights in either step, at every state size it runs at.
+    #[test]
+    fn fused_two_steps_equal_two_portable_steps() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            let mut g = SplitMix64::new(91);
+            for l in [8u32, 10, 12] {
+                let ns = 1usize << l;
+                let q = ns / 4;
+                let mut sc = Scratch::new(l, 1);
+                for trial in 0..24 {
+                    let mut cb = codebook(l);
+                    if trial % 3 == 0 {
+                        for s in (0..ns).step_by(2) {
+                            cb[s + 1] = cb[s];
+                        }
+                    }
+                    let dc: Vec<f32> = cb.iter().map(|c| 0.8 * c).collect();
+                    let mut cost: Vec<f32> = (0..ns).map(|_| (g.gauss() as f32).abs()).collect();
+                    for p in 0..q {
+                        match g.next_u64() % 6 {
+                            0 => cost[p + q] = cost[p],
+                            1 => cost[p + 3 * q] = cost[p + 2 * q],
+                            2 => cost[p + 2 * q] = cost[p + q],
+                            3 => (1..4).for_each(|t| cost[p + t * q] = f32::INFINITY),
+                            4 => (0..4).for_each(|t| cost[p + t * q] = f32::INFINITY),
+                            _ => {}
+                        }
+                    }
+                    let w = |k: usize, g: &mut SplitMix64| {
+                        if (trial >> k) % 2 == 0 {
+                            1.0
+                        } else {
+                            (g.gauss() as f32).exp()
+                        }
+                    };
+                    let a = (g.gauss() as f32, w(0, &mut g));
+                    let b = (g.gauss() as f32, w(1, &mut g));
+                    let (mut mid, mut n1) = (vec![0f32; ns], vec![0f32; ns]);
+                    let bl = bp_len(q);
+                    let (mut a1, mut b1) = (vec![9u8; bl], vec![9u8; bl]);
+                    let (sd, sm) = (&mut sc.dist, &mut sc.min);
+                    step_generic(a.0, a.1, &dc, &cost, sd, sm, &mut a1, &mut mid);
+                    step_generic(b.0, b.1, &dc, &mid, sd, sm, &mut b1, &mut n1);
+                    let (mut n3, mut a3, mut b3) = (vec![0f32; ns], vec![5u8; bl], vec![5u8; bl]);
+                    // SAFETY: AVX2 checked, lengths as the kernel requires (q ≥ 32).
+                    unsafe { step::step2_avx2(a, b, &dc, &cost, &mut a3, &mut b3, &mut n3) };
+                    assert_eq!((&a1, &b1), (&a3, &b3), "avx2 l={l} trial {trial}");
+                    assert!(
+                        n1.iter().zip(&n3).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "avx2 l={l} trial {trial}"
+                    );
+                    #[cfg(feature = "avx512")]
+                    if step::has_avx512() {
+                        let (mut n2, mut a2, mut b2) =
+                            (vec![0f32; ns], vec![7u8; bl], vec![7u8; bl]);
+                        // SAFETY: AVX-512F/BW/VL checked, lengths as the kernel requires.
+                        unsafe { step::step2_avx512(a, b, &dc, &cost, &mut a2, &mut b2, &mut n2) };
+                        assert_eq!((&a1, &b1), (&a2, &b2), "l={l} trial {trial}");
+                        assert!(
+                            n1.iter().zip(&n2).all(|(x, y)| x.to_bits() == y.to_bits()),
+                            "l={l} trial {trial}"
+                        );
+                    } else if trial == 0 && l == 12 {
+                        eprintln!("NOT RUN: the fused AVX-512 step: no AVX-512F/BW/VL");
+                    }
+                }
+            }
+        } else {
+            eprintln!("NOT RUN: fused_two_steps_equal_two_portable_steps: the CPU has no AVX2");
         }
     }
 
@@ -879,6 +1113,21 @@ mod tests {
                 .map(|j| (x[j] - cb[state_at(&c, j, l) as usize]).powi(2))
                 .sum();
             assert!(err <= e);
+        }
+    }
+
+    /// The shift register's states are the definition's, for every code pattern tried, at
+    /// several state sizes and block lengths.
+    #[test]
+    fn block_states_equal_state_at() {
+        let mut g = SplitMix64::new(17);
+        for (l, n) in [(12u32, 64usize), (10, 64), (8, 16), (12, 6)] {
+            for _ in 0..20 {
+                let c: Vec<u8> = (0..n).map(|_| (g.next_u64() & 3) as u8).collect();
+                let a: Vec<u32> = block_states(&c, l).collect();
+                let b: Vec<u32> = (0..n).map(|j| state_at(&c, j, l)).collect();
+                assert_eq!(a, b, "l {l} n {n}");
+            }
         }
     }
 

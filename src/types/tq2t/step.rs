@@ -1,7 +1,8 @@
 //! One add-compare-select step of tq2_t's Viterbi search written for AVX2: the minimum over the
 //! four predecessors of eight predecessor groups at once, each minimum broadcast to its four
 //! successors in registers (one `vpermps` per eight successors) and added to their squared errors
-//! computed in the same pass, the eight back pointers of each group packed to bytes. The same
+//! computed in the same pass, the three comparisons of the four-way minimum stored as bitmaps
+//! (the back pointers, decoded along the traced path only: `super::back`). The same
 //! operations on every element as the portable step (`super::step_generic`, which a test holds it
 //! to bit for bit): `min(b, a)` is `if b < a { b } else { a }`, the errors are `wi · (e · e)`
 //! (the multiply by a unit weight is skipped: `1 · v` is `v`), the sum is `m + d`.
@@ -25,14 +26,14 @@ pub(super) fn has_avx512() -> bool {
     })
 }
 
-/// `next[4p + b] = min_t cost[p + t·q] + wi · (xi − dc[4p + b])²` and `bp[p]` = the lowest `t`
-/// reaching the minimum, for `q = cost.len() / 4` a multiple of [`GROUP`] and the predecessor
-/// groups `p` in `groups` (its ends multiples of [`GROUP`]; the rest of `next` and `bp` is not
-/// written).
+/// `next[4p + b] = min_t cost[p + t·q] + wi · (xi − dc[4p + b])²` and bit `p` of `bp`'s three
+/// bitmaps (`super::bp_len`: the comparisons that give the lowest `t` reaching the minimum),
+/// for `q = cost.len() / 4` a multiple of [`GROUP`] and the predecessor groups `p` in `groups`
+/// (its ends multiples of [`GROUP`]; the rest of `next` and of the bitmaps is not written).
 ///
 /// # Safety
 /// The CPU must have AVX2; `cost`, `dc` and `next` must have the same length `4q`, `bp` at
-/// least `q` entries, and `q % GROUP == 0`.
+/// least `super::bp_len(q)` bytes, and `q % GROUP == 0`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn step_avx2(
@@ -46,26 +47,26 @@ pub(super) unsafe fn step_avx2(
 ) {
     let ns = cost.len();
     let q = ns / 4;
-    assert!(dc.len() == ns && next.len() == ns && bp.len() >= q && q.is_multiple_of(GROUP));
+    assert!(dc.len() == ns && next.len() == ns && q.is_multiple_of(GROUP));
+    assert!(bp.len() >= super::bp_len(q));
     assert!(
         groups.start.is_multiple_of(GROUP) && groups.end.is_multiple_of(GROUP) && groups.end <= q
     );
     let unit = wi == 1.0;
     let xv = _mm256_set1_ps(xi);
     let wv = _mm256_set1_ps(wi);
-    let one = _mm256_set1_epi32(1);
-    let two = _mm256_set1_epi32(2);
     let spread = [
         _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
         _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
         _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5),
         _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7),
     ];
-    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let w = q / 8;
     let (cp, dp, np) = (cost.as_ptr(), dc.as_ptr(), next.as_mut_ptr());
     for p0 in groups.step_by(GROUP) {
-        let mut tv = [_mm256_setzero_si256(); 4];
-        for (k, t) in tv.iter_mut().enumerate() {
+        // The three comparisons' masks of the 32 groups, 8 bits per vector.
+        let mut bits = [0u32; 3];
+        for k in 0..4 {
             let p = p0 + 8 * k;
             // SAFETY (all loads and stores): p + 8 ≤ groups.end ≤ q, so p + 3q + 8 ≤ 4q = ns, and
             // 4p + 32 ≤ 4q = ns; the asserts above hold the lengths.
@@ -74,14 +75,14 @@ pub(super) unsafe fn step_avx2(
             let c = _mm256_loadu_ps(cp.add(p + 2 * q));
             let d = _mm256_loadu_ps(cp.add(p + 3 * q));
             let m01 = _mm256_min_ps(b, a);
-            let k01 = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LT_OQ>(b, a));
+            let k01 = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(b, a));
             let m23 = _mm256_min_ps(d, c);
-            let k23 = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LT_OQ>(d, c));
+            let k23 = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(d, c));
             let m = _mm256_min_ps(m23, m01);
-            let km = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LT_OQ>(m23, m01));
-            let t01 = _mm256_and_si256(k01, one);
-            let t23 = _mm256_or_si256(_mm256_and_si256(k23, one), two);
-            *t = _mm256_blendv_epi8(t01, t23, km);
+            let km = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(m23, m01));
+            for (v, kk) in bits.iter_mut().zip([k01, k23, km]) {
+                *v |= (kk as u32) << (8 * k);
+            }
             for (j, idx) in spread.iter().enumerate() {
                 let s = 4 * p + 8 * j;
                 let mj = _mm256_permutevar8x32_ps(m, *idx);
@@ -91,19 +92,146 @@ pub(super) unsafe fn step_avx2(
                 _mm256_storeu_ps(np.add(s), _mm256_add_ps(mj, dist));
             }
         }
-        // 32 codes (each 0..=3) as bytes in p order: the packs interleave the 128-bit lanes
-        // (dword i of the packed vector holds codes 4·order[i]..), the permute puts them back.
-        let lo = _mm256_packs_epi32(tv[0], tv[1]);
-        let hi = _mm256_packs_epi32(tv[2], tv[3]);
-        let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(lo, hi), order);
-        _mm256_storeu_si256(bp.as_mut_ptr().add(p0) as *mut __m256i, bytes);
+        // Bits p0..p0 + 32 of each bitmap: four bytes at p0 / 8 (p0 is a multiple of 32).
+        for (k, v) in bits.iter().enumerate() {
+            // SAFETY: k·w + p0/8 + 4 ≤ 3w = bp_len(q) ≤ bp.len() (asserted above).
+            std::ptr::write_unaligned(bp.as_mut_ptr().add(k * w + p0 / 8) as *mut u32, *v);
+        }
+    }
+}
+
+/// [`step2_avx512`] on 8-lane vectors (AVX2): chunks of 32 groups of the second step, each fed
+/// by four 8-group iterations of the first step through a 512-byte buffer. The same values and
+/// back pointers as [`step_avx2`] twice.
+///
+/// # Safety
+/// The CPU must have AVX2; `cost`, `dc` and `next` must have the same length `4q`, `bpa` and
+/// `bpb` at least `super::bp_len(q)` bytes, and `q % 32 == 0`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn step2_avx2(
+    (xa, wa): (f32, f32),
+    (xb, wb): (f32, f32),
+    dc: &[f32],
+    cost: &[f32],
+    bpa: &mut [u8],
+    bpb: &mut [u8],
+    next: &mut [f32],
+) {
+    let ns = cost.len();
+    let q = ns / 4;
+    assert!(dc.len() == ns && next.len() == ns);
+    assert!(bpa.len() >= super::bp_len(q) && bpb.len() >= super::bp_len(q));
+    assert!(q.is_multiple_of(32));
+    let (ka, kb) = (Kernel256::new(xa, wa), Kernel256::new(xb, wb));
+    let (cp, dp, np) = (cost.as_ptr(), dc.as_ptr(), next.as_mut_ptr());
+    let (ba, bb) = (bpa.as_mut_ptr(), bpb.as_mut_ptr());
+    // The first step's states P + t·q + u (u < 32) at tmp[32t + u].
+    let mut tmp = [0f32; 128];
+    let tp = tmp.as_mut_ptr();
+    for pb in (0..q).step_by(32) {
+        for t in 0..4 {
+            let g = pb / 4 + t * (q / 4);
+            // SAFETY: g + 8 ≤ q (pb/4 + 8 ≤ q/4), so g + 3q + 8 ≤ ns, 4g + 32 ≤ ns and the
+            // bitmaps' 2q/8 + g/8 + 1 ≤ 3q/8 ≤ bpa.len() (g is a multiple of 8); tmp has
+            // 32t + 32 ≤ 128 entries.
+            ka.groups8(
+                cp.add(g),
+                q,
+                dp.add(4 * g),
+                tp.add(32 * t),
+                ba.add(g / 8),
+                q / 8,
+            );
+        }
+        for u in 0..4 {
+            let p = pb + 8 * u;
+            // SAFETY: the predecessors of groups p..p+8 are tmp[8u + 32t ..], t < 4 (stride 32,
+            // inside tmp); 4p + 32 ≤ ns and 2q/8 + p/8 + 1 ≤ 3q/8 ≤ bpb.len().
+            kb.groups8(
+                tp.add(8 * u),
+                32,
+                dp.add(4 * p),
+                np.add(4 * p),
+                bb.add(p / 8),
+                q / 8,
+            );
+        }
+    }
+}
+
+/// One step's constants for the 8-lane kernel.
+#[cfg(target_arch = "x86_64")]
+struct Kernel256 {
+    xv: __m256,
+    wv: __m256,
+    unit: bool,
+    spread: [__m256i; 4],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Kernel256 {
+    #[target_feature(enable = "avx2")]
+    fn new(xi: f32, wi: f32) -> Kernel256 {
+        Kernel256 {
+            xv: _mm256_set1_ps(xi),
+            wv: _mm256_set1_ps(wi),
+            unit: wi == 1.0,
+            spread: [
+                _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+                _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+                _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5),
+                _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7),
+            ],
+        }
+    }
+
+    /// Eight predecessor groups (the layout of `Kernel512::groups16`, one byte of each bitmap).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `c + 3·stride + 8`, `d + 32`, `n + 32` and `b + 2w + 1` must be
+    /// in bounds of their arrays.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn groups8(
+        &self,
+        c: *const f32,
+        stride: usize,
+        d: *const f32,
+        n: *mut f32,
+        b: *mut u8,
+        w: usize,
+    ) {
+        let pa = _mm256_loadu_ps(c);
+        let pb = _mm256_loadu_ps(c.add(stride));
+        let pc = _mm256_loadu_ps(c.add(2 * stride));
+        let pd = _mm256_loadu_ps(c.add(3 * stride));
+        let m01 = _mm256_min_ps(pb, pa);
+        let k01 = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(pb, pa));
+        let m23 = _mm256_min_ps(pd, pc);
+        let k23 = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(pd, pc));
+        let m = _mm256_min_ps(m23, m01);
+        let km = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(m23, m01));
+        *b = k01 as u8;
+        *b.add(w) = k23 as u8;
+        *b.add(2 * w) = km as u8;
+        for (j, idx) in self.spread.iter().enumerate() {
+            let mj = _mm256_permutevar8x32_ps(m, *idx);
+            let e = _mm256_sub_ps(self.xv, _mm256_loadu_ps(d.add(8 * j)));
+            let e2 = _mm256_mul_ps(e, e);
+            let dist = if self.unit {
+                e2
+            } else {
+                _mm256_mul_ps(self.wv, e2)
+            };
+            _mm256_storeu_ps(n.add(8 * j), _mm256_add_ps(mj, dist));
+        }
     }
 }
 
 /// [`step_avx2`] on 16-lane vectors (AVX-512F/BW/VL): sixteen predecessor groups per compare,
-/// the three comparisons into mask registers, each back pointer `t` built from them (`bit 1` =
-/// the pair (2, 3) won, `bit 0` = the second of the winning pair won) and stored as sixteen
-/// bytes, each minimum spread to its four successors by one `vpermps` per sixteen successors.
+/// the three comparisons into mask registers, stored as they are (16 bits of each bitmap), each
+/// minimum spread to its four successors by one `vpermps` per sixteen successors.
 /// The same operations on every element as the portable step (`vminps(b, a)` is
 /// `if b < a { b } else { a }`), so the same bits (a test holds them equal).
 ///
@@ -122,36 +250,12 @@ pub(super) unsafe fn step_avx512(
 ) {
     let ns = cost.len();
     let q = ns / 4;
-    assert!(dc.len() == ns && next.len() == ns && bp.len() >= q && q.is_multiple_of(GROUP));
+    assert!(dc.len() == ns && next.len() == ns && q.is_multiple_of(GROUP));
+    assert!(bp.len() >= super::bp_len(q));
     assert!(
         groups.start.is_multiple_of(GROUP) && groups.end.is_multiple_of(GROUP) && groups.end <= q
     );
-    let unit = wi == 1.0;
-    let xv = _mm512_set1_ps(xi);
-    let wv = _mm512_set1_ps(wi);
-    let ones = _mm_set1_epi8(1);
-    let twos = _mm_set1_epi8(2);
-    let spread: [__m512i; 4] = std::array::from_fn(|j| {
-        let g = 4 * j as i32;
-        _mm512_setr_epi32(
-            g,
-            g,
-            g,
-            g,
-            g + 1,
-            g + 1,
-            g + 1,
-            g + 1,
-            g + 2,
-            g + 2,
-            g + 2,
-            g + 2,
-            g + 3,
-            g + 3,
-            g + 3,
-            g + 3,
-        )
-    });
+    let k = Kernel512::new(xi, wi);
     let (cp, dp, np, bq) = (
         cost.as_ptr(),
         dc.as_ptr(),
@@ -159,28 +263,172 @@ pub(super) unsafe fn step_avx512(
         bp.as_mut_ptr(),
     );
     for p in groups.step_by(16) {
-        // SAFETY (all loads and stores): p + 16 ≤ groups.end ≤ q, so p + 3q + 16 ≤ 4q = ns,
-        // 4p + 64 ≤ ns and p + 16 ≤ q ≤ bp.len(); the asserts above hold the lengths.
-        let a = _mm512_loadu_ps(cp.add(p));
-        let b = _mm512_loadu_ps(cp.add(p + q));
-        let c = _mm512_loadu_ps(cp.add(p + 2 * q));
-        let d = _mm512_loadu_ps(cp.add(p + 3 * q));
-        let m01 = _mm512_min_ps(b, a);
-        let k01 = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(b, a);
-        let m23 = _mm512_min_ps(d, c);
-        let k23 = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(d, c);
+        // SAFETY: p + 16 ≤ groups.end ≤ q, so p + 3q + 16 ≤ 4q = ns, 4p + 64 ≤ ns and
+        // 2q/8 + p/8 + 2 ≤ 3q/8 ≤ bp.len(); the asserts above hold the lengths.
+        k.groups16(
+            cp.add(p),
+            q,
+            dp.add(4 * p),
+            np.add(4 * p),
+            bq.add(p / 8),
+            q / 8,
+        );
+    }
+}
+
+/// Two steps at once, `cost → (xa, wa) → (xb, wb) → next`, every group of both: the same values
+/// and back pointers as [`step_avx512`] twice (`bpa`, `bpb` the two steps' back pointers), but
+/// the first step's results for the 64 predecessor groups of each chunk of the second step stay
+/// in a 1 KB buffer (L1) instead of a 16 KB array: per two steps the state costs are read from
+/// and written to L2 once, not twice (at L = 12 the three 16 KB arrays do not fit L1 together
+/// and the single step waits on them).
+///
+/// Chunk `P` (64 groups of the second step, `P` a multiple of 64) reads the first step's states
+/// `P + t·q .. + 64` (`t` = 0..4), which are the successors of the first step's groups
+/// `(P + t·q) / 4 .. + 16`: one 16-group iteration each. The chunks cover each first-step group
+/// once.
+///
+/// # Safety
+/// The CPU must have AVX-512F, AVX-512BW and AVX-512VL; `cost`, `dc` and `next` must have the
+/// same length `4q`, `bpa` and `bpb` at least `super::bp_len(q)` bytes, and `q % 64 == 0`.
+#[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn step2_avx512(
+    (xa, wa): (f32, f32),
+    (xb, wb): (f32, f32),
+    dc: &[f32],
+    cost: &[f32],
+    bpa: &mut [u8],
+    bpb: &mut [u8],
+    next: &mut [f32],
+) {
+    let ns = cost.len();
+    let q = ns / 4;
+    assert!(dc.len() == ns && next.len() == ns);
+    assert!(bpa.len() >= super::bp_len(q) && bpb.len() >= super::bp_len(q));
+    assert!(q.is_multiple_of(64));
+    let (ka, kb) = (Kernel512::new(xa, wa), Kernel512::new(xb, wb));
+    let (cp, dp, np) = (cost.as_ptr(), dc.as_ptr(), next.as_mut_ptr());
+    let (ba, bb) = (bpa.as_mut_ptr(), bpb.as_mut_ptr());
+    // The first step's states P + t·q + u (u < 64) at tmp[64t + u].
+    let mut tmp = [0f32; 256];
+    let tp = tmp.as_mut_ptr();
+    for pb in (0..q).step_by(64) {
+        for t in 0..4 {
+            let g = pb / 4 + t * (q / 4);
+            // SAFETY: g + 16 ≤ q (pb/4 + 16 ≤ q/4), so g + 3q + 16 ≤ ns, 4g + 64 ≤ ns and the
+            // bitmaps' 2q/8 + g/8 + 2 ≤ 3q/8 ≤ bpa.len(); tmp has 64t + 64 ≤ 256 entries.
+            ka.groups16(
+                cp.add(g),
+                q,
+                dp.add(4 * g),
+                tp.add(64 * t),
+                ba.add(g / 8),
+                q / 8,
+            );
+        }
+        for u in 0..4 {
+            let p = pb + 16 * u;
+            // SAFETY: the predecessors of groups p..p+16 are tmp[16u + 64t ..], t < 4 (stride 64,
+            // inside tmp); 4p + 64 ≤ ns and 2q/8 + p/8 + 2 ≤ 3q/8 ≤ bpb.len().
+            kb.groups16(
+                tp.add(16 * u),
+                64,
+                dp.add(4 * p),
+                np.add(4 * p),
+                bb.add(p / 8),
+                q / 8,
+            );
+        }
+    }
+}
+
+/// One step's constants for the 16-lane kernel.
+#[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+struct Kernel512 {
+    xv: __m512,
+    wv: __m512,
+    unit: bool,
+    spread: [__m512i; 4],
+}
+
+#[cfg(all(target_arch = "x86_64", feature = "avx512"))]
+impl Kernel512 {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    fn new(xi: f32, wi: f32) -> Kernel512 {
+        let spread: [__m512i; 4] = std::array::from_fn(|j| {
+            let g = 4 * j as i32;
+            _mm512_setr_epi32(
+                g,
+                g,
+                g,
+                g,
+                g + 1,
+                g + 1,
+                g + 1,
+                g + 1,
+                g + 2,
+                g + 2,
+                g + 2,
+                g + 2,
+                g + 3,
+                g + 3,
+                g + 3,
+                g + 3,
+            )
+        });
+        Kernel512 {
+            xv: _mm512_set1_ps(xi),
+            wv: _mm512_set1_ps(wi),
+            unit: wi == 1.0,
+            spread,
+        }
+    }
+
+    /// Sixteen predecessor groups: their predecessors at `c + t·stride` (`t` = 0..4, sixteen
+    /// each), their 64 successors' codewords at `d`, the successors' costs to `n`, the three
+    /// comparison masks (16 bits each) to `b`, `b + w` and `b + 2w` (the back pointers'
+    /// bitmaps, `super::bp_len`).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F/BW/VL; `c + 3·stride + 16`, `d + 64`, `n + 64` and
+    /// `b + 2w + 2` must be in bounds of their arrays.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    unsafe fn groups16(
+        &self,
+        c: *const f32,
+        stride: usize,
+        d: *const f32,
+        n: *mut f32,
+        b: *mut u8,
+        w: usize,
+    ) {
+        let pa = _mm512_loadu_ps(c);
+        let pb = _mm512_loadu_ps(c.add(stride));
+        let pc = _mm512_loadu_ps(c.add(2 * stride));
+        let pd = _mm512_loadu_ps(c.add(3 * stride));
+        let m01 = _mm512_min_ps(pb, pa);
+        let k01 = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(pb, pa);
+        let m23 = _mm512_min_ps(pd, pc);
+        let k23 = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(pd, pc);
         let m = _mm512_min_ps(m23, m01);
         let km = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(m23, m01);
-        let bit0 = (km & k23) | (!km & k01);
-        let t = _mm_add_epi8(_mm_maskz_mov_epi8(bit0, ones), _mm_maskz_mov_epi8(km, twos));
-        _mm_storeu_si128(bq.add(p) as *mut __m128i, t);
-        for (j, idx) in spread.iter().enumerate() {
-            let s = 4 * p + 16 * j;
+        // The masks as they are (decoding t here costs more than the rest of the bookkeeping).
+        b.cast::<u16>().write_unaligned(k01);
+        b.add(w).cast::<u16>().write_unaligned(k23);
+        b.add(2 * w).cast::<u16>().write_unaligned(km);
+        for (j, idx) in self.spread.iter().enumerate() {
             let mj = _mm512_permutexvar_ps(*idx, m);
-            let e = _mm512_sub_ps(xv, _mm512_loadu_ps(dp.add(s)));
+            let e = _mm512_sub_ps(self.xv, _mm512_loadu_ps(d.add(16 * j)));
             let e2 = _mm512_mul_ps(e, e);
-            let dist = if unit { e2 } else { _mm512_mul_ps(wv, e2) };
-            _mm512_storeu_ps(np.add(s), _mm512_add_ps(mj, dist));
+            let dist = if self.unit {
+                e2
+            } else {
+                _mm512_mul_ps(self.wv, e2)
+            };
+            _mm512_storeu_ps(n.add(16 * j), _mm512_add_ps(mj, dist));
         }
     }
 }

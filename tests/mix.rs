@@ -15,6 +15,49 @@ fn write(dir: &Path, name: &str, fx: &fixtures::gguf_gen::Fixture) -> PathBuf {
     p
 }
 
+/// The tiny 2-block model (256 wide, a real tokenizer) and 2,500 words of text, in `dir`.
+fn tiny_and_text(dir: &Path) -> (PathBuf, PathBuf) {
+    let model = write(
+        dir,
+        "tiny.gguf",
+        &fixtures::gguf_gen::tiny_llama_tok(2, 256, 256),
+    );
+    let text = dir.join("t.txt");
+    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(2500)).unwrap();
+    (model, text)
+}
+
+/// A small calibrated upstream mix: `tq convert MODEL --target upstream TARGET… --calib TEXT
+/// --calib-tokens 1024 --kld-probes 4 EXTRA… -o OUT` with `env`; exit 0 asserted; (stdout, stderr).
+fn mix_run(
+    model: &Path,
+    text: &Path,
+    target: &[&str],
+    out: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (String, String) {
+    let args = [
+        &["convert", s(model), "--target", "upstream"][..],
+        target,
+        &[
+            "--calib",
+            s(text),
+            "--calib-tokens",
+            "1024",
+            "--kld-probes",
+            "4",
+            "-o",
+            s(out),
+        ],
+        extra,
+    ]
+    .concat();
+    let (code, stdout, err) = fixtures::tq_env(&args, env);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    (stdout, err)
+}
+
 fn json(out: &str) -> serde_json::Value {
     serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
@@ -430,13 +473,7 @@ fn verify_max_kld_gates_the_written_file() {
 #[test]
 fn mix_phases_print_progress_with_eta_off_a_terminal() {
     let dir = tempfile::tempdir().unwrap();
-    let model = write(
-        dir.path(),
-        "tiny.gguf",
-        &fixtures::gguf_gen::tiny_llama_tok(2, 256, 256),
-    );
-    let text = dir.path().join("t.txt");
-    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(2500)).unwrap();
+    let (model, text) = tiny_and_text(dir.path());
     let out = dir.path().join("mix.gguf");
     let run = |quiet: bool| {
         let mut args = vec![
@@ -513,39 +550,12 @@ fn mix_phases_print_progress_with_eta_off_a_terminal() {
 #[test]
 fn mix_cache_plans_a_second_size_without_measuring() {
     let dir = tempfile::tempdir().unwrap();
-    let model = write(
-        dir.path(),
-        "tiny.gguf",
-        &fixtures::gguf_gen::tiny_llama_tok(2, 256, 256),
-    );
-    let text = dir.path().join("t.txt");
-    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(2500)).unwrap();
+    let (model, text) = tiny_and_text(dir.path());
     let cache = dir.path().join("mix-cache.json");
     let run = |bpw: &str, out: &Path, extra: &[&str]| {
-        let args = [
-            &[
-                "convert",
-                s(&model),
-                "--target",
-                "upstream",
-                "--target-bpw",
-                bpw,
-                "--calib",
-                s(&text),
-                "--calib-tokens",
-                "1024",
-                "--kld-probes",
-                "4",
-                "--json",
-                "-o",
-                s(out),
-            ][..],
-            extra,
-        ]
-        .concat();
-        let (code, _, err) = fixtures::tq_env(&args, &[("TQ_PROGRESS_SECS", "0.001")]);
-        assert_eq!(code, 0, "{args:?}: {err}");
-        err
+        let extra = [&["--json"][..], extra].concat();
+        let env = [("TQ_PROGRESS_SECS", "0.001")];
+        mix_run(&model, &text, &["--target-bpw", bpw], out, &extra, &env).1
     };
     let measured = |err: &str| err.contains("tq: sensitivity ") || err.contains("tq: KLD probes ");
     let with_cache = ["--mix-cache", s(&cache)];
@@ -602,13 +612,7 @@ fn mix_cache_plans_a_second_size_without_measuring() {
 #[test]
 fn the_mix_is_never_worse_than_a_preset_at_its_size() {
     let dir = tempfile::tempdir().unwrap();
-    let model = write(
-        dir.path(),
-        "tiny.gguf",
-        &fixtures::gguf_gen::tiny_llama_tok(2, 256, 256),
-    );
-    let text = dir.path().join("t.txt");
-    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(2500)).unwrap();
+    let (model, text) = tiny_and_text(dir.path());
     let calib = ["--calib", s(&text), "--calib-tokens", "1024"];
     let kld = |f: &Path| {
         let (code, out, err) = tq(&[
@@ -639,26 +643,8 @@ fn the_mix_is_never_worse_than_a_preset_at_its_size() {
         assert_eq!(code, 0, "{err}");
         let size = (std::fs::metadata(&p).unwrap().len() + 4096).to_string();
         let m = dir.path().join(format!("mix-{preset}.gguf"));
-        let args = [
-            &[
-                "convert",
-                s(&model),
-                "--target",
-                "upstream",
-                "--target-size",
-                &size,
-                "--kld-probes",
-                "4",
-                "--json",
-                "-q",
-                "-o",
-                s(&m),
-            ][..],
-            &calib,
-        ]
-        .concat();
-        let (code, out, err) = tq(&args);
-        assert_eq!(code, 0, "{err}");
+        let target = ["--target-size", size.as_str()];
+        let (out, _) = mix_run(&model, &text, &target, &m, &["--json", "-q"], &[]);
         let plans = json(&out)["mix"]["plans"].clone();
         let names: Vec<&str> = plans
             .as_array()
@@ -684,38 +670,11 @@ fn the_mix_is_never_worse_than_a_preset_at_its_size() {
 #[test]
 fn mix_cache_keeps_the_measured_plans_encodings() {
     let dir = tempfile::tempdir().unwrap();
-    let model = write(
-        dir.path(),
-        "tiny.gguf",
-        &fixtures::gguf_gen::tiny_llama_tok(2, 256, 256),
-    );
-    let text = dir.path().join("t.txt");
-    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(2500)).unwrap();
+    let (model, text) = tiny_and_text(dir.path());
     let cache = dir.path().join("mix-cache.json");
     let run = |bpw: &str, out: &Path, extra: &[&str]| {
-        let args = [
-            &[
-                "convert",
-                s(&model),
-                "--target",
-                "upstream",
-                "--target-bpw",
-                bpw,
-                "--calib",
-                s(&text),
-                "--calib-tokens",
-                "1024",
-                "--kld-probes",
-                "4",
-                "-o",
-                s(out),
-            ][..],
-            extra,
-        ]
-        .concat();
-        let (code, _, err) = fixtures::tq_env(&args, &[("TQ_PROGRESS_SECS", "1000")]);
-        assert_eq!(code, 0, "{args:?}: {err}");
-        err
+        let env = [("TQ_PROGRESS_SECS", "1000")];
+        mix_run(&model, &text, &["--target-bpw", bpw], out, extra, &env).1
     };
     // "tq: --mix-cache: N of …": N.
     let count = |err: &str, what: &str| -> usize {
@@ -760,34 +719,10 @@ fn mix_cache_keeps_the_measured_plans_encodings() {
 #[test]
 fn the_best_measured_plan_is_written() {
     let dir = tempfile::tempdir().unwrap();
-    let model = write(
-        dir.path(),
-        "tiny.gguf",
-        &fixtures::gguf_gen::tiny_llama_tok(2, 256, 256),
-    );
-    let text = dir.path().join("t.txt");
-    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(2500)).unwrap();
+    let (model, text) = tiny_and_text(dir.path());
     let out = dir.path().join("mix.gguf");
-    let (code, stdout, err) = tq(&[
-        "convert",
-        s(&model),
-        "--target",
-        "upstream",
-        "--target-bpw",
-        "6",
-        "--calib",
-        s(&text),
-        "--calib-tokens",
-        "1024",
-        "--kld-probes",
-        "4",
-        "--verify",
-        "--json",
-        "-q",
-        "-o",
-        s(&out),
-    ]);
-    assert_eq!(code, 0, "{err}");
+    let extra = ["--verify", "--json", "-q"];
+    let (stdout, _) = mix_run(&model, &text, &["--target-bpw", "6"], &out, &extra, &[]);
     let j = json(&stdout);
     let m = &j["mix"];
     let target = m["target_bytes"].as_u64().unwrap();
@@ -897,13 +832,7 @@ fn targets_below_the_k_quants_take_i_quants() {
 #[test]
 fn target_kld_writes_the_smallest_mix_measured_under_it() {
     let dir = tempfile::tempdir().unwrap();
-    let model = write(
-        dir.path(),
-        "tiny.gguf",
-        &fixtures::gguf_gen::tiny_llama_tok(2, 256, 256),
-    );
-    let text = dir.path().join("t.txt");
-    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(2500)).unwrap();
+    let (model, text) = tiny_and_text(dir.path());
     let cache = dir.path().join("mix-cache.json");
     let run = |target: &[&str], out: &Path, extra: &[&str]| {
         let args = [

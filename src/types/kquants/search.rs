@@ -246,3 +246,86 @@ pub(super) fn make_q3_quants_rmse(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32
         0.0
     }
 }
+
+/// ggml's `make_qp_quants`: non-negative `x` onto levels `0..=nmax` with weights `w` (the
+/// importance-matrix k-quants quantize their sub-block scales and mins with it). The first
+/// inverse scale `nmax / max`, eight more `(nmax + 0.1·k) / max` (`k = ±1..=±4`) scored by the
+/// weighted squared error, then up to five passes of per-level least-squares moves. Returns the
+/// least-squares scale, the levels in `l[..x.len()]`, kept as ggml's `uint8_t` (a negative level
+/// wraps, as the C store does). f32 arithmetic in the C order.
+pub(crate) fn make_qp_quants(nmax: i32, x: &[f32], w: &[f32], l: &mut [u8]) -> f32 {
+    let n = x.len();
+    let mut max = 0f32;
+    for &v in x {
+        // C's `MAX(max, x)`.
+        max = if max > v { max } else { v };
+    }
+    if max < GROUP_MAX_EPS {
+        l[..n].fill(0);
+        return 0.0;
+    }
+    let mut iscale = nmax as f32 / max;
+    for i in 0..n {
+        l[i] = nearest_int(iscale * x[i]) as u8;
+    }
+    let scale = 1.0 / iscale;
+    let mut best_mse = 0f32;
+    for i in 0..n {
+        let diff = x[i] - scale * l[i] as f32;
+        best_mse += w[i] * diff * diff;
+    }
+    for is in -4..=4 {
+        if is == 0 {
+            continue;
+        }
+        let iscale_is = (0.1 * is as f32 + nmax as f32) / max;
+        let scale_is = 1.0 / iscale_is;
+        let mut mse = 0f32;
+        for i in 0..n {
+            let li = nearest_int(iscale_is * x[i]).min(nmax);
+            let diff = x[i] - scale_is * li as f32;
+            mse += w[i] * diff * diff;
+        }
+        if mse < best_mse {
+            best_mse = mse;
+            iscale = iscale_is;
+        }
+    }
+    let (mut sumlx, mut suml2) = (0f32, 0f32);
+    for i in 0..n {
+        let li = nearest_int(iscale * x[i]).min(nmax);
+        l[i] = li as u8;
+        sumlx += w[i] * x[i] * li as f32;
+        suml2 += w[i] * li as f32 * li as f32;
+    }
+    for _ in 0..5 {
+        let mut n_changed = 0;
+        for i in 0..n {
+            let wi = w[i];
+            let li = l[i] as f32;
+            let mut slx = sumlx - wi * x[i] * li;
+            let mut sl2 = suml2 - wi * li * li;
+            if slx > 0.0 && sl2 > 0.0 {
+                let new_l = nearest_int(x[i] * sl2 / slx).min(nmax);
+                if new_l != l[i] as i32 {
+                    slx += wi * x[i] * new_l as f32;
+                    sl2 += wi * new_l as f32 * new_l as f32;
+                    if slx * slx * suml2 > sumlx * sumlx * sl2 {
+                        l[i] = new_l as u8;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        n_changed += 1;
+                    }
+                }
+            }
+        }
+        if n_changed == 0 {
+            break;
+        }
+    }
+    if suml2 > 0.0 {
+        sumlx / suml2
+    } else {
+        0.0
+    }
+}

@@ -29,11 +29,14 @@
 //!   weighted least-squares fit) with the weights `w` in place of its `x²`, and 15 more trials
 //!   `(k + 113)/m` that map the largest value onto the table's positive end (the table is
 //!   asymmetric, −127..113, so either end can fit a group better);
-//! - then the super-block quantization of the group scales exactly as ggml's reference quantizers
-//!   (i8 scales over `max/−128` for q6_K, 4-bit
-//!   scales/mins over `max/15` for q2_K, 6-bit signed scales over `max/−32` for q3_K and iq4_xs),
-//!   and the
-//!   f16 rounding of every stored scale: the grid returned is the one the decoder will use.
+//! - then, for the other types, the super-block quantization of the group scales exactly as
+//!   ggml's reference quantizers (i8 scales over `max/−128` for q6_K, 4-bit scales/mins over
+//!   `max/15` for q2_K, 6-bit signed scales over `max/−32` for q3_K and iq4_xs), and the f16
+//!   rounding of every stored scale: the grid returned is the one the decoder will use.
+//!
+//! `--imatrix` does not come here for q2_K / q4_K / q5_K / q4_1 / q5_1 and the i-quants: those
+//! have llama-quantize's own encoder (`types::weighted_encoder`); for q4_K / q5_K it shares this
+//! fit. The refit after LDLQ ([`set_params`]) still quantizes q4_K / q5_K scales over `max/63`.
 
 use super::iquants::{iq4, KV_F32};
 use super::kquants::{

@@ -1,7 +1,9 @@
-//! Q2_K, Q4_K and Q5_K with an importance matrix against llama.cpp's own `llama-quantize
-//! --imatrix`, byte for byte (ggml's `quantize_row_q{2,4,5}_K_impl`: `make_qkx3_quants` per
-//! sub-block under `imp·sqrt(σ² + x²)`, the sub-block scales and mins by weighted
-//! `make_qp_quants`), imatrix written by tq and read by both.
+//! The k-quants with an importance matrix against llama.cpp's own `llama-quantize --imatrix`,
+//! byte for byte, imatrix written by tq and read by both: q2_K / q4_K / q5_K (ggml's
+//! `quantize_row_q{2,4,5}_K_impl`: `make_qkx3_quants` per sub-block under `imp·sqrt(σ² + x²)`,
+//! the sub-block scales and mins by weighted `make_qp_quants`), q3_K (`make_qx_quants` under the
+//! same weights, the scales by weighted `make_qx_quants`) and q6_K (`make_qx_quants` under the
+//! raw importances).
 //!
 //! Tensors: synthetic rows 256, 512, 768 and 1536 values wide (Gaussian, rows scaled over 2⁻²⁴ ..
 //! 2⁸, heavy-tailed, and edge rows: zeros, constants, one-signed blocks, tiny and subnormal
@@ -14,9 +16,6 @@
 //! * `*_matches_llama_quantize_live`: with `$TQ_CACHE/llama.cpp/build/bin/llama-quantize`
 //!   (missing: recorded as not run, a failure under `TQ_REQUIRE_DATA=1`), every byte compared,
 //!   the first differing block reported. `TQ_KQ_IMX_RECORD=1` (re)writes the recorded hashes.
-//! * `q3_k_q6_k_imatrix_are_not_llamas_yet` (live only): q3_K and q6_K `--imatrix` still go
-//!   through tq's own weighted grid fit (`types::grid`), not ggml's `make_qx_quants`; the test
-//!   prints how many tensors happen to match and asserts that the imatrix changes their bytes.
 
 #[path = "../fixtures/mod.rs"]
 mod fixtures;
@@ -32,13 +31,20 @@ use fixtures::llama_oracle::{
 use serde_json::{json, Value as Json};
 use tq::gguf::{GgufFile, Value};
 use tq::quant::{encode_rows, Encoder};
+use tq::types::TensorType;
 
 /// (type, llama-quantize ftype whose default type it is; `--pure` sends every tensor there).
-const TYPES: [(&str, &str); 3] = [("q2_K", "Q2_K"), ("q4_K", "Q4_K"), ("q5_K", "Q5_K")];
+const TYPES: [(&str, &str); 5] = [
+    ("q2_K", "Q2_K"),
+    ("q3_K", "Q3_K"),
+    ("q4_K", "Q4_K"),
+    ("q5_K", "Q5_K"),
+    ("q6_K", "Q6_K"),
+];
 
 const EXPECTED: Expected = Expected {
     path: "fixtures/kquants_imatrix_expected.json",
-    about: "Facts from llama.cpp (the copy vendored in the PyPI sdist llama-cpp-python==0.3.36, built by scripts/build-llama.sh): blake3 of each tensor's data bytes as written by llama-quantize --pure --imatrix <im.gguf> from F32 input, per type (q2_K, q4_K, q5_K), with the test's imatrix (written by tq). Recorded by scripts/dev/kquants_imatrix_llama_oracle.sh; checked by tests/kquants_imatrix_llama.rs.",
+    about: "Facts from llama.cpp (the copy vendored in the PyPI sdist llama-cpp-python==0.3.36, built by scripts/build-llama.sh): blake3 of each tensor's data bytes as written by llama-quantize --pure --imatrix <im.gguf> from F32 input, per type (q2_K, q3_K, q4_K, q5_K, q6_K), with the test's imatrix (written by tq). Recorded by scripts/dev/kquants_imatrix_llama_oracle.sh; checked by tests/kquants_imatrix_llama.rs.",
     script: "scripts/dev/kquants_imatrix_llama_oracle.sh",
     record_var: "TQ_KQ_IMX_RECORD",
 };
@@ -256,26 +262,12 @@ fn smollm2_ffn_down_matches_llama() {
     compare_recorded(&ts, "smollm2_ffn_down");
 }
 
-/// q3_K and q6_K with an importance matrix are tq's own weighted fit (`types::grid`), not yet
-/// ggml's `make_qx_quants`-based `quantize_row_q{3,6}_K_impl`: printed, not asserted, how many
-/// tensors match llama-quantize (live only); the imatrix must still change the bytes.
+/// The route a user takes: `tq convert SmolLM2 --preset Q4_K_M --imatrix IM` writes its k-quant
+/// tensors (q4_K, q6_K) byte-identical to `llama-quantize --imatrix IM … Q4_K_M` (live, and
+/// against the recorded blake3 of llama-quantize's tensors). Its q5_0 fallbacks (the 576-wide
+/// matrices) are tq's own weighted grid fit and are not compared.
 #[test]
-fn q3_k_q6_k_imatrix_are_not_llamas_yet() {
-    let ts = synthetic();
-    let tys = [("q3_K", "Q3_K"), ("q6_K", "Q6_K")];
-    let Some(p) = live(&tys, &ts, &|| llama_metadata(NAME, 2, 256, 4), "synthetic") else {
-        return;
-    };
-    for (tn, bad) in p {
-        eprintln!("{tn}: {} of {} tensors differ from llama-quantize --imatrix", bad.len(), ts.len());
-    }
-}
-
-/// The route a user takes: `tq convert SmolLM2 --preset Q4_K_M --imatrix IM` writes its q4_K
-/// tensors byte-identical to `llama-quantize --imatrix IM … Q4_K_M` (live, and against the
-/// recorded blake3 of llama-quantize's tensors). Its q6_K tensors are tq's own fit (not compared).
-#[test]
-fn smollm2_q4_k_m_imatrix_q4_k_tensors_match_llama() {
+fn smollm2_q4_k_m_imatrix_k_quant_tensors_match_llama() {
     let Some(model) = fixtures::smollm2() else {
         return;
     };
@@ -305,17 +297,17 @@ fn smollm2_q4_k_m_imatrix_q4_k_tensors_match_llama() {
         fixtures::s(&ours),
     ]);
     assert_eq!(code, 0, "{err}");
-    let q4k = ty("q4_K");
+    let kq = |t: TensorType| t.name().ends_with("_K");
     let g = GgufFile::open(&ours).unwrap();
     let mine: BTreeMap<String, String> = g
         .tensors
         .iter()
-        .filter(|t| t.ty == q4k)
+        .filter(|t| kq(t.ty))
         .map(|t| (t.name.clone(), fixtures::blake3_hex(g.tensor_data(t))))
         .collect();
-    // SmolLM2's only 256-aligned rows are its 30 `ffn_down` (1536 wide); Q4_K_M keeps about half
-    // of them q4_K (the rest q6_K), the 576-wide matrices fall back to q5_0 / q8_0.
-    assert!(mine.len() >= 12, "only {} q4_K tensors", mine.len());
+    // SmolLM2's only 256-aligned rows are its 30 `ffn_down` (1536 wide; Q4_K_M: 16 q4_K, 14
+    // q6_K); the 576-wide matrices fall back to q5_0 / q8_0.
+    assert!(mine.len() >= 30, "only {} k-quant tensors", mine.len());
     let key = "smollm2_preset_Q4_K_M_imatrix";
     if let Some(bin) = fixtures::llama_quantize() {
         let theirs = dir.path().join("llama.gguf");
@@ -331,16 +323,16 @@ fn smollm2_q4_k_m_imatrix_q4_k_tensors_match_llama() {
         let live: BTreeMap<String, String> = l
             .tensors
             .iter()
-            .filter(|t| t.ty == q4k)
+            .filter(|t| kq(t.ty))
             .map(|t| (t.name.clone(), fixtures::blake3_hex(l.tensor_data(t))))
             .collect();
         let differ: Vec<&String> = live.keys().filter(|k| mine.get(*k) != live.get(*k)).collect();
         assert!(
             differ.is_empty() && mine.len() == live.len(),
-            "q4_K tensors differ from llama-quantize --imatrix (live): {differ:?}"
+            "k-quant tensors differ from llama-quantize --imatrix (live): {differ:?}"
         );
         eprintln!(
-            "{key}: {} q4_K tensors byte-identical to llama-quantize --imatrix",
+            "{key}: {} k-quant tensors byte-identical to llama-quantize --imatrix",
             mine.len()
         );
         if EXPECTED.recording() {
@@ -356,6 +348,6 @@ fn smollm2_q4_k_m_imatrix_q4_k_tensors_match_llama() {
         .collect();
     assert_eq!(
         mine, want,
-        "q4_K tensors differ from the recorded llama-quantize output"
+        "k-quant tensors differ from the recorded llama-quantize output"
     );
 }

@@ -109,14 +109,16 @@ pub(crate) fn make_qkx2_quants<const N: usize>(
     (scale, -min)
 }
 
-/// ggml's `make_qx_quants` with `rmse_type = 1` and no importance weights (weights `x^2`), the
-/// only form the reference quantizers use: symmetric levels `-nmax..nmax-1` stored `+ nmax` in
-/// `l_out`, the sign of the scale chosen so the largest |x| maps to `-nmax`, then 18 trial
-/// inverse scales `-(nmax + 0.1 * is) / max` scored by `sumlx^2 / suml2`.
+/// ggml's `make_qx_quants` with `rmse_type = 1`: symmetric levels `-nmax..nmax-1` stored
+/// `+ nmax` in `l_out`, the sign of the scale chosen so the largest |x| maps to `-nmax`, then 18
+/// trial inverse scales `-(nmax + 0.1 * is) / max` scored by `sumlx^2 / suml2` under the weights
+/// `qw` (an importance matrix: q6_K's raw importances, q3_K's `imp·sqrt(σ² + x²)`), or `x^2`
+/// without (the reference quantizers).
 #[inline(always)]
 pub(super) fn make_qx_quants_rmse1<const N: usize>(
     nmax: i32,
     x: &[f32; N],
+    qw: Option<&[f32; N]>,
     l_out: &mut [i8; N],
 ) -> f32 {
     let mut max = 0.0f32;
@@ -132,11 +134,15 @@ pub(super) fn make_qx_quants_rmse1<const N: usize>(
         l_out.fill(0);
         return 0.0;
     }
-    // w = x^2 and w * x, as the C code forms them before multiplying by the level.
+    // w (x^2 without weights) and w * x, as the C code forms them before multiplying by the
+    // level.
     let mut w = [0f32; N];
     let mut wx = [0f32; N];
     for i in 0..N {
-        w[i] = x[i] * x[i];
+        w[i] = match qw {
+            Some(q) => q[i],
+            None => x[i] * x[i],
+        };
         wx[i] = w[i] * x[i];
     }
     let nmax_f = nmax as f32;

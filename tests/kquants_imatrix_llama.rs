@@ -113,7 +113,11 @@ fn synthetic() -> Vec<Tensor> {
         fixtures::llama_oracle::heavy_rows(24),
     );
     add("blk.0.attn_output.weight", 256, edge_rows());
-    add("blk.1.ffn_down.weight", 1536, gaussian(202, 1536 * 16, 0.05));
+    add(
+        "blk.1.ffn_down.weight",
+        1536,
+        gaussian(202, 1536 * 16, 0.05),
+    );
     ts
 }
 
@@ -326,7 +330,10 @@ fn smollm2_q4_k_m_imatrix_k_quant_tensors_match_llama() {
             .filter(|t| kq(t.ty))
             .map(|t| (t.name.clone(), fixtures::blake3_hex(l.tensor_data(t))))
             .collect();
-        let differ: Vec<&String> = live.keys().filter(|k| mine.get(*k) != live.get(*k)).collect();
+        let differ: Vec<&String> = live
+            .keys()
+            .filter(|k| mine.get(*k) != live.get(*k))
+            .collect();
         assert!(
             differ.is_empty() && mine.len() == live.len(),
             "k-quant tensors differ from llama-quantize --imatrix (live): {differ:?}"

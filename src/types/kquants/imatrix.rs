@@ -84,7 +84,10 @@ fn block_weights(x: &[f32], qw: &[f32], scale: f32, w: &mut [f32; QK_K]) {
 fn q45_rows(src: &[f32], imp: &[f32], out: &mut [u8], nmax: i32, bytes: usize) {
     let n = imp.len();
     let (mut w, mut l) = ([0f32; QK_K], [0u8; QK_K]);
-    for (row, ob) in src.chunks_exact(n).zip(out.chunks_exact_mut(n / QK_K * bytes)) {
+    for (row, ob) in src
+        .chunks_exact(n)
+        .zip(out.chunks_exact_mut(n / QK_K * bytes))
+    {
         for ((x, qw), y) in row
             .chunks_exact(QK_K)
             .zip(imp.chunks_exact(QK_K))

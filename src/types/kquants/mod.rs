@@ -36,8 +36,8 @@ pub(crate) use imatrix::{
     fit_q45_k, quantize_q2_k_imatrix, quantize_q4_k_imatrix, quantize_q5_k_imatrix,
 };
 pub(crate) use q3_k::{q3_k_scales, quantize_q3_k_imatrix};
-pub(crate) use q6_k::quantize_q6_k_imatrix;
 pub(crate) use q45_k::{pack_scale_min_k4, scale_min_k4};
+pub(crate) use q6_k::quantize_q6_k_imatrix;
 pub(crate) use search::{make_qkx2_quants, make_qp_quants};
 
 pub use q2_k::{dequantize_q2_k, quantize_q2_k};

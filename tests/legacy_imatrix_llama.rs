@@ -365,7 +365,8 @@ fn smollm2_576_matches_llama() {
 /// The route a user takes: `tq convert SmolLM2 --preset Q5_K_M --imatrix IM` writes its q5_1
 /// tensors (the fallback of the 576-wide matrices) byte-identical to `llama-quantize --imatrix IM
 /// … Q5_K_M` (live, and against the recorded blake3 of llama-quantize's tensors). The other
-/// tensors (q5_K, q6_K, q8_0) go through tq's own importance-weighted fit and are not compared.
+/// tensors are not compared here (q5_K / q6_K: tests/kquants_imatrix_llama.rs; q8_0: tq's own
+/// weighted fit).
 #[test]
 fn smollm2_q5_k_m_imatrix_q5_1_tensors_match_llama() {
     let Some(model) = fixtures::smollm2() else {

@@ -15,8 +15,12 @@
 //!   each trial's codes are rounded to nearest and scored by the weighted least-squares fit
 //!   `(Σ w x c)² / Σ w c²` (what ggml's `make_qx_quants` does with an importance matrix, over a
 //!   wider range of trials); the best trial's least-squares scale is kept;
-//! - asymmetric groups (q4_K, q5_K; q2_K's 16-value groups with ggml's q2_K settings): ggml's
-//!   `make_qkx2_quants` with the weights `w` in place of its `mean|x| + |x|` (or `|x|`) heuristic;
+//! - q4_K / q5_K: llama-quantize's imatrix fit (`kquants::fit_q45_k`): ggml's `make_qkx3_quants`
+//!   per 32-value group (37 trials from `(−0.9 + nmax)/(max − min)` in steps of 0.05) and the
+//!   6-bit scales and mins by ggml's weighted `make_qp_quants` (each group weighted by its weight
+//!   sum), the weights `w` in place of llama-quantize's `imp·sqrt(σ² + x²)`;
+//! - q2_K's 16-value groups: ggml's `make_qkx2_quants` with ggml's q2_K settings and the weights
+//!   `w` in place of its `|x|` heuristic;
 //! - q4_1 / q5_1 blocks (scale and a free offset): ggml's `make_qkx3_quants` with llama.cpp's
 //!   imatrix settings (37 trials from `(−0.9 + nmax)/(max − min)` in steps of 0.05), the weights
 //!   `w` in place of llama-quantize's `imp·sqrt(σ² + x²)`;
@@ -25,15 +29,17 @@
 //!   weighted least-squares fit) with the weights `w` in place of its `x²`, and 15 more trials
 //!   `(k + 113)/m` that map the largest value onto the table's positive end (the table is
 //!   asymmetric, −127..113, so either end can fit a group better);
-//! - then the super-block quantization of the group scales exactly as ggml's reference quantizers
-//!   (6-bit scales/mins over `max/63` for q4_K/q5_K, i8 scales over `max/−128` for q6_K, 4-bit
-//!   scales/mins over `max/15` for q2_K, 6-bit signed scales over `max/−32` for q3_K and iq4_xs),
-//!   and the
-//!   f16 rounding of every stored scale: the grid returned is the one the decoder will use.
+//! - then, for the other types, the super-block quantization of the group scales exactly as
+//!   ggml's reference quantizers (i8 scales over `max/−128` for q6_K, 4-bit scales/mins over
+//!   `max/15` for q2_K, 6-bit signed scales over `max/−32` for q3_K and iq4_xs), and the f16
+//!   rounding of every stored scale: the grid returned is the one the decoder will use.
+//!
+//! `--imatrix` does not come here for the k-quants, q4_1 / q5_1 and the i-quants: those have
+//! llama-quantize's own encoder (`types::weighted_encoder`); for q4_K / q5_K it shares this fit. The refit after LDLQ ([`set_params`]) still quantizes q4_K / q5_K scales over `max/63`.
 
 use super::iquants::{iq4, KV_F32};
 use super::kquants::{
-    make_qkx2_quants, nearest_int, pack_2bit, pack_scale_min_k4, put_f16, q3_k_scales,
+    fit_q45_k, make_qkx2_quants, nearest_int, pack_2bit, pack_scale_min_k4, put_f16, q3_k_scales,
     scale_min_k4, QK_K,
 };
 use super::legacy::QK;
@@ -227,29 +233,12 @@ pub(crate) fn fit(ty: TensorType, x: &[f32], w: &[f32], out: &mut [u8], g: &mut 
             }
         }
         Q4K | Q5K => {
-            let (nmax, rmin, nstep) = if ty == Q4K {
-                (15, -1.0, 20)
-            } else {
-                (31, -0.5, 15)
-            };
-            let mut l = [0u8; 32];
-            let mut laux = [0u8; 32];
-            for j in 0..8 {
-                let r = 32 * j..32 * j + 32;
-                let (s, m) = make_qkx2_quants::<32>(
-                    nmax,
-                    x[r.clone()].try_into().unwrap(),
-                    w[r].try_into().unwrap(),
-                    &mut l,
-                    &mut laux,
-                    rmin,
-                    0.1,
-                    nstep,
-                    false,
-                );
-                scales[j] = s;
-                mins[j] = m;
-            }
+            // llama.cpp's imatrix fit (`kquants::fit_q45_k`): make_qkx3_quants per group, the
+            // 6-bit scales and mins by weighted make_qp_quants; the grid is what was stored.
+            let mut l = [0u8; QK_K];
+            fit_q45_k(x, w, g.hi, out, &mut l);
+            k45_grid(out, g);
+            return;
         }
         Q4_1 | Q5_1 => {
             let wb: &[f32; QK] = w.try_into().expect("a 32-value block");
@@ -422,15 +411,22 @@ pub(crate) fn set_params(
             }
             out[4..16].fill(0);
             pack_scale_min_k4(&ls, &lm, &mut out[4..16]);
-            let d = put_f16(out, 0, max_scale / 63.0);
-            let dmin = put_f16(out, 2, max_min / 63.0);
-            for j in 0..8 {
-                let (sc, m) = scale_min_k4(j, &out[4..16]);
-                g.a[32 * j..32 * j + 32].fill(d * sc as f32);
-                g.b[32 * j..32 * j + 32].fill(dmin * m as f32);
-            }
+            put_f16(out, 0, max_scale / 63.0);
+            put_f16(out, 2, max_min / 63.0);
+            k45_grid(out, g);
         }
         _ => unreachable!("no grid encoder for {ty}"),
+    }
+}
+
+/// The grid of a q4_K / q5_K block whose `d`, `dmin` and packed scales are written.
+fn k45_grid(out: &[u8], g: &mut BlockGrid) {
+    let d = f16_bits_to_f32(u16::from_le_bytes([out[0], out[1]]));
+    let dmin = f16_bits_to_f32(u16::from_le_bytes([out[2], out[3]]));
+    for j in 0..8 {
+        let (sc, m) = scale_min_k4(j, &out[4..16]);
+        g.a[32 * j..32 * j + 32].fill(d * sc as f32);
+        g.b[32 * j..32 * j + 32].fill(dmin * m as f32);
     }
 }
 

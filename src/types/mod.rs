@@ -391,11 +391,16 @@ impl std::fmt::Display for TensorType {
 
 /// The types whose importance-weighted encoder is llama.cpp's own, byte for byte with
 /// `llama-quantize --imatrix` (`Encoder::Weighted` uses it in place of [`grid`]'s fit): Q4_1 and
-/// Q5_1 (`legacy`), and the i-quants of [`iquants::weighted_encoder`].
+/// Q5_1 (`legacy`), the k-quants (`kquants`), and the i-quants of [`iquants::weighted_encoder`].
 pub(crate) fn weighted_encoder(ty: TensorType) -> Option<iquants::WeightedFn> {
     match ty {
         TensorType::Q4_1 => Some(legacy::quantize_q4_1_imatrix),
         TensorType::Q5_1 => Some(legacy::quantize_q5_1_imatrix),
+        TensorType::Q2K => Some(kquants::quantize_q2_k_imatrix),
+        TensorType::Q4K => Some(kquants::quantize_q4_k_imatrix),
+        TensorType::Q5K => Some(kquants::quantize_q5_k_imatrix),
+        TensorType::Q3K => Some(kquants::quantize_q3_k_imatrix),
+        TensorType::Q6K => Some(kquants::quantize_q6_k_imatrix),
         _ => iquants::weighted_encoder(ty),
     }
 }

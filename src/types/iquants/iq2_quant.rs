@@ -26,7 +26,7 @@
 
 use super::iq13_gridmap::{GridMap, Lookup};
 use super::{grids, QK_K};
-use crate::types::kquants::{nearest_int, put_f16};
+use crate::types::kquants::{make_qp_quants, nearest_int, put_f16};
 use std::sync::OnceLock;
 
 use super::iq2::{IQ2_S_BYTES, IQ2_XS_BYTES, IQ2_XXS_BYTES};
@@ -154,84 +154,6 @@ fn cmax(a: f32, b: f32) -> f32 {
     }
 }
 
-/// ggml's `make_qp_quants` (levels `0..=nmax`, weighted): only its scale is used here. Levels are
-/// kept as ggml's `uint8_t` (a negative level wraps, as the C store does).
-pub(super) fn make_qp_quants(nmax: i32, x: &[f32], w: &[f32]) -> f32 {
-    let mut max = 0f32;
-    for &v in x {
-        max = cmax(max, v);
-    }
-    if max < GROUP_MAX_EPS {
-        return 0.0;
-    }
-    let n = x.len();
-    let mut l = [0u8; 32];
-    let mut iscale = nmax as f32 / max;
-    for i in 0..n {
-        l[i] = nearest_int(iscale * x[i]) as u8;
-    }
-    let scale = 1.0 / iscale;
-    let mut best_mse = 0f32;
-    for i in 0..n {
-        let diff = x[i] - scale * l[i] as f32;
-        best_mse += w[i] * diff * diff;
-    }
-    for is in -4..=4 {
-        if is == 0 {
-            continue;
-        }
-        let iscale_is = (0.1 * is as f32 + nmax as f32) / max;
-        let scale_is = 1.0 / iscale_is;
-        let mut mse = 0f32;
-        for i in 0..n {
-            let li = nearest_int(iscale_is * x[i]).min(nmax);
-            let diff = x[i] - scale_is * li as f32;
-            mse += w[i] * diff * diff;
-        }
-        if mse < best_mse {
-            best_mse = mse;
-            iscale = iscale_is;
-        }
-    }
-    let (mut sumlx, mut suml2) = (0f32, 0f32);
-    for i in 0..n {
-        let li = nearest_int(iscale * x[i]).min(nmax);
-        l[i] = li as u8;
-        sumlx += w[i] * x[i] * li as f32;
-        suml2 += w[i] * li as f32 * li as f32;
-    }
-    for _ in 0..5 {
-        let mut n_changed = 0;
-        for i in 0..n {
-            let wi = w[i];
-            let li = l[i] as f32;
-            let mut slx = sumlx - wi * x[i] * li;
-            let mut sl2 = suml2 - wi * li * li;
-            if slx > 0.0 && sl2 > 0.0 {
-                let new_l = nearest_int(x[i] * sl2 / slx).min(nmax);
-                if new_l != l[i] as i32 {
-                    slx += wi * x[i] * new_l as f32;
-                    sl2 += wi * new_l as f32 * new_l as f32;
-                    if slx * slx * suml2 > sumlx * sumlx * sl2 {
-                        l[i] = new_l as u8;
-                        sumlx = slx;
-                        suml2 = sl2;
-                        n_changed += 1;
-                    }
-                }
-            }
-        }
-        if n_changed == 0 {
-            break;
-        }
-    }
-    if suml2 > 0.0 {
-        sumlx / suml2
-    } else {
-        0.0
-    }
-}
-
 /// One 16-value sub-block of IQ2_XS / IQ2_S (magnitudes `xval`, at least one above the group
 /// epsilon, largest `max`): the trial search of the module comment. Returns the scale, the levels
 /// in `l` and the grid index of both rows.
@@ -344,7 +266,7 @@ pub(crate) fn quantize_iq2_xxs_with(x: &[f32], qw: &[f32], out: &mut [u8]) {
             if max < GROUP_MAX_EPS {
                 continue;
             }
-            let mut scale = make_qp_quants(KMAX_Q + 1, &xval, &weight);
+            let mut scale = make_qp_quants(KMAX_Q + 1, &xval, &weight, &mut [0u8; 32]);
             let eff_max = scale * KMAX_Q as f32;
             if eff_max <= 0.0 {
                 continue;

@@ -25,15 +25,20 @@
 //! One file per type family: `q2_k`, `q3_k`, `q45_k` (Q4_K and Q5_K share their scale packing
 //! and level search), `q6_k`; `search` holds ggml's shared scale searches.
 
+mod imatrix;
 mod q2_k;
 mod q3_k;
 mod q45_k;
 mod q6_k;
 mod search;
 
-pub(crate) use q3_k::q3_k_scales;
+pub(crate) use imatrix::{
+    fit_q45_k, quantize_q2_k_imatrix, quantize_q4_k_imatrix, quantize_q5_k_imatrix,
+};
+pub(crate) use q3_k::{q3_k_scales, quantize_q3_k_imatrix};
 pub(crate) use q45_k::{pack_scale_min_k4, scale_min_k4};
-pub(crate) use search::make_qkx2_quants;
+pub(crate) use q6_k::quantize_q6_k_imatrix;
+pub(crate) use search::{make_qkx2_quants, make_qp_quants};
 
 pub use q2_k::{dequantize_q2_k, quantize_q2_k};
 pub use q3_k::{dequantize_q3_k, quantize_q3_k};

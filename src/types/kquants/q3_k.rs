@@ -1,7 +1,7 @@
 //! Q3_K: 16 groups of 16 three-bit values (2 low bits in `qs`, the high bit in `hmask`),
 //! 6-bit signed scales, f16 `d` (110 bytes).
 
-use super::search::make_q3_quants_rmse;
+use super::search::{make_q3_quants_rmse, make_qx_quants_rmse1};
 use super::{f16_at, nearest_int, pack_2bit, put_f16, Q3_K_BYTES, QK_K};
 
 /// The 16 signed 6-bit scales of a Q3_K block: low 4 bits from `s[k % 8]` (low nibble for
@@ -64,43 +64,108 @@ pub fn quantize_q3_k(src: &[f32], out: &mut [u8]) {
             let iscale = -32.0f32 / max_scale;
             for j in 0..QK_K / 16 {
                 let li = nearest_int(iscale * scales[j]) as i8;
-                let li = (li as i32).clamp(-32, 31) + 32;
-                if j < 8 {
-                    sc[j] = (li & 0x0F) as u8;
-                } else {
-                    sc[j - 8] |= ((li & 0x0F) << 4) as u8;
-                }
-                sc[8 + j % 4] |= ((li >> 4) << (2 * (j / 4))) as u8;
+                pack_scale(sc, j, (li as i32).clamp(-32, 31) + 32);
             }
             put_f16(y, 108, 1.0 / iscale)
         } else {
             put_f16(y, 108, 0.0)
         };
-        let s = q3_k_scales(&y[96..108]);
-        for j in 0..QK_K / 16 {
-            let dj = d * s[j] as f32;
-            if dj == 0.0 {
-                continue;
-            }
-            for ii in 0..16 {
-                let q = nearest_int(x[16 * j + ii] / dj).clamp(-4, 3);
-                l[16 * j + ii] = (q + 4) as i8;
-            }
-        }
-        // High bit of value j goes to bit j / 32 of hmask[j % 32].
-        let mut lu = [0u8; QK_K];
-        let (hmask, rest) = y.split_at_mut(32);
-        hmask.fill(0);
-        for j in 0..QK_K {
-            let mut v = l[j];
-            if v > 3 {
-                hmask[j % 32] |= 1 << (j / 32);
-                v -= 4;
-            }
-            lu[j] = v as u8;
-        }
-        pack_2bit(&lu, &mut rest[..64]);
+        levels_pack(x, y, d, &mut l);
     }
+}
+
+/// Q3_K rows weighted by an importance matrix, as `llama-quantize --imatrix` writes them
+/// (ggml's `quantize_row_q3_K_impl`): weights `imp·sqrt(σ² + x²)` (`σ² = 2·Σx²/256` of the
+/// super-block), `make_qx_quants` (nmax 4) per 16-value group under them, then the 16 group
+/// scales themselves by `make_qx_quants` (nmax 32) weighted by each group's weight sum, stored
+/// as found (6-bit, `+ 32`) with their scale as `d`. `src` is whole rows of `imp.len()` values.
+pub(crate) fn quantize_q3_k_imatrix(src: &[f32], imp: &[f32], out: &mut [u8]) {
+    let n = imp.len();
+    let mut l = [0i8; QK_K];
+    let mut w = [0f32; 16];
+    for (row, ob) in src
+        .chunks_exact(n)
+        .zip(out.chunks_exact_mut(n / QK_K * Q3_K_BYTES))
+    {
+        for ((x, qw), y) in row
+            .chunks_exact(QK_K)
+            .zip(imp.chunks_exact(QK_K))
+            .zip(ob.chunks_exact_mut(Q3_K_BYTES))
+        {
+            let mut sumx2 = 0f32;
+            for v in x {
+                sumx2 += v * v;
+            }
+            let sigma2 = 2.0 * sumx2 / QK_K as f32;
+            let mut scales = [0f32; QK_K / 16];
+            let mut sw = [0f32; QK_K / 16];
+            for j in 0..QK_K / 16 {
+                let r = 16 * j..16 * j + 16;
+                for ((o, &q), &v) in w.iter_mut().zip(&qw[r.clone()]).zip(&x[r.clone()]) {
+                    *o = q * (sigma2 + v * v).sqrt();
+                }
+                let mut sumw = 0f32;
+                for &v in &w {
+                    sumw += v;
+                }
+                sw[j] = sumw;
+                scales[j] = make_qx_quants_rmse1::<16>(
+                    4,
+                    x[r.clone()].try_into().unwrap(),
+                    Some(&w),
+                    (&mut l[r]).try_into().unwrap(),
+                );
+            }
+            let mut ls = [0i8; 16];
+            let d_block = make_qx_quants_rmse1::<16>(32, &scales, Some(&sw), &mut ls);
+            let sc = &mut y[96..108];
+            sc.fill(0);
+            for (j, &li) in ls.iter().enumerate() {
+                pack_scale(sc, j, li as i32);
+            }
+            let d = put_f16(y, 108, d_block);
+            levels_pack(x, y, d, &mut l);
+        }
+    }
+}
+
+/// Store scale `j`'s 6-bit code `li` (`0..=63`, the scale `+ 32`) in the 12 scale bytes.
+fn pack_scale(sc: &mut [u8], j: usize, li: i32) {
+    if j < 8 {
+        sc[j] = (li & 0x0F) as u8;
+    } else {
+        sc[j - 8] |= ((li & 0x0F) << 4) as u8;
+    }
+    sc[8 + j % 4] |= ((li >> 4) << (2 * (j / 4))) as u8;
+}
+
+/// Every level recomputed from the stored scales (`d` the decoded f16; a group whose scale
+/// decodes to 0 keeps the levels its search found, stored `+ 4`), then packed.
+fn levels_pack(x: &[f32], y: &mut [u8], d: f32, l: &mut [i8; QK_K]) {
+    let s = q3_k_scales(&y[96..108]);
+    for j in 0..QK_K / 16 {
+        let dj = d * s[j] as f32;
+        if dj == 0.0 {
+            continue;
+        }
+        for ii in 0..16 {
+            let q = nearest_int(x[16 * j + ii] / dj).clamp(-4, 3);
+            l[16 * j + ii] = (q + 4) as i8;
+        }
+    }
+    // High bit of value j goes to bit j / 32 of hmask[j % 32].
+    let mut lu = [0u8; QK_K];
+    let (hmask, rest) = y.split_at_mut(32);
+    hmask.fill(0);
+    for j in 0..QK_K {
+        let mut v = l[j];
+        if v > 3 {
+            hmask[j % 32] |= 1 << (j / 32);
+            v -= 4;
+        }
+        lu[j] = v as u8;
+    }
+    pack_2bit(&lu, &mut rest[..64]);
 }
 
 #[cfg(test)]

@@ -134,8 +134,17 @@ fn q45_k_levels(x: &[f32], y: &mut [u8], nmax: i32, rmin: f32, nstep: i32, l: &m
         lm[j] = (nearest_int(inv_min * mins[j]) as u8).min(63);
     }
     pack_scale_min_k4(&ls, &lm, &mut y[4..16]);
-    let d = put_f16(y, 0, max_scale / 63.0);
-    let dmin = put_f16(y, 2, max_min / 63.0);
+    put_f16(y, 0, max_scale / 63.0);
+    put_f16(y, 2, max_min / 63.0);
+    requantize(x, y, nmax, l);
+}
+
+/// Every level recomputed from a block's stored (rounded) scales and mins, as ggml's quantizers
+/// end: `round((x + dmin·m) / (d·sc))` clamped to `0..=nmax`; a sub-block whose scale decodes to
+/// 0 keeps the levels its search found.
+pub(super) fn requantize(x: &[f32], y: &[u8], nmax: i32, l: &mut [u8; QK_K]) {
+    let d = f16_at(y, 0);
+    let dmin = f16_at(y, 2);
     for j in 0..QK_K / 32 {
         let (sc, m) = scale_min_k4(j, &y[4..16]);
         let dj = d * sc as f32;
@@ -150,16 +159,45 @@ fn q45_k_levels(x: &[f32], y: &mut [u8], nmax: i32, rmin: f32, nstep: i32, l: &m
     }
 }
 
+/// Store 256 four-bit levels into a Q4_K block's `qs`.
+pub(super) fn pack_q4_k(l: &[u8; QK_K], y: &mut [u8]) {
+    let qs = &mut y[16..144];
+    for j in (0..QK_K).step_by(64) {
+        for k in 0..32 {
+            qs[j / 2 + k] = l[j + k] | (l[j + k + 32] << 4);
+        }
+    }
+}
+
+/// Store 256 five-bit levels into a Q5_K block's `qh` and `qs`.
+pub(super) fn pack_q5_k(l: &[u8; QK_K], y: &mut [u8]) {
+    let (qh, ql) = y[16..176].split_at_mut(32);
+    qh.fill(0);
+    // Sub-block pair g (values 64g..64g+64): low nibbles in ql[32g..], 5th bits in qh bits
+    // 2g (first 32 values) and 2g + 1 (next 32).
+    for g in 0..4 {
+        let (m1, m2) = (1u8 << (2 * g), 2u8 << (2 * g));
+        for k in 0..32 {
+            let mut l1 = l[64 * g + k];
+            if l1 > 15 {
+                l1 -= 16;
+                qh[k] |= m1;
+            }
+            let mut l2 = l[64 * g + k + 32];
+            if l2 > 15 {
+                l2 -= 16;
+                qh[k] |= m2;
+            }
+            ql[32 * g + k] = l1 | (l2 << 4);
+        }
+    }
+}
+
 pub fn quantize_q4_k(src: &[f32], out: &mut [u8]) {
     let mut l = [0u8; QK_K];
     for (x, y) in src.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q4_K_BYTES)) {
         q45_k_levels(x, y, 15, -1.0, 20, &mut l);
-        let qs = &mut y[16..144];
-        for j in (0..QK_K).step_by(64) {
-            for k in 0..32 {
-                qs[j / 2 + k] = l[j + k] | (l[j + k + 32] << 4);
-            }
-        }
+        pack_q4_k(&l, y);
     }
 }
 
@@ -167,26 +205,7 @@ pub fn quantize_q5_k(src: &[f32], out: &mut [u8]) {
     let mut l = [0u8; QK_K];
     for (x, y) in src.chunks_exact(QK_K).zip(out.chunks_exact_mut(Q5_K_BYTES)) {
         q45_k_levels(x, y, 31, -0.5, 15, &mut l);
-        let (qh, ql) = y[16..176].split_at_mut(32);
-        qh.fill(0);
-        // Sub-block pair g (values 64g..64g+64): low nibbles in ql[32g..], 5th bits in qh bits
-        // 2g (first 32 values) and 2g + 1 (next 32).
-        for g in 0..4 {
-            let (m1, m2) = (1u8 << (2 * g), 2u8 << (2 * g));
-            for k in 0..32 {
-                let mut l1 = l[64 * g + k];
-                if l1 > 15 {
-                    l1 -= 16;
-                    qh[k] |= m1;
-                }
-                let mut l2 = l[64 * g + k + 32];
-                if l2 > 15 {
-                    l2 -= 16;
-                    qh[k] |= m2;
-                }
-                ql[32 * g + k] = l1 | (l2 << 4);
-            }
-        }
+        pack_q5_k(&l, y);
     }
 }
 

@@ -109,14 +109,16 @@ pub(crate) fn make_qkx2_quants<const N: usize>(
     (scale, -min)
 }
 
-/// ggml's `make_qx_quants` with `rmse_type = 1` and no importance weights (weights `x^2`), the
-/// only form the reference quantizers use: symmetric levels `-nmax..nmax-1` stored `+ nmax` in
-/// `l_out`, the sign of the scale chosen so the largest |x| maps to `-nmax`, then 18 trial
-/// inverse scales `-(nmax + 0.1 * is) / max` scored by `sumlx^2 / suml2`.
+/// ggml's `make_qx_quants` with `rmse_type = 1`: symmetric levels `-nmax..nmax-1` stored
+/// `+ nmax` in `l_out`, the sign of the scale chosen so the largest |x| maps to `-nmax`, then 18
+/// trial inverse scales `-(nmax + 0.1 * is) / max` scored by `sumlx^2 / suml2` under the weights
+/// `qw` (an importance matrix: q6_K's raw importances, q3_K's `imp·sqrt(σ² + x²)`), or `x^2`
+/// without (the reference quantizers).
 #[inline(always)]
 pub(super) fn make_qx_quants_rmse1<const N: usize>(
     nmax: i32,
     x: &[f32; N],
+    qw: Option<&[f32; N]>,
     l_out: &mut [i8; N],
 ) -> f32 {
     let mut max = 0.0f32;
@@ -132,11 +134,15 @@ pub(super) fn make_qx_quants_rmse1<const N: usize>(
         l_out.fill(0);
         return 0.0;
     }
-    // w = x^2 and w * x, as the C code forms them before multiplying by the level.
+    // w (x^2 without weights) and w * x, as the C code forms them before multiplying by the
+    // level.
     let mut w = [0f32; N];
     let mut wx = [0f32; N];
     for i in 0..N {
-        w[i] = x[i] * x[i];
+        w[i] = match qw {
+            Some(q) => q[i],
+            None => x[i] * x[i],
+        };
         wx[i] = w[i] * x[i];
     }
     let nmax_f = nmax as f32;
@@ -239,6 +245,89 @@ pub(super) fn make_q3_quants_rmse(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32
     }
     for l in l_out[..n].iter_mut() {
         *l = (*l as i32 + nmax) as i8;
+    }
+    if suml2 > 0.0 {
+        sumlx / suml2
+    } else {
+        0.0
+    }
+}
+
+/// ggml's `make_qp_quants`: non-negative `x` onto levels `0..=nmax` with weights `w` (the
+/// importance-matrix k-quants quantize their sub-block scales and mins with it). The first
+/// inverse scale `nmax / max`, eight more `(nmax + 0.1·k) / max` (`k = ±1..=±4`) scored by the
+/// weighted squared error, then up to five passes of per-level least-squares moves. Returns the
+/// least-squares scale, the levels in `l[..x.len()]`, kept as ggml's `uint8_t` (a negative level
+/// wraps, as the C store does). f32 arithmetic in the C order.
+pub(crate) fn make_qp_quants(nmax: i32, x: &[f32], w: &[f32], l: &mut [u8]) -> f32 {
+    let n = x.len();
+    let mut max = 0f32;
+    for &v in x {
+        // C's `MAX(max, x)`.
+        max = if max > v { max } else { v };
+    }
+    if max < GROUP_MAX_EPS {
+        l[..n].fill(0);
+        return 0.0;
+    }
+    let mut iscale = nmax as f32 / max;
+    for i in 0..n {
+        l[i] = nearest_int(iscale * x[i]) as u8;
+    }
+    let scale = 1.0 / iscale;
+    let mut best_mse = 0f32;
+    for i in 0..n {
+        let diff = x[i] - scale * l[i] as f32;
+        best_mse += w[i] * diff * diff;
+    }
+    for is in -4..=4 {
+        if is == 0 {
+            continue;
+        }
+        let iscale_is = (0.1 * is as f32 + nmax as f32) / max;
+        let scale_is = 1.0 / iscale_is;
+        let mut mse = 0f32;
+        for i in 0..n {
+            let li = nearest_int(iscale_is * x[i]).min(nmax);
+            let diff = x[i] - scale_is * li as f32;
+            mse += w[i] * diff * diff;
+        }
+        if mse < best_mse {
+            best_mse = mse;
+            iscale = iscale_is;
+        }
+    }
+    let (mut sumlx, mut suml2) = (0f32, 0f32);
+    for i in 0..n {
+        let li = nearest_int(iscale * x[i]).min(nmax);
+        l[i] = li as u8;
+        sumlx += w[i] * x[i] * li as f32;
+        suml2 += w[i] * li as f32 * li as f32;
+    }
+    for _ in 0..5 {
+        let mut n_changed = 0;
+        for i in 0..n {
+            let wi = w[i];
+            let li = l[i] as f32;
+            let mut slx = sumlx - wi * x[i] * li;
+            let mut sl2 = suml2 - wi * li * li;
+            if slx > 0.0 && sl2 > 0.0 {
+                let new_l = nearest_int(x[i] * sl2 / slx).min(nmax);
+                if new_l != l[i] as i32 {
+                    slx += wi * x[i] * new_l as f32;
+                    sl2 += wi * new_l as f32 * new_l as f32;
+                    if slx * slx * suml2 > sumlx * sumlx * sl2 {
+                        l[i] = new_l as u8;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        n_changed += 1;
+                    }
+                }
+            }
+        }
+        if n_changed == 0 {
+            break;
+        }
     }
     if suml2 > 0.0 {
         sumlx / suml2

@@ -23,10 +23,9 @@ use std::process::Command;
 
 use fixtures::gguf_gen::{gaussian, pseudo_bytes};
 use fixtures::llama_oracle::{
-    self, first_diff, llama_metadata, smollm2_ffn_down, ty, write_f32_gguf, Expected, Tensor,
-    SMOLLM2_SHAPE,
+    self, llama_metadata, smollm2_ffn_down, ty, write_f32_gguf, Expected, Tensor, SMOLLM2_SHAPE,
 };
-use serde_json::{json, Value as Json};
+use serde_json::Value as Json;
 use tq::gguf::{GgufFile, Value};
 use tq::quant::{encode_rows, Encoder};
 
@@ -284,26 +283,10 @@ fn compare_live(ts: &[Tensor], md: &dyn Fn() -> Vec<(String, Value)>, key: &str)
         let mut per_mode = serde_json::Map::new();
         for mode in MODES {
             let theirs = llama_bytes(&bin, tn, ftype, mode, ts, md, dir.path());
-            let mut hashes = serde_json::Map::new();
-            let (mut same, mut blocks) = (0, 0);
-            for t in ts {
-                let lb = theirs
-                    .get(&t.name)
-                    .unwrap_or_else(|| panic!("{} missing from llama output", t.name));
-                hashes.insert(t.name.clone(), json!(fixtures::blake3_hex(lb)));
-                let ob = ours_mode(tn, mode, t, &im);
-                match first_diff(ty(tn), t, &ob, lb) {
-                    None => {
-                        same += 1;
-                        blocks += ob.len() / ty(tn).block_bytes();
-                    }
-                    Some(d) => problems.push(format!("[{mode}] {d}")),
-                }
-            }
-            eprintln!(
-                "{key} {tn} {mode}: {same}/{} tensors, {blocks} blocks byte-identical to llama-quantize",
-                ts.len()
-            );
+            let label = format!("{key} {tn} {mode}");
+            let ours = |t: &Tensor| ours_mode(tn, mode, t, &im);
+            let (hashes, bad) = llama_oracle::compare_tensors(ty(tn), ts, &theirs, &ours, &label);
+            problems.extend(bad.into_iter().map(|d| format!("[{mode}] {d}")));
             per_mode.insert(mode.to_string(), Json::Object(hashes));
         }
         section.insert(tn.to_string(), Json::Object(per_mode));
@@ -330,15 +313,15 @@ fn compare_recorded(ts: &[Tensor], key: &str) {
         );
         assert_ne!(a, b, "{key} {tn}: the imatrix changed nothing");
         for mode in MODES {
-            for t in ts {
-                let want = exp[key][tn][mode][&t.name]
-                    .as_str()
-                    .unwrap_or_else(|| panic!("no recorded hash for {key} {tn} {mode} {}", t.name));
-                if fixtures::blake3_hex(&ours_mode(tn, mode, t, &im)) != want {
-                    bad.push(format!("{tn} {mode} {}", t.name));
-                }
-                n += 1;
-            }
+            let ours = |t: &Tensor| ours_mode(tn, mode, t, &im);
+            let label = format!("{tn} {mode}");
+            bad.extend(llama_oracle::recorded_mismatches(
+                &exp[key][tn][mode],
+                ts,
+                &ours,
+                &label,
+            ));
+            n += ts.len();
         }
     }
     assert!(bad.is_empty(), "differ from llama-quantize: {bad:?}");

@@ -25,8 +25,7 @@ use std::path::{Path, PathBuf};
 
 use fixtures::gguf_gen::{gaussian, pseudo_bytes};
 use fixtures::llama_oracle::{
-    self, first_diff, llama_metadata, smollm2_ffn_down, ty, write_f32_gguf, Expected, Tensor,
-    SMOLLM2_SHAPE,
+    self, llama_metadata, smollm2_ffn_down, ty, write_f32_gguf, Expected, Tensor, SMOLLM2_SHAPE,
 };
 use serde_json::{json, Value as Json};
 use tq::gguf::{GgufFile, Value};
@@ -171,27 +170,13 @@ fn live(
     let mut problems = BTreeMap::new();
     for &(tn, ftype) in tys {
         let out = dir.path().join(format!("out-{tn}.gguf"));
-        let theirs = llama_oracle::run_llama(&bin, &inp, &out, ftype, Some(&im.path));
-        let mut hashes = serde_json::Map::new();
-        let (mut same, mut blocks) = (0, 0);
-        let mut bad = Vec::new();
-        for t in ts {
-            let (lt, lb) = &theirs[&t.name];
-            assert_eq!(*lt, ty(tn), "{}", t.name);
-            hashes.insert(t.name.clone(), json!(fixtures::blake3_hex(lb)));
-            let ob = ours(tn, t, &im);
-            match first_diff(ty(tn), t, &ob, lb) {
-                None => {
-                    same += 1;
-                    blocks += ob.len() / ty(tn).block_bytes();
-                }
-                Some(d) => bad.push(d),
-            }
-        }
-        eprintln!(
-            "{key} {tn}: {same}/{} tensors, {blocks} blocks byte-identical to llama-quantize --imatrix",
-            ts.len()
+        let theirs = llama_oracle::bytes_of_type(
+            ty(tn),
+            llama_oracle::run_llama(&bin, &inp, &out, ftype, Some(&im.path)),
         );
+        let label = format!("{key} {tn} (--imatrix)");
+        let ours = |t: &Tensor| ours(tn, t, &im);
+        let (hashes, bad) = llama_oracle::compare_tensors(ty(tn), ts, &theirs, &ours, &label);
         section.insert(tn.to_string(), Json::Object(hashes));
         problems.insert(tn.to_string(), bad);
     }
@@ -220,20 +205,18 @@ fn compare_recorded(ts: &[Tensor], key: &str) {
     let mut bad = Vec::new();
     let mut n = 0;
     for (tn, _) in TYPES {
-        let mut changed = 0;
-        for t in ts {
-            let want = exp[key][tn][&t.name]
-                .as_str()
-                .unwrap_or_else(|| panic!("no recorded hash for {key} {tn} {}", t.name));
-            let ob = ours(tn, t, &im);
-            if fixtures::blake3_hex(&ob) != want {
-                bad.push(format!("{tn} {}", t.name));
-            }
-            if ob != llama_oracle::registry_bytes(ty(tn), t) {
-                changed += 1;
-            }
-            n += 1;
-        }
+        let ours = |t: &Tensor| ours(tn, t, &im);
+        bad.extend(llama_oracle::recorded_mismatches(
+            &exp[key][tn],
+            ts,
+            &ours,
+            tn,
+        ));
+        n += ts.len();
+        let changed = ts
+            .iter()
+            .filter(|t| ours(t) != llama_oracle::registry_bytes(ty(tn), t))
+            .count();
         assert!(changed > 0, "{key} {tn}: the imatrix changed nothing");
     }
     assert!(bad.is_empty(), "differ from llama-quantize: {bad:?}");

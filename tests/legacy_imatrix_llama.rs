@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 
 use fixtures::gguf_gen::{gaussian, pseudo_bytes};
 use fixtures::llama_oracle::{
-    self, first_diff, llama_metadata, ty, write_f32_gguf, Expected, Tensor, SMOLLM2_SHAPE,
+    self, llama_metadata, ty, write_f32_gguf, Expected, Tensor, SMOLLM2_SHAPE,
 };
 use serde_json::{json, Value as Json};
 use tq::gguf::{GgufFile, Value};
@@ -245,32 +245,14 @@ fn compare_live(ts: &[Tensor], md: &dyn Fn() -> Vec<(String, Value)>, key: &str)
         for mode in MODES {
             let out = dir.path().join(format!("out-{tn}-{mode}.gguf"));
             let imx = (mode == "imatrix").then_some(im.path.as_path());
-            let theirs: BTreeMap<String, Vec<u8>> =
-                llama_oracle::run_llama(&bin, &inp, &out, ftype, imx)
-                    .into_iter()
-                    .map(|(name, (t, b))| {
-                        assert_eq!(t, ty(tn), "{name}");
-                        (name, b)
-                    })
-                    .collect();
-            let mut hashes = serde_json::Map::new();
-            let (mut same, mut blocks) = (0, 0);
-            for t in ts {
-                let lb = &theirs[&t.name];
-                hashes.insert(t.name.clone(), json!(fixtures::blake3_hex(lb)));
-                let ob = ours(tn, mode, t, &im);
-                match first_diff(ty(tn), t, &ob, lb) {
-                    None => {
-                        same += 1;
-                        blocks += ob.len() / ty(tn).block_bytes();
-                    }
-                    Some(d) => problems.push(format!("[{mode}] {d}")),
-                }
-            }
-            eprintln!(
-                "{key} {tn} {mode}: {same}/{} tensors, {blocks} blocks byte-identical to llama-quantize",
-                ts.len()
+            let theirs = llama_oracle::bytes_of_type(
+                ty(tn),
+                llama_oracle::run_llama(&bin, &inp, &out, ftype, imx),
             );
+            let label = format!("{key} {tn} {mode}");
+            let ours = |t: &Tensor| ours(tn, mode, t, &im);
+            let (hashes, bad) = llama_oracle::compare_tensors(ty(tn), ts, &theirs, &ours, &label);
+            problems.extend(bad.into_iter().map(|d| format!("[{mode}] {d}")));
             per_mode.insert(mode.to_string(), Json::Object(hashes));
         }
         section.insert(tn.to_string(), Json::Object(per_mode));
@@ -309,15 +291,15 @@ fn compare_recorded(ts: &[Tensor], key: &str) {
     }
     for (tn, _) in TYPES {
         for mode in MODES {
-            for t in ts {
-                let want = exp[key][tn][mode][&t.name]
-                    .as_str()
-                    .unwrap_or_else(|| panic!("no recorded hash for {key} {tn} {mode} {}", t.name));
-                if fixtures::blake3_hex(&ours(tn, mode, t, &im)) != want {
-                    bad.push(format!("{tn} {mode} {}", t.name));
-                }
-                n += 1;
-            }
+            let ours = |t: &Tensor| ours(tn, mode, t, &im);
+            let label = format!("{tn} {mode}");
+            bad.extend(llama_oracle::recorded_mismatches(
+                &exp[key][tn][mode],
+                ts,
+                &ours,
+                &label,
+            ));
+            n += ts.len();
         }
     }
     assert!(bad.is_empty(), "differ from llama-quantize: {bad:?}");

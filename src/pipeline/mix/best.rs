@@ -14,7 +14,7 @@
 //! knapsack's first): deterministic and independent of the thread count, as the encoders and
 //! the evaluator are.
 
-use super::probe::{Probes, Stage, Substitute};
+use super::probe::{Probes, Sample, Stage, Substitute};
 use super::report::{MixReport, Tried};
 use super::store::Store;
 use super::MixOpts;
@@ -178,8 +178,9 @@ pub(super) fn upgrade(
 }
 
 /// The plan's types as one key (`name=type;…`), hashed: what the mix cache stores a measured
-/// plan's KLD under.
-pub(super) fn plan_key(plan: &Plan) -> String {
+/// plan's KLD under. A plan measured on row samples (`cap`, [`measure`]) holds a different
+/// estimate than one measured whole, so its key carries the cap (`;rows>N`).
+pub(super) fn plan_key(plan: &Plan, cap: Option<u64>) -> String {
     let mut s = String::new();
     for e in &plan.entries {
         s.push_str(&e.name);
@@ -187,7 +188,48 @@ pub(super) fn plan_key(plan: &Plan) -> String {
         s.push_str(e.dst.name());
         s.push(';');
     }
+    if let Some(c) = cap {
+        s.push_str(&format!("rows>{c}"));
+    }
     blake3::hash(s.as_bytes()).to_hex().to_string()
+}
+
+/// Elements above which a measured plan's tensor is encoded on a row sample: the probes' cap
+/// ([`super::probe::probe_elements`]), or `TQ_PLAN_ELEMENTS` when set to a positive integer (a
+/// measurement knob: compare sampled and whole measurements of the same plans).
+pub(super) fn plan_elements() -> u64 {
+    std::env::var("TQ_PLAN_ELEMENTS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(super::probe::probe_elements)
+}
+
+/// The row-sample cap the plans of `items` are measured under: `cap` when one of the mixed
+/// tensors is over it and has a Hessian under `calib` (so some plan is measured on a sample),
+/// else None (every tensor whole, keys as before).
+pub(super) fn sampling(
+    plan: &Plan,
+    items: &[(Vec<usize>, Vec<TensorType>)],
+    calib: &Calibration,
+    cap: u64,
+) -> Option<u64> {
+    items
+        .iter()
+        .flat_map(|(idx, _)| idx)
+        .any(|&i| {
+            let e = &plan.entries[i];
+            e.dims.len() == 2
+                && e.dims.iter().product::<u64>() > cap
+                && super::fit::group_of(calib, &e.name).is_some()
+        })
+        .then_some(cap)
+}
+
+/// One (tensor, type) of a stage, encoded once for every plan that holds it.
+enum Enc {
+    Whole(Arc<Vec<u8>>),
+    Rows(super::probe::RowProbe),
 }
 
 /// The plan as convert executes it: LDLQ or imatrix marks from the calibration.
@@ -209,6 +251,13 @@ fn marked(plan: &Plan, calib: &Calibration) -> Plan {
 /// at 2 windows), never a quantized model; every (tensor, type) is encoded once, as before, and
 /// the input is read once for all plans. One plan after another would either encode shared
 /// tensors again for each plan or hold them across plans (the whole-model memory this replaced).
+///
+/// With `cap` (from [`sampling`]), a tensor over `cap` elements that the plan quantizes with
+/// LDLQ is encoded on the probes' row sample only, its error amplified to stand for the whole
+/// tensor's ([`Sample::Amplified`]); every plan holding that tensor is measured on the same
+/// rows. A 7B tensor then costs 2–6 % of its whole encode (plus its group's LDLQ factors, built
+/// once per group and stage), and each KLD is an estimate of the whole plan's
+/// (docs/bench/scale.md). None: every tensor whole.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn measure(
     input: &Path,
@@ -221,16 +270,17 @@ pub(super) fn measure(
     known: &BTreeMap<String, f64>,
     quiet: bool,
     stream: Option<&super::stream::TextStream>,
+    cap: Option<u64>,
     store: Option<&Store>,
 ) -> Result<Vec<(f64, bool)>> {
     let todo: Vec<usize> = (0..cands.len())
-        .filter(|&k| !known.contains_key(&plan_key(&cands[k].plan)))
+        .filter(|&k| !known.contains_key(&plan_key(&cands[k].plan, cap)))
         .collect();
     if todo.is_empty() {
         // Every plan's KLD is known (the mix cache): no pass, no calibration pass.
         return Ok(cands
             .iter()
-            .map(|c| (known[&plan_key(&c.plan)], true))
+            .map(|c| (known[&plan_key(&c.plan, cap)], true))
             .collect());
     }
     let marked: Vec<Plan> = todo
@@ -273,47 +323,82 @@ pub(super) fn measure(
     // stage (the blocks run from inside the calibration pass, below).
     let cur = std::cell::RefCell::new(crate::quant::Hessians::default());
     let warned = std::cell::Cell::new(false);
-    let mut subs = |stage: Stage| -> Result<Vec<Vec<Substitute>>> {
-        let held = cur.borrow();
+    // The current stage's encodings, each (tensor, type) once for all plans: whole, or (a tensor
+    // over `cap` elements with a Hessian) its amplified row sample, which each plan turns into
+    // its substitute just before it runs (one tensor copy alive at a time, not one per plan).
+    let mut held: HashMap<(usize, TensorType), Enc> = HashMap::new();
+    let mut subs = |stage: Stage, k: usize| -> Result<Vec<Substitute>> {
+        let hs = cur.borrow();
         let calib = match calib {
-            Calibration::Stream(_) => &Calibration::Memory(&held),
+            Calibration::Stream(_) => &Calibration::Memory(&hs),
             c => c,
         };
-        let mut bytes: HashMap<(usize, TensorType), Arc<Vec<u8>>> = HashMap::new();
-        let mut out = Vec::with_capacity(marked.len());
-        for (p, m) in marked.iter().zip(&by_stage) {
-            let mut v: Vec<Substitute> = vec![];
-            for &i in m.get(&stage).map_or(&[][..], |x| x.as_slice()) {
-                let e = &p.entries[i];
-                let id = profile
-                    .id_of(e.dst)
-                    .ok_or_else(|| Error::internal(format!("{}: no id in the profile", e.dst)))?;
-                let b = match bytes.get(&(i, e.dst)) {
-                    Some(b) => b.clone(),
-                    None => {
-                        let b = Arc::new(match store.and_then(|s| s.get(p, i)) {
-                            Some(b) => b,
-                            None => {
-                                let b = super::fit::encode_entry(src, p, i, calib)?;
-                                // The store only saves work: a failure to keep is a note.
-                                if let Some(Err(err)) = store.map(|s| s.put(p, i, &b)) {
-                                    if !quiet && !warned.replace(true) {
-                                        eprintln!("tq: --mix-cache: an encoding was not kept ({err}); going on without");
-                                    }
-                                }
-                                b
-                            }
-                        });
-                        bytes.insert((i, e.dst), b.clone());
-                        step();
-                        b
+        let Some(m) = by_stage[k].get(&stage) else {
+            return Ok(vec![]);
+        };
+        if k == 0 {
+            // The stage's first plan: encode what every plan needs for this stage.
+            held.clear();
+            let mut want: Vec<(Option<String>, TensorType, usize, usize)> = vec![];
+            let mut seen = BTreeSet::new();
+            for (q, (p, mq)) in marked.iter().zip(&by_stage).enumerate() {
+                for &i in mq.get(&stage).map_or(&[][..], |x| x.as_slice()) {
+                    if seen.insert((i, p.entries[i].dst)) {
+                        let g = super::fit::group_of(calib, &p.entries[i].name);
+                        want.push((g, p.entries[i].dst, i, q));
                     }
-                };
-                v.push((e.name.clone(), e.dst, id, b));
+                }
             }
-            out.push(v);
+            // A Hessian group's encodings in a row, so its LDLQ factors are built once.
+            want.sort();
+            let mut enc = super::fit::ProbeEncoder::default();
+            for (_, ty, i, q) in want {
+                let p = &marked[q];
+                let rows = match cap {
+                    Some(cap) if p.entries[i].ldlq => {
+                        enc.sample(&file, src, p, i, ty, calib, cap, Sample::Amplified)?
+                    }
+                    _ => None,
+                };
+                let e = match rows {
+                    Some(r) => Enc::Rows(r),
+                    None => Enc::Whole(Arc::new(match store.and_then(|s| s.get(p, i)) {
+                        Some(b) => b,
+                        None => {
+                            let b = super::fit::encode_entry(src, p, i, calib)?;
+                            // The store only saves work: a failure to keep is a note.
+                            if let Some(Err(err)) = store.map(|s| s.put(p, i, &b)) {
+                                if !quiet && !warned.replace(true) {
+                                    eprintln!("tq: --mix-cache: an encoding was not kept ({err}); going on without");
+                                }
+                            }
+                            b
+                        }
+                    })),
+                };
+                held.insert((i, ty), e);
+                step();
+            }
         }
-        Ok(out)
+        let p = &marked[k];
+        m.iter()
+            .map(|&i| {
+                let e = &p.entries[i];
+                match held.get(&(i, e.dst)) {
+                    Some(Enc::Whole(b)) => {
+                        let id = profile.id_of(e.dst).ok_or_else(|| {
+                            Error::internal(format!("{}: no id in the profile", e.dst))
+                        })?;
+                        Ok((e.name.clone(), e.dst, id, b.clone()))
+                    }
+                    Some(Enc::Rows(r)) => r.substitute(&file),
+                    None => Err(Error::internal(format!(
+                        "{} at {}: not encoded for {stage:?}",
+                        e.name, e.dst
+                    ))),
+                }
+            })
+            .collect()
     };
     let streamed = match calib {
         Calibration::Stream(_) => stream,
@@ -351,7 +436,7 @@ pub(super) fn measure(
     Ok((0..cands.len())
         .map(|k| match measured.remove(&k) {
             Some(kld) => (kld, false),
-            None => (known[&plan_key(&cands[k].plan)], true),
+            None => (known[&plan_key(&cands[k].plan, cap)], true),
         })
         .collect())
 }
@@ -524,6 +609,7 @@ pub(super) fn best_of_few(
         Some((p, k)) => Some(Store::open(p, k)?),
         None => None,
     };
+    let cap = sampling(plan, items, b.calib, plan_elements());
     let klds = measure(
         b.input,
         b.src,
@@ -535,9 +621,10 @@ pub(super) fn best_of_few(
         known,
         b.o.quiet,
         b.o.stream,
+        cap,
         store.as_ref(),
     )?;
-    let keys: Vec<String> = cands.iter().map(|c| plan_key(&c.plan)).collect();
+    let keys: Vec<String> = cands.iter().map(|c| plan_key(&c.plan, cap)).collect();
     for ((k, (kld, _)), p) in keys.iter().zip(&klds).zip(&predicted) {
         known.insert(k.clone(), *kld);
         if let Some(p) = p {
@@ -680,10 +767,19 @@ mod tests {
         measured_equal_files(&model, dir.path());
     }
 
-    fn measured_equal_files(model: &Path, dir: &Path) {
-        let p = |n: &str| dir.join(n);
-        let model = model.to_path_buf();
-        let text = p("t.txt");
+    /// The fixture's calibration, source, and two candidates: a deliberately poor "knapsack"
+    /// plan (every mixed tensor at q2_K) and llama.cpp's Q4_K_M; with the reference logits of 2
+    /// windows of its text at `dir/ref.logits`.
+    struct TwoPlans {
+        hs: crate::quant::Hessians,
+        src: Box<dyn TensorSource>,
+        cands: Vec<Candidate>,
+        items: Vec<(Vec<usize>, Vec<TensorType>)>,
+        ref_path: std::path::PathBuf,
+    }
+
+    fn two_plans(model: &Path, dir: &Path) -> TwoPlans {
+        let text = dir.join("t.txt");
         std::fs::write(&text, crate::gguf_gen::pseudo_text(2500)).unwrap();
         let profile = Profile::default();
         let o = TextOptions {
@@ -692,9 +788,8 @@ mod tests {
             batch: 4,
             quiet: true,
         };
-        let hs = calibrate_text(&model, &profile, &text, &o).unwrap();
-        let calib = Calibration::Memory(&hs);
-        let src = crate::source::open(&model, &profile).unwrap();
+        let hs = calibrate_text(model, &profile, &text, &o).unwrap();
+        let src = crate::source::open(model, &profile).unwrap();
         let req = Request::new(TensorType::Q4K, &plan::recipe::RECIPES[0]);
         let mut plan = plan::plan(src.tensors(), &req, &profile).unwrap();
         plan.ldlq.band = Some(64);
@@ -723,8 +818,29 @@ mod tests {
             },
             q4km,
         ];
-        let ref_path = p("ref.logits");
-        super::super::fit::reference_logits(&model, &text, 2, &ref_path, true).unwrap();
+        let ref_path = dir.join("ref.logits");
+        super::super::fit::reference_logits(model, &text, 2, &ref_path, true).unwrap();
+        TwoPlans {
+            hs,
+            src,
+            cands,
+            items,
+            ref_path,
+        }
+    }
+
+    fn measured_equal_files(model: &Path, dir: &Path) {
+        let p = |n: &str| dir.join(n);
+        let model = model.to_path_buf();
+        let profile = Profile::default();
+        let TwoPlans {
+            hs,
+            src,
+            cands,
+            ref_path,
+            ..
+        } = two_plans(&model, dir);
+        let calib = Calibration::Memory(&hs);
         let key = super::super::cache::Key(vec![("model", "m".into())]);
         let store = Store::open(&p("mix-cache.json"), &key).unwrap();
         let klds = measure(
@@ -738,12 +854,17 @@ mod tests {
             &BTreeMap::new(),
             true,
             None,
+            None,
             Some(&store),
         )
         .unwrap();
         // A cold store: nothing read back, except a tied token_embd's second stage (the head),
         // which reads what the first (the embedding lookup) kept.
-        let tied = !plan.entries.iter().any(|e| e.name == "output.weight");
+        let tied = !cands[0]
+            .plan
+            .entries
+            .iter()
+            .any(|e| e.name == "output.weight");
         if !tied {
             assert_eq!(store.hits(), 0, "a cold store");
         }
@@ -766,7 +887,7 @@ mod tests {
         assert_eq!(ranking(&[k[1], k[0]]), vec![0, 1]);
         // Ties go to the earlier candidate; a known KLD is not measured again.
         assert_eq!(ranking(&[0.5, 0.5, 0.25]), vec![2, 0, 1]);
-        let known: BTreeMap<String, f64> = [(plan_key(&cands[0].plan), 7.0)].into();
+        let known: BTreeMap<String, f64> = [(plan_key(&cands[0].plan, None), 7.0)].into();
         let s2 = Store::open(&p("mix-cache.json"), &key).unwrap();
         let again = measure(
             &model,
@@ -778,6 +899,7 @@ mod tests {
             2,
             &known,
             true,
+            None,
             None,
             Some(&s2),
         )
@@ -806,4 +928,65 @@ mod tests {
         let direct = super::super::fit::encode_entry(src.as_ref(), &m, i, &calib).unwrap();
         assert!(reopened.get(&m, i).unwrap() == direct);
     }
+
+    /// Plans measured on row samples (every mixed tensor of the 2-block fixture is 256 × 256;
+    /// a cap of 4096 elements samples 16 of its 256 rows, error amplified ×4, as a 7B attention
+    /// tensor is sampled): each KLD estimates the whole plan's within the factor stated below,
+    /// the better plan still ranks first, the sampled measurement is keyed apart from the whole
+    /// one, and a cap no tensor is over measures bit for bit as without one.
+    #[test]
+    fn plans_measured_on_row_samples_estimate_the_whole_plans() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("m.gguf");
+        std::fs::write(&model, crate::gguf_gen::tiny_llama_tok(2, 256, 256).bytes).unwrap();
+        let profile = Profile::default();
+        let t = two_plans(&model, dir.path());
+        let calib = Calibration::Memory(&t.hs);
+        let run = |cap: Option<u64>| -> Vec<f64> {
+            measure(
+                &model,
+                t.src.as_ref(),
+                &t.cands,
+                &profile,
+                &calib,
+                &t.ref_path,
+                2,
+                &BTreeMap::new(),
+                true,
+                None,
+                cap,
+                None,
+            )
+            .unwrap()
+            .into_iter()
+            .map(|k| k.0)
+            .collect()
+        };
+        let plan = &t.cands[0].plan;
+        assert_eq!(sampling(plan, &t.items, &calib, 1 << 16), None);
+        let cap = sampling(plan, &t.items, &calib, 4096);
+        assert_eq!(cap, Some(4096));
+        assert_ne!(plan_key(plan, cap), plan_key(plan, None));
+        let whole = run(None);
+        assert_eq!(run(Some(1 << 16)), whole, "no tensor over the cap: whole");
+        let sampled = run(cap);
+        for (k, c) in t.cands.iter().enumerate() {
+            let r = sampled[k] / whole[k];
+            eprintln!(
+                "{}: sampled {} whole {} ratio {r}",
+                c.name, sampled[k], whole[k]
+            );
+            assert!(
+                (1.0 / FACTOR..FACTOR).contains(&r),
+                "{}: sampled {} vs whole {}",
+                c.name,
+                sampled[k],
+                whole[k]
+            );
+        }
+        assert_eq!(ranking(&sampled), ranking(&whole));
+    }
+
+    /// How far a sampled measurement may be from the whole one on the fixture.
+    const FACTOR: f64 = 1.5;
 }

@@ -1,7 +1,7 @@
 //! The mix's KLD fit: single tensors quantized as convert would, each in an otherwise unchanged
 //! copy of the input, evaluated against the input's logits; `KLD ≈ α × error` per role.
 
-use super::probe::{Probes, Substitute};
+use super::probe::{Probes, Sample, Substitute};
 use super::report::{MixReport, Probe};
 use super::MixOpts;
 use crate::convert;
@@ -453,7 +453,7 @@ enum Encoded {
 }
 
 /// The Hessian group `name` belongs to under `calib`, as a key.
-fn group_of(calib: &Calibration, name: &str) -> Option<String> {
+pub(super) fn group_of(calib: &Calibration, name: &str) -> Option<String> {
     match calib {
         Calibration::Memory(h) | Calibration::Stream(h) => {
             h.for_tensor(name).map(|g| g.tensors.join(","))
@@ -466,9 +466,10 @@ fn group_of(calib: &Calibration, name: &str) -> Option<String> {
 /// Encodes the probes: a large tensor on a sample of its rows ([`super::probe::row_probe`]),
 /// with the LDLQ factors of the current Hessian group kept for the group's next probes (q/k/v
 /// share one, gate/up another; a tensor probed at two types reuses its family's); everything
-/// else whole, as convert writes it ([`substitutes`]).
+/// else whole, as convert writes it ([`substitutes`]). The measured plans use its row samples
+/// too ([`ProbeEncoder::sample`]).
 #[derive(Default)]
-struct ProbeEncoder {
+pub(super) struct ProbeEncoder {
     group: Option<String>,
     /// From a Hessian file: the current group's matrix.
     loaded: Option<crate::quant::Hessian>,
@@ -478,7 +479,7 @@ struct ProbeEncoder {
 
 impl ProbeEncoder {
     /// Forget the group (its Hessian is about to be dropped).
-    fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         *self = ProbeEncoder::default();
     }
 
@@ -495,40 +496,8 @@ impl ProbeEncoder {
         calib: &Calibration,
     ) -> Result<Encoded> {
         if let (Job::Probe(_), [i]) = (job, idx) {
-            let e = &plan.entries[*i];
-            let key = group_of(calib, &e.name);
-            if key != self.group {
-                self.factors.clear();
-                self.loaded = None;
-                self.last = None;
-                if let (Some(k), Calibration::File(f)) = (&key, calib) {
-                    self.loaded = Some(f.load_group(k)?);
-                }
-                self.group = key;
-            }
-            // A 70B FFN-width factor is several GB: one at a time (a second type of the same
-            // family keeps it).
-            if e.dims.first().is_some_and(|&n| n > WIDE) && self.last != Some(ty) {
-                self.factors.clear();
-            }
-            self.last = Some(ty);
-            let h = match calib {
-                Calibration::Memory(hs) => hs.for_tensor(&e.name),
-                Calibration::File(_) => self.loaded.as_ref(),
-                _ => None,
-            };
-            let (ldlq, factors) = (plan.ldlq, &mut self.factors);
-            let p = super::probe::row_probe(
-                file,
-                src,
-                e,
-                *i,
-                ty,
-                h,
-                ldlq,
-                factors,
-                super::probe::probe_elements(),
-            )?;
+            let cap = super::probe::probe_elements();
+            let p = self.sample(file, src, plan, *i, ty, calib, cap, Sample::Plain)?;
             if let Some(p) = p {
                 return Ok(Encoded::Rows(p));
             }
@@ -536,6 +505,50 @@ impl ProbeEncoder {
         Ok(Encoded::Whole(substitutes(
             src, plan, profile, idx, ty, calib,
         )?))
+    }
+
+    /// Entry `i` of `plan` at `ty` on a sample of its rows ([`super::probe::row_probe`]) when it
+    /// has more than `cap` elements and a Hessian under `calib`; None otherwise (encode it whole).
+    /// Calls for one Hessian group in a row share its factors.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn sample(
+        &mut self,
+        file: &GgufFile,
+        src: &dyn TensorSource,
+        plan: &Plan,
+        i: usize,
+        ty: TensorType,
+        calib: &Calibration,
+        cap: u64,
+        sample: Sample,
+    ) -> Result<Option<super::probe::RowProbe>> {
+        let e = &plan.entries[i];
+        if e.dims.len() != 2 || e.dims.iter().product::<u64>() <= cap {
+            return Ok(None);
+        }
+        let key = group_of(calib, &e.name);
+        if key != self.group {
+            self.factors.clear();
+            self.loaded = None;
+            self.last = None;
+            if let (Some(k), Calibration::File(f)) = (&key, calib) {
+                self.loaded = Some(f.load_group(k)?);
+            }
+            self.group = key;
+        }
+        // A 70B FFN-width factor is several GB: one at a time (a second type of the same
+        // family keeps it).
+        if e.dims.first().is_some_and(|&n| n > WIDE) && self.last != Some(ty) {
+            self.factors.clear();
+        }
+        self.last = Some(ty);
+        let h = match calib {
+            Calibration::Memory(hs) => hs.for_tensor(&e.name),
+            Calibration::File(_) => self.loaded.as_ref(),
+            _ => None,
+        };
+        let (ldlq, factors) = (plan.ldlq, &mut self.factors);
+        super::probe::row_probe(file, src, e, i, ty, h, ldlq, factors, cap, sample)
     }
 }
 
@@ -629,6 +642,9 @@ mod tests {
     /// encoding as convert writes it (LDLQ encodes rows independently), in the input's float
     /// type, and the input's own bytes in every other row; its error is the sampled rows' summed
     /// weighted error of that encoding (the scalar reference's); at or under the cap, no sample.
+    /// Amplified (a measured plan's sample), the sampled rows hold `w + s·(q − w)` of the same
+    /// encoding's `q`, whose weighted error is `s²` times the sample's, and `s²` times the
+    /// sample's error estimates the whole tensor's error (within 2× on these tensors).
     #[test]
     fn row_probes_hold_the_whole_encodings_rows() {
         use crate::quant::sensitivity::{row_errors, sample_rows, Factors, Weighting};
@@ -648,65 +664,96 @@ mod tests {
             let rb = orig.len() / n_rows as usize;
             let mut x = vec![0f32; n * n_rows as usize];
             src.read_rows_f32(i, 0, &mut x).unwrap();
+            let w = Weighting::Hessian {
+                h: h.unwrap(),
+                ldlq: plan.ldlq,
+            };
             for ty in [TensorType::Q4K, TensorType::Q3K, TensorType::IQ4XS] {
                 let whole = substitutes(src.as_ref(), &plan, &profile, &[i], ty, &calib).unwrap();
                 let mut q = vec![0f32; x.len()];
                 crate::quant::decode_rows(ty, &whole[0].3, &mut q, n, name).unwrap();
+                let whole_err: f64 = row_errors(&x, &q, n, &w).iter().sum();
                 let cap = (n as u64 * n_rows) / 4;
-                let rp = super::super::probe::row_probe(
-                    &file,
-                    src.as_ref(),
-                    e,
-                    i,
-                    ty,
-                    h,
-                    plan.ldlq,
-                    &mut factors,
-                    cap,
-                )
-                .unwrap()
-                .expect("a sample over the cap");
                 let rows = cap.div_ceil(n as u64) as usize;
                 assert!(rows > 1 && (rows as u64) < n_rows, "{rows}");
-
                 let picks = sample_rows(n_rows, rows);
-                let sub = rp.substitute(&file).unwrap();
-                assert_eq!((sub.1, sub.2), (t.ty, t.type_id));
-                let got = &sub.3;
-                let mut err = 0.0;
-                let w = Weighting::Hessian {
-                    h: h.unwrap(),
-                    ldlq: plan.ldlq,
-                };
-                for r in 0..n_rows as usize {
-                    let at = r * rb..(r + 1) * rb;
-                    if picks.contains(&(r as u64)) {
-                        let row = &q[r * n..(r + 1) * n];
-                        let back = crate::quant::encode_rows(
-                            t.ty,
-                            name,
-                            row,
-                            n,
-                            &crate::quant::Encoder::Nearest,
-                        )
-                        .unwrap();
-                        assert!(
-                            got[at] == back[..],
-                            "{name} {ty}: row {r} is not the whole encoding's"
-                        );
-                        err += row_errors(&x[r * n..(r + 1) * n], row, n, &w)[0];
-                    } else {
-                        assert!(got[at.clone()] == orig[at], "{name} {ty}: row {r} changed");
+                let s = (n_rows as f64 / rows as f64).sqrt() as f32;
+                let mut plain_err = 0.0;
+                for mode in [Sample::Plain, Sample::Amplified] {
+                    let rp = super::super::probe::row_probe(
+                        &file,
+                        src.as_ref(),
+                        e,
+                        i,
+                        ty,
+                        h,
+                        plan.ldlq,
+                        &mut factors,
+                        cap,
+                        mode,
+                    )
+                    .unwrap()
+                    .expect("a sample over the cap");
+                    let sub = rp.substitute(&file).unwrap();
+                    assert_eq!((sub.1, sub.2), (t.ty, t.type_id));
+                    let got = &sub.3;
+                    let (mut err, mut held_err) = (0.0, 0.0);
+                    for r in 0..n_rows as usize {
+                        let at = r * rb..(r + 1) * rb;
+                        if picks.contains(&(r as u64)) {
+                            let xr = &x[r * n..(r + 1) * n];
+                            let mut row = q[r * n..(r + 1) * n].to_vec();
+                            err += row_errors(xr, &row, n, &w)[0];
+                            if mode == Sample::Amplified {
+                                for (y, x) in row.iter_mut().zip(xr) {
+                                    *y = *x + s * (*y - *x);
+                                }
+                            }
+                            let back = crate::quant::encode_rows(
+                                t.ty,
+                                name,
+                                &row,
+                                n,
+                                &crate::quant::Encoder::Nearest,
+                            )
+                            .unwrap();
+                            assert!(
+                                got[at] == back[..],
+                                "{name} {ty} {mode:?}: row {r} is not the whole encoding's"
+                            );
+                            let mut held = vec![0f32; n];
+                            crate::quant::decode_rows(t.ty, &back, &mut held, n, name).unwrap();
+                            held_err += row_errors(xr, &held, n, &w)[0];
+                        } else {
+                            assert!(got[at.clone()] == orig[at], "{name} {ty}: row {r} changed");
+                        }
                     }
+                    assert!(
+                        (rp.err - err).abs() <= 1e-9 * err,
+                        "{}: {} vs {err}",
+                        name,
+                        rp.err
+                    );
+                    assert!(err > 0.0);
+                    let gain = match mode {
+                        Sample::Plain => 1.0,
+                        Sample::Amplified => (s * s) as f64,
+                    };
+                    assert!(
+                        (held_err / (gain * err) - 1.0).abs() < 0.02,
+                        "{name} {ty} {mode:?}: the rows' error {held_err} vs {gain} × {err}"
+                    );
+                    if mode == Sample::Amplified {
+                        assert_eq!(err, plain_err, "{name} {ty}: the same sample");
+                        let est = gain * err;
+                        assert!(
+                            est < 2.0 * whole_err && whole_err < 2.0 * est,
+                            "{name} {ty}: s² × the sample's error {est} vs the whole {whole_err}"
+                        );
+                    }
+                    plain_err = err;
+                    sampled += 1;
                 }
-                assert!(
-                    (rp.err - err).abs() <= 1e-9 * err,
-                    "{}: {} vs {err}",
-                    name,
-                    rp.err
-                );
-                assert!(err > 0.0);
-                sampled += 1;
                 // At or under the cap: the whole tensor (no sample).
                 let whole_cap = n as u64 * n_rows;
                 assert!(super::super::probe::row_probe(
@@ -719,13 +766,14 @@ mod tests {
                     plan.ldlq,
                     &mut factors,
                     whole_cap,
+                    Sample::Amplified,
                 )
                 .unwrap()
                 .is_none());
             }
             factors.clear();
         }
-        assert_eq!(sampled, 6);
+        assert_eq!(sampled, 12);
     }
 
     /// The probes in memory, resumed at their first block, give the KLDs of the copies they

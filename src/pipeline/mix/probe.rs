@@ -111,10 +111,10 @@ impl<'a> Probes<'a> {
     }
 
     /// The mean KLD of each of `n` variants of the input (models with tensors replaced), run
-    /// together stage by stage: `subs(stage)` gives each variant's replacements for `stage`
-    /// (called once per stage, in pass order: [`Stage::Embed`], every block, [`Stage::Head`]),
-    /// which are dropped once every variant has run that stage; `ran()` after each variant's
-    /// stage. So the caller need hold only one stage's encoded tensors (a block's, shared by the
+    /// together stage by stage: `subs(stage, k)` gives variant `k`'s replacements for `stage`
+    /// (called for `k = 0..n` in turn, just before that variant runs the stage, stages in pass
+    /// order: [`Stage::Embed`], every block, [`Stage::Head`]); each is dropped once its variant
+    /// has run the stage; `ran()` after each variant's stage. So the caller need hold only one stage's encoded tensors (a block's, shared by the
     /// variants that hold the same (tensor, type)) and each variant its hidden states
     /// (`windows × ctx × n_embd` f32), never a whole quantized model; each block of the input is
     /// read once for all variants. Each KLD is bit for bit what [`Probes::kld`] gives for the
@@ -128,27 +128,18 @@ impl<'a> Probes<'a> {
     pub(crate) fn kld_streamed(
         &mut self,
         n: usize,
-        subs: &mut dyn FnMut(Stage) -> Result<Vec<Vec<Substitute>>>,
+        subs: &mut dyn FnMut(Stage, usize) -> Result<Vec<Substitute>>,
         ran: &dyn Fn(),
         drive: Option<Driver>,
     ) -> Result<Vec<f64>> {
         let (ctx, first, batch) = (self.win.n_ctx, self.win.first(), self.batch);
         let n_layer = self.reference.cfg.n_layer;
         let ranges = self.batch_ranges();
-        let stage = |subs: &mut dyn FnMut(Stage) -> Result<Vec<Vec<Substitute>>>, s: Stage| {
-            let v = subs(s)?;
-            if v.len() != n {
-                return Err(crate::error::Error::internal(format!(
-                    "{s:?}: {} variants' replacements for {n} variants",
-                    v.len()
-                )));
-            }
-            Ok(v)
-        };
         // Embeddings: the input's own for every variant that keeps token_embd.
         let mut plain: Option<Vec<Vec<f32>>> = None;
         let mut states: Vec<Vec<Vec<f32>>> = Vec::with_capacity(n);
-        for sk in stage(subs, Stage::Embed)? {
+        for k in 0..n {
+            let sk = subs(Stage::Embed, k)?;
             let x = if sk.is_empty() {
                 if plain.is_none() {
                     let e: Result<Vec<_>> = ranges
@@ -182,7 +173,8 @@ impl<'a> Probes<'a> {
                     )));
                 }
                 next += 1;
-                for (k, sk) in stage(subs, Stage::Block(l))?.into_iter().enumerate() {
+                for k in 0..n {
+                    let sk = subs(Stage::Block(l), k)?;
                     let view = file.with_tensors(sk)?;
                     let m = Model::new(&view, Numerics::Ggml)?;
                     let mut b = Batches {
@@ -213,7 +205,8 @@ impl<'a> Probes<'a> {
         self.blocks_run += n * n_layer;
         // The head, resumed from each variant's last block's output rows.
         let mut out = Vec::with_capacity(n);
-        for (k, sk) in stage(subs, Stage::Head)?.into_iter().enumerate() {
+        for k in 0..n {
+            let sk = subs(Stage::Head, k)?;
             let view = self.file.with_tensors(sk)?;
             let m = Model::new(&view, Numerics::Ggml)?;
             let reference = Reference::File(Reader::open(self.ref_logits)?);
@@ -310,6 +303,14 @@ pub(crate) fn probe_elements() -> u64 {
         .unwrap_or(PROBE_ELEMENTS)
 }
 
+/// What a row sample's rows hold: the quantized values (a probe), or their error amplified to
+/// stand for the whole tensor's (a measured plan, [`row_probe`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Sample {
+    Plain,
+    Amplified,
+}
+
 /// A probe on a sample of a tensor's rows (`cap / n` rounded up, evenly spaced): the sampled rows'
 /// quantized values in the input's float type, and their summed weighted error
 /// `Σ Δw H Δwᵀ / tokens` (the sensitivity's units). It holds only the sample until it runs
@@ -355,6 +356,13 @@ impl RowProbe {
 /// `KLD(sample) / err(sample)` estimates the whole tensor's `KLD / err` — all the fit uses.
 /// None: at or below `cap` elements, not 2-D, a quantized source or no matching Hessian (the
 /// whole tensor is probed).
+///
+/// With [`Sample::Amplified`] (the measured plans) each sampled row holds `w + s·(q − w)` instead
+/// of `q`, with `s = √(n_rows / sampled rows)`: its quantization error scaled so that the
+/// sample's expected weighted error (`s²` times the sampled rows' sum) is the whole tensor's, and
+/// a plan of many sampled tensors is measured in one pass as an unbiased estimate, to second
+/// order, of the whole plan's KLD (the cross terms between rows average to zero). `err` stays
+/// the sampled rows' unscaled error.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn row_probe(
     file: &GgufFile,
@@ -366,6 +374,7 @@ pub(crate) fn row_probe(
     ldlq: crate::quant::LdlqSettings,
     factors: &mut crate::quant::sensitivity::Factors,
     cap: u64,
+    sample: Sample,
 ) -> Result<Option<RowProbe>> {
     use crate::quant::sensitivity::{encode, row_errors, sample_rows, Weighting};
     let [n, n_rows] = e.dims[..] else {
@@ -393,6 +402,12 @@ pub(crate) fn row_probe(
     let mut q = vec![0f32; rows.len()];
     crate::quant::decode_rows(ty, &bytes, &mut q, n, &e.name)?;
     let err: f64 = row_errors(&rows, &q, n, &w).iter().sum();
+    if sample == Sample::Amplified {
+        let s = (n_rows as f64 / picks.len() as f64).sqrt() as f32;
+        for (y, x) in q.iter_mut().zip(&rows) {
+            *y = *x + s * (*y - *x);
+        }
+    }
     // The sampled rows in the input's own float type.
     let enc = crate::quant::Encoder::Nearest;
     let rows = crate::quant::encode_rows(t.ty, &e.name, &q, n, &enc)?;

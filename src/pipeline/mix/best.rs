@@ -333,11 +333,9 @@ pub(super) fn measure(
             Calibration::Stream(_) => &Calibration::Memory(&hs),
             c => c,
         };
-        let Some(m) = by_stage[k].get(&stage) else {
-            return Ok(vec![]);
-        };
         if k == 0 {
-            // The stage's first plan: encode what every plan needs for this stage.
+            // The stage's first plan (whether or not it changes anything here): encode what
+            // every plan needs for this stage.
             held.clear();
             let mut want: Vec<(Option<String>, TensorType, usize, usize)> = vec![];
             let mut seen = BTreeSet::new();
@@ -380,6 +378,9 @@ pub(super) fn measure(
                 step();
             }
         }
+        let Some(m) = by_stage[k].get(&stage) else {
+            return Ok(vec![]);
+        };
         let p = &marked[k];
         m.iter()
             .map(|&i| {

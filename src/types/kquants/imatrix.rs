@@ -18,7 +18,7 @@
 
 use super::q45_k::{pack_q4_k, pack_q5_k, pack_scale_min_k4, requantize};
 use super::search::{make_qkx2_quants, make_qp_quants};
-use super::{nearest_int, pack_2bit, put_f16, Q2_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, QK_K};
+use super::{pack_2bit, put_f16, Q2_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, QK_K};
 
 /// ggml's `make_qkx3_quants` with llama.cpp's imatrix settings over one group of `N` values.
 #[inline]
@@ -150,17 +150,7 @@ pub(crate) fn quantize_q2_k_imatrix(src: &[f32], imp: &[f32], out: &mut [u8]) {
             for j in 0..QK_K / 16 {
                 sc[j] = ls[j] | (lm[j] << 4);
             }
-            for j in 0..QK_K / 16 {
-                let dj = d * (sc[j] & 0x0F) as f32;
-                if dj == 0.0 {
-                    continue;
-                }
-                let dmj = dmin * (sc[j] >> 4) as f32;
-                for ii in 0..16 {
-                    let q = nearest_int((x[16 * j + ii] + dmj) / dj);
-                    l[16 * j + ii] = q.clamp(0, 3) as u8;
-                }
-            }
+            super::q2_k::levels_from_scales(x, sc, d, dmin, &mut l);
             pack_2bit(&l, &mut rest[..64]);
         }
     }

@@ -83,17 +83,24 @@ pub fn quantize_q2_k(src: &[f32], out: &mut [u8]) {
         } else {
             put_f16(rest, 66, 0.0)
         };
-        for j in 0..QK_K / 16 {
-            let dj = d * (sc[j] & 0x0F) as f32;
-            if dj == 0.0 {
-                continue;
-            }
-            let dm = dmin * (sc[j] >> 4) as f32;
-            for ii in 0..16 {
-                let q = nearest_int((x[16 * j + ii] + dm) / dj);
-                l[16 * j + ii] = q.clamp(0, 3) as u8;
-            }
-        }
+        levels_from_scales(x, sc, d, dmin, &mut l);
         pack_2bit(&l, &mut rest[..64]);
+    }
+}
+
+/// The 2-bit levels of one super-block from its stored scales (`sc`: 4-bit scale | 4-bit min per
+/// 16 values) and super-scales `d`, `dmin`, as ggml's q2_K quantizers finish; a group whose scale
+/// is 0 keeps its levels.
+pub(super) fn levels_from_scales(x: &[f32], sc: &[u8], d: f32, dmin: f32, l: &mut [u8; QK_K]) {
+    for j in 0..QK_K / 16 {
+        let dj = d * (sc[j] & 0x0F) as f32;
+        if dj == 0.0 {
+            continue;
+        }
+        let dm = dmin * (sc[j] >> 4) as f32;
+        for ii in 0..16 {
+            let q = nearest_int((x[16 * j + ii] + dm) / dj);
+            l[16 * j + ii] = q.clamp(0, 3) as u8;
+        }
     }
 }

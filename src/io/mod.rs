@@ -176,7 +176,7 @@ fn remove_stale_temps(dir: &Path, final_name: &str) {
 #[cfg(unix)]
 mod on_signal {
     use std::ffi::CString;
-    use std::sync::atomic::{AtomicPtr, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
     use std::sync::Once;
 
     const SLOTS: usize = 64;
@@ -184,21 +184,46 @@ mod on_signal {
         [const { AtomicPtr::new(std::ptr::null_mut()) }; SLOTS];
     static INSTALL: Once = Once::new();
 
-    extern "C" fn cleanup(sig: libc::c_int) {
-        // Other threads run on while this one unlinks: a checkpoint being written (its temp
-        // file renamed onto the checkpoint) could reappear after its unlink. Later slots first
-        // (a checkpoint's temp is registered after the checkpoint itself), so the rename either
-        // fails on the unlinked temp or lands before the checkpoint is unlinked; a second pass
-        // catches a file another thread made during the first.
-        for _ in 0..2 {
-            for slot in PATHS.iter().rev() {
-                let p = slot.load(Ordering::SeqCst);
-                if !p.is_null() {
-                    // SAFETY: `p` is a leaked, NUL-terminated path that is never freed; unlink
-                    // is async-signal-safe.
-                    unsafe { libc::unlink(p) };
-                }
+    /// Threads between registering a path and creating its file (see [`creating`]).
+    static CREATING: AtomicUsize = AtomicUsize::new(0);
+    /// Set first thing in the handler: no file is created after it.
+    static DYING: AtomicBool = AtomicBool::new(false);
+
+    fn unlink_all() {
+        for slot in PATHS.iter().rev() {
+            let p = slot.load(Ordering::SeqCst);
+            if !p.is_null() {
+                // SAFETY: `p` is a leaked, NUL-terminated path that is never freed; unlink
+                // is async-signal-safe.
+                unsafe { libc::unlink(p) };
             }
+        }
+    }
+
+    extern "C" fn cleanup(sig: libc::c_int) {
+        // Other threads run on while this one unlinks. A file being created is registered
+        // before it exists, inside a `creating` section the handler waits out (bounded: the
+        // section may be this very thread's, interrupted), and no section starts once DYING is
+        // set, so no file appears after the last pass. A checkpoint being written (its temp
+        // renamed onto the checkpoint) could reappear after its unlink: later slots first (a
+        // checkpoint's temp is registered after the checkpoint itself), so the rename either
+        // fails on the unlinked temp or lands before the checkpoint is unlinked; the second
+        // pass catches a rename that landed during the first.
+        DYING.store(true, Ordering::SeqCst);
+        unlink_all();
+        let nap = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 1_000_000,
+        };
+        for _ in 0..500 {
+            if CREATING.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            // SAFETY: nanosleep is async-signal-safe.
+            unsafe { libc::nanosleep(&nap, std::ptr::null_mut()) };
+        }
+        for _ in 0..2 {
+            unlink_all();
         }
         // SAFETY: restore the default action and re-raise, so the exit status says "killed by sig".
         unsafe {
@@ -244,6 +269,47 @@ mod on_signal {
             PATHS[i].store(std::ptr::null_mut(), Ordering::SeqCst);
         }
     }
+
+    /// Register `paths`, then run `create` (which makes their files): a signal at any point
+    /// leaves none of them behind. Once a signal has arrived no file is created: the thread
+    /// waits for the handler to end the process. The slots are released if `create` fails.
+    pub(super) fn creating<T, E>(
+        paths: &[&std::path::Path],
+        create: impl FnOnce() -> Result<T, E>,
+    ) -> Result<(Vec<Option<usize>>, T), E> {
+        CREATING.fetch_add(1, Ordering::SeqCst);
+        while DYING.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let slots: Vec<_> = paths.iter().map(|p| register(p)).collect();
+        let r = create();
+        CREATING.fetch_sub(1, Ordering::SeqCst);
+        match r {
+            Ok(v) => Ok((slots, v)),
+            Err(e) => {
+                slots.into_iter().for_each(unregister);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Run `create` (which makes the files at `paths`) so that SIGINT/SIGTERM/SIGHUP at any point
+/// leaves none of them behind; returns their signal slots.
+#[cfg(unix)]
+fn creating<T, E>(
+    paths: &[&Path],
+    create: impl FnOnce() -> std::result::Result<T, E>,
+) -> std::result::Result<(Vec<Option<usize>>, T), E> {
+    on_signal::creating(paths, create)
+}
+
+#[cfg(not(unix))]
+fn creating<T, E>(
+    paths: &[&Path],
+    create: impl FnOnce() -> std::result::Result<T, E>,
+) -> std::result::Result<(Vec<Option<usize>>, T), E> {
+    create().map(|v| (vec![None; paths.len()], v))
 }
 
 /// An output being written: a temporary file `.NAME.tq-tmp-PID-N` beside the final path, created
@@ -282,21 +348,20 @@ impl TempOutput {
         loop {
             let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let tmp_path = dir.join(format!("{}{}-{n}", temp_prefix(&base), std::process::id()));
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&tmp_path)
-            {
-                Ok(file) => {
-                    #[cfg(unix)]
-                    let slot = on_signal::register(&tmp_path);
+            match creating(&[&tmp_path], || {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&tmp_path)
+            }) {
+                Ok((_slots, file)) => {
                     return Ok((
                         TempOutput {
                             final_path: final_path.to_path_buf(),
                             tmp_path,
                             committed: false,
                             #[cfg(unix)]
-                            slot,
+                            slot: _slots[0],
                             checkpoint: None,
                         },
                         file,
@@ -330,7 +395,7 @@ impl TempOutput {
             };
             remove_stale_temps(dir, &base.to_string_lossy());
         }
-        let file = match resume_at {
+        let (_slots, file) = creating(&[&tmp_path, &checkpoint], || match resume_at {
             None => {
                 let _ = std::fs::remove_file(&tmp_path);
                 std::fs::OpenOptions::new()
@@ -354,17 +419,14 @@ impl TempOutput {
                     f.seek(SeekFrom::Start(pos))?;
                     Ok(f)
                 }),
-        }
+        })
         .map_err(|e| Error::io(&tmp_path, e))?;
         Ok((
             TempOutput {
                 final_path: final_path.to_path_buf(),
                 #[cfg(unix)]
-                slot: on_signal::register(&tmp_path),
-                #[cfg(unix)]
-                checkpoint: Some((checkpoint.clone(), on_signal::register(&checkpoint))),
-                #[cfg(not(unix))]
-                checkpoint: Some((checkpoint, None)),
+                slot: _slots[0],
+                checkpoint: Some((checkpoint, _slots[1])),
                 tmp_path,
                 committed: false,
             },

@@ -268,6 +268,64 @@ fn bad_requests_are_one_line_errors() {
     assert!(json(&out)["file_bytes"].as_u64().unwrap() <= min);
 }
 
+/// Calibrated without `--kld-text`, the token embedding (no Hessian) keeps q8_0, so the
+/// smallest file is larger than every tensor at its smallest type: a target under it fails at
+/// once, before the sensitivity pass (no progress line of it, with progress every 10 ms), and
+/// the size it names is exactly feasible.
+#[test]
+fn an_infeasible_target_fails_before_measuring_with_the_kept_q8_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, text) = tiny_and_text(dir.path());
+    let h = dir.path().join("H.safetensors");
+    let (code, _, err) = tq(&[
+        "calib",
+        s(&model),
+        "--text",
+        s(&text),
+        "--tokens",
+        "512",
+        "-q",
+        "-o",
+        s(&h),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let base = [
+        "convert",
+        s(&model),
+        "--target",
+        "upstream",
+        "--calib",
+        s(&h),
+        "--dry-run",
+    ];
+    let env = [("TQ_PROGRESS_SECS", "0.01")];
+    let (code, _, err) = fixtures::tq_env(&[&base[..], &["--target-bpw", "1.0"]].concat(), &env);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("below the smallest file"), "{err}");
+    assert!(
+        !err.contains("sensitivity"),
+        "measured before failing: {err}"
+    );
+    let min: u64 = err
+        .split("candidate types give (")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    let (code, out, err) = fixtures::tq_env(
+        &[&base[..], &["--target-size", &min.to_string(), "--json"]].concat(),
+        &env,
+    );
+    assert_eq!(code, 0, "{err}");
+    let plan = json(&out);
+    assert!(plan["file_bytes"].as_u64().unwrap() <= min);
+    let embd = types(&plan)
+        .into_iter()
+        .find(|(n, _)| n == "token_embd.weight")
+        .expect("token_embd in the plan");
+    assert_eq!(embd.1, "q8_0");
+}
+
 /// SmolLM2 (the Q4_1 file, requantized), calibrated on Botchan: the mix at a size fits it, and
 /// the predicted KLD (fit on 7 single-tensor KLDs, one per role) is reported beside the measured one.
 #[test]

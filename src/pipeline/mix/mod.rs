@@ -149,19 +149,37 @@ pub fn choose(
         chosen: None,
         ref_logits: None,
     };
+    // Items none of whose tensors have calibration data (while others do): their errors are
+    // not in the units of the rest, so their KLDs are measured per candidate (with a fit), or
+    // they keep q8_0 (without).
+    let calibrated = !matches!(calib, Calibration::None);
+    let uncal: Vec<bool> = items
+        .iter()
+        .map(|(idx, _)| {
+            calibrated
+                && idx
+                    .iter()
+                    .all(|&i| !mix::has_weights(calib, &plan.entries[i]))
+        })
+        .collect();
     // An infeasible target fails before anything is measured: every tensor at its smallest
-    // candidate is a lower bound of the cheapest mix (exact where members choose freely).
+    // candidate is a lower bound of the cheapest mix (exact where members choose freely), with
+    // the uncalibrated items at the type they will keep when there is no KLD fit.
     {
         let mut q = plan.clone();
         let picks: Vec<Vec<usize>> = items
             .iter()
-            .map(|(idx, tys)| {
+            .zip(&uncal)
+            .map(|((idx, tys), &unc)| {
+                let kept = (unc && o.kld_text.is_none()).then(|| kept_uncalibrated(tys));
                 idx.iter()
                     .map(|&i| {
                         let n: u64 = plan.entries[i].dims.iter().product();
-                        (0..tys.len())
-                            .min_by_key(|&k| tys[k].bytes_for(n).unwrap_or(u64::MAX))
-                            .unwrap_or(0)
+                        kept.unwrap_or_else(|| {
+                            (0..tys.len())
+                                .min_by_key(|&k| tys[k].bytes_for(n).unwrap_or(u64::MAX))
+                                .unwrap_or(0)
+                        })
                     })
                     .collect()
             })
@@ -204,19 +222,6 @@ pub fn choose(
     };
     rep.sens_s = t0.elapsed().as_secs_f64();
 
-    // Items none of whose tensors have calibration data (while others do): their errors are
-    // not in the units of the rest, so their KLDs are measured per candidate (with a fit), or
-    // they keep q8_0 (without).
-    let calibrated = !matches!(calib, Calibration::None);
-    let uncal: Vec<bool> = items
-        .iter()
-        .map(|(idx, _)| {
-            calibrated
-                && idx
-                    .iter()
-                    .all(|&i| !mix::has_weights(calib, &plan.entries[i]))
-        })
-        .collect();
     let t1 = std::time::Instant::now();
     let mut direct: Vec<Option<Vec<f64>>> = vec![None; items.len()];
     if let Some(m) = &cached {
@@ -265,12 +270,8 @@ pub fn choose(
             if !uncal[it] {
                 continue;
             }
-            let keep = if tys.contains(&TensorType::Q8_0) {
-                TensorType::Q8_0
-            } else {
-                *tys.last().expect("non-empty")
-            };
-            let k = tys.iter().position(|t| *t == keep).unwrap_or(0);
+            let k = kept_uncalibrated(tys);
+            let keep = tys[k];
             table[it].iter_mut().for_each(|m| *m = vec![m[k]]);
             *tys = vec![keep];
             rep.pinned.push((plan.entries[idx[0]].name.clone(), keep));
@@ -510,6 +511,14 @@ pub fn choose(
 }
 
 /// The plan's parameters (every tensor's elements).
+/// The candidate an item without calibration data keeps when there is no KLD fit: q8_0, else
+/// the last (largest) candidate.
+fn kept_uncalibrated(tys: &[TensorType]) -> usize {
+    tys.iter()
+        .position(|t| *t == TensorType::Q8_0)
+        .unwrap_or(tys.len().saturating_sub(1))
+}
+
 fn params_of(plan: &Plan) -> u64 {
     plan.entries
         .iter()
@@ -620,7 +629,8 @@ pub(crate) fn run(
 }
 
 /// What a mix's measurements depend on besides the candidate types: the model's and the
-/// calibration's contents (blake3), the KLD text, the settings and the target profile.
+/// calibration's contents (blake3), the KLD text, the settings, the target profile and the
+/// executable (blake3).
 fn cache_key(job: &Job) -> Result<cache::Key> {
     let a = &job.flags;
     let hash = |p: &Path| crate::io::hash_file(p);
@@ -668,5 +678,7 @@ fn cache_key(job: &Job) -> Result<cache::Key> {
                 env!("CARGO_PKG_VERSION")
             ),
         ),
+        // Another build's encoders (and so its sensitivity and probes) may differ.
+        ("build", store::build_id().to_string()),
     ]))
 }

@@ -58,7 +58,7 @@ fn check(desc: &str, bytes: &[u8]) -> [u8; CHECK] {
 /// The running executable's blake3: kept bytes are only read back by the build that made them
 /// (an encoder may change between builds of one version). Without it, this process's id: no
 /// reuse across runs, but correct bytes.
-fn build_id() -> &'static str {
+pub(super) fn build_id() -> &'static str {
     static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     ID.get_or_init(|| {
         std::env::current_exe()

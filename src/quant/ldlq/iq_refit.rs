@@ -6,14 +6,14 @@
 //! Every scale group `g` (32 values; 16 for IQ2_XS / IQ2_S) decodes as `step_g · c_t` with `c_t`
 //! the grid value times its sign. With the codes fixed the decoded row is linear in the steps, so
 //! `min (w − q) H (w − q)ᵀ` over the steps is the least-squares problem `(Cᵀ H C) a = Cᵀ H w`
-//! (`stock::normal_equations_values`), solved for the whole row. The steps are then written in the
+//! (`normal::normal_equations_values`), solved for the whole row. The steps are then written in the
 //! format's own form, `d · (α + β s)` with `d` the super-block's f16 scale and `s` a 4-bit
 //! sub-scale ([`Form`]): for each super-block the `d` (from a few candidates for the largest
 //! sub-scale, then refined) of least `Σ A_gg (a_g − â_g)²` under the normal matrix's diagonal.
 //! A row keeps the new scales and codes only when its error `(w − q) H (w − q)ᵀ` under the damped
 //! Hessian went down, so a refit never makes a row worse by the objective the sweep minimises.
 
-use super::stock::{cholesky_solve, normal_equations_values};
+use super::normal::{cholesky_solve, normal_equations_values};
 use super::Factor;
 use crate::types::float::{f16_at, f16_bits_to_f32, f32_to_f16_bits};
 use crate::types::TensorType;

@@ -25,6 +25,7 @@ mod iq1_lattice;
 mod iq_grid;
 mod iq_lattice;
 mod iq_refit;
+mod normal;
 mod precision;
 pub mod prof;
 mod psp;

@@ -3,6 +3,7 @@
 //! (`types::grid::fit`), the values rounded onto the fixed grids in act-order
 //! (`Factor::perm`), then the block parameters refitted under the full Hessian ([`Refit`]).
 
+use super::normal::{cholesky_solve, normal_equations_values};
 use super::sweep::sweep;
 #[cfg(test)]
 use super::sweep::sweep_scalar;
@@ -332,115 +333,6 @@ fn normal_equations_rows(
     let nr = rows.len() / n;
     let c = Mat::<f64>::from_fn(nr, n, |r, t| grid::code_value(ty, codes[r * n + t]));
     normal_equations_values(rows, h, &c, grid::group_size(ty), grid::has_min(ty))
-}
-
-/// The normal equations of [`normal_equations_rows`] for code values `c` (rows × n) given
-/// directly: the decoded value at column `t` is `p[g]·c[t] (− p[ng + g])` with `g = t / gs`, the
-/// mins only when `hm`. Shared with the i-quants' scale refit (`iq_refit`).
-pub(super) fn normal_equations_values(
-    rows: &[f32],
-    h: &[f64],
-    c: &Mat<f64>,
-    gs: usize,
-    hm: bool,
-) -> Vec<(Vec<f64>, Vec<f64>)> {
-    use faer::{linalg::matmul::matmul, Accum, MatRef};
-    let (nr, n) = (c.nrows(), c.ncols());
-    let ng = n / gs;
-    let np = if hm { 2 * ng } else { ng };
-    let hmat = MatRef::from_row_major_slice(h, n, n);
-    let x = Mat::<f64>::from_fn(nr, n, |r, t| rows[r * n + t] as f64);
-    let mut hx = Mat::<f64>::zeros(nr, n);
-    matmul(hx.as_mut(), Accum::Replace, x.as_ref(), hmat, 1.0, Par::Seq);
-    let mut res: Vec<(Vec<f64>, Vec<f64>)> = (0..nr)
-        .map(|_| (vec![0f64; np * np], vec![0f64; np]))
-        .collect();
-    let mut mg = Mat::<f64>::zeros(nr, n);
-    for g in 0..ng {
-        // mg[r][t] = Σ_{s∈g} c_rs H_st: column t of H D_g (H symmetric).
-        matmul(
-            mg.as_mut(),
-            Accum::Replace,
-            c.as_ref().subcols(g * gs, gs),
-            hmat.subrows(g * gs, gs),
-            1.0,
-            Par::Seq,
-        );
-        for (r, (a, _)) in res.iter_mut().enumerate() {
-            for t in 0..n {
-                let (gt, v) = (t / gs, mg[(r, t)]);
-                a[gt * np + g] += c[(r, t)] * v;
-                if hm {
-                    a[(ng + gt) * np + g] -= v;
-                }
-            }
-        }
-    }
-    for (r, (_, rhs)) in res.iter_mut().enumerate() {
-        for t in 0..n {
-            let gt = t / gs;
-            rhs[gt] += c[(r, t)] * hx[(r, t)];
-            if hm {
-                rhs[ng + gt] -= hx[(r, t)];
-            }
-        }
-    }
-    if hm {
-        // The mins' columns are the same for every row: Σ_{s∈g} H_ts.
-        let mut nn = vec![0f64; ng];
-        for t in 0..n {
-            let gt = t / gs;
-            let hrow = &h[t * n..(t + 1) * n];
-            for (g, v) in nn.iter_mut().enumerate() {
-                *v = hrow[g * gs..(g + 1) * gs].iter().sum();
-            }
-            for (r, (a, _)) in res.iter_mut().enumerate() {
-                let ct = c[(r, t)];
-                for g in 0..ng {
-                    a[gt * np + ng + g] -= ct * nn[g];
-                    a[(ng + gt) * np + ng + g] += nn[g];
-                }
-            }
-        }
-    }
-    res
-}
-
-/// Solve `A p = b` for a symmetric positive definite `A` (n×n, row-major, overwritten by its
-/// Cholesky factor); `None` when `A` is not positive definite.
-pub(super) fn cholesky_solve(a: &mut [f64], b: &[f64], n: usize) -> Option<Vec<f64>> {
-    for j in 0..n {
-        let mut d = a[j * n + j];
-        for k in 0..j {
-            d -= a[j * n + k] * a[j * n + k];
-        }
-        if d <= 0.0 || !d.is_finite() {
-            return None;
-        }
-        let d = d.sqrt();
-        a[j * n + j] = d;
-        for i in j + 1..n {
-            let mut s = a[i * n + j];
-            for k in 0..j {
-                s -= a[i * n + k] * a[j * n + k];
-            }
-            a[i * n + j] = s / d;
-        }
-    }
-    let mut y = b.to_vec();
-    for i in 0..n {
-        for k in 0..i {
-            y[i] -= a[i * n + k] * y[k];
-        }
-        y[i] /= a[i * n + i];
-    }
-    for i in (0..n).rev() {
-        for k in i + 1..n {
-            y[i] -= a[k * n + i] * y[k];
-        }
-        y[i] /= a[i * n + i];
-    }
-    Some(y)
 }
 
 /// The one-row sweep of a stock type (the plain GPTQ loop, refit included), kept as the reference

@@ -1,5 +1,5 @@
 //! Block-LDLQ for tq2_t (issue 19): LDLQ's sweep in the whole-row rotated basis, each 64-value
-//! block quantized as one vector by the trellis ([`quantize_row_trellis`]): the block's codes are
+//! block quantized as one vector by the trellis ([`quantize_rows_trellis`]): the block's codes are
 //! chosen jointly against the block's quadratic form ([`trellis_block_forms`]) by
 //! [`quantize_block_quad`] (a weighted Viterbi search, decision feedback, coordinate descent of
 //! the codes, a least-squares scale, and the per-survivor search of [`super::psp`]), then the
@@ -111,14 +111,20 @@ pub(crate) fn trellis_block_forms(f: &Factor) -> Vec<f64> {
     out
 }
 
-/// One tq2_t row by block-LDLQ: each 64-value block is the trellis's vector quantizer. The block's
-/// target is its values after the feedback of every *earlier* block (QTIP's block LDL: with
-/// `H⁻¹ = UᵀU`, exactly the columns GPTQ's sweep has reached before the block); the block's codes
-/// are chosen jointly against the block's quadratic form ([`trellis_block_forms`], per `inner`),
-/// then the sweep runs through the block's columns with those codes fixed, so the error of every
-/// column feeds forward to the later blocks as LDLQ's does.
-pub(crate) fn quantize_row_trellis(
-    row: &[f32],
+/// Rows swept together by [`quantize_rows_trellis`]: each row of `U` is read once per group
+/// (the sweep is bound by reading `U`, n²/2 values per row otherwise).
+const ROW_GROUP: usize = 8;
+
+/// tq2_t rows by block-LDLQ (a group of rows, `rows.len() / n` of them): each 64-value block is
+/// the trellis's vector quantizer. The block's target is its values after the feedback of every
+/// *earlier* block (QTIP's block LDL: with `H⁻¹ = UᵀU`, exactly the columns GPTQ's sweep has
+/// reached before the block); the block's codes are chosen jointly against the block's quadratic
+/// form ([`trellis_block_forms`], per `inner`), then the sweep runs through the block's columns
+/// with those codes fixed, so the error of every column feeds forward to the later blocks as
+/// LDLQ's does. Rows are independent: each row's bytes are those of the row alone (the group
+/// only shares the reads of `U`; each value is updated in the same order).
+pub(crate) fn quantize_rows_trellis(
+    rows: &[f32],
     f: &Factor,
     forms: &[f64],
     band: usize,
@@ -126,70 +132,85 @@ pub(crate) fn quantize_row_trellis(
     out: &mut [u8],
 ) {
     let n = f.n;
+    let nr = rows.len() / n;
+    let rb = n / QK * TQ2T_BYTES;
     let band = if band == 0 { n } else { band };
     let r = tq2r::rotation(n).expect("planner checked the row length");
-    let mut x: Vec<f64> = r.forward(row).into_iter().map(|v| v as f64).collect();
+    let mut xs: Vec<Vec<f64>> = rows
+        .chunks_exact(n)
+        .map(|row| r.forward(row).into_iter().map(|v| v as f64).collect())
+        .collect();
     let mut sc = Scratch::new(L, QK);
     let mut ps = match inner {
         TrellisInner::Quad { psp, .. } if psp.0 > 0 => Some(PspScratch::new(psp.0, psp.1)),
         _ => None,
     };
-    let (mut xb, mut q) = ([0f32; QK], [0f32; QK]);
-    for (blk, b) in out.chunks_exact_mut(TQ2T_BYTES).enumerate() {
+    let mut xb = [0f32; QK];
+    let mut qs = vec![[0f32; QK]; nr];
+    let mut errs = vec![0f64; nr];
+    for blk in 0..n / QK {
         let j0 = blk * QK;
-        match inner {
-            TrellisInner::Plain => {
-                for (v, &s) in xb.iter_mut().zip(&x[j0..j0 + QK]) {
-                    *v = s as f32;
+        for ((x, q), o) in xs.iter().zip(qs.iter_mut()).zip(out.chunks_exact_mut(rb)) {
+            let b = &mut o[blk * TQ2T_BYTES..(blk + 1) * TQ2T_BYTES];
+            match inner {
+                TrellisInner::Plain => {
+                    for (v, &s) in xb.iter_mut().zip(&x[j0..j0 + QK]) {
+                        *v = s as f32;
+                    }
+                    tq2t::quantize_block(&xb, &mut sc, b, q);
                 }
-                tq2t::quantize_block(&xb, &mut sc, b, &mut q);
-            }
-            TrellisInner::Quad {
-                weighted,
-                passes,
-                feedback,
-                psp: _,
-                fast,
-            } => {
-                let au = &forms[blk * 2 * QK * QK..(blk + 1) * 2 * QK * QK];
-                let (a, ub) = au.split_at(QK * QK);
-                let mut wt = [1f32; QK];
-                if weighted {
-                    let mean = (0..QK).map(|j| a[j * QK + j]).sum::<f64>() / QK as f64;
-                    if mean > 0.0 && mean.is_finite() {
-                        for (j, w) in wt.iter_mut().enumerate() {
-                            *w = (a[j * QK + j] / mean) as f32;
+                TrellisInner::Quad {
+                    weighted,
+                    passes,
+                    feedback,
+                    psp: _,
+                    fast,
+                } => {
+                    let au = &forms[blk * 2 * QK * QK..(blk + 1) * 2 * QK * QK];
+                    let (a, ub) = au.split_at(QK * QK);
+                    let mut wt = [1f32; QK];
+                    if weighted {
+                        let mean = (0..QK).map(|j| a[j * QK + j]).sum::<f64>() / QK as f64;
+                        if mean > 0.0 && mean.is_finite() {
+                            for (j, w) in wt.iter_mut().enumerate() {
+                                *w = (a[j * QK + j] / mean) as f32;
+                            }
                         }
                     }
+                    quantize_block_quad(
+                        &x[j0..j0 + QK],
+                        a,
+                        ub,
+                        &wt,
+                        passes,
+                        (feedback, fast),
+                        ps.as_mut(),
+                        &mut sc,
+                        b,
+                        q,
+                    );
                 }
-                quantize_block_quad(
-                    &x[j0..j0 + QK],
-                    a,
-                    ub,
-                    &wt,
-                    passes,
-                    (feedback, fast),
-                    ps.as_mut(),
-                    &mut sc,
-                    b,
-                    &mut q,
-                );
             }
         }
         let t = super::prof::start();
-        for (jj, &qj) in q.iter().enumerate() {
+        for jj in 0..QK {
             let j = j0 + jj;
             let urow = &f.u[j * n..(j + 1) * n];
-            let err = (x[j] - qj as f64) / urow[j];
-            for k in j + 1..(j + 1 + band).min(n) {
-                x[k] -= err * urow[k];
+            let cols = j + 1..(j + 1 + band).min(n);
+            for ((x, q), err) in xs.iter().zip(&qs).zip(errs.iter_mut()) {
+                *err = (x[j] - q[jj] as f64) / urow[j];
+            }
+            for (x, &err) in xs.iter_mut().zip(&errs) {
+                for (xk, &u) in x[cols.clone()].iter_mut().zip(&urow[cols.clone()]) {
+                    *xk -= err * u;
+                }
             }
         }
         super::prof::add(super::prof::Phase::TrellisRow, t);
     }
 }
 
-/// tq2_t rows by block-LDLQ with the given inner quantizer (rows independent, in parallel).
+/// tq2_t rows by block-LDLQ with the given inner quantizer (row groups independent, in parallel).
 pub(crate) fn quantize_trellis(
     w: &[f32],
     n: usize,
@@ -204,9 +225,9 @@ pub(crate) fn quantize_trellis(
     };
     super::prof::add(super::prof::Phase::TrellisRow, t);
     let mut out = vec![0u8; w.len() / QK * TQ2T_BYTES];
-    out.par_chunks_mut(n / QK * TQ2T_BYTES)
-        .zip(w.par_chunks(n))
-        .for_each(|(o, row)| quantize_row_trellis(row, f, &forms, band, inner, o));
+    out.par_chunks_mut(ROW_GROUP * n / QK * TQ2T_BYTES)
+        .zip(w.par_chunks(ROW_GROUP * n))
+        .for_each(|(o, rows)| quantize_rows_trellis(rows, f, &forms, band, inner, o));
     out
 }
 
@@ -736,13 +757,103 @@ mod tests {
         }
     }
 
+    /// The definition of [`quantize_rows_trellis`]: one row at a time (the sweep re-reads `U` for
+    /// every row), the inner quantizer unweighted.
+    fn quantize_row_trellis_ref(
+        row: &[f32],
+        f: &Factor,
+        forms: &[f64],
+        band: usize,
+        inner: TrellisInner,
+        out: &mut [u8],
+    ) {
+        let n = f.n;
+        let band = if band == 0 { n } else { band };
+        let r = tq2r::rotation(n).unwrap();
+        let mut x: Vec<f64> = r.forward(row).into_iter().map(|v| v as f64).collect();
+        let mut sc = Scratch::new(L, QK);
+        let mut ps = match inner {
+            TrellisInner::Quad { psp, .. } if psp.0 > 0 => Some(PspScratch::new(psp.0, psp.1)),
+            _ => None,
+        };
+        let (mut xb, mut q) = ([0f32; QK], [0f32; QK]);
+        for (blk, b) in out.chunks_exact_mut(TQ2T_BYTES).enumerate() {
+            let j0 = blk * QK;
+            match inner {
+                TrellisInner::Plain => {
+                    for (v, &s) in xb.iter_mut().zip(&x[j0..j0 + QK]) {
+                        *v = s as f32;
+                    }
+                    tq2t::quantize_block(&xb, &mut sc, b, &mut q);
+                }
+                TrellisInner::Quad {
+                    passes,
+                    feedback,
+                    fast,
+                    ..
+                } => {
+                    let au = &forms[blk * 2 * QK * QK..(blk + 1) * 2 * QK * QK];
+                    let (a, ub) = au.split_at(QK * QK);
+                    let wt = [1f32; QK];
+                    quantize_block_quad(
+                        &x[j0..j0 + QK],
+                        a,
+                        ub,
+                        &wt,
+                        passes,
+                        (feedback, fast),
+                        ps.as_mut(),
+                        &mut sc,
+                        b,
+                        &mut q,
+                    );
+                }
+            }
+            for (jj, &qj) in q.iter().enumerate() {
+                let j = j0 + jj;
+                let urow = &f.u[j * n..(j + 1) * n];
+                let err = (x[j] - qj as f64) / urow[j];
+                for k in j + 1..(j + 1 + band).min(n) {
+                    x[k] -= err * urow[k];
+                }
+            }
+        }
+    }
+
+    /// Rows swept in groups (one read of `U` per group) give each row the bytes of the row swept
+    /// alone: 19 rows (two whole groups and a partial one), full band and a 64-column band, the
+    /// plain and the format's inner quantizer.
+    #[test]
+    fn row_groups_give_each_rows_own_bytes() {
+        let n = 192;
+        let (_, f) = correlated_factor(n, 41);
+        let forms = trellis_block_forms(&f);
+        let mut g = SplitMix64::new(9);
+        let rows = 2 * ROW_GROUP + 3;
+        let w: Vec<f32> = (0..rows * n).map(|_| g.gauss() as f32).collect();
+        let rb = n / QK * TQ2T_BYTES;
+        for band in [0, 64] {
+            for inner in [TrellisInner::Plain, TrellisInner::FORMAT] {
+                let got = quantize_trellis(&w, n, &f, band, inner);
+                let mut want = vec![0u8; rows * rb];
+                for (row, o) in w.chunks_exact(n).zip(want.chunks_exact_mut(rb)) {
+                    quantize_row_trellis_ref(row, &f, &forms, band, inner, o);
+                }
+                assert_eq!(got, want, "band {band} {inner:?}");
+            }
+        }
+    }
+
     /// Rows are encoded independently: the bytes do not depend on the thread count.
     #[test]
     fn trellis_ldlq_same_bytes_for_any_thread_count() {
         let n = 128;
         let (_, f) = correlated_factor(n, 33);
         let mut g = SplitMix64::new(6);
-        let w: Vec<f32> = (0..8 * n).map(|_| g.gauss() as f32).collect();
+        // Several row groups (and a partial one), so threads share the work differently.
+        let w: Vec<f32> = (0..(3 * ROW_GROUP + 5) * n)
+            .map(|_| g.gauss() as f32)
+            .collect();
         let run = |threads: usize| {
             rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)

@@ -34,8 +34,10 @@
 //!   `max/15` for q2_K, 6-bit signed scales over `max/−32` for q3_K and iq4_xs), and the f16
 //!   rounding of every stored scale: the grid returned is the one the decoder will use.
 //!
-//! `--imatrix` does not come here for the k-quants, q4_1 / q5_1 and the i-quants: those have
-//! llama-quantize's own encoder (`types::weighted_encoder`); for q4_K / q5_K it shares this fit. The refit after LDLQ ([`set_params`]) still quantizes q4_K / q5_K scales over `max/63`.
+//! `--imatrix` does not come here for the k-quants, q4_0 / q4_1 / q5_0 / q5_1 / q8_0 and the
+//! i-quants: those have llama-quantize's own encoder (`types::weighted_encoder`); for q4_K / q5_K
+//! it shares this fit. The refit after LDLQ ([`set_params`]) still quantizes q4_K / q5_K scales
+//! over `max/63`.
 
 use super::iquants::{iq4, KV_F32};
 use super::kquants::{

@@ -353,7 +353,10 @@ fn smollm2_576_matches_llama() {
 }
 
 /// Each tensor of `g` that `keep` selects: name → "type blake3".
-fn tensor_hashes(g: &GgufFile, keep: &dyn Fn(tq::types::TensorType) -> bool) -> BTreeMap<String, String> {
+fn tensor_hashes(
+    g: &GgufFile,
+    keep: &dyn Fn(tq::types::TensorType) -> bool,
+) -> BTreeMap<String, String> {
     g.tensors
         .iter()
         .filter(|t| keep(t.ty))

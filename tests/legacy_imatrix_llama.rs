@@ -1,8 +1,9 @@
-//! Q4_1 and Q5_1 against llama.cpp's own `llama-quantize`, byte for byte, with an importance
-//! matrix (`--imatrix`, written by tq and read by both: ggml's `quantize_row_q4_1_impl` /
-//! `quantize_row_q5_1_impl`, the `make_qkx3_quants` search under `imp·sqrt(σ² + x²)`) and
-//! without one (ggml's `quantize_row_q4_1_ref` / `quantize_row_q5_1_ref`, which llama-quantize
-//! runs when no imatrix is given).
+//! Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 against llama.cpp's own `llama-quantize`, byte for byte, with
+//! an importance matrix (`--imatrix`, written by tq and read by both: ggml's
+//! `quantize_row_q4_1_impl` / `quantize_row_q5_1_impl`, the `make_qkx3_quants` search under
+//! `imp·sqrt(σ² + x²)`; `quantize_row_q4_0_impl` / `quantize_row_q5_0_impl`, `make_qx_quants`
+//! under the same weights; `quantize_q8_0`, which ignores the importance) and without one (ggml's
+//! `quantize_row_*_ref`, which llama-quantize runs when no imatrix is given).
 //!
 //! These are the types llama-quantize's presets fall back to where a row cannot hold a k-quant
 //! super-block (SmolLM2's 576-wide matrices under Q5_K_M / Q5_K_S: q5_1), so the tensors are
@@ -35,11 +36,17 @@ use tq::gguf::{GgufFile, Value};
 use tq::quant::{encode_rows, Encoder};
 
 /// (type, llama-quantize ftype).
-const TYPES: [(&str, &str); 2] = [("q4_1", "Q4_1"), ("q5_1", "Q5_1")];
+const TYPES: [(&str, &str); 5] = [
+    ("q4_0", "Q4_0"),
+    ("q4_1", "Q4_1"),
+    ("q5_0", "Q5_0"),
+    ("q5_1", "Q5_1"),
+    ("q8_0", "Q8_0"),
+];
 
 const EXPECTED: Expected = Expected {
     path: "fixtures/legacy_imatrix_expected.json",
-    about: "Facts from llama.cpp (the copy vendored in the PyPI sdist llama-cpp-python==0.3.36, built by scripts/build-llama.sh): blake3 of each tensor's data bytes as written by llama-quantize --pure from F32 input, per type (q4_1, q5_1) and mode: 'imatrix' with the test's imatrix (written by tq), 'plain' without one. Recorded by scripts/dev/legacy_imatrix_llama_oracle.sh; checked by tests/legacy_imatrix_llama.rs.",
+    about: "Facts from llama.cpp (the copy vendored in the PyPI sdist llama-cpp-python==0.3.36, built by scripts/build-llama.sh): blake3 of each tensor's data bytes as written by llama-quantize --pure from F32 input, per type (q4_0, q4_1, q5_0, q5_1, q8_0) and mode: 'imatrix' with the test's imatrix (written by tq), 'plain' without one. Recorded by scripts/dev/legacy_imatrix_llama_oracle.sh; checked by tests/legacy_imatrix_llama.rs.",
     script: "scripts/dev/legacy_imatrix_llama_oracle.sh",
     record_var: "TQ_LEGACY_IMX_RECORD",
 };
@@ -279,16 +286,17 @@ fn compare_recorded(ts: &[Tensor], key: &str) {
             .filter(|t| exp[key][tn]["imatrix"][&t.name] != exp[key][tn]["plain"][&t.name])
             .count()
     };
-    assert!(
-        differ("q5_1") > 0,
-        "{key} q5_1: the imatrix changed nothing"
-    );
+    for tn in ["q4_0", "q5_0", "q5_1"] {
+        assert!(differ(tn) > 0, "{key} {tn}: the imatrix changed nothing");
+    }
     if key != "smollm2_576" {
         assert!(
             differ("q4_1") > 0,
             "{key} q4_1: the imatrix changed nothing"
         );
     }
+    // llama-quantize ignores the importance for q8_0: its two outputs are the same bytes.
+    assert_eq!(differ("q8_0"), 0, "{key} q8_0: llama used the imatrix");
     for (tn, _) in TYPES {
         for mode in MODES {
             let ours = |t: &Tensor| ours(tn, mode, t, &im);
@@ -344,13 +352,25 @@ fn smollm2_576_matches_llama() {
     compare_recorded(&ts, "smollm2_576");
 }
 
-/// The route a user takes: `tq convert SmolLM2 --preset Q5_K_M --imatrix IM` writes its q5_1
-/// tensors (the fallback of the 576-wide matrices) byte-identical to `llama-quantize --imatrix IM
-/// … Q5_K_M` (live, and against the recorded blake3 of llama-quantize's tensors). The other
-/// tensors are not compared here (q5_K / q6_K: tests/kquants_imatrix_llama.rs; q8_0: tq's own
-/// weighted fit).
-#[test]
-fn smollm2_q5_k_m_imatrix_q5_1_tensors_match_llama() {
+/// Each tensor of `g` that `keep` selects: name → "type blake3".
+fn tensor_hashes(
+    g: &GgufFile,
+    keep: &dyn Fn(tq::types::TensorType) -> bool,
+) -> BTreeMap<String, String> {
+    g.tensors
+        .iter()
+        .filter(|t| keep(t.ty))
+        .map(|t| {
+            let h = fixtures::blake3_hex(g.tensor_data(t));
+            (t.name.clone(), format!("{} {h}", t.ty))
+        })
+        .collect()
+}
+
+/// The route a user takes: `tq convert SmolLM2 --preset PRESET --imatrix IM` writes the tensors
+/// `keep` selects byte-identical to `llama-quantize --imatrix IM … PRESET` (live, and against the
+/// recorded blake3 of llama-quantize's tensors); at least `min` of them.
+fn preset_matches_llama(preset: &str, keep: &dyn Fn(tq::types::TensorType) -> bool, min: usize) {
     let Some(model) = fixtures::smollm2() else {
         return;
     };
@@ -372,7 +392,7 @@ fn smollm2_q5_k_m_imatrix_q5_1_tensors_match_llama() {
         "convert",
         fixtures::s(&model),
         "--preset",
-        "Q5_K_M",
+        preset,
         "--imatrix",
         fixtures::s(&im.path),
         "-q",
@@ -380,46 +400,34 @@ fn smollm2_q5_k_m_imatrix_q5_1_tensors_match_llama() {
         fixtures::s(&ours),
     ]);
     assert_eq!(code, 0, "{err}");
-    let g = GgufFile::open(&ours).unwrap();
-    let mine: BTreeMap<String, String> = g
-        .tensors
-        .iter()
-        .filter(|t| t.ty == ty("q5_1"))
-        .map(|t| (t.name.clone(), fixtures::blake3_hex(g.tensor_data(t))))
-        .collect();
-    assert!(mine.len() >= 160, "only {} q5_1 tensors", mine.len());
-    let key = "smollm2_preset_Q5_K_M_imatrix";
+    let mine = tensor_hashes(&GgufFile::open(&ours).unwrap(), keep);
+    assert!(mine.len() >= min, "{preset}: only {} tensors", mine.len());
+    let key = format!("smollm2_preset_{preset}_imatrix");
     if let Some(bin) = fixtures::llama_quantize() {
         let theirs = dir.path().join("llama.gguf");
         let o = std::process::Command::new(bin)
             .arg("--allow-requantize")
             .arg("--imatrix")
             .arg(&im.path)
-            .args([fixtures::s(&model), fixtures::s(&theirs), "Q5_K_M", "2"])
+            .args([fixtures::s(&model), fixtures::s(&theirs), preset, "2"])
             .output()
             .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let l = GgufFile::open(&theirs).unwrap();
-        let live: BTreeMap<String, String> = l
-            .tensors
-            .iter()
-            .filter(|t| t.ty == ty("q5_1"))
-            .map(|t| (t.name.clone(), fixtures::blake3_hex(l.tensor_data(t))))
-            .collect();
+        let live = tensor_hashes(&GgufFile::open(&theirs).unwrap(), keep);
         assert_eq!(
             mine, live,
-            "q5_1 tensors differ from llama-quantize --imatrix (live)"
+            "{preset}: tensors differ from llama-quantize --imatrix (live)"
         );
         eprintln!(
-            "{key}: {} q5_1 tensors byte-identical to llama-quantize --imatrix",
+            "{key}: {} tensors byte-identical to llama-quantize --imatrix",
             mine.len()
         );
         if EXPECTED.recording() {
-            EXPECTED.record(key, json!(live));
+            EXPECTED.record(&key, json!(live));
         }
     }
     let exp = EXPECTED.load();
-    let want: BTreeMap<String, String> = exp[key]
+    let want: BTreeMap<String, String> = exp[&key]
         .as_object()
         .unwrap_or_else(|| panic!("no recorded {key} (run {})", EXPECTED.script))
         .iter()
@@ -427,6 +435,32 @@ fn smollm2_q5_k_m_imatrix_q5_1_tensors_match_llama() {
         .collect();
     assert_eq!(
         mine, want,
-        "q5_1 tensors differ from the recorded llama-quantize output"
+        "{preset}: tensors differ from the recorded llama-quantize output"
     );
+}
+
+/// `--preset Q5_K_M --imatrix`: its q5_1 tensors (the fallback of SmolLM2's 576-wide matrices).
+/// The other tensors are not compared here (q5_K / q6_K: tests/kquants_imatrix_llama.rs; q8_0:
+/// the whole Q8_0 file below).
+#[test]
+fn smollm2_q5_k_m_imatrix_q5_1_tensors_match_llama() {
+    preset_matches_llama("Q5_K_M", &|t| t == ty("q5_1"), 160);
+}
+
+/// `--preset Q4_0 --imatrix`: the whole file (every tensor's type and bytes).
+#[test]
+fn smollm2_q4_0_imatrix_file_matches_llama() {
+    preset_matches_llama("Q4_0", &|_| true, 272);
+}
+
+/// `--preset Q5_0 --imatrix`: the whole file.
+#[test]
+fn smollm2_q5_0_imatrix_file_matches_llama() {
+    preset_matches_llama("Q5_0", &|_| true, 272);
+}
+
+/// `--preset Q8_0 --imatrix`: the whole file (llama-quantize ignores the importance for q8_0).
+#[test]
+fn smollm2_q8_0_imatrix_file_matches_llama() {
+    preset_matches_llama("Q8_0", &|_| true, 272);
 }

@@ -14,13 +14,15 @@
 //!   inverse scales `−(nmax + 0.1·k) / m`, `k = −15..=15`, with `m` the value of largest |x|;
 //!   each trial's codes are rounded to nearest and scored by the weighted least-squares fit
 //!   `(Σ w x c)² / Σ w c²` (what ggml's `make_qx_quants` does with an importance matrix, over a
-//!   wider range of trials); the best trial's least-squares scale is kept;
+//!   wider range of trials); the best trial's least-squares scale is kept. (llama-quantize's own
+//!   q3_K / q6_K imatrix fit — 19 trials, and for q3_K the 16 scales by a weighted fit — as the
+//!   LDLQ start measured worse on held-out text: docs/bench/presets.md);
 //! - q4_K / q5_K: llama-quantize's imatrix fit (`kquants::fit_q45_k`): ggml's `make_qkx3_quants`
 //!   per 32-value group (37 trials from `(−0.9 + nmax)/(max − min)` in steps of 0.05) and the
 //!   6-bit scales and mins by ggml's weighted `make_qp_quants` (each group weighted by its weight
 //!   sum), the weights `w` in place of llama-quantize's `imp·sqrt(σ² + x²)`;
-//! - q2_K's 16-value groups: ggml's `make_qkx2_quants` with ggml's q2_K settings and the weights
-//!   `w` in place of its `|x|` heuristic;
+//! - q2_K: llama-quantize's imatrix fit (`kquants::fit_q2_k`): as q4_K / q5_K over 16-value
+//!   groups with nmax 3 and 4-bit scales and mins (`make_qp_quants` nmax 15);
 //! - q4_1 / q5_1 blocks (scale and a free offset): ggml's `make_qkx3_quants` with llama.cpp's
 //!   imatrix settings (37 trials from `(−0.9 + nmax)/(max − min)` in steps of 0.05), the weights
 //!   `w` in place of llama-quantize's `imp·sqrt(σ² + x²)`;
@@ -30,16 +32,18 @@
 //!   `(k + 113)/m` that map the largest value onto the table's positive end (the table is
 //!   asymmetric, −127..113, so either end can fit a group better);
 //! - then, for the other types, the super-block quantization of the group scales exactly as
-//!   ggml's reference quantizers (i8 scales over `max/−128` for q6_K, 4-bit scales/mins over
-//!   `max/15` for q2_K, 6-bit signed scales over `max/−32` for q3_K and iq4_xs), and the f16
-//!   rounding of every stored scale: the grid returned is the one the decoder will use.
+//!   ggml's reference quantizers (i8 scales over `max/−128` for q6_K, 6-bit signed scales over
+//!   `max/−32` for q3_K and iq4_xs), and the f16 rounding of every stored scale: the grid
+//!   returned is the one the decoder will use.
 //!
-//! `--imatrix` does not come here for the k-quants, q4_1 / q5_1 and the i-quants: those have
-//! llama-quantize's own encoder (`types::weighted_encoder`); for q4_K / q5_K it shares this fit. The refit after LDLQ ([`set_params`]) still quantizes q4_K / q5_K scales over `max/63`.
+//! `--imatrix` does not come here for the k-quants, q4_0 / q4_1 / q5_0 / q5_1 / q8_0 and the
+//! i-quants: those have llama-quantize's own encoder (`types::weighted_encoder`); for q2_K, q4_K
+//! and q5_K it shares this fit. The refit after LDLQ ([`set_params`]) still quantizes the k-quant
+//! scales as the reference quantizers do (`max/63`, `max/15`, `max/−32`).
 
 use super::iquants::{iq4, KV_F32};
 use super::kquants::{
-    fit_q45_k, make_qkx2_quants, nearest_int, pack_2bit, pack_scale_min_k4, put_f16, q3_k_scales,
+    fit_q2_k, fit_q45_k, nearest_int, pack_2bit, pack_scale_min_k4, put_f16, q3_k_scales,
     scale_min_k4, QK_K,
 };
 use super::legacy::QK;
@@ -200,6 +204,18 @@ pub(crate) fn fit(ty: TensorType, x: &[f32], w: &[f32], out: &mut [u8], g: &mut 
     let mut mins = [0f32; QK_K / 16];
     let ng = ty.block_size() / gs;
     match ty {
+        Q2K => {
+            // llama.cpp's imatrix fit (`kquants::fit_q2_k`): `make_qkx3_quants` per group, the
+            // 4-bit scales and mins by weighted `make_qp_quants`; the grid is what was stored.
+            let mut l = [0u8; QK_K];
+            let (d, dmin) = fit_q2_k(x, w, out, &mut l);
+            for j in 0..16 {
+                let sc = out[j];
+                g.a[16 * j..16 * j + 16].fill(d * (sc & 0x0F) as f32);
+                g.b[16 * j..16 * j + 16].fill(dmin * (sc >> 4) as f32);
+            }
+            return;
+        }
         Q8_0 | Q4_0 | Q5_0 | Q3K | Q6K => {
             let nmax = match ty {
                 Q8_0 => 127,
@@ -209,27 +225,6 @@ pub(crate) fn fit(ty: TensorType, x: &[f32], w: &[f32], out: &mut [u8], g: &mut 
             for (ib, s) in scales[..ng].iter_mut().enumerate() {
                 let r = gs * ib..gs * ib + gs;
                 *s = fit_symmetric(&x[r.clone()], &w[r], nmax, g.lo, g.hi);
-            }
-        }
-        Q2K => {
-            // ggml's q2_K search (use_mad, rmin −0.5, 15 steps) with the Hessian weights.
-            let mut l = [0u8; 16];
-            let mut laux = [0u8; 16];
-            for j in 0..16 {
-                let r = 16 * j..16 * j + 16;
-                let (s, m) = make_qkx2_quants::<16>(
-                    3,
-                    x[r.clone()].try_into().unwrap(),
-                    w[r].try_into().unwrap(),
-                    &mut l,
-                    &mut laux,
-                    -0.5,
-                    0.1,
-                    15,
-                    true,
-                );
-                scales[j] = s;
-                mins[j] = m;
             }
         }
         Q4K | Q5K => {
@@ -585,6 +580,56 @@ mod tests {
         TensorType::IQ4NL,
         TensorType::IQ4XS,
     ];
+
+    /// LDLQ over q2_K / q4_K / q5_K starts from llama-quantize's imatrix fit: given the weights
+    /// llama.cpp forms from an importance (`imp·sqrt(σ² + x²)`, σ² = `k·Σx²/256` of the
+    /// super-block, k = 1 for q2_K and 2 for q4_K / q5_K), [`fit`] writes the same scale bytes
+    /// as `types::weighted_encoder` (byte-identical to `llama-quantize --imatrix`,
+    /// tests/kquants_imatrix_llama.rs), and its grid is what those bytes decode to.
+    #[test]
+    fn k_quant_fit_is_llama_imatrix_fit() {
+        use TensorType::*;
+        for (ty, k, params) in [
+            (Q2K, 1.0f32, [(0, 16), (80, 84)]),
+            (Q4K, 2.0, [(0, 16), (0, 16)]),
+            (Q5K, 2.0, [(0, 16), (0, 16)]),
+        ] {
+            for seed in 0..16u64 {
+                let x = noise(100 + seed, QK_K);
+                let imp: Vec<f32> = noise(200 + seed, QK_K)
+                    .iter()
+                    .map(|v| 10f32.powf(20.0 * v))
+                    .collect();
+                let mut sx2 = 0f32;
+                for v in &x {
+                    sx2 += v * v;
+                }
+                let sigma2 = k * sx2 / QK_K as f32;
+                let w: Vec<f32> = imp
+                    .iter()
+                    .zip(&x)
+                    .map(|(q, v)| q * (sigma2 + v * v).sqrt())
+                    .collect();
+                let mut theirs = vec![0u8; ty.block_bytes()];
+                crate::types::weighted_encoder(ty).unwrap()(&x, &imp, &mut theirs);
+                let mut ours = vec![0u8; ty.block_bytes()];
+                let mut g = BlockGrid::new(ty);
+                fit(ty, &x, &w, &mut ours, &mut g);
+                for (a, b) in params {
+                    assert_eq!(ours[a..b], theirs[a..b], "{ty} seed {seed} bytes {a}..{b}");
+                }
+                // The grid is the decoder's: each of llama's values is a point of it.
+                let mut y = vec![0f32; QK_K];
+                crate::types::dequantize(ty, &theirs, &mut y, "t").unwrap();
+                for (i, &v) in y.iter().enumerate() {
+                    assert!(
+                        (g.lo..=g.hi).any(|c| g.value(i, c) == v),
+                        "{ty} seed {seed} value {i}: {v} off the grid"
+                    );
+                }
+            }
+        }
+    }
 
     /// Codes packed by [`pack`] onto parameters written by [`fit`] decode, through the registry's
     /// decoders (checked against gguf-py and llama-quantize), to exactly `a · c − b`.

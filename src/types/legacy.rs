@@ -327,7 +327,7 @@ pub fn quantize_q8_0(src: &[f32], out: &mut [u8]) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Importance-weighted Q4_1 / Q5_1 (`llama-quantize --imatrix`)
+// Importance-weighted Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 (`llama-quantize --imatrix`)
 
 /// Q4_1 rows weighted by an importance matrix, as `llama-quantize --imatrix` writes them
 /// (ggml's `quantize_row_q4_1_impl`): `src` is whole rows of `imp.len()` values, `imp` one
@@ -343,6 +343,70 @@ pub(crate) fn quantize_q4_1_imatrix(src: &[f32], imp: &[f32], out: &mut [u8]) {
 /// [`quantize_q4_1_imatrix`] with nmax 31.
 pub(crate) fn quantize_q5_1_imatrix(src: &[f32], imp: &[f32], out: &mut [u8]) {
     weighted_rows::<Q5_1_BYTES>(src, imp, out, 31)
+}
+
+/// Q4_0 rows weighted by an importance matrix, as `llama-quantize --imatrix` writes them
+/// (ggml's `quantize_row_q4_0_impl`): per block the weights `imp[j]·sqrt(σ² + x[j]²)` as for
+/// Q4_1, and the scale from ggml's `make_qx_quants` with `rmse_type = 1` under those weights
+/// (levels `-8..7` from `-(8 + 0.1·k)/max`, k = −9..9, each scored by weighted least squares); its
+/// codes (`level + 8`) are stored as found.
+pub(crate) fn quantize_q4_0_imatrix(src: &[f32], imp: &[f32], out: &mut [u8]) {
+    symmetric_rows::<Q4_0_BYTES>(src, imp, out, 8)
+}
+
+/// Q5_0 rows weighted by an importance matrix (ggml's `quantize_row_q5_0_impl`): as
+/// [`quantize_q4_0_imatrix`] with nmax 16 (levels `-16..15`, codes `level + 16`).
+pub(crate) fn quantize_q5_0_imatrix(src: &[f32], imp: &[f32], out: &mut [u8]) {
+    symmetric_rows::<Q5_0_BYTES>(src, imp, out, 16)
+}
+
+/// Q8_0 with an importance matrix: llama-quantize ignores it (ggml's `quantize_q8_0` calls the
+/// reference quantizer whatever the weights), so this is [`quantize_q8_0`] and `--imatrix`
+/// writes the same bytes as llama-quantize with or without one.
+pub(crate) fn quantize_q8_0_imatrix(src: &[f32], _imp: &[f32], out: &mut [u8]) {
+    quantize_q8_0(src, out)
+}
+
+fn symmetric_rows<const BYTES: usize>(src: &[f32], imp: &[f32], out: &mut [u8], nmax: i32) {
+    let n = imp.len();
+    let row_bytes = n / QK * BYTES;
+    let mut w = [0f32; QK];
+    let mut l = [0i8; QK];
+    for (row, ob) in src.chunks_exact(n).zip(out.chunks_exact_mut(row_bytes)) {
+        let sigma2 = row_sigma2(row);
+        for ((x, qw), b) in row
+            .chunks_exact(QK)
+            .zip(imp.chunks_exact(QK))
+            .zip(ob.chunks_exact_mut(BYTES))
+        {
+            imatrix_block_weights(x, qw, sigma2, &mut w);
+            let x: &[f32; QK] = x.try_into().expect("a 32-value block");
+            let d = crate::types::kquants::make_qx_quants_rmse1::<QK>(nmax, x, Some(&w), &mut l);
+            put_f16(b, 0, d);
+            let codes: [u8; QK] = std::array::from_fn(|j| l[j] as u8);
+            pack_0(&codes, b);
+        }
+    }
+}
+
+/// Store the codes (`0..=15` for Q4_0, `0..=31` for Q5_0, chosen by the block's size) of one
+/// block whose `d` is written: low nibbles of values `0..16`, high of `16..32`, Q5_0's fifth
+/// bits in `qh`.
+fn pack_0(l: &[u8; QK], b: &mut [u8]) {
+    if b.len() == Q4_0_BYTES {
+        for j in 0..QK / 2 {
+            b[2 + j] = l[j] | (l[j + QK / 2] << 4);
+        }
+        return;
+    }
+    let mut qh = 0u32;
+    for j in 0..QK / 2 {
+        let (x0, x1) = (l[j], l[j + QK / 2]);
+        b[6 + j] = (x0 & 0x0F) | ((x1 & 0x0F) << 4);
+        qh |= (((x0 & 0x10) >> 4) as u32) << j;
+        qh |= (((x1 & 0x10) >> 4) as u32) << (j + QK / 2);
+    }
+    b[2..6].copy_from_slice(&qh.to_le_bytes());
 }
 
 /// The importance weights of one block as ggml forms them: `qw[j]·sqrt(σ² + x[j]²)`.

@@ -390,12 +390,16 @@ impl std::fmt::Display for TensorType {
 }
 
 /// The types whose importance-weighted encoder is llama.cpp's own, byte for byte with
-/// `llama-quantize --imatrix` (`Encoder::Weighted` uses it in place of [`grid`]'s fit): Q4_1 and
-/// Q5_1 (`legacy`), the k-quants (`kquants`), and the i-quants of [`iquants::weighted_encoder`].
+/// `llama-quantize --imatrix` (`Encoder::Weighted` uses it in place of [`grid`]'s fit): Q4_0,
+/// Q4_1, Q5_0, Q5_1 and Q8_0 (`legacy`; Q8_0's ignores the importance, as ggml's does), the
+/// k-quants (`kquants`), and the i-quants of [`iquants::weighted_encoder`].
 pub(crate) fn weighted_encoder(ty: TensorType) -> Option<iquants::WeightedFn> {
     match ty {
+        TensorType::Q4_0 => Some(legacy::quantize_q4_0_imatrix),
         TensorType::Q4_1 => Some(legacy::quantize_q4_1_imatrix),
+        TensorType::Q5_0 => Some(legacy::quantize_q5_0_imatrix),
         TensorType::Q5_1 => Some(legacy::quantize_q5_1_imatrix),
+        TensorType::Q8_0 => Some(legacy::quantize_q8_0_imatrix),
         TensorType::Q2K => Some(kquants::quantize_q2_k_imatrix),
         TensorType::Q4K => Some(kquants::quantize_q4_k_imatrix),
         TensorType::Q5K => Some(kquants::quantize_q5_k_imatrix),

@@ -13,8 +13,8 @@
 //! - every level recomputed from the stored scales (a sub-block whose scale decodes to 0 keeps
 //!   the levels its search found).
 //!
-//! [`fit_q45_k`] is the parameter half, shared with `types::grid`'s fit (LDLQ over q4_K/q5_K
-//! starts from it, with the Hessian diagonal as the weights).
+//! [`fit_q45_k`] and [`fit_q2_k`] are the parameter halves, shared with `types::grid`'s fit
+//! (LDLQ over q2_K/q4_K/q5_K starts from them, with the Hessian diagonal as the weights).
 
 use super::q45_k::{pack_q4_k, pack_q5_k, pack_scale_min_k4, requantize};
 use super::search::{make_qkx2_quants, make_qp_quants};
@@ -131,27 +131,37 @@ pub(crate) fn quantize_q2_k_imatrix(src: &[f32], imp: &[f32], out: &mut [u8]) {
             .zip(ob.chunks_exact_mut(Q2_K_BYTES))
         {
             block_weights(x, qw, 1.0, &mut w);
-            let mut scales = [0f32; QK_K / 16];
-            let mut mins = [0f32; QK_K / 16];
-            let mut sw = [0f32; QK_K / 16];
-            for j in 0..QK_K / 16 {
-                let r = 16 * j..16 * j + 16;
-                for &v in &w[r.clone()] {
-                    sw[j] += v;
-                }
-                (scales[j], mins[j]) = qkx3::<16>(3, &x[r.clone()], &w[r.clone()], &mut l[r]);
-            }
-            let (mut ls, mut lm) = ([0u8; 16], [0u8; 16]);
-            let dm = make_qp_quants(15, &scales, &sw, &mut ls);
-            let mm = make_qp_quants(15, &mins, &sw, &mut lm);
+            let (d, dmin) = fit_q2_k(x, &w, y, &mut l);
             let (sc, rest) = y.split_at_mut(16);
-            let d = put_f16(rest, 64, dm);
-            let dmin = put_f16(rest, 66, mm);
-            for j in 0..QK_K / 16 {
-                sc[j] = ls[j] | (lm[j] << 4);
-            }
             super::q2_k::levels_from_scales(x, sc, d, dmin, &mut l);
             pack_2bit(&l, &mut rest[..64]);
         }
     }
+}
+
+/// The parameters of one Q2_K block of values `x` with weights `w`: `make_qkx3_quants` (nmax 3)
+/// per 16-value group, the 4-bit scales and mins by `make_qp_quants` (nmax 15) weighted by each
+/// group's weight sum, written into `y[0..16]` with the f16 `d`/`dmin`; returns the stored
+/// `(d, dmin)`. The levels the group searches found are left in `l`. Shared with
+/// `types::grid`'s fit (LDLQ over q2_K starts from it, the Hessian diagonal as the weights).
+pub(crate) fn fit_q2_k(x: &[f32], w: &[f32], y: &mut [u8], l: &mut [u8; QK_K]) -> (f32, f32) {
+    let mut scales = [0f32; QK_K / 16];
+    let mut mins = [0f32; QK_K / 16];
+    let mut sw = [0f32; QK_K / 16];
+    for j in 0..QK_K / 16 {
+        let r = 16 * j..16 * j + 16;
+        for &v in &w[r.clone()] {
+            sw[j] += v;
+        }
+        (scales[j], mins[j]) = qkx3::<16>(3, &x[r.clone()], &w[r.clone()], &mut l[r]);
+    }
+    let (mut ls, mut lm) = ([0u8; 16], [0u8; 16]);
+    let dm = make_qp_quants(15, &scales, &sw, &mut ls);
+    let mm = make_qp_quants(15, &mins, &sw, &mut lm);
+    let d = put_f16(y, 80, dm);
+    let dmin = put_f16(y, 82, mm);
+    for j in 0..QK_K / 16 {
+        y[j] = ls[j] | (lm[j] << 4);
+    }
+    (d, dmin)
 }

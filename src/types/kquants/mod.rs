@@ -33,12 +33,12 @@ mod q6_k;
 mod search;
 
 pub(crate) use imatrix::{
-    fit_q45_k, quantize_q2_k_imatrix, quantize_q4_k_imatrix, quantize_q5_k_imatrix,
+    fit_q2_k, fit_q45_k, quantize_q2_k_imatrix, quantize_q4_k_imatrix, quantize_q5_k_imatrix,
 };
 pub(crate) use q3_k::{q3_k_scales, quantize_q3_k_imatrix};
 pub(crate) use q45_k::{pack_scale_min_k4, scale_min_k4};
 pub(crate) use q6_k::quantize_q6_k_imatrix;
-pub(crate) use search::{make_qkx2_quants, make_qp_quants};
+pub(crate) use search::{make_qkx2_quants, make_qp_quants, make_qx_quants_rmse1};
 
 pub use q2_k::{dequantize_q2_k, quantize_q2_k};
 pub use q3_k::{dequantize_q3_k, quantize_q3_k};

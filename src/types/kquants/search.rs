@@ -112,10 +112,10 @@ pub(crate) fn make_qkx2_quants<const N: usize>(
 /// ggml's `make_qx_quants` with `rmse_type = 1`: symmetric levels `-nmax..nmax-1` stored
 /// `+ nmax` in `l_out`, the sign of the scale chosen so the largest |x| maps to `-nmax`, then 18
 /// trial inverse scales `-(nmax + 0.1 * is) / max` scored by `sumlx^2 / suml2` under the weights
-/// `qw` (an importance matrix: q6_K's raw importances, q3_K's `imp·sqrt(σ² + x²)`), or `x^2`
-/// without (the reference quantizers).
+/// `qw` (an importance matrix: q6_K's raw importances; q3_K's, q4_0's and q5_0's
+/// `imp·sqrt(σ² + x²)`), or `x^2` without (the reference quantizers).
 #[inline(always)]
-pub(super) fn make_qx_quants_rmse1<const N: usize>(
+pub(crate) fn make_qx_quants_rmse1<const N: usize>(
     nmax: i32,
     x: &[f32; N],
     qw: Option<&[f32; N]>,

@@ -9,8 +9,10 @@
 //!
 //! [`run`] drives a calibration (batched or sequential); [`sequential`] is the GPTQ-order mode
 //! in which block i's Hessians come from the model whose earlier weights are already quantized.
-//! [`job`] is `tq calib`: its flags as plain values, checked, and one run.
+//! [`job`] is `tq calib`: its flags as plain values, checked, and one run; [`blend`] is
+//! `tq calib blend` (a file's correlations averaged with a prior's, its diagonal kept).
 
+pub mod blend;
 pub mod imatrix;
 pub mod input;
 pub mod job;

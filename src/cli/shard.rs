@@ -19,6 +19,23 @@ pub enum CalibSub {
     /// Sum the Hessian shards of `tq calib --shard I/N` (a complete set, any order) into one
     /// Hessian file, in shard order.
     Merge(MergeArgs),
+    /// Average a Hessian file's correlations with a prior's (another calibration of the same
+    /// model, e.g. `--self-generate`), keeping its diagonal.
+    Blend(BlendArgs),
+}
+
+#[derive(clap::Args)]
+pub struct BlendArgs {
+    /// The calibration's Hessian file (its diagonal and token counts are kept).
+    pub hessians: PathBuf,
+    /// The prior: a Hessian file of the same model.
+    pub prior: PathBuf,
+    /// The prior's share of the correlations, 0..=1.
+    #[arg(long, default_value_t = 0.5)]
+    pub weight: f64,
+    /// The blended Hessian file (safetensors, the first file's store).
+    #[arg(short, long)]
+    pub output: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -34,6 +51,7 @@ pub struct MergeArgs {
 pub fn calib(a: CalibCmd) -> Result<()> {
     match (a.sub, a.run) {
         (Some(CalibSub::Merge(m)), _) => merge(m),
+        (Some(CalibSub::Blend(b)), _) => blend(b),
         (None, Some(r)) => super::calib::run(r),
         (None, None) => Err(Error::Usage(
             "tq calib: give MODEL --text FILE -o H.safetensors, or tq calib merge SHARD… -o H.safetensors"
@@ -52,6 +70,22 @@ fn merge(m: MergeArgs) -> Result<()> {
         r.windows,
         r.shards,
         m.output.display()
+    );
+    Ok(())
+}
+
+fn blend(b: BlendArgs) -> Result<()> {
+    tq::io::check_outputs(
+        &[("-o", Some(&b.output))],
+        &[Some(b.hessians.as_path()), Some(b.prior.as_path())],
+    )?;
+    let r = tq::calib::blend::blend(&b.hessians, &b.prior, b.weight, &b.output)?;
+    eprintln!(
+        "tq calib blend: wrote {} Hessians (correlations {} of {}) to {}",
+        r.groups,
+        b.weight,
+        b.prior.display(),
+        b.output.display()
     );
     Ok(())
 }

@@ -9,7 +9,7 @@ use super::sweep::sweep;
 use super::sweep::sweep_scalar;
 use super::Factor;
 use crate::types::{grid, TensorType};
-use faer::{Mat, Par};
+use faer::Mat;
 
 /// Rows of a stock type (a group sharing the GEMM sweep), in the weights' own basis. Every block's
 /// parameters are fitted first, to the original values weighted by the damped Hessian diagonal

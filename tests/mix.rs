@@ -58,6 +58,15 @@ fn mix_run(
     (stdout, err)
 }
 
+/// The smallest file size an infeasible-target error names.
+fn smallest_file_named(err: &str) -> u64 {
+    err.split("candidate types give (")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{err}"))
+}
+
 fn json(out: &str) -> serde_json::Value {
     serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
@@ -249,12 +258,7 @@ fn bad_requests_are_one_line_errors() {
     }
     // The infeasible budget names the minimum size.
     let (_, _, err) = tq(&["convert", s(&inp), "--target-bpw", "1.0", "--dry-run"]);
-    let min: u64 = err
-        .split("candidate types give (")
-        .nth(1)
-        .and_then(|r| r.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{err}"));
+    let min = smallest_file_named(&err);
     // And that size is exactly feasible.
     let (code, out, err) = tq(&[
         "convert",
@@ -306,12 +310,7 @@ fn an_infeasible_target_fails_before_measuring_with_the_kept_q8_0() {
         !err.contains("sensitivity"),
         "measured before failing: {err}"
     );
-    let min: u64 = err
-        .split("candidate types give (")
-        .nth(1)
-        .and_then(|r| r.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{err}"));
+    let min = smallest_file_named(&err);
     let (code, out, err) = fixtures::tq_env(
         &[&base[..], &["--target-size", &min.to_string(), "--json"]].concat(),
         &env,

@@ -390,23 +390,29 @@ fn symmetric_rows<const BYTES: usize>(src: &[f32], imp: &[f32], out: &mut [u8], 
 }
 
 /// Store the codes (`0..=15` for Q4_0, `0..=31` for Q5_0, chosen by the block's size) of one
-/// block whose `d` is written: low nibbles of values `0..16`, high of `16..32`, Q5_0's fifth
-/// bits in `qh`.
+/// block whose `d` is written.
 fn pack_0(l: &[u8; QK], b: &mut [u8]) {
-    if b.len() == Q4_0_BYTES {
+    pack_codes(l, b, 2)
+}
+
+/// Store the codes of one block after its `head` bytes of parameters (`d`, and `m` for the
+/// `_1` types): 4-bit codes when the block has room for only those (low nibbles hold values
+/// `0..16`, high nibbles `16..32`), else 5-bit with the fifth bits in a 32-bit `qh` first.
+fn pack_codes(l: &[u8; QK], b: &mut [u8], head: usize) {
+    if b.len() == head + QK / 2 {
         for j in 0..QK / 2 {
-            b[2 + j] = l[j] | (l[j + QK / 2] << 4);
+            b[head + j] = l[j] | (l[j + QK / 2] << 4);
         }
         return;
     }
     let mut qh = 0u32;
     for j in 0..QK / 2 {
         let (x0, x1) = (l[j], l[j + QK / 2]);
-        b[6 + j] = (x0 & 0x0F) | ((x1 & 0x0F) << 4);
+        b[head + 4 + j] = (x0 & 0x0F) | ((x1 & 0x0F) << 4);
         qh |= (((x0 & 0x10) >> 4) as u32) << j;
         qh |= (((x1 & 0x10) >> 4) as u32) << (j + QK / 2);
     }
-    b[2..6].copy_from_slice(&qh.to_le_bytes());
+    b[head..head + 4].copy_from_slice(&qh.to_le_bytes());
 }
 
 /// The importance weights of one block as ggml forms them: `qw[j]·sqrt(σ² + x[j]²)`.
@@ -466,23 +472,9 @@ fn weighted_rows<const BYTES: usize>(src: &[f32], imp: &[f32], out: &mut [u8], n
 }
 
 /// Store the codes (`0..=15` for Q4_1, `0..=31` for Q5_1, chosen by the block's size) of one
-/// block whose `d` and `m` are written: low nibbles of values `0..16`, high of `16..32`, Q5_1's
-/// fifth bits in `qh`.
+/// block whose `d` and `m` are written.
 pub(crate) fn pack_1(l: &[u8; QK], b: &mut [u8]) {
-    if b.len() == Q4_1_BYTES {
-        for j in 0..QK / 2 {
-            b[4 + j] = l[j] | (l[j + QK / 2] << 4);
-        }
-        return;
-    }
-    let mut qh = 0u32;
-    for j in 0..QK / 2 {
-        let (x0, x1) = (l[j], l[j + QK / 2]);
-        b[8 + j] = (x0 & 0x0F) | ((x1 & 0x0F) << 4);
-        qh |= (((x0 & 0x10) >> 4) as u32) << j;
-        qh |= (((x1 & 0x10) >> 4) as u32) << (j + QK / 2);
-    }
-    b[4..8].copy_from_slice(&qh.to_le_bytes());
+    pack_codes(l, b, 4)
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ mod fixtures;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use fixtures::gguf_gen::{gaussian, pseudo_bytes};
+use fixtures::gguf_gen::gaussian;
 use fixtures::llama_oracle::{
     self, llama_metadata, smollm2_ffn_down, ty, write_f32_gguf, Expected, Tensor, SMOLLM2_SHAPE,
 };
@@ -51,44 +51,6 @@ const EXPECTED: Expected = Expected {
 /// `general.name` of the F32 input files.
 const NAME: &str = "tq k-quant imatrix oracle";
 
-/// Edge rows of 256 values (one super-block each).
-fn edge_rows() -> Vec<f32> {
-    let g = |seed: u64| gaussian(seed, 256, 1.0);
-    let mut spike = vec![0.0; 256];
-    spike[137] = 3.0;
-    let rows: Vec<Vec<f32>> = vec![
-        vec![0.0; 256],
-        vec![0.5; 256],
-        vec![-0.75; 256],
-        vec![-0.0; 256],
-        g(401).iter().map(|v| v * 1e-30).collect(),
-        g(402).iter().map(|v| v * 1e-38).collect(),
-        g(403).iter().map(|v| v.abs() + 0.1).collect(),
-        g(404).iter().map(|v| -v.abs() - 0.1).collect(),
-        spike,
-        (0..256).map(|i| (i % 16) as f32 - 8.0).collect(),
-        (0..256).map(|i| (i % 31) as f32 / 31.0).collect(),
-        g(405).iter().map(|v| v * 1e3).collect(),
-        g(406)
-            .iter()
-            .enumerate()
-            .map(|(i, v)| if i < 128 { 0.0 } else { *v })
-            .collect(),
-        g(407)
-            .iter()
-            .enumerate()
-            .map(|(i, v)| if i % 32 == 5 { 1e2 } else { v * 1e-3 })
-            .collect(),
-        g(408)
-            .iter()
-            .zip(pseudo_bytes(409, 256))
-            .map(|(v, b)| if b < 230 { 0.0 } else { *v })
-            .collect(),
-        g(410).iter().map(|v| v + 5.0).collect(),
-    ];
-    rows.concat()
-}
-
 fn synthetic() -> Vec<Tensor> {
     let mut ts = Vec::new();
     let mut add = |name: &str, cols: u64, data: Vec<f32>| {
@@ -111,7 +73,11 @@ fn synthetic() -> Vec<Tensor> {
         768,
         fixtures::llama_oracle::heavy_rows(24),
     );
-    add("blk.0.attn_output.weight", 256, edge_rows());
+    add(
+        "blk.0.attn_output.weight",
+        256,
+        fixtures::llama_oracle::imatrix_edge_rows(256, 137, 1e3, 1e2),
+    );
     add(
         "blk.1.ffn_down.weight",
         1536,

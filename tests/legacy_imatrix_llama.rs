@@ -27,7 +27,7 @@ mod fixtures;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use fixtures::gguf_gen::{gaussian, pseudo_bytes};
+use fixtures::gguf_gen::gaussian;
 use fixtures::llama_oracle::{
     self, llama_metadata, ty, write_f32_gguf, Expected, Tensor, SMOLLM2_SHAPE,
 };
@@ -54,44 +54,6 @@ const EXPECTED: Expected = Expected {
 /// `general.name` of the F32 input files.
 const NAME: &str = "tq legacy imatrix oracle";
 
-/// Edge rows of 64 values (two blocks each).
-fn edge_rows() -> Vec<f32> {
-    let g = |seed: u64| gaussian(seed, 64, 1.0);
-    let mut spike = vec![0.0; 64];
-    spike[37] = 3.0;
-    let rows: Vec<Vec<f32>> = vec![
-        vec![0.0; 64],
-        vec![0.5; 64],
-        vec![-0.75; 64],
-        vec![-0.0; 64],
-        g(401).iter().map(|v| v * 1e-30).collect(),
-        g(402).iter().map(|v| v * 1e-38).collect(),
-        g(403).iter().map(|v| v.abs() + 0.1).collect(),
-        g(404).iter().map(|v| -v.abs() - 0.1).collect(),
-        spike,
-        (0..64).map(|i| (i % 16) as f32 - 8.0).collect(),
-        (0..64).map(|i| (i % 31) as f32 / 31.0).collect(),
-        g(405).iter().map(|v| v * 1e4).collect(),
-        g(406)
-            .iter()
-            .enumerate()
-            .map(|(i, v)| if i < 32 { 0.0 } else { *v })
-            .collect(),
-        g(407)
-            .iter()
-            .enumerate()
-            .map(|(i, v)| if i % 32 == 5 { 1e3 } else { v * 1e-3 })
-            .collect(),
-        g(408)
-            .iter()
-            .zip(pseudo_bytes(409, 64))
-            .map(|(v, b)| if b < 230 { 0.0 } else { *v })
-            .collect(),
-        g(410).iter().map(|v| v + 5.0).collect(),
-    ];
-    rows.concat()
-}
-
 fn synthetic() -> Vec<Tensor> {
     let mut ts = Vec::new();
     let mut add = |name: &str, cols: u64, data: Vec<f32>| {
@@ -114,7 +76,11 @@ fn synthetic() -> Vec<Tensor> {
         768,
         fixtures::llama_oracle::heavy_rows(24),
     );
-    add("blk.0.attn_output.weight", 64, edge_rows());
+    add(
+        "blk.0.attn_output.weight",
+        64,
+        fixtures::llama_oracle::imatrix_edge_rows(64, 37, 1e4, 1e3),
+    );
     ts
 }
 

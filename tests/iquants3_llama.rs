@@ -118,15 +118,7 @@ fn edge_rows() -> Vec<f32> {
 
 fn synthetic() -> Vec<Tensor> {
     let mut ts = Vec::new();
-    let mut add = |name: &str, cols: u64, data: Vec<f32>| {
-        let rows = data.len() as u64 / cols;
-        assert_eq!(rows * cols, data.len() as u64, "{name}");
-        ts.push(Tensor {
-            name: name.to_string(),
-            dims: [cols, rows],
-            data,
-        });
-    };
+    let mut add = |name: &str, cols: u64, data: Vec<f32>| ts.push(Tensor::rows(name, cols, data));
     add("blk.0.attn_q.weight", 256, gaussian(101, 256 * 48, 0.02));
     let ranged = fixtures::llama_oracle::ranged_rows(32);
     add("blk.0.ffn_up.weight", 512, ranged);

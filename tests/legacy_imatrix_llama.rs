@@ -56,15 +56,7 @@ const NAME: &str = "tq legacy imatrix oracle";
 
 fn synthetic() -> Vec<Tensor> {
     let mut ts = Vec::new();
-    let mut add = |name: &str, cols: u64, data: Vec<f32>| {
-        let rows = data.len() as u64 / cols;
-        assert_eq!(rows * cols, data.len() as u64, "{name}");
-        ts.push(Tensor {
-            name: name.to_string(),
-            dims: [cols, rows],
-            data,
-        });
-    };
+    let mut add = |name: &str, cols: u64, data: Vec<f32>| ts.push(Tensor::rows(name, cols, data));
     add("blk.0.attn_q.weight", 576, gaussian(201, 576 * 40, 0.02));
     add(
         "blk.0.ffn_up.weight",

@@ -11,19 +11,19 @@
 use std::time::Instant;
 use tq::types::tq2t::{codebook, encode_block, Scratch, Settings, QK};
 
+/// Flags (clap, as the CLI's).
+#[derive(clap::Parser)]
+struct Args {
+    /// 64-value blocks of Gaussian data.
+    #[arg(long, default_value_t = 256)]
+    blocks: usize,
+    /// State sizes L.
+    #[arg(long = "l", value_delimiter = ',', default_values_t = [8u32, 10, 12, 14, 16])]
+    ls: Vec<u32>,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let get = |k: &str| {
-        args.iter()
-            .position(|a| a == k)
-            .and_then(|i| args.get(i + 1))
-    };
-    let blocks: usize = get("--blocks")
-        .map(|s| s.parse().expect("--blocks N"))
-        .unwrap_or(256);
-    let ls: Vec<u32> = get("--l")
-        .map(|s| s.split(',').map(|v| v.parse().expect("--l")).collect())
-        .unwrap_or(vec![8, 10, 12, 14, 16]);
+    let Args { blocks, ls } = clap::Parser::parse();
     // SplitMix64 + Box–Muller: a fixed, reproducible Gaussian sample.
     let mut st = 2026u64;
     let mut next = move || {

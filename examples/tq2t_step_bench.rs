@@ -5,19 +5,19 @@
 
 use tq::types::tq2t::{codebook, viterbi, Ends, Scratch, QK};
 
+/// Flags (clap, as the CLI's).
+#[derive(clap::Parser)]
+struct Args {
+    /// State sizes L to time.
+    #[arg(long = "l", value_delimiter = ',', default_values_t = [10u32, 12])]
+    ls: Vec<u32>,
+    /// Passes per L.
+    #[arg(long, default_value_t = 2000)]
+    reps: usize,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let get = |k: &str| {
-        args.iter()
-            .position(|a| a == k)
-            .and_then(|i| args.get(i + 1))
-    };
-    let reps: usize = get("--reps")
-        .map(|s| s.parse().expect("--reps"))
-        .unwrap_or(2000);
-    let ls: Vec<u32> = get("--l")
-        .map(|s| s.split(',').map(|v| v.parse().expect("--l")).collect())
-        .unwrap_or(vec![10, 12]);
+    let Args { ls, reps } = clap::Parser::parse();
     let x: Vec<f32> = (0..QK)
         .map(|j| ((j * 37 % 64) as f32 - 31.5) / 20.0)
         .collect();

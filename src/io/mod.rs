@@ -233,7 +233,7 @@ mod on_signal {
     }
 
     /// Remember `path` for the handler (installed on first use); returns its slot.
-    pub(super) fn register(path: &std::path::Path) -> Option<usize> {
+    fn register(path: &std::path::Path) -> Option<usize> {
         INSTALL.call_once(|| {
             for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
                 // SAFETY: installs a handler that only calls async-signal-safe functions.
@@ -277,9 +277,15 @@ mod on_signal {
         paths: &[&std::path::Path],
         create: impl FnOnce() -> Result<T, E>,
     ) -> Result<(Vec<Option<usize>>, T), E> {
+        // Entered, then DYING checked (the handler sets DYING, then waits for CREATING): either
+        // the handler waits for this section or this thread sees DYING. A dying process's thread
+        // leaves the section, so the handler does not wait for it, and waits to be ended.
         CREATING.fetch_add(1, Ordering::SeqCst);
-        while DYING.load(Ordering::SeqCst) {
-            std::thread::sleep(std::time::Duration::from_millis(10));
+        if DYING.load(Ordering::SeqCst) {
+            CREATING.fetch_sub(1, Ordering::SeqCst);
+            loop {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
         }
         let slots: Vec<_> = paths.iter().map(|p| register(p)).collect();
         let r = create();

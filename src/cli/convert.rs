@@ -134,6 +134,10 @@ pub struct ConvertArgs {
     /// Rows sampled per tensor for the mix's error estimate (rows over 4096 wide: fewer, the same elements).
     #[arg(long, default_value_t = 64)]
     pub mix_rows: usize,
+    /// Of --mix-rows, the rows quantized with LDLQ as convert would; the rest are estimated from
+    /// those by a first-order proxy (at least --mix-rows: every sampled row with LDLQ, slower).
+    #[arg(long, default_value_t = tq::quant::sensitivity::EXACT_ROWS)]
+    pub mix_exact_rows: usize,
     /// Text for the mix's KLD fit and for --verify (default: --calib when it is a text file).
     #[arg(long, value_name = "FILE")]
     pub kld_text: Option<PathBuf>,
@@ -228,6 +232,7 @@ fn flags(a: ConvertArgs) -> ConvertFlags {
         target_kld: a.target_kld,
         types: a.types,
         mix_rows: a.mix_rows,
+        mix_exact_rows: a.mix_exact_rows,
         kld_text: a.kld_text,
         kld_windows: a.kld_windows,
         kld_probes: a.kld_probes,

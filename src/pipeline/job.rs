@@ -48,6 +48,7 @@ pub struct ConvertFlags {
     pub target_kld: Option<f64>,
     pub types: Option<String>,
     pub mix_rows: usize,
+    pub mix_exact_rows: usize,
     pub kld_text: Option<PathBuf>,
     pub kld_windows: usize,
     pub kld_probes: usize,
@@ -344,7 +345,10 @@ impl Job {
             if let Some(t) = &a.types {
                 f.push(format!("--types {t}"));
             }
-            f.push(format!("--mix-rows {}", a.mix_rows));
+            f.push(format!(
+                "--mix-rows {} --mix-exact-rows {}",
+                a.mix_rows, a.mix_exact_rows
+            ));
             if let Some(t) = &a.kld_text {
                 f.push(format!("--kld-text {}", name(t)));
             }

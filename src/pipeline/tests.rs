@@ -113,6 +113,7 @@ fn streamed_mix_is_the_in_memory_mix() {
             kld_windows: 2,
             kld_probes: 6,
             mix_rows: 64,
+            mix_exact_rows: crate::quant::sensitivity::EXACT_ROWS,
             quiet: true,
             mix_in_memory: in_memory,
             ..Default::default()

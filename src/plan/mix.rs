@@ -333,8 +333,9 @@ pub enum Calibration<'a> {
 /// Per item, per member, per candidate: the tensor's weighted error estimate.
 pub type Table = Vec<Vec<Vec<crate::quant::sensitivity::Estimate>>>;
 
-/// Measure every item's members under every candidate (rows sampled: `sample` per tensor, fewer
-/// for rows over 4096 wide: [`crate::quant::sensitivity::rows_for`]).
+/// Measure every item's members under every candidate (rows sampled: `sample.rows` per tensor,
+/// fewer for rows over 4096 wide: [`crate::quant::sensitivity::rows_for`]; `sample.exact` of them
+/// quantized with LDLQ: [`crate::quant::sensitivity::errors`]).
 /// A token embedding (no Hessian: its input is one token) is weighted by its mean row error, one
 /// token's worth; a tensor without calibration data by its plain squared error.
 #[allow(clippy::too_many_arguments)]
@@ -343,7 +344,7 @@ pub fn measure(
     plan: &Plan,
     items: &[(Vec<usize>, Vec<TensorType>)],
     calib: &Calibration,
-    sample: usize,
+    sample: crate::quant::sensitivity::Sample,
     progress: &dyn Fn(usize, usize),
 ) -> Result<Table> {
     let mut m = Measurer::default();
@@ -376,7 +377,7 @@ impl Measurer {
         idx: &[usize],
         tys: &[TensorType],
         calib: &Calibration,
-        sample: usize,
+        sample: crate::quant::sensitivity::Sample,
     ) -> Result<Vec<Vec<crate::quant::sensitivity::Estimate>>> {
         use crate::quant::sensitivity::{errors, rows_for, sample_rows, Estimate, Weighting};
         if let Calibration::Stream(_) = calib {
@@ -393,7 +394,8 @@ impl Measurer {
             }
             let n = row_len(&e.dims) as usize;
             let n_rows: u64 = e.dims.iter().skip(1).product();
-            let picks = sample_rows(n_rows, rows_for(sample, n));
+            let picks = sample_rows(n_rows, rows_for(sample.rows, n));
+            let exact = rows_for(sample.exact, n);
             let mut rows = vec![0f32; picks.len() * n];
             for (r, buf) in picks.iter().zip(rows.chunks_mut(n)) {
                 src.read_rows_f32(i, *r, buf)?;
@@ -429,7 +431,7 @@ impl Measurer {
                 (None, Some(v)) => Weighting::Diagonal(v),
                 _ => Weighting::Identity,
             };
-            let mut est = errors(&e.name, &rows, n, n_rows, tys, &w, &mut self.factors)?;
+            let mut est = errors(&e.name, &rows, n, n_rows, tys, &w, &mut self.factors, exact)?;
             let calibrated = !matches!(calib, Calibration::None);
             if calibrated
                 && matches!(w, Weighting::Identity)
@@ -461,7 +463,7 @@ fn expert_errors(
     i: usize,
     tys: &[TensorType],
     calib: &Calibration,
-    sample: usize,
+    sample: crate::quant::sensitivity::Sample,
 ) -> Result<Option<Vec<crate::quant::sensitivity::Estimate>>> {
     use crate::quant::sensitivity::{errors, rows_for, sample_rows, Estimate, Factors, Weighting};
     use std::borrow::Cow;
@@ -486,7 +488,8 @@ fn expert_errors(
     if total == 0 {
         return Ok(None);
     }
-    let k = rows_for(sample, n).div_ceil(n_exp).max(1);
+    let k = rows_for(sample.rows, n).div_ceil(n_exp).max(1);
+    let exact = rows_for(sample.exact, n).div_ceil(n_exp).max(1);
     let mut sum = vec![(0f64, 0f64); tys.len()];
     for (x, h) in hs.iter().enumerate() {
         let Some(h) = h.as_deref().filter(|h| h.tokens > 0) else {
@@ -505,7 +508,7 @@ fn expert_errors(
             Weighting::HessianRtn(h)
         };
         let share = h.tokens as f64 / total as f64;
-        let est = errors(&e.name, &rows, n, per, tys, &w, &mut Factors::new())?;
+        let est = errors(&e.name, &rows, n, per, tys, &w, &mut Factors::new(), exact)?;
         for (s, t) in sum.iter_mut().zip(est) {
             s.0 += share * t.err;
             s.1 += (share * t.se).powi(2);

@@ -30,6 +30,8 @@ pub struct MixOpts<'a> {
     pub budget: Budget,
     pub types: Option<&'a str>,
     pub rows: usize,
+    /// Of `rows`, those quantized with LDLQ (`--mix-exact-rows`; the rest by the ratio estimate).
+    pub exact_rows: usize,
     /// Text for the KLD fit (and `--verify`); None: no KLD prediction.
     pub kld_text: Option<&'a Path>,
     pub kld_windows: usize,
@@ -141,6 +143,7 @@ pub fn choose(
         grid: 0,
         slack: 0,
         rows: o.rows,
+        exact_rows: o.exact_rows,
         sens_s: 0.0,
         fit_s: 0.0,
         dp_s: 0.0,
@@ -202,17 +205,21 @@ pub fn choose(
         }
     }
     let t0 = std::time::Instant::now();
+    let sample = crate::quant::sensitivity::Sample {
+        rows: o.rows,
+        exact: o.exact_rows,
+    };
     let mut table = match &cached {
         Some(m) => m.table.clone(),
         None => {
             let mut pb = super::progress::steps(o.quiet, items.len() as u64, "sensitivity");
             let t = match (calib, o.stream) {
                 (Calibration::Stream(_), Some(s)) => {
-                    s.sensitivity(src, plan, &items, o.rows, &mut |d| {
+                    s.sensitivity(src, plan, &items, sample, &mut |d| {
                         pb.set_position(d as u64)
                     })?
                 }
-                _ => mix::measure(src, plan, &items, calib, o.rows, &|d, _| {
+                _ => mix::measure(src, plan, &items, calib, sample, &|d, _| {
                     pb.set_position(d as u64)
                 })?,
             };
@@ -599,6 +606,7 @@ pub(crate) fn run(
         budget,
         types: a.types.as_deref(),
         rows: a.mix_rows.max(1),
+        exact_rows: a.mix_exact_rows.max(1),
         kld_text: job.kld_text.as_deref(),
         kld_windows: a.kld_windows,
         probes: a.kld_probes,
@@ -668,9 +676,10 @@ fn cache_key(job: &Job) -> Result<cache::Key> {
         (
             "settings",
             format!(
-                "profile {} mix-rows {} per 4096 elements ldlq band {} damp {} refit {} shrink {} tq {}",
+                "profile {} mix-rows {} per 4096 elements exact {} ldlq band {} damp {} refit {} shrink {} tq {}",
                 job.profile.name,
                 a.mix_rows.max(1),
+                a.mix_exact_rows.max(1).min(a.mix_rows.max(1)),
                 l.band_label(),
                 l.damp_label(),
                 l.refit,

@@ -75,6 +75,7 @@ pub struct MixReport {
     pub grid: u64,
     pub slack: u64,
     pub rows: usize,
+    pub exact_rows: usize,
     pub sens_s: f64,
     pub fit_s: f64,
     pub dp_s: f64,
@@ -153,7 +154,7 @@ impl MixReport {
             "probes": self.probes.iter().map(|p| serde_json::json!({"tensor": p.tensor, "type": p.ty.name(), "error": p.err, "kld": p.kld})).collect::<Vec<_>>(),
             "direct": self.direct.iter().map(|(n, t, k)| serde_json::json!({"tensor": n, "type": t.name(), "kld": k})).collect::<Vec<_>>(),
             "pinned": self.pinned.iter().map(|(n, t)| serde_json::json!({"tensor": n, "type": t.name()})).collect::<Vec<_>>(),
-            "grid_bytes": self.grid, "slack_bytes": self.slack, "rows_sampled": self.rows,
+            "grid_bytes": self.grid, "slack_bytes": self.slack, "rows_sampled": self.rows, "rows_exact": self.exact_rows.min(self.rows),
             "sensitivity_seconds": self.sens_s, "fit_seconds": self.fit_s, "dp_seconds": self.dp_s,
             "plans_seconds": self.best_s,
             "plans": self.tried.iter().map(|t| serde_json::json!({"plan": t.name, "file_bytes": t.file, "predicted_kld": t.calibrated.or(t.predicted), "predicted_kld_uncalibrated": t.predicted, "measured_kld": t.kld, "from_cache": t.cached})).collect::<Vec<_>>(),
@@ -168,8 +169,8 @@ impl MixReport {
             self.file, self.target, self.min_file, self.grid, self.slack
         )];
         v.push(format!(
-            "mix: weighting {}; summed error {:.4e} ± {:.1e} (row sample of {} per tensor)",
-            self.weighting, self.err, self.err_se, self.rows
+            "mix: weighting {}; summed error {:.4e} ± {:.1e} (row sample of {} per tensor, {} with LDLQ)",
+            self.weighting, self.err, self.err_se, self.rows, self.exact_rows.min(self.rows)
         ));
         match (self.alpha, self.r2) {
             (Some(a), Some(r)) => {

@@ -166,7 +166,7 @@ impl TextStream {
         src: &dyn crate::source::TensorSource,
         plan: &crate::plan::Plan,
         items: &[(Vec<usize>, Vec<crate::types::TensorType>)],
-        sample: usize,
+        sample: crate::quant::sensitivity::Sample,
         progress: &mut dyn FnMut(usize),
     ) -> Result<crate::plan::mix::Table> {
         use crate::plan::mix::{Calibration, Measurer};
@@ -232,8 +232,10 @@ mod tests {
         use crate::types::TensorType::*;
         let items = mix::items(&plan, &[Q2K, Q4K, IQ4XS, Q8_0], &profile);
         let ts = TextStream::new(&model, &profile, &text, &o).unwrap();
+        // 4 of the 32 rows with LDLQ: the ratio estimate, as the default.
+        let sample = crate::quant::sensitivity::Sample { rows: 32, exact: 4 };
         let streamed = ts
-            .sensitivity(src.as_ref(), &plan, &items, 32, &mut |_| {})
+            .sensitivity(src.as_ref(), &plan, &items, sample, &mut |_| {})
             .unwrap();
         assert_eq!(ts.passes.get(), 1);
         let hs = calibrate_text(&model, &profile, &text, &o).unwrap();
@@ -242,7 +244,7 @@ mod tests {
             &plan,
             &items,
             &Calibration::Memory(&hs),
-            32,
+            sample,
             &|_, _| {},
         )
         .unwrap();

@@ -102,6 +102,7 @@ impl Sample {
 /// round-to-nearest encoder (the damped diagonal as importance): no sweep, no refit. The ratio
 /// corrects the proxy's bias per (tensor, type) — LDLQ's gain over rounding depends on the grid
 /// and the Hessian — and the proxy carries the row-to-row spread, so few exact rows suffice.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn errors(
     name: &str,
     rows: &[f32],

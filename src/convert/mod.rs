@@ -608,6 +608,7 @@ mod proxies {
             feedback,
             psp,
             fast: 0,
+            gate: 0,
         };
         let quadw = |fast, feedback, psp| TrellisInner::Quad {
             weighted: false,
@@ -615,13 +616,17 @@ mod proxies {
             feedback,
             psp,
             fast,
+            gate: 0,
         };
         let all = [
             ("plain (old)", TrellisInner::Plain),
             ("plain+fb2+CD (previous format)", quad(false, 4, 2, (0, 0))),
             ("plain+fb2+CD, psp+CD", quad(false, 4, 2, (1, 0))),
             ("plain+fb2+CD, beam64+CD", quad(false, 4, 2, (1, 64))),
-            ("beam128 (format)", quad(false, 4, 2, (1, 128))),
+            (
+                "beam128 (format until the gate)",
+                quad(false, 4, 2, (1, 128)),
+            ),
             ("plain+fb2+CD, beam256+CD", quad(false, 4, 2, (1, 256))),
             ("plain+fb2+CD, beam256x2+CD", quad(false, 4, 2, (2, 256))),
             ("plain+CD, beam256+CD", quad(false, 4, 0, (1, 256))),
@@ -634,6 +639,7 @@ mod proxies {
             ("plain1+fb3w+CD, beam128+CD", quadw(2, 3, (1, 128))),
             ("plain1+fb2w+CD, beam64+CD", quadw(2, 2, (1, 64))),
             ("plain1+fb2w+CD, beam192+CD", quadw(2, 2, (1, 192))),
+            ("format (beam256 where coupled)", TrellisInner::FORMAT),
         ];
         // TQ_PROXY_VARIANTS: comma-separated indices into `all` (default: every one).
         let pick = std::env::var("TQ_PROXY_VARIANTS").ok();
@@ -646,7 +652,7 @@ mod proxies {
             })
             .map(|(_, (l, v))| (l.to_string(), *v))
             .collect();
-        // TQ_PROXY_CUSTOM: `fast:feedback:passes:beam` variants separated by commas.
+        // TQ_PROXY_CUSTOM: `fast:feedback:passes:beam[:gate]` variants separated by commas.
         if let Ok(c) = std::env::var("TQ_PROXY_CUSTOM") {
             for v in c.split(',').filter(|v| !v.is_empty()) {
                 let p: Vec<usize> = v.split(':').map(|x| x.parse().unwrap()).collect();
@@ -664,6 +670,7 @@ mod proxies {
                         feedback,
                         psp,
                         fast,
+                        gate: p.get(4).map_or(0, |&g| g as u16),
                     },
                     other => other,
                 };

@@ -312,7 +312,11 @@ impl LinearSet {
     /// Route this set's q8_0 weights (those `skip` does not name) through the int8 path
     /// ([`super::q8dot`]), from their bytes in `f` (their f32 weights are not needed: load the
     /// set with them skipped). Returns how many segments it prepared.
-    pub(crate) fn prepare_q8(&mut self, f: &GgufFile, skip: &dyn Fn(&str) -> bool) -> Result<usize> {
+    pub(crate) fn prepare_q8(
+        &mut self,
+        f: &GgufFile,
+        skip: &dyn Fn(&str) -> bool,
+    ) -> Result<usize> {
         let mut count = 0;
         for seg in &mut self.segments {
             if !Self::q8_eligible(seg.ty, self.k) || seg.cuda.is_some() || skip(&seg.name) {
@@ -513,7 +517,11 @@ impl LayerWeights {
     }
 
     /// [`LinearSet::prepare_q8`] for every set of the block; returns the number of weights.
-    pub(crate) fn prepare_q8(&mut self, f: &GgufFile, skip: &dyn Fn(&str) -> bool) -> Result<usize> {
+    pub(crate) fn prepare_q8(
+        &mut self,
+        f: &GgufFile,
+        skip: &dyn Fn(&str) -> bool,
+    ) -> Result<usize> {
         Ok(self.qkv.prepare_q8(f, skip)?
             + self.wo.prepare_q8(f, skip)?
             + self.gate_up.prepare_q8(f, skip)?

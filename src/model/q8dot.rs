@@ -579,8 +579,14 @@ mod tests {
                 }
                 let g = got[c * n + i] as f64;
                 let f = f32_path[c * n + i] as f64;
-                assert!((g - want).abs() <= 1e-6 * (1.0 + mag), "{c} {i}: {g} vs {want}");
-                assert!((f - want).abs() <= 1e-5 * (1.0 + mag), "{c} {i}: {f} vs {want}");
+                assert!(
+                    (g - want).abs() <= 1e-6 * (1.0 + mag),
+                    "{c} {i}: {g} vs {want}"
+                );
+                assert!(
+                    (f - want).abs() <= 1e-5 * (1.0 + mag),
+                    "{c} {i}: {f} vs {want}"
+                );
             }
         }
     }

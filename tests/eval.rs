@@ -1253,6 +1253,7 @@ fn cuda_numerics_linear_set_equals_cuda_native_matvec() {
                 ty,
                 cuda,
                 int8: None,
+                q8: None,
             });
             off += n;
         }

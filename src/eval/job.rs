@@ -154,6 +154,8 @@ pub struct EvalJob {
     format: Format,
     /// TQ weights through the int8 path ([`crate::model::Model::use_tq_int8`]).
     tq_int8: bool,
+    /// q8_0 weights through the int8 path ([`crate::model::Model::use_q8_int8`]).
+    q8_int8: bool,
 }
 
 /// The environment variable choosing how `tq eval` multiplies TQ4_1S / TQ3_1S weights under
@@ -166,16 +168,26 @@ pub const TQ_DOT_ENV: &str = "TQ_TQ_DOT";
 /// within noise of the f32 path), else f32 (the AVX2 kernel is slower than the f32 GEMM);
 /// docs/bench/eval.md.
 fn tq_dot_from_env() -> Result<bool> {
-    match std::env::var(TQ_DOT_ENV) {
-        Err(std::env::VarError::NotPresent) => Ok(crate::model::tqdot::int8_is_faster()),
+    dot_from_env(TQ_DOT_ENV, crate::model::tqdot::int8_is_faster())
+}
+
+/// The environment variable choosing how `tq eval` multiplies q8_0 weights under ggml numerics:
+/// `int8` (ggml's arithmetic: integer dot products of the weight's quants with the Q8_0-rounded
+/// activation's) or `f32` (dequantized weights × the rounded activations in f32).
+pub const Q8_DOT_ENV: &str = "TQ_Q8_DOT";
+
+/// `int8` or `f32` from `var`, `default` when it is unset.
+fn dot_from_env(var: &str, default: bool) -> Result<bool> {
+    match std::env::var(var) {
+        Err(std::env::VarError::NotPresent) => Ok(default),
         Ok(v) if v == "int8" => Ok(true),
         Ok(v) if v == "f32" => Ok(false),
         Ok(v) => Err(Error::Usage(format!(
-            "{TQ_DOT_ENV}={}: expected int8 or f32",
+            "{var}={}: expected int8 or f32",
             crate::error::one_line(&v)
         ))),
         Err(_) => Err(Error::Usage(format!(
-            "{TQ_DOT_ENV}: not valid Unicode; expected int8 or f32"
+            "{var}: not valid Unicode; expected int8 or f32"
         ))),
     }
 }
@@ -216,12 +228,14 @@ impl EvalJob {
             ],
         )?;
         let tq_int8 = tq_dot_from_env()?;
+        let q8_int8 = dot_from_env(Q8_DOT_ENV, crate::model::q8dot::int8_is_faster())?;
         Ok(EvalJob {
             flags: a,
             numerics,
             backend,
             format,
             tq_int8,
+            q8_int8,
         })
     }
 }
@@ -255,6 +269,7 @@ pub fn run(job: &EvalJob, threads: usize) -> Result<EvalReport> {
     let mut model = Model::new(&file, numerics)?;
     // With a GPU backend the CPU twin it is checked against stays the f32 reference.
     model.use_tq_int8(job.tq_int8 && backend.is_none());
+    model.use_q8_int8(job.q8_int8 && backend.is_none());
     if let Some(b) = backend {
         model.use_backend(b)?;
     }
@@ -275,6 +290,7 @@ pub fn run(job: &EvalJob, threads: usize) -> Result<EvalReport> {
         ref_file = GgufFile::open(r)?;
         let mut m = Model::new(&ref_file, numerics)?;
         m.use_tq_int8(job.tq_int8 && backend.is_none());
+        m.use_q8_int8(job.q8_int8 && backend.is_none());
         ref_model = Some(m);
     }
     let (win, reference) = session::windows_and_reference(

@@ -8,7 +8,7 @@
 use super::attention::{causal_attention, AttnShape};
 use super::kernels::Kernels;
 use super::kv::{hadamard_blocks, round_trip, KvLayer};
-use super::layer::{glu_rows, rms_norm_rows, LayerWeights};
+use super::layer::{glu_rows, rms_norm_rows, LayerWeights, LinearSet};
 use super::matmul::ActRound;
 use super::rope::{model_ropes, Rope};
 use super::runtime::{Model, Numerics, Observer};
@@ -178,12 +178,21 @@ impl Model<'_> {
             self.prefetch_block(l + 1);
         }
         let int8 = self.tq_int8() && self.numerics == Numerics::Ggml && !watch;
+        let q8 = self.q8_int8() && self.numerics == Numerics::Ggml && !watch;
         let on_kern = |n: &str| kern.is_some_and(|k| k.has(n));
         let is_tq = |n: &str| self.file.tensor(n).is_some_and(|t| t.ty.is_tq_weight());
-        let skip = |n: &str| on_kern(n) || (int8 && is_tq(n));
+        let is_q8 = |n: &str| {
+            self.file
+                .tensor(n)
+                .is_some_and(|t| LinearSet::q8_eligible(t.ty, t.row_len() as usize))
+        };
+        let skip = |n: &str| on_kern(n) || (int8 && is_tq(n)) || (q8 && is_q8(n));
         let mut lw = LayerWeights::load_with(self.file, &self.cfg, l, &skip)?;
         if int8 {
             lw.prepare_int8(self.file, &on_kern)?;
+        }
+        if q8 {
+            lw.prepare_q8(self.file, &on_kern)?;
         }
         if let Some(path) = self.numerics.cuda_path() {
             if watch {

@@ -4,6 +4,7 @@
 use super::config::{Config, LayerNames};
 use super::kernels::Kernels;
 use super::matmul::{matmul_t, ActRound};
+use super::q8dot::{ActQ8, Q8Int8};
 use super::tqdot::{ActQ, TqInt8};
 use crate::error::{Error, Result};
 use crate::gguf::{GgufFile, TensorInfo};
@@ -105,6 +106,9 @@ pub struct Segment {
     /// Set by [`LinearSet::prepare_int8`]: this TQ weight is multiplied by the int8 path
     /// ([`super::tqdot`]) instead of through the f32 weights.
     pub int8: Option<Arc<TqInt8>>,
+    /// Set by [`LinearSet::prepare_q8`]: this q8_0 weight is multiplied by the int8 path
+    /// ([`super::q8dot`]) instead of through the f32 weights.
+    pub q8: Option<Arc<Q8Int8>>,
 }
 
 /// Weights sharing one input of width `k`, stacked row-wise (`n_total × k`), with optional biases.
@@ -176,6 +180,7 @@ impl LinearSet {
                 ty: t.ty,
                 cuda: None,
                 int8: None,
+                q8: None,
             });
             off += n;
         }
@@ -218,6 +223,7 @@ impl LinearSet {
                 ty: t.ty,
                 cuda: None,
                 int8: None,
+                q8: None,
             });
         }
         let mut w = vec![0f32; parts.len() * n * k];
@@ -303,6 +309,50 @@ impl LinearSet {
         Ok(count)
     }
 
+    /// Route this set's q8_0 weights (those `skip` does not name) through the int8 path
+    /// ([`super::q8dot`]), from their bytes in `f` (their f32 weights are not needed: load the
+    /// set with them skipped). Returns how many segments it prepared.
+    pub(crate) fn prepare_q8(
+        &mut self,
+        f: &GgufFile,
+        skip: &dyn Fn(&str) -> bool,
+    ) -> Result<usize> {
+        let mut count = 0;
+        for seg in &mut self.segments {
+            if !Self::q8_eligible(seg.ty, self.k) || seg.cuda.is_some() || skip(&seg.name) {
+                continue;
+            }
+            let t = f
+                .tensor(&seg.name)
+                .ok_or_else(|| Error::bad_input(&f.path, format!("missing tensor {}", seg.name)))?;
+            let row_bytes = self.k / seg.ty.block_size() * seg.ty.block_bytes();
+            let bytes = f
+                .tensor_data(t)
+                .get(seg.row0 * row_bytes..(seg.row0 + seg.n) * row_bytes)
+                .ok_or_else(|| {
+                    Error::bad_input(&f.path, format!("{}: tensor data too short", seg.name))
+                })?;
+            let w = Q8Int8::new(bytes, seg.n, self.k).map_err(|e| {
+                Error::bad_input(
+                    &f.path,
+                    format!(
+                        "{}: {e}; the model file is corrupt (fix or reconvert the source model)",
+                        crate::error::one_line(&seg.name)
+                    ),
+                )
+            })?;
+            f.release(t);
+            seg.q8 = Some(Arc::new(w));
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    /// Whether a weight of type `ty` with rows `k` long can take the q8_0 int8 path.
+    pub(crate) fn q8_eligible(ty: TensorType, k: usize) -> bool {
+        ty == TensorType::Q8_0 && k.is_multiple_of(32) && k > 0
+    }
+
     /// `out (rows × n_total) = x (rows × k) · Wᵀ + b`. With `ggml_numerics`, the input is first
     /// rounded the way ggml converts activations for each weight's type; segments with the same
     /// rounding are multiplied together. Segments prepared by [`LinearSet::prepare_cuda`] go
@@ -333,10 +383,20 @@ impl LinearSet {
         let k = self.k;
         let on_backend =
             |s: &Segment, kn: &Option<&mut Kernels>| kn.as_ref().is_some_and(|kn| kn.has(&s.name));
-        // The int8 path's rotated, quantized input: made once for all its segments.
+        // The int8 paths' quantized inputs: each made once for all its segments.
         let mut xq: Option<ActQ> = None;
+        let mut x8: Option<ActQ8> = None;
         let mut i = 0;
         while i < self.segments.len() {
+            if let Some(w8) = self.segments[i].q8.as_deref() {
+                if !on_backend(&self.segments[i], &kernels) {
+                    let a = x8.get_or_insert_with(|| ActQ8::new(x, rows, k));
+                    let off = self.segments[i].off;
+                    super::q8dot::matmul(w8, a, &mut out[off..], self.n_total, threads);
+                    i += 1;
+                    continue;
+                }
+            }
             if let Some(w8) = self.segments[i].int8.as_deref() {
                 if !on_backend(&self.segments[i], &kernels) {
                     let a = xq.get_or_insert_with(|| ActQ::new(x, rows, k));
@@ -368,6 +428,7 @@ impl LinearSet {
             while j < self.segments.len()
                 && self.segments[j].cuda.is_none()
                 && self.segments[j].int8.is_none()
+                && self.segments[j].q8.is_none()
                 && !on_backend(&self.segments[j], &kernels)
                 && (!ggml_numerics || ActRound::for_weight(self.segments[j].ty) == round)
             {
@@ -451,6 +512,22 @@ impl LayerWeights {
             + self.down.prepare_int8(f, skip)?
             + match self.router.as_mut() {
                 Some(r) => r.prepare_int8(f, skip)?,
+                None => 0,
+            })
+    }
+
+    /// [`LinearSet::prepare_q8`] for every set of the block; returns the number of weights.
+    pub(crate) fn prepare_q8(
+        &mut self,
+        f: &GgufFile,
+        skip: &dyn Fn(&str) -> bool,
+    ) -> Result<usize> {
+        Ok(self.qkv.prepare_q8(f, skip)?
+            + self.wo.prepare_q8(f, skip)?
+            + self.gate_up.prepare_q8(f, skip)?
+            + self.down.prepare_q8(f, skip)?
+            + match self.router.as_mut() {
+                Some(r) => r.prepare_q8(f, skip)?,
                 None => 0,
             })
     }

@@ -11,6 +11,7 @@ pub mod kv;
 pub mod layer;
 pub(crate) mod matmul;
 pub(crate) mod moe;
+pub(crate) mod q8dot;
 pub(crate) mod rope;
 pub(crate) mod runtime;
 pub(crate) mod tqdot;

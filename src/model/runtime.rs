@@ -8,6 +8,7 @@ use super::kernels::{placements, Kernels, Placement};
 use super::kv::KvCache;
 use super::layer::{dequantize_rows, load_f32, rms_norm_rows, LinearSet};
 use super::matmul::{matmul_t, ActRound};
+use super::q8dot::{self, ActQ8, Q8Int8};
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::gpu::{BackendKind, Linear, OpenError};
@@ -141,6 +142,8 @@ pub struct Model<'a> {
     kernels: Option<RefCell<Kernels>>,
     /// TQ4_1S / TQ3_1S block weights through the int8 path ([`Model::use_tq_int8`]).
     tq_int8: bool,
+    /// q8_0 weights through the int8 path ([`Model::use_q8_int8`]).
+    q8_int8: bool,
 }
 
 /// The GPU backend a model runs on: the API, the device and what runs where.
@@ -170,6 +173,7 @@ impl<'a> Model<'a> {
             output_norm,
             kernels: None,
             tq_int8: false,
+            q8_int8: false,
         })
     }
 
@@ -220,6 +224,20 @@ impl<'a> Model<'a> {
         self.tq_int8
     }
 
+    /// Multiply q8_0 weights (block weights and the output projection) by the int8 path
+    /// (`model/q8dot.rs`: the Q8_0-rounded activation's int8 quants against the weight's, integer
+    /// dot products per 32-block scaled by both scales, as ggml's CPU backend does) instead of
+    /// f32 dequantized weights. Only under [`Numerics::Ggml`] and when no observer watches the
+    /// linear inputs; the results move by float rounding only (docs/bench/speed.md).
+    pub fn use_q8_int8(&mut self, on: bool) {
+        self.q8_int8 = on;
+    }
+
+    /// Whether [`Model::use_q8_int8`] is on.
+    pub fn q8_int8(&self) -> bool {
+        self.q8_int8
+    }
+
     /// The backend attached by [`Model::use_backend`], and where each linear weight runs.
     pub fn backend(&self) -> Option<BackendInfo> {
         let k = self.kernels.as_ref()?.borrow();
@@ -242,6 +260,7 @@ impl<'a> Model<'a> {
             output_norm: self.output_norm.clone(),
             kernels: None,
             tq_int8: self.tq_int8,
+            q8_int8: self.q8_int8,
         }
     }
 
@@ -460,6 +479,26 @@ impl<'a> Model<'a> {
             return Ok(logits);
         }
         self.file.prefetch(t);
+        if self.q8_int8 && self.numerics == Numerics::Ggml && LinearSet::q8_eligible(t.ty, e) {
+            // ggml's q8_0 arithmetic: the input quantized once, the weight slice by slice.
+            let a = ActQ8::new(hn, rows, e);
+            let data = self.file.tensor_data(t);
+            let row_bytes = e / 32 * t.ty.block_bytes();
+            let mut v0 = 0;
+            while v0 < nv {
+                let v1 = (v0 + OUTPUT_ROWS_PER_SLICE).min(nv);
+                let bytes = data.get(v0 * row_bytes..v1 * row_bytes).ok_or_else(|| {
+                    Error::bad_input(&self.file.path, format!("{}: data too short", t.name))
+                })?;
+                let w = Q8Int8::new(bytes, v1 - v0, e).map_err(|err| {
+                    Error::bad_input(&self.file.path, format!("{}: {err}", t.name))
+                })?;
+                q8dot::matmul(&w, &a, &mut logits[v0..], nv, threads);
+                v0 = v1;
+            }
+            self.file.release(t);
+            return Ok(logits);
+        }
         let mut w = vec![0f32; OUTPUT_ROWS_PER_SLICE.min(nv) * e];
         let mut v0 = 0;
         while v0 < nv {

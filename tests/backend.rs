@@ -107,7 +107,9 @@ impl Setup {
     fn eval_json_f32(&self, model: &Path, extra: &[&str]) -> serde_json::Value {
         let mut e = extra.to_vec();
         e.push("--json");
-        let (code, out, err) = self.eval_env(model, &e, &[("TQ_TQ_DOT", "f32")]);
+        // The backend's CPU reference run multiplies on the f32 path: TQ and q8_0 weights alike.
+        let (code, out, err) =
+            self.eval_env(model, &e, &[("TQ_TQ_DOT", "f32"), ("TQ_Q8_DOT", "f32")]);
         assert_eq!(code, 0, "{err}");
         serde_json::from_str(&out).unwrap()
     }

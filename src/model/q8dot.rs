@@ -19,6 +19,8 @@
 //! the tests hold them bit-equal. Every output is computed on its own in a fixed order, so the
 //! result does not depend on the thread count.
 
+// The TQ int8 path's rounding: ties to even by the addition, no library call on baseline x86-64.
+use super::tqdot::round_even;
 use crate::types::float::f16_bits_to_f32;
 use rayon::prelude::*;
 
@@ -106,14 +108,6 @@ impl Q8Int8 {
     fn tiles(&self) -> usize {
         self.n.div_ceil(TILE)
     }
-}
-
-/// `v` rounded to the nearest integer, ties to even, for |v| < 2²² (the default rounding of the
-/// addition does it, without a library call on baseline x86-64). NaN stays NaN.
-#[inline(always)]
-fn round_even(v: f32) -> f32 {
-    const M: f32 = 12_582_912.0; // 1.5 · 2²³
-    (v + M) - M
 }
 
 /// Activations quantized to Q8_0 for [`matmul`]: `rows` tokens of `nb` blocks.

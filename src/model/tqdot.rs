@@ -149,7 +149,7 @@ impl TqInt8 {
 /// `v` rounded to the nearest integer, ties to even, for |v| < 2²² (the default rounding of
 /// the addition does it; a library call otherwise, without SSE4.1 in the build's baseline).
 #[inline(always)]
-fn round_even(v: f32) -> f32 {
+pub(super) fn round_even(v: f32) -> f32 {
     const M: f32 = 12_582_912.0; // 1.5 · 2²³
     (v + M) - M
 }

@@ -189,7 +189,7 @@ pub fn choose(
             .collect();
         let refs: Vec<&[usize]> = picks.iter().map(Vec::as_slice).collect();
         mix::apply(&mut q, &items, &refs, "mix")?;
-        rep.min_file = size_of(&q, &rep)?;
+        rep.min_file = at_own_target(&mut rep, |r| size_of(&q, r))?;
         let target = match o.budget {
             Budget::Bytes(b) => b,
             Budget::Bpw(x) => (x * params_of(plan) as f64 / 8.0).floor() as u64,
@@ -334,7 +334,8 @@ pub fn choose(
         rep.predicted = rep.alpha.map(|_| cost);
         size_of(plan, rep)
     };
-    rep.min_file = set(plan, &mut rep, &cheapest)?;
+    set(plan, &mut rep, &cheapest)?;
+    rep.min_file = at_own_target(&mut rep, |r| size_of(plan, r))?;
     let too_small = |rep: &MixReport| {
         Error::Usage(format!(
             "the target of {} bytes (--target-size / --target-bpw) is below the smallest file the candidate types give ({} bytes = {:.3} bpw); raise the target or add smaller types with --types",
@@ -690,4 +691,22 @@ fn cache_key(job: &Job) -> Result<cache::Key> {
         // Another build's encoders (and so its sensitivity and probes) may differ.
         ("build", store::build_id().to_string()),
     ]))
+}
+
+/// The smallest file's size as a run asking for exactly that size writes it: the report's target
+/// is in the header (`tq.mix.target_bytes`), so its digits can move the padding. The size at a
+/// target equal to itself: a fixed point, reached in a step or two (the larger if it alternates).
+fn at_own_target(rep: &mut MixReport, size: impl Fn(&MixReport) -> Result<u64>) -> Result<u64> {
+    let keep = rep.target;
+    let mut m = size(rep)?;
+    for _ in 0..4 {
+        rep.target = m;
+        let n = size(rep)?;
+        if n == m {
+            break;
+        }
+        m = m.max(n);
+    }
+    rep.target = keep;
+    Ok(m)
 }

@@ -278,35 +278,15 @@ impl LinearSet {
         f: &GgufFile,
         skip: &dyn Fn(&str) -> bool,
     ) -> Result<usize> {
-        let mut count = 0;
-        for seg in &mut self.segments {
-            if !seg.ty.is_tq_weight() || seg.cuda.is_some() || skip(&seg.name) {
-                continue;
-            }
-            let t = f
-                .tensor(&seg.name)
-                .ok_or_else(|| Error::bad_input(&f.path, format!("missing tensor {}", seg.name)))?;
-            let row_bytes = self.k / seg.ty.block_size() * seg.ty.block_bytes();
-            let data = f.tensor_data(t);
-            let bytes = data
-                .get(seg.row0 * row_bytes..(seg.row0 + seg.n) * row_bytes)
-                .ok_or_else(|| {
-                    Error::bad_input(&f.path, format!("{}: tensor data too short", seg.name))
-                })?;
-            let w = TqInt8::new(seg.ty, bytes, seg.n, self.k).map_err(|e| {
-                Error::bad_input(
-                    &f.path,
-                    format!(
-                        "{}: {e}; the model file is corrupt (fix or reconvert the source model)",
-                        crate::error::one_line(&seg.name)
-                    ),
-                )
-            })?;
-            f.release(t);
-            seg.int8 = Some(Arc::new(w));
-            count += 1;
-        }
-        Ok(count)
+        self.prepare_from_bytes(
+            f,
+            skip,
+            |ty, _| ty.is_tq_weight(),
+            |seg, bytes, k| {
+                seg.int8 = Some(Arc::new(TqInt8::new(seg.ty, bytes, seg.n, k)?));
+                Ok(())
+            },
+        )
     }
 
     /// Route this set's q8_0 weights (those `skip` does not name) through the int8 path
@@ -317,22 +297,39 @@ impl LinearSet {
         f: &GgufFile,
         skip: &dyn Fn(&str) -> bool,
     ) -> Result<usize> {
+        self.prepare_from_bytes(f, skip, Self::q8_eligible, |seg, bytes, k| {
+            seg.q8 = Some(Arc::new(Q8Int8::new(bytes, seg.n, k)?));
+            Ok(())
+        })
+    }
+
+    /// Hands each segment that `eligible` (type, row length) takes, that has no CUDA weights and
+    /// that `skip` does not name, its rows' bytes in `f`; `attach` builds and stores its int8
+    /// weights, and the tensor's mapping is released after. A refusal is the file's corruption.
+    fn prepare_from_bytes(
+        &mut self,
+        f: &GgufFile,
+        skip: &dyn Fn(&str) -> bool,
+        eligible: impl Fn(TensorType, usize) -> bool,
+        attach: impl Fn(&mut Segment, &[u8], usize) -> std::result::Result<(), String>,
+    ) -> Result<usize> {
+        let k = self.k;
         let mut count = 0;
         for seg in &mut self.segments {
-            if !Self::q8_eligible(seg.ty, self.k) || seg.cuda.is_some() || skip(&seg.name) {
+            if !eligible(seg.ty, k) || seg.cuda.is_some() || skip(&seg.name) {
                 continue;
             }
             let t = f
                 .tensor(&seg.name)
                 .ok_or_else(|| Error::bad_input(&f.path, format!("missing tensor {}", seg.name)))?;
-            let row_bytes = self.k / seg.ty.block_size() * seg.ty.block_bytes();
+            let row_bytes = k / seg.ty.block_size() * seg.ty.block_bytes();
             let bytes = f
                 .tensor_data(t)
                 .get(seg.row0 * row_bytes..(seg.row0 + seg.n) * row_bytes)
                 .ok_or_else(|| {
                     Error::bad_input(&f.path, format!("{}: tensor data too short", seg.name))
                 })?;
-            let w = Q8Int8::new(bytes, seg.n, self.k).map_err(|e| {
+            attach(seg, bytes, k).map_err(|e| {
                 Error::bad_input(
                     &f.path,
                     format!(
@@ -342,7 +339,6 @@ impl LinearSet {
                 )
             })?;
             f.release(t);
-            seg.q8 = Some(Arc::new(w));
             count += 1;
         }
         Ok(count)

@@ -11,6 +11,7 @@
 
 use crate::types::TensorType;
 use gemm::Parallelism;
+use rayon::prelude::*;
 
 /// `out[r * out_stride + c] = sum_i x[r * k + i] * w[c * k + i]` for `r < rows`, `c < n`:
 /// activations (row-major `rows × k`) times the transpose of a weight stored the ggml way
@@ -313,6 +314,34 @@ fn round_q8k(row: &mut [f32]) {
             *v = q * d;
         }
     }
+}
+
+/// The token-chunked driver of the integer matmuls (`q8dot`, `tqdot`): `out` holds `rows` tokens'
+/// outputs `stride` apart (`n` used per token), split into chunks of tokens run in parallel; each
+/// call gets its tokens `c0..c1` and `out` from token `c0`'s row. A token's outputs come from one
+/// call whatever the thread count, so the result does not depend on it.
+pub(crate) fn for_token_chunks(
+    rows: usize,
+    n: usize,
+    stride: usize,
+    threads: usize,
+    out: &mut [f32],
+    run: impl Fn(usize, usize, &mut [f32]) + Sync,
+) {
+    if rows == 0 || n == 0 {
+        return;
+    }
+    assert!(stride >= n && out.len() >= (rows - 1) * stride + n);
+    // Tokens per task: enough tasks for the threads, few enough to reuse each weight tile.
+    let per = rows.div_ceil(threads.max(1) * 4).clamp(4, 64);
+    out.par_chunks_mut(per * stride)
+        .enumerate()
+        .for_each(|(ci, o)| {
+            let c0 = ci * per;
+            if c0 < rows {
+                run(c0, rows.min(c0 + per), o);
+            }
+        });
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@
 //! result does not depend on the thread count.
 
 // The TQ int8 path's rounding: ties to even by the addition, no library call on baseline x86-64.
+use super::matmul::for_token_chunks;
 use super::tqdot::round_even;
 use crate::types::float::f16_bits_to_f32;
 use rayon::prelude::*;
@@ -255,23 +256,9 @@ pub(crate) fn matmul_with(
     threads: usize,
 ) {
     assert_eq!(w.nb, a.nb, "q8_0 int8 matmul: input widths differ");
-    let rows = a.rows;
-    if rows == 0 || w.n == 0 {
-        return;
-    }
-    assert!(stride >= w.n && out.len() >= (rows - 1) * stride + w.n);
-    // Tokens per task: enough tasks for the threads, few enough to reuse each weight tile.
-    let per = rows.div_ceil(threads.max(1) * 4).clamp(4, 64);
-    out.par_chunks_mut(per * stride)
-        .enumerate()
-        .for_each(|(ci, o)| {
-            let c0 = ci * per;
-            if c0 >= rows {
-                return;
-            }
-            let c1 = rows.min(c0 + per);
-            run_chunk(kernel, w, a, c0, c1, o, stride);
-        });
+    for_token_chunks(a.rows, w.n, stride, threads, out, |c0, c1, o| {
+        run_chunk(kernel, w, a, c0, c1, o, stride)
+    });
 }
 
 /// Tokens per kernel call.

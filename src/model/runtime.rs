@@ -10,7 +10,7 @@ use super::layer::{dequantize_rows, load_f32, rms_norm_rows, LinearSet};
 use super::matmul::{matmul_t, ActRound};
 use super::q8dot::{self, ActQ8, Q8Int8};
 use crate::error::{Error, Result};
-use crate::gguf::GgufFile;
+use crate::gguf::{GgufFile, TensorInfo};
 use crate::gpu::{BackendKind, Linear, OpenError};
 use crate::numerics::cuda_native::CudaTqPath;
 use rayon::prelude::*;
@@ -463,39 +463,25 @@ impl<'a> Model<'a> {
         if let Some(path) = self.numerics.cuda_path().filter(|_| t.ty.is_tq_weight()) {
             // A TQ output projection under CUDA numerics (never in the fork's recipes, but
             // possible): through the CUDA model, in the same vocabulary slices.
-            let data = self.file.tensor_data(t);
-            let row_bytes = e / 32 * t.ty.block_bytes();
-            let mut v0 = 0;
-            while v0 < nv {
-                let v1 = (v0 + OUTPUT_ROWS_PER_SLICE).min(nv);
-                let bytes = data.get(v0 * row_bytes..v1 * row_bytes).ok_or_else(|| {
-                    Error::bad_input(&self.file.path, format!("{}: data too short", t.name))
-                })?;
+            self.for_output_slices(t, e, nv, |v0, v1, bytes| {
                 crate::numerics::cuda_matmul::CudaWeights::new(path, t.ty, bytes, v1 - v0, e)
                     .map_err(|err| Error::bad_input(&self.file.path, format!("{}: {err}", t.name)))?
                     .matmul(hn, rows, &mut logits[v0..], nv);
-                v0 = v1;
-            }
+                Ok(())
+            })?;
             return Ok(logits);
         }
         self.file.prefetch(t);
         if self.q8_int8 && self.numerics == Numerics::Ggml && LinearSet::q8_eligible(t.ty, e) {
             // ggml's q8_0 arithmetic: the input quantized once, the weight slice by slice.
             let a = ActQ8::new(hn, rows, e);
-            let data = self.file.tensor_data(t);
-            let row_bytes = e / 32 * t.ty.block_bytes();
-            let mut v0 = 0;
-            while v0 < nv {
-                let v1 = (v0 + OUTPUT_ROWS_PER_SLICE).min(nv);
-                let bytes = data.get(v0 * row_bytes..v1 * row_bytes).ok_or_else(|| {
-                    Error::bad_input(&self.file.path, format!("{}: data too short", t.name))
-                })?;
+            self.for_output_slices(t, e, nv, |v0, v1, bytes| {
                 let w = Q8Int8::new(bytes, v1 - v0, e).map_err(|err| {
                     Error::bad_input(&self.file.path, format!("{}: {err}", t.name))
                 })?;
                 q8dot::matmul(&w, &a, &mut logits[v0..], nv, threads);
-                v0 = v1;
-            }
+                Ok(())
+            })?;
             self.file.release(t);
             return Ok(logits);
         }
@@ -512,5 +498,29 @@ impl<'a> Model<'a> {
         // kept in this process's memory in between.
         self.file.release(t);
         Ok(logits)
+    }
+
+    /// Runs `run(v0, v1, bytes)` over the output tensor `t`'s vocabulary rows in slices of
+    /// [`OUTPUT_ROWS_PER_SLICE`], with the slice's bytes (rows `e` wide, 32-blocks), so no more
+    /// than one slice's weights are unpacked at a time.
+    fn for_output_slices(
+        &self,
+        t: &TensorInfo,
+        e: usize,
+        nv: usize,
+        mut run: impl FnMut(usize, usize, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let data = self.file.tensor_data(t);
+        let row_bytes = e / 32 * t.ty.block_bytes();
+        let mut v0 = 0;
+        while v0 < nv {
+            let v1 = (v0 + OUTPUT_ROWS_PER_SLICE).min(nv);
+            let bytes = data.get(v0 * row_bytes..v1 * row_bytes).ok_or_else(|| {
+                Error::bad_input(&self.file.path, format!("{}: data too short", t.name))
+            })?;
+            run(v0, v1, bytes)?;
+            v0 = v1;
+        }
+        Ok(())
     }
 }

@@ -21,6 +21,7 @@
 //! by the tests below. Every output is computed on its own in a fixed order, so the result does
 //! not depend on the thread count.
 
+use super::matmul::for_token_chunks;
 use crate::types::float::f16_bits_to_f32;
 use crate::types::tq::{unpack_tq3, unpack_tq4, C3, C4, QK, TQ3_BYTES, TQ4_BYTES};
 use crate::types::TensorType;
@@ -375,23 +376,9 @@ pub(crate) fn matmul_with(
     threads: usize,
 ) {
     assert_eq!(w.nb, a.nb, "tq int8 matmul: input widths differ");
-    let rows = a.rows;
-    if rows == 0 || w.n == 0 {
-        return;
-    }
-    assert!(stride >= w.n && out.len() >= (rows - 1) * stride + w.n);
-    // Tokens per task: enough tasks for the threads, few enough to reuse each weight tile.
-    let per = rows.div_ceil(threads.max(1) * 4).clamp(4, 64);
-    out.par_chunks_mut(per * stride)
-        .enumerate()
-        .for_each(|(ci, o)| {
-            let c0 = ci * per;
-            if c0 >= rows {
-                return;
-            }
-            let c1 = rows.min(c0 + per);
-            run_chunk(kernel, w, a, c0, c1, o, stride);
-        });
+    for_token_chunks(a.rows, w.n, stride, threads, out, |c0, c1, o| {
+        run_chunk(kernel, w, a, c0, c1, o, stride)
+    });
 }
 
 /// Tokens `c0..c1` against every weight tile; `o` starts at token `c0`'s output row.

@@ -101,16 +101,22 @@ for c in "${cals[@]}"; do
   fi
   py - "$c" "$text" "${rows[@]}" <<'PY' | tee "$d/table.md"
 import json, os, sys
+from gguf import GGUFReader
 cal, text, rows = sys.argv[1], sys.argv[2], sys.argv[3:]
+
+def tensors(path):  # name -> (type, bytes): the files differ in metadata only where these agree
+    return {t.name: (t.tensor_type.name, int(t.n_bytes)) for t in GGUFReader(path).tensors}
+
 print(f"calibration: {cal} ({text}), 8,192 tokens for both tools; evaluation: 10 wikitext-2 windows, KLD vs F16")
 print()
-print("| preset | bytes llama.cpp | bytes tq | llama.cpp + imatrix KLD | PPL | tq `--calib` KLD | PPL | tq / llama.cpp | tq convert CPU s |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| preset | bytes llama.cpp | bytes tq | tensor types and bytes | llama.cpp + imatrix KLD | PPL | tq `--calib` KLD | PPL | tq / llama.cpp | tq convert CPU s |")
+print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
 for row in rows:
     p, lf, lj, tf, tj, cpu = row.split()
     l, t = json.load(open(lj))["result"], json.load(open(tj))["result"]
     lk, tk = l["kld"]["kld"], t["kld"]["kld"]
-    print(f"| {p} | {os.path.getsize(lf):,} | {os.path.getsize(tf):,} | {lk['value']:.5f} ± {lk['err']:.5f} | "
+    same = "same" if tensors(lf) == tensors(tf) else "differ"
+    print(f"| {p} | {os.path.getsize(lf):,} | {os.path.getsize(tf):,} | {same} | {lk['value']:.5f} ± {lk['err']:.5f} | "
           f"{l['ppl']['value']:.3f} | {tk['value']:.5f} ± {tk['err']:.5f} | {t['ppl']['value']:.3f} | "
           f"{tk['value'] / lk['value']:.3f}× | {cpu} |")
 PY

@@ -36,7 +36,7 @@ f16="$w/smollm2-f16.gguf"
 top="$TQ_CACHE/presets-indomain"; mkdir -p "$top"
 
 # The calibration text: bytes [401586, 500966) of wikitext-2-raw-test (characters 400,964-500,195;
-# it starts and ends after a newline), about 24,000 tokens of which both tools take the first 8,192.
+# it starts and ends after a newline), about 23,000 tokens of which both tools take the first 8,192.
 cal_text() { # NAME: prints the path of the calibration text
   case $1 in
     wiki)

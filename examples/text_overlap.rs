@@ -49,12 +49,16 @@ fn main() {
 
     let ids = tok.encode(&eval, true);
     let n = (chunks * ctx).min(ids.len());
-    let body: Vec<u32> = ids[..n]
-        .iter()
-        .copied()
-        .filter(|&t| Some(t) != tok.bos() || !tok.add_bos())
-        .collect();
-    let covered = tok.decode(&body);
+    // The text of some tokens, without the BOS that `encode` put in front.
+    let text_of = |ids: &[u32]| {
+        let body: Vec<u32> = ids
+            .iter()
+            .copied()
+            .filter(|&t| Some(t) != tok.bos() || !tok.add_bos())
+            .collect();
+        tok.decode(&body)
+    };
+    let covered = text_of(&ids[..n]);
     let covered = covered.as_bytes();
     // The decoded windows must be the file's own prefix, else the byte count below means nothing.
     assert!(
@@ -72,13 +76,7 @@ fn main() {
 
     let mut in_cal = 0;
     for w in 0..n / ctx {
-        let t = tok.decode(
-            &ids[w * ctx..(w + 1) * ctx]
-                .iter()
-                .copied()
-                .filter(|&t| Some(t) != tok.bos() || !tok.add_bos())
-                .collect::<Vec<_>>(),
-        );
+        let t = text_of(&ids[w * ctx..(w + 1) * ctx]);
         if find(&cal, t.as_bytes()) {
             in_cal += 1;
             println!(

@@ -10,15 +10,13 @@
 source "$(dirname "$0")/common.sh"
 cd "$TQ_ROOT"
 chunks=${1:-10}; ctoks=${2:-8192}
-smol=$("$TQ_ROOT/scripts/fetch-data.sh")
 botchan=$("$TQ_ROOT/scripts/fetch-botchan.sh")
 wiki="$TQ_ROOT/../shared/data/wikitext-2-raw-test.txt"
 cargo build --release --locked --quiet
 tq="${CARGO_TARGET_DIR:-$TQ_ROOT/target}/release/tq"
 w="$TQ_CACHE/bench2bit"; mkdir -p "$w"
-f16="$w/smollm2-f16.gguf"
-[ -f "$f16" ] || "$tq" convert "$smol" --weights f16 -q -o "$f16"
-[ -f "$w/ref.logits" ] || "$tq" eval "$f16" -f "$wiki" --chunks "$chunks" --save-logits "$w/ref.logits" -q --json > "$w/eval-f16.json"
+f16=$(smollm2_f16 "$tq" "$w")
+smollm2_ref_logits "$tq" "$w" "$chunks"
 [ -f "$w/H.safetensors" ] || "$tq" calib "$f16" --text "$botchan" --tokens "$ctoks" -o "$w/H.safetensors" > "$w/calib.log" 2>&1
 
 row() { # NAME FILE CONVERT_SECONDS

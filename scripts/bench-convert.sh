@@ -7,14 +7,12 @@
 source "$(dirname "$0")/common.sh"
 cd "$TQ_ROOT"
 threads=${1:-2}; runs=${2:-3}
-smol=$("$TQ_ROOT/scripts/fetch-data.sh")
 bin=$("$TQ_ROOT/scripts/build-llama.sh")
 cargo build --release --locked --quiet
 cargo build --release --locked --quiet --example gen_gguf
 tq="${CARGO_TARGET_DIR:-$TQ_ROOT/target}/release/tq"
 w="$TQ_CACHE/bench"; mkdir -p "$w"
-f16="$w/smollm2-f16.gguf"
-[ -f "$f16" ] || "$tq" convert "$smol" --weights f16 -q -o "$f16"
+f16=$(smollm2_f16 "$tq" "$w")
 
 # One timed run: "NAME seconds peak_rss_KiB" appended to $w/raw.txt.
 once() {

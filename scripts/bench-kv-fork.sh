@@ -9,13 +9,11 @@
 source "$(dirname "$0")/common.sh"
 cd "$TQ_ROOT"
 target=${1:-fork-69d8e4be4}; shift || true
-smol=$("$TQ_ROOT/scripts/fetch-data.sh")
 wiki="$TQ_ROOT/../shared/data/wikitext-2-raw-test.txt"
 [ -f "$wiki" ] || { echo "error: $wiki missing (the workplace's shared data)" >&2; exit 2; }
 tq=$(tq_bin)
 w="$TQ_CACHE/kv-fork"; mkdir -p "$w"
-f16="$w/smollm2-f16.gguf"
-[ -f "$f16" ] || "$tq" convert "$smol" --weights f16 -q -o "$f16"
+f16=$(smollm2_f16 "$tq" "$w")
 printf '%-14s %10s %12s %8s %6s  %s\n' "K/V" "fork PPL" "tq PPL" "ratio" "<0.5%" "bits/real value K,V"
 fail=0
 # K V fork-PPL (the fork's own numbers, FORMATS.md §3)

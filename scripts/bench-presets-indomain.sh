@@ -29,10 +29,9 @@ verify "$wiki" 696cca6b65a171b0a358a4be6732cdfdf2dd6164a32e20fd70e3c13fc4dfae83
 tq=$(tq_bin)
 bin=$(llama_bin)
 w="$TQ_CACHE/presets"; mkdir -p "$w"
-f16="$w/smollm2-f16.gguf"
 # The F16 model and the reference logits, as scripts/bench-presets.sh makes them.
-[ -f "$f16" ] || "$tq" convert "$("$TQ_ROOT/scripts/fetch-data.sh")" --weights f16 -q -o "$f16"
-[ -f "$w/ref.logits" ] || "$tq" eval "$f16" -f "$wiki" --chunks 10 --save-logits "$w/ref.logits" -q --json > "$w/eval-f16.json"
+f16=$(smollm2_f16 "$tq" "$w")
+smollm2_ref_logits "$tq" "$w" 10
 top="$TQ_CACHE/presets-indomain"; mkdir -p "$top"
 
 # The calibration text: bytes [401586, 500966) of wikitext-2-raw-test (characters 400,964-500,195;

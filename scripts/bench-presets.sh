@@ -11,16 +11,14 @@
 source "$(dirname "$0")/common.sh"
 cd "$TQ_ROOT"
 chunks=${1:-10}; ctoks=${2:-8192}
-smol=$("$TQ_ROOT/scripts/fetch-data.sh")
 botchan=$("$TQ_ROOT/scripts/fetch-botchan.sh")
 wiki="$TQ_ROOT/../shared/data/wikitext-2-raw-test.txt"
 cargo build --release --locked --quiet
 tq="${CARGO_TARGET_DIR:-$TQ_ROOT/target}/release/tq"
 bin=$("$TQ_ROOT/scripts/build-llama.sh")
 w="$TQ_CACHE/presets"; mkdir -p "$w"
-f16="$w/smollm2-f16.gguf"
-[ -f "$f16" ] || "$tq" convert "$smol" --weights f16 -q -o "$f16"
-[ -f "$w/ref.logits" ] || "$tq" eval "$f16" -f "$wiki" --chunks "$chunks" --save-logits "$w/ref.logits" -q --json > "$w/eval-f16.json"
+f16=$(smollm2_f16 "$tq" "$w")
+smollm2_ref_logits "$tq" "$w" "$chunks"
 [ -f "$w/imatrix.gguf" ] || "$bin/llama-imatrix" -m "$f16" -f "$botchan" -o "$w/imatrix.gguf" -c 512 --chunks $((ctoks / 512)) -t 2 >/dev/null 2>&1
 [ -f "$w/llama-Q4_K_M.gguf" ] || "$bin/llama-quantize" "$f16" "$w/llama-Q4_K_M.gguf" Q4_K_M 2 > "$w/quantize-plain.log" 2>&1
 [ -f "$w/llama-Q4_K_M-imatrix.gguf" ] || "$bin/llama-quantize" --imatrix "$w/imatrix.gguf" "$f16" "$w/llama-Q4_K_M-imatrix.gguf" Q4_K_M 2 > "$w/quantize.log" 2>&1

@@ -59,6 +59,25 @@ tq_bin() {
   echo "${CARGO_TARGET_DIR:-$TQ_ROOT/target}/release/tq"
 }
 
+# smollm2_f16 TQ DIR: DIR/smollm2-f16.gguf, TQ's F16 of the fetched SmolLM2 (lossless from its Q4_1),
+# made if absent; prints its path. The benchmarks' common starting point.
+smollm2_f16() {
+  local f="$2/smollm2-f16.gguf"
+  if [ ! -f "$f" ]; then
+    "$1" convert "$("$TQ_ROOT/scripts/fetch-data.sh")" --weights f16 -q -o "$f" >&2 || return 1
+  fi
+  echo "$f"
+}
+
+# smollm2_ref_logits TQ DIR CHUNKS: DIR/ref.logits, the F16's distributions on the first CHUNKS
+# windows of wikitext-2-raw-test (and DIR/eval-f16.json), made if absent: what `tq eval
+# --ref-logits` compares every benchmark file against.
+smollm2_ref_logits() {
+  [ -f "$2/ref.logits" ] && return 0
+  "$1" eval "$2/smollm2-f16.gguf" -f "$TQ_ROOT/../shared/data/wikitext-2-raw-test.txt" --chunks "$3" \
+    --save-logits "$2/ref.logits" -q --json > "$2/eval-f16.json"
+}
+
 # hf_dir GGUF OUT [make_hf_dir.py options]: a Hugging Face directory rebuilt from GGUF by
 # scripts/dev/make_hf_dir.py (gguf-py, numpy, safetensors, tokenizers; independent of tq), cached:
 # rebuilt only when the script, the input or the options change.

@@ -602,30 +602,47 @@ fn mix_phases_print_progress_with_eta_off_a_terminal() {
 
 /// `--mix-cache`: a second size on the same model reuses the first run's measurements (no
 /// sensitivity or KLD probes run: no progress lines for them, and a line saying so) and writes
-/// the file a cold run at that size writes, byte for byte; another KLD setting measures again;
-/// a file that is not a cache is a one-line error, exit 2, nothing written.
+/// the file a cold run at that size writes, byte for byte (a smaller size: no plan measured
+/// before fits it); a larger size takes a plan measured at another size when it measured best,
+/// so its KLD is at most theirs; another KLD setting measures again; a file that is not a cache
+/// is a one-line error, exit 2, nothing written.
 #[test]
 fn mix_cache_plans_a_second_size_without_measuring() {
     let dir = tempfile::tempdir().unwrap();
     let (model, text) = tiny_and_text(dir.path());
     let cache = dir.path().join("mix-cache.json");
-    let run = |bpw: &str, out: &Path, extra: &[&str]| {
+    let run_json = |bpw: &str, out: &Path, extra: &[&str]| {
         let extra = [&["--json"][..], extra].concat();
         let env = [("TQ_PROGRESS_SECS", "0.001")];
-        mix_run(&model, &text, &["--target-bpw", bpw], out, &extra, &env).1
+        mix_run(&model, &text, &["--target-bpw", bpw], out, &extra, &env)
     };
+    let run = |bpw: &str, out: &Path, extra: &[&str]| run_json(bpw, out, extra).1;
+    let written = |out: &str| json(out)["mix"]["measured_kld"].as_f64().unwrap();
     let measured = |err: &str| err.contains("tq: sensitivity ") || err.contains("tq: KLD probes ");
     let with_cache = ["--mix-cache", s(&cache)];
-    let err = run("6", &dir.path().join("a.gguf"), &with_cache);
+    let (out6, err) = run_json("6", &dir.path().join("a.gguf"), &with_cache);
     assert!(
         err.contains("no cache yet; measuring") && measured(&err),
         "{err}"
     );
     assert!(cache.exists());
     let b = dir.path().join("b.gguf");
-    let err = run("5", &b, &with_cache);
+    let (out5, err) = run_json("5", &b, &with_cache);
     assert!(err.contains("measurements reused"), "{err}");
     assert!(!measured(&err), "measured again:\n{err}");
+    // A larger size: every plan measured at 6 and 5 bpw fits, so it writes no worse than either.
+    let (out7, _) = run_json("7", &dir.path().join("e.gguf"), &with_cache);
+    let (k5, k6, k7) = (written(&out5), written(&out6), written(&out7));
+    let plans = json(&out7)["mix"]["plans"].clone();
+    assert!(
+        plans.as_array().unwrap().iter().any(|p| p["plan"]
+            .as_str()
+            .unwrap()
+            .ends_with("(measured at another size)")
+            && p["from_cache"] == true),
+        "the best plan measured at another size is a candidate: {plans}"
+    );
+    assert!(k7 <= k6 && k7 <= k5, "7 bpw {k7} vs 6 bpw {k6}, 5 bpw {k5}");
     let c = dir.path().join("c.gguf");
     let err = run("5", &c, &[]);
     assert!(measured(&err), "{err}");

@@ -14,6 +14,7 @@
 //! knapsack's first): deterministic and independent of the thread count, as the encoders and
 //! the evaluator are.
 
+use super::cache::PlanTypes;
 use super::probe::{Probes, Sample, Stage, Substitute};
 use super::report::{MixReport, Tried};
 use super::store::Store;
@@ -192,6 +193,53 @@ pub(super) fn plan_key(plan: &Plan, cap: Option<u64>) -> String {
         s.push_str(&format!("rows>{c}"));
     }
     blake3::hash(s.as_bytes()).to_hex().to_string()
+}
+
+/// The suffix of a candidate taken from the cache's plans of another size.
+const KEPT: &str = " (measured at another size)";
+
+/// `kept`'s plan (from `--mix-cache`) with the lowest measured KLD in `known` among those that
+/// `fits` and are not among `cands`, rebuilt on `plan`; None when none does (or a kept plan's
+/// tensors are not `plan`'s: another model's plans never reach here, the cache is keyed by it).
+fn best_kept(
+    plan: &Plan,
+    kept: &BTreeMap<String, PlanTypes>,
+    known: &BTreeMap<String, f64>,
+    cap: Option<u64>,
+    cands: &[Candidate],
+    fits: &dyn Fn(&Plan) -> bool,
+) -> Option<Candidate> {
+    let mut best: Option<(f64, Candidate)> = None;
+    for (k, p) in kept {
+        let Some(&kld) = known.get(k) else { continue };
+        if best.as_ref().is_some_and(|(b, _)| *b <= kld) || p.types.len() != plan.entries.len() {
+            continue;
+        }
+        let mut q = plan.clone();
+        let mut ok = true;
+        for (i, (name, ty)) in p.types.iter().enumerate() {
+            ok = q.entries[i].name == *name
+                && (q.entries[i].dst == *ty
+                    || set_type(&mut q, i, *ty, "mix: measured at another size").is_ok());
+            if !ok {
+                break;
+            }
+        }
+        if !ok
+            || plan_key(&q, cap) != *k
+            || cands.iter().any(|c| super::same_types(&c.plan, &q))
+            || !fits(&q)
+        {
+            continue;
+        }
+        let name = if p.name.ends_with(KEPT) {
+            p.name.clone()
+        } else {
+            format!("{}{KEPT}", p.name)
+        };
+        best = Some((kld, Candidate { name, plan: q }));
+    }
+    best.map(|(_, c)| c)
 }
 
 /// Elements above which a measured plan's tensor is encoded on a row sample: the probes' cap
@@ -537,6 +585,7 @@ pub(super) fn best_of_few(
     rep: &mut MixReport,
     known: &mut BTreeMap<String, f64>,
     sums: &mut BTreeMap<String, f64>,
+    kept: &mut BTreeMap<String, PlanTypes>,
 ) -> Result<()> {
     let (items, table, direct, alpha_of) = (b.items, b.table, b.direct, b.alpha_of);
     let mut cands = vec![Candidate {
@@ -586,6 +635,14 @@ pub(super) fn best_of_few(
             }
         }
     }
+    let cap = sampling(plan, items, b.calib, plan_elements());
+    // The best plan another size measured (`--mix-cache`) that fits this one: its KLD is known, so
+    // it costs no pass, and a larger target never writes worse than a smaller one measured.
+    if let Some(c) = best_kept(plan, kept, known, cap, &cands, &|q| {
+        (b.size_of)(q, rep).is_ok_and(|s| s <= rep.target)
+    }) {
+        cands.push(c);
+    }
     let mut files = vec![];
     let mut predicted = vec![];
     for c in &cands {
@@ -610,7 +667,6 @@ pub(super) fn best_of_few(
         Some((p, k)) => Some(Store::open(p, k)?),
         None => None,
     };
-    let cap = sampling(plan, items, b.calib, plan_elements());
     let klds = measure(
         b.input,
         b.src,
@@ -626,6 +682,17 @@ pub(super) fn best_of_few(
         store.as_ref(),
     )?;
     let keys: Vec<String> = cands.iter().map(|c| plan_key(&c.plan, cap)).collect();
+    for (k, c) in keys.iter().zip(&cands) {
+        kept.entry(k.clone()).or_insert_with(|| PlanTypes {
+            name: c.name.clone(),
+            types: c
+                .plan
+                .entries
+                .iter()
+                .map(|e| (e.name.clone(), e.dst))
+                .collect(),
+        });
+    }
     for ((k, (kld, _)), p) in keys.iter().zip(&klds).zip(&predicted) {
         known.insert(k.clone(), *kld);
         if let Some(p) = p {

@@ -4,7 +4,9 @@
 //! depend on (the model's and calibration's contents, the candidate types, the KLD text and the
 //! settings); a different key is measured again (and the file replaced), a file that is not a
 //! cache is an error. Numbers are stored as their f64 bits, so a plan from the cache is the plan a
-//! cold run makes, byte for byte.
+//! cold run makes, byte for byte, except that each measured plan is kept with its types too: a
+//! later size that it fits takes it when it measured best (the mix never gets worse with more
+//! bytes over what it has measured), where a cold run would not have measured it.
 
 use super::report::Probe;
 use crate::error::{Error, Result};
@@ -34,6 +36,17 @@ pub(crate) struct Measured {
     /// Those plans' summed predictions (where the fit prices every type of the plan): with
     /// `plans`, the points of the calibration (`calibrate.rs`).
     pub predicted: BTreeMap<String, f64>,
+    /// Those plans' names and types (every planned tensor's, in plan order), by the same key:
+    /// what another size needs to write one of them.
+    pub plan_types: BTreeMap<String, PlanTypes>,
+}
+
+/// A measured plan as the cache keeps it: its name ("knapsack", "preset Q4_1", ...) and each
+/// planned tensor's name and type, in plan order.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct PlanTypes {
+    pub name: String,
+    pub types: Vec<(String, TensorType)>,
 }
 
 /// What the measurements depend on, by name (`model` → its blake3, `types` → the list, …).
@@ -81,6 +94,7 @@ pub(crate) fn save(path: &Path, key: &Key, m: &Measured) -> Result<()> {
         "r2_roles": of(m.r2_roles),
         "plans": m.plans.iter().map(|(k, x)| (k.clone(), f(*x))).collect::<serde_json::Map<_, _>>(),
         "plans_predicted": m.predicted.iter().map(|(k, x)| (k.clone(), f(*x))).collect::<serde_json::Map<_, _>>(),
+        "plan_types": m.plan_types.iter().map(|(k, p)| (k.clone(), json!([p.name, p.types.iter().map(|(n, t)| json!([n, t.name()])).collect::<Vec<_>>()]))).collect::<serde_json::Map<_, _>>(),
     });
     let tmp = path.with_extension(format!("tq-tmp-{}", std::process::id()));
     std::fs::write(&tmp, v.to_string()).map_err(|e| Error::io(&tmp, e))?;
@@ -215,6 +229,28 @@ fn decode(v: &Value) -> Option<Measured> {
     };
     let plans = map("plans")?;
     let predicted = map("plans_predicted")?;
+    // Absent in a cache saved before the plans' types were kept: none.
+    let plan_types = match v.get("plan_types") {
+        None => BTreeMap::new(),
+        Some(p) => p
+            .as_object()?
+            .iter()
+            .map(|(k, x)| {
+                let types = x[1]
+                    .as_array()?
+                    .iter()
+                    .map(|e| Some((e[0].as_str()?.to_string(), ty(&e[1])?)))
+                    .collect::<Option<Vec<_>>>()?;
+                Some((
+                    k.clone(),
+                    PlanTypes {
+                        name: x[0].as_str()?.to_string(),
+                        types,
+                    },
+                ))
+            })
+            .collect::<Option<BTreeMap<_, _>>>()?,
+    };
     Some(Measured {
         table,
         probes,
@@ -226,6 +262,7 @@ fn decode(v: &Value) -> Option<Measured> {
         r2_roles: opt(&v["r2_roles"])?,
         plans,
         predicted,
+        plan_types,
     })
 }
 
@@ -259,6 +296,17 @@ mod tests {
             r2_roles: Some(-0.5),
             plans: [("ab12".to_string(), 0.1f64 / 3.0)].into(),
             predicted: [("ab12".to_string(), 0.2f64 / 3.0)].into(),
+            plan_types: [(
+                "ab12".to_string(),
+                PlanTypes {
+                    name: "preset Q4_1".into(),
+                    types: vec![
+                        ("token_embd.weight".into(), TensorType::Q8_0),
+                        ("blk.0.attn_q.weight".into(), TensorType::Q4_1),
+                    ],
+                },
+            )]
+            .into(),
         }
     }
 
@@ -283,6 +331,7 @@ mod tests {
         assert_eq!(m.role_alpha, want.role_alpha);
         assert_eq!(m.plans["ab12"].to_bits(), (0.1f64 / 3.0).to_bits());
         assert_eq!(m.predicted["ab12"].to_bits(), (0.2f64 / 3.0).to_bits());
+        assert_eq!(m.plan_types, want.plan_types);
         assert_eq!(m.probes[0].kld.to_bits(), (1.0f64 / 3.0).to_bits());
         let other = Key(vec![("model", "abc".into()), ("types", "q8_0".into())]);
         match load(&p, &other).unwrap() {

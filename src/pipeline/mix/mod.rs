@@ -267,6 +267,7 @@ pub fn choose(
             r2_roles: rep.r2_roles,
             plans: Default::default(),
             predicted: Default::default(),
+            plan_types: Default::default(),
         };
         cache::save(p, k, &m)?;
     }
@@ -304,6 +305,10 @@ pub fn choose(
     let mut sums = cached
         .as_ref()
         .map(|m| m.predicted.clone())
+        .unwrap_or_default();
+    let mut plan_types = cached
+        .as_ref()
+        .map(|m| m.plan_types.clone())
         .unwrap_or_default();
     let points = |known: &BTreeMap<String, f64>, sums: &BTreeMap<String, f64>| {
         calibrate::points(known, sums)
@@ -456,6 +461,7 @@ pub fn choose(
             &mut rep,
             &mut known,
             &mut sums,
+            &mut plan_types,
         );
         if let Err(e) = r {
             rep.cleanup();
@@ -464,11 +470,13 @@ pub fn choose(
         if let Some((p, k)) = &key {
             // The measured plans join the cache's measurements (a cold run saved them above).
             if let cache::Loaded::Hit(mut m) = cache::load(p, k)? {
-                let before = (m.plans.len(), m.predicted.len());
+                let before = (m.plans.len(), m.predicted.len(), m.plan_types.len());
                 m.plans.extend(known.iter().map(|(k, v)| (k.clone(), *v)));
                 m.predicted
                     .extend(sums.iter().map(|(k, v)| (k.clone(), *v)));
-                if (m.plans.len(), m.predicted.len()) != before {
+                m.plan_types
+                    .extend(plan_types.iter().map(|(k, v)| (k.clone(), v.clone())));
+                if (m.plans.len(), m.predicted.len(), m.plan_types.len()) != before {
                     cache::save(p, k, &m)?;
                 }
             }

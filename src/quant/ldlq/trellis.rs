@@ -574,8 +574,9 @@ mod tests {
     use crate::types::TensorType;
 
     /// tq2_t: block-LDLQ (the trellis as each block's vector quantizer) beats the trellis's own
-    /// round-to-nearest (Viterbi per block) on the proxy loss at identical bytes, and with H = I
-    /// it gives the RTN bytes.
+    /// round-to-nearest (Viterbi per block) on the proxy loss at identical bytes; with H = I the
+    /// 12-search level (`fast = 0`, whose first codes are the RTN encoder's) gives the RTN bytes
+    /// and the format's 4-search encoder an error within 2% of RTN's.
     #[test]
     fn trellis_block_ldlq_beats_rtn_and_is_rtn_at_identity() {
         let (n, rows, samples) = (128usize, 8usize, 500usize);
@@ -598,13 +599,41 @@ mod tests {
         let mut id = vec![0f64; n * n];
         (0..n).for_each(|i| id[i * n + i] = 1.0);
         let fi = factor(&rotate_hessian_rows(&id, n).unwrap(), n, 0.0, "t").unwrap();
-        let li = quantize_ldlq(ty, &w, n, &fi, 0);
+        let fast0 = match TrellisInner::FORMAT {
+            TrellisInner::Quad {
+                weighted,
+                passes,
+                feedback,
+                psp,
+                gate,
+                fb_gate,
+                ..
+            } => TrellisInner::Quad {
+                weighted,
+                passes,
+                feedback,
+                psp,
+                fast: 0,
+                gate,
+                fb_gate,
+            },
+            plain => plain,
+        };
+        let li = quantize_trellis(&w, n, &fi, 0, fast0);
         let same = rtn.iter().zip(&li).filter(|(a, b)| a == b).count();
         assert!(
             same as f64 > 0.99 * rtn.len() as f64,
             "{same} of {}",
             rtn.len()
         );
+        let sq = |bytes: &[u8]| {
+            let mut q = vec![0f32; w.len()];
+            crate::types::dequantize_rows(ty, bytes, &mut q, n, "t").unwrap();
+            proxy_loss(&id, n, &w, &q)
+        };
+        let fmt = quantize_trellis(&w, n, &fi, 0, TrellisInner::FORMAT);
+        let (er, ef) = (sq(&rtn), sq(&fmt));
+        assert!(ef < 1.02 * er, "format at H = I {ef} vs RTN {er}");
     }
 
     /// `Σ x xᵀ` over `samples` inputs that mix 8 shared factors plus a little noise per column:

@@ -52,7 +52,8 @@ impl TrellisInner {
     /// The format's encoder: four Viterbi searches per block (`fast = 2`), two feedback rounds,
     /// the 128-wide beam on the coupled blocks. On the whole of SmolLM2 (Hessians shrunk by 0.5)
     /// it measured KLD 0.927 against 0.946 for the 12-search, 256-wide encoder before it (inside
-    /// the noise) at ≈ 0.58× the CPU (docs/bench/speed.md, "Fewer searches, a narrower beam").
+    /// the noise) at ≈ 0.58× the CPU (docs/bench/speed.md, "Fewer searches, a narrower beam, and
+    /// shrinkage").
     pub(crate) const FORMAT: TrellisInner = TrellisInner::Quad {
         weighted: false,
         passes: 4,

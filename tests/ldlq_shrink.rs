@@ -184,3 +184,67 @@ fn convert_defaults_per_type_and_shrink_zero_keeps_the_old_bytes() {
         }
     }
 }
+
+/// tq2_r and tq2_t: `tq convert --calib H` without `--shrink` shrinks their Hessians by
+/// `TQ2_SHRINK` (the same bytes as `--shrink 0.25`), and `--shrink 0` still gives the unshrunk
+/// bytes (different ones).
+#[test]
+fn tq2_types_default_to_their_shrinkage() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n);
+    let model = p("tiny.gguf");
+    std::fs::write(
+        &model,
+        fixtures::gguf_gen::tiny_llama_tok(2, 128, 256).bytes,
+    )
+    .unwrap();
+    let text = p("calib.txt");
+    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(600)).unwrap();
+    let hp = p("h.safetensors");
+    let (code, _, err) = fixtures::tq(&[
+        "calib",
+        fixtures::s(&model),
+        "--text",
+        fixtures::s(&text),
+        "--tokens",
+        "512",
+        "--ctx",
+        "32",
+        "-q",
+        "-o",
+        fixtures::s(&hp),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    for ty in [TensorType::TQ2R, TensorType::TQ2T] {
+        assert_eq!(ldlq::default_shrink(ty), ldlq::TQ2_SHRINK, "{ty}");
+        assert_eq!(ldlq::TQ2_SHRINK, 0.25);
+        let convert = |extra: &[&str], out: &str| {
+            let out = p(out);
+            let mut a = vec![
+                "convert",
+                fixtures::s(&model),
+                "--weights",
+                ty.name(),
+                "--calib",
+                fixtures::s(&hp),
+                "--no-provenance",
+                "-q",
+                "-o",
+                fixtures::s(&out),
+            ];
+            a.extend(extra);
+            let (code, _, err) = fixtures::tq(&a);
+            assert_eq!(code, 0, "{ty}: {err}");
+            let f = GgufFile::open(&out).unwrap();
+            let t = f.tensor("blk.1.ffn_down.weight").unwrap();
+            assert_eq!(t.ty, ty);
+            f.tensor_data(t).to_vec()
+        };
+        let def = convert(&[], "default.gguf");
+        assert!(
+            def == convert(&["--shrink", "0.25"], "quarter.gguf"),
+            "{ty}"
+        );
+        assert!(def != convert(&["--shrink", "0"], "zero.gguf"), "{ty}");
+    }
+}

@@ -94,7 +94,7 @@ pub struct ConvertArgs {
     pub damp: Option<f64>,
     /// LDLQ: shrink the Hessian towards its diagonal before damping, H ← (1 − s)·H + s·diag(H)
     /// (0: the Hessian as calibrated; 1: diagonal only, no error feedback). Unset: 0.25 for the
-    /// stock types, 0.5 for IQ2 / IQ3, 0 for IQ1 and tq's own types.
+    /// stock types and tq2_r / tq2_t, 0.5 for IQ2 / IQ3, 0 for IQ1 and the other tq types.
     #[arg(long, value_name = "S")]
     pub shrink: Option<f64>,
     /// Stock types: after the LDLQ sweep, refit each row's block parameters to its codes under

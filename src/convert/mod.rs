@@ -609,6 +609,7 @@ mod proxies {
             psp,
             fast: 0,
             gate: 0,
+            fb_gate: 0,
         };
         let quadw = |fast, feedback, psp| TrellisInner::Quad {
             weighted: false,
@@ -617,6 +618,7 @@ mod proxies {
             psp,
             fast,
             gate: 0,
+            fb_gate: 0,
         };
         let all = [
             ("plain (old)", TrellisInner::Plain),
@@ -639,7 +641,10 @@ mod proxies {
             ("plain1+fb3w+CD, beam128+CD", quadw(2, 3, (1, 128))),
             ("plain1+fb2w+CD, beam64+CD", quadw(2, 2, (1, 64))),
             ("plain1+fb2w+CD, beam192+CD", quadw(2, 2, (1, 192))),
-            ("format (beam256 where coupled)", TrellisInner::FORMAT),
+            (
+                "format (4 searches, beam128 where coupled)",
+                TrellisInner::FORMAT,
+            ),
         ];
         // TQ_PROXY_VARIANTS: comma-separated indices into `all` (default: every one).
         let pick = std::env::var("TQ_PROXY_VARIANTS").ok();
@@ -652,7 +657,7 @@ mod proxies {
             })
             .map(|(_, (l, v))| (l.to_string(), *v))
             .collect();
-        // TQ_PROXY_CUSTOM: `fast:feedback:passes:beam[:gate]` variants separated by commas.
+        // TQ_PROXY_CUSTOM: `fast:feedback:passes:beam[:gate[:fb_gate]]` variants separated by commas.
         if let Ok(c) = std::env::var("TQ_PROXY_CUSTOM") {
             for v in c.split(',').filter(|v| !v.is_empty()) {
                 let p: Vec<usize> = v.split(':').map(|x| x.parse().unwrap()).collect();
@@ -671,6 +676,7 @@ mod proxies {
                         psp,
                         fast,
                         gate: p.get(4).map_or(0, |&g| g as u16),
+                        fb_gate: p.get(5).map_or(0, |&g| g as u16),
                     },
                     other => other,
                 };

@@ -82,6 +82,14 @@ pub const SHRINK: f64 = 0.25;
 /// (with the full band, [`IQ_BAND`]).
 pub const IQ_SHRINK: f64 = 0.5;
 
+/// The shrinkage of the 2-bit row types tq2_r and tq2_t ([`LdlqKind::RowRotated`],
+/// [`LdlqKind::Trellis`]) when `--shrink` is not given. On SmolLM2 (every tensor in the type, the
+/// full band, Hessians of 8,192 Botchan tokens, KLD on 10 held-out wikitext windows) tq2_r + LDLQ
+/// went from 1.876 (no shrink) to 1.399 at 0.25 (1.463 at 0.1, 1.397 at 0.5, 1.438 at 0.75), tq2_t
+/// (its encoder of 4 searches) to 0.895 at 0.25 (0.927 at 0.5; 1.046 unshrunk with the encoder
+/// before) (docs/bench/two-bit.md).
+pub const TQ2_SHRINK: f64 = 0.25;
+
 /// The i-quants whose defaults are [`IQ_BAND`] and [`IQ_SHRINK`]; IQ1_S / IQ1_M keep band
 /// [`IQ1_BAND`] and no shrinkage.
 fn iq_shrunk(ty: TensorType) -> bool {
@@ -89,12 +97,13 @@ fn iq_shrunk(ty: TensorType) -> bool {
 }
 
 /// The shrinkage of `ty`'s Hessian when `--shrink` is not given: [`SHRINK`] for the stock types,
-/// [`IQ_SHRINK`] for the IQ2 / IQ3 kinds, none for IQ1 and tq's own rotated and trellis types
-/// (whose whole-model KLD with shrinkage is not measured).
+/// [`IQ_SHRINK`] for the IQ2 / IQ3 kinds, [`TQ2_SHRINK`] for tq2_r and tq2_t, none for IQ1 and
+/// the TQ weight types (whose whole-model KLD with shrinkage is not measured).
 pub fn default_shrink(ty: TensorType) -> f64 {
     match ty.ldlq() {
         Some(LdlqKind::Stock) => SHRINK,
         Some(LdlqKind::IqGrid | LdlqKind::Lattice) if iq_shrunk(ty) => IQ_SHRINK,
+        Some(LdlqKind::RowRotated | LdlqKind::Trellis) => TQ2_SHRINK,
         _ => 0.0,
     }
 }

@@ -12,6 +12,40 @@ use tq::gguf::GgufFile;
 use tq::quant::{ldlq, Encoder};
 use tq::types::{self, TensorType};
 
+/// A tiny llama of `layers` blocks and width `width` in `dir`, and its Hessians from `tq calib` on
+/// 512 tokens of pseudo-text: (model, Hessians).
+fn tiny_with_hessians(
+    dir: &std::path::Path,
+    layers: u32,
+    width: u64,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let p = |n: &str| dir.join(n);
+    let model = p("tiny.gguf");
+    std::fs::write(
+        &model,
+        fixtures::gguf_gen::tiny_llama_tok(layers, width, 256).bytes,
+    )
+    .unwrap();
+    let text = p("calib.txt");
+    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(600)).unwrap();
+    let hp = p("h.safetensors");
+    let (code, _, err) = fixtures::tq(&[
+        "calib",
+        fixtures::s(&model),
+        "--text",
+        fixtures::s(&text),
+        "--tokens",
+        "512",
+        "--ctx",
+        "32",
+        "-q",
+        "-o",
+        fixtures::s(&hp),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    (model, hp)
+}
+
 #[test]
 fn shrink_trades_calibration_fit_for_held_out_error() {
     let Some((smol, cal)) = fixtures::smollm2_botchan_hessians(2048) else {
@@ -87,25 +121,7 @@ fn shrink_trades_calibration_fit_for_held_out_error() {
 fn convert_defaults_per_type_and_shrink_zero_keeps_the_old_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let p = |n: &str| dir.path().join(n);
-    let model = p("tiny.gguf");
-    std::fs::write(&model, fixtures::gguf_gen::tiny_llama_tok(3, 64, 256).bytes).unwrap();
-    let text = p("calib.txt");
-    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(600)).unwrap();
-    let hp = p("h.safetensors");
-    let (code, _, err) = fixtures::tq(&[
-        "calib",
-        fixtures::s(&model),
-        "--text",
-        fixtures::s(&text),
-        "--tokens",
-        "512",
-        "--ctx",
-        "32",
-        "-q",
-        "-o",
-        fixtures::s(&hp),
-    ]);
-    assert_eq!(code, 0, "{err}");
+    let (model, hp) = tiny_with_hessians(dir.path(), 3, 64);
     let (hs, _) = tq::quant::Hessians::load(&hp).unwrap();
     let cases = [
         ("blk.0.ffn_down.weight", TensorType::IQ3XXS, 0.5, 0),
@@ -192,29 +208,7 @@ fn convert_defaults_per_type_and_shrink_zero_keeps_the_old_bytes() {
 fn tq2_types_default_to_their_shrinkage() {
     let dir = tempfile::tempdir().unwrap();
     let p = |n: &str| dir.path().join(n);
-    let model = p("tiny.gguf");
-    std::fs::write(
-        &model,
-        fixtures::gguf_gen::tiny_llama_tok(2, 128, 256).bytes,
-    )
-    .unwrap();
-    let text = p("calib.txt");
-    std::fs::write(&text, fixtures::gguf_gen::pseudo_text(600)).unwrap();
-    let hp = p("h.safetensors");
-    let (code, _, err) = fixtures::tq(&[
-        "calib",
-        fixtures::s(&model),
-        "--text",
-        fixtures::s(&text),
-        "--tokens",
-        "512",
-        "--ctx",
-        "32",
-        "-q",
-        "-o",
-        fixtures::s(&hp),
-    ]);
-    assert_eq!(code, 0, "{err}");
+    let (model, hp) = tiny_with_hessians(dir.path(), 2, 128);
     for ty in [TensorType::TQ2R, TensorType::TQ2T] {
         assert_eq!(ldlq::default_shrink(ty), ldlq::TQ2_SHRINK, "{ty}");
         assert_eq!(ldlq::TQ2_SHRINK, 0.25);

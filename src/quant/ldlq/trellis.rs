@@ -72,30 +72,45 @@ impl TrellisInner {
         static CHOSEN: std::sync::OnceLock<TrellisInner> = std::sync::OnceLock::new();
         *CHOSEN.get_or_init(|| {
             let knob = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u16>().ok());
-            match TrellisInner::FORMAT {
-                TrellisInner::Quad {
-                    weighted,
-                    passes,
-                    feedback,
-                    psp,
-                    fast,
-                    gate,
-                    fb_gate,
-                } => {
-                    let beam = knob("TQ_TQ2T_BEAM").map_or(psp.1, usize::from);
-                    TrellisInner::Quad {
-                        weighted,
-                        passes,
-                        feedback,
-                        psp: if beam == 0 { (0, 0) } else { (psp.0, beam) },
-                        fast: knob("TQ_TQ2T_FAST").map_or(fast, |v| v.min(2) as u8),
-                        gate: knob("TQ_TQ2T_GATE").unwrap_or(gate),
-                        fb_gate: knob("TQ_TQ2T_FBGATE").unwrap_or(fb_gate),
-                    }
+            let mut t = TrellisInner::FORMAT;
+            if let TrellisInner::Quad {
+                psp,
+                fast,
+                gate,
+                fb_gate,
+                ..
+            } = &mut t
+            {
+                if let Some(beam) = knob("TQ_TQ2T_BEAM") {
+                    *psp = if beam == 0 {
+                        (0, 0)
+                    } else {
+                        (psp.0, usize::from(beam))
+                    };
                 }
-                plain => plain,
+                *fast = knob("TQ_TQ2T_FAST").map_or(*fast, |v| v.min(2) as u8);
+                *gate = knob("TQ_TQ2T_GATE").unwrap_or(*gate);
+                *fb_gate = knob("TQ_TQ2T_FBGATE").unwrap_or(*fb_gate);
             }
+            t
         })
+    }
+
+    /// [`TrellisInner::FORMAT`] with its first stage's `fast` level, beam gate and feedback gate
+    /// replaced (the tests' variants of the format).
+    #[cfg(test)]
+    fn format_with(fast: u8, gate: u16, fb_gate: u16) -> TrellisInner {
+        let mut t = TrellisInner::FORMAT;
+        if let TrellisInner::Quad {
+            fast: f,
+            gate: g,
+            fb_gate: b,
+            ..
+        } = &mut t
+        {
+            (*f, *g, *b) = (fast, gate, fb_gate);
+        }
+        t
     }
 }
 
@@ -600,26 +615,10 @@ mod tests {
         let mut id = vec![0f64; n * n];
         (0..n).for_each(|i| id[i * n + i] = 1.0);
         let fi = factor(&rotate_hessian_rows(&id, n).unwrap(), n, 0.0, "t").unwrap();
-        let fast0 = match TrellisInner::FORMAT {
-            TrellisInner::Quad {
-                weighted,
-                passes,
-                feedback,
-                psp,
-                gate,
-                fb_gate,
-                ..
-            } => TrellisInner::Quad {
-                weighted,
-                passes,
-                feedback,
-                psp,
-                fast: 0,
-                gate,
-                fb_gate,
-            },
-            plain => plain,
+        let TrellisInner::Quad { gate, fb_gate, .. } = TrellisInner::FORMAT else {
+            unreachable!()
         };
+        let fast0 = TrellisInner::format_with(0, gate, fb_gate);
         let li = quantize_trellis(&w, n, &fi, 0, fast0);
         let same = rtn.iter().zip(&li).filter(|(a, b)| a == b).count();
         assert!(
@@ -802,25 +801,7 @@ mod tests {
         // The fast levels against the 12-search level 0 with the beam on every block (gate 0): with
         // the gate, blocks without the beam keep the weaker first stage's codes (on this Hessian
         // fast 1 then measured 1.22x the format's loss; the proxy on SmolLM2: +1.1%).
-        let TrellisInner::Quad {
-            weighted,
-            passes,
-            feedback,
-            psp,
-            ..
-        } = TrellisInner::FORMAT
-        else {
-            unreachable!()
-        };
-        let with = |fast| TrellisInner::Quad {
-            weighted,
-            passes,
-            feedback,
-            psp,
-            fast,
-            gate: 0,
-            fb_gate: 0,
-        };
+        let with = |fast| TrellisInner::format_with(fast, 0, 0);
         let format = loss(&quantize_trellis(&w, n, &f, 0, with(0)));
         for fast in [1u8, 2] {
             let inner = with(fast);
@@ -937,36 +918,12 @@ mod tests {
             c[0] < f64::from(gate) / 1000.0 && f64::from(gate) / 1000.0 <= c[c.len() - 1],
             "couplings {c:?}"
         );
-        let TrellisInner::Quad {
-            weighted,
-            passes,
-            feedback,
-            psp,
-            fast,
-            ..
-        } = TrellisInner::FORMAT
-        else {
+        let TrellisInner::Quad { fast, .. } = TrellisInner::FORMAT else {
             unreachable!()
         };
-        let split = TrellisInner::Quad {
-            weighted,
-            passes,
-            feedback,
-            psp,
-            fast,
-            gate,
-            fb_gate: 0,
-        };
+        let split = TrellisInner::format_with(fast, gate, 0);
         // And the same gate on decision feedback (its rounds skipped on some blocks).
-        let fb_split = TrellisInner::Quad {
-            weighted,
-            passes,
-            feedback,
-            psp,
-            fast,
-            gate: 0,
-            fb_gate: gate,
-        };
+        let fb_split = TrellisInner::format_with(fast, 0, gate);
         for band in [0, 64] {
             for inner in [TrellisInner::Plain, TrellisInner::FORMAT, split, fb_split] {
                 let got = quantize_trellis(&w, n, &f, band, inner);

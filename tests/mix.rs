@@ -558,9 +558,17 @@ fn mix_phases_print_progress_with_eta_off_a_terminal() {
     };
     let (code, stdout, err) = run(false);
     assert_eq!(code, 0, "{err}");
-    assert!(json(&stdout)["mix"].is_object(), "{stdout}");
+    let mix = &json(&stdout)["mix"];
+    assert!(mix.is_object(), "{stdout}");
+    // The activation-rounding term was measured and is part of the plan's error.
+    let act = mix["activation_rounding_error"].as_f64().unwrap_or(0.0);
+    assert!(
+        act > 0.0 && act < mix["error"].as_f64().unwrap(),
+        "{stdout}"
+    );
     for phase in [
         "sensitivity",
+        "activation rounding",
         "KLD reference",
         "KLD probes",
         "KLD probes' encodings",

@@ -39,6 +39,8 @@ pub(crate) struct Measured {
     /// Those plans' names and types (every planned tensor's, in plan order), by the same key:
     /// what another size needs to write one of them.
     pub plan_types: BTreeMap<String, PlanTypes>,
+    /// The activation-rounding part of `table`'s errors (same shape), when it was measured.
+    pub act: Option<Vec<Vec<Vec<f64>>>>,
 }
 
 /// A measured plan as the cache keeps it: its name ("knapsack", "preset Q4_1", ...) and each
@@ -94,6 +96,7 @@ pub(crate) fn save(path: &Path, key: &Key, m: &Measured) -> Result<()> {
         "r2_roles": of(m.r2_roles),
         "plans": m.plans.iter().map(|(k, x)| (k.clone(), f(*x))).collect::<serde_json::Map<_, _>>(),
         "plans_predicted": m.predicted.iter().map(|(k, x)| (k.clone(), f(*x))).collect::<serde_json::Map<_, _>>(),
+        "act": m.act.as_ref().map_or(Value::Null, |a| json!(a.iter().map(|item| item.iter().map(|mem| mem.iter().map(|&x| f(x)).collect::<Vec<_>>()).collect::<Vec<_>>()).collect::<Vec<_>>())),
         "plan_types": m.plan_types.iter().map(|(k, p)| (k.clone(), json!([p.name, p.types.iter().map(|(n, t)| json!([n, t.name()])).collect::<Vec<_>>()]))).collect::<serde_json::Map<_, _>>(),
     });
     let tmp = path.with_extension(format!("tq-tmp-{}", std::process::id()));
@@ -251,6 +254,21 @@ fn decode(v: &Value) -> Option<Measured> {
             })
             .collect::<Option<BTreeMap<_, _>>>()?,
     };
+    // Absent or null: not measured (a cache saved before the term existed, or without it).
+    let act = match v.get("act") {
+        None | Some(Value::Null) => None,
+        Some(a) => Some(
+            a.as_array()?
+                .iter()
+                .map(|item| {
+                    item.as_array()?
+                        .iter()
+                        .map(|mem| mem.as_array()?.iter().map(num).collect::<Option<Vec<_>>>())
+                        .collect::<Option<Vec<_>>>()
+                })
+                .collect::<Option<Vec<_>>>()?,
+        ),
+    };
     Some(Measured {
         table,
         probes,
@@ -263,6 +281,7 @@ fn decode(v: &Value) -> Option<Measured> {
         plans,
         predicted,
         plan_types,
+        act,
     })
 }
 
@@ -307,6 +326,7 @@ mod tests {
                 },
             )]
             .into(),
+            act: Some(vec![vec![vec![0.0, 1.0 / 7.0]]]),
         }
     }
 
@@ -332,6 +352,7 @@ mod tests {
         assert_eq!(m.plans["ab12"].to_bits(), (0.1f64 / 3.0).to_bits());
         assert_eq!(m.predicted["ab12"].to_bits(), (0.2f64 / 3.0).to_bits());
         assert_eq!(m.plan_types, want.plan_types);
+        assert_eq!(m.act, want.act);
         assert_eq!(m.probes[0].kld.to_bits(), (1.0f64 / 3.0).to_bits());
         let other = Key(vec![("model", "abc".into()), ("types", "q8_0".into())]);
         match load(&p, &other).unwrap() {

@@ -1,6 +1,7 @@
 //! `tq convert --target-bpw X | --target-size SIZE`: measure each tensor's sensitivity to each
 //! candidate type, map it to KLD with a per-model fit against measured single-tensor KLDs, solve
 //! the knapsack (`crate::plan::mix`) and set the plan's types; `--verify` measures the written file.
+mod act;
 mod best;
 mod cache;
 mod calibrate;
@@ -125,6 +126,7 @@ pub fn choose(
         types: types.clone(),
         err: 0.0,
         err_se: 0.0,
+        act_err: None,
         alpha: None,
         role_alpha: Default::default(),
         r2_roles: None,
@@ -227,6 +229,33 @@ pub fn choose(
             t
         }
     };
+    // The activation-rounding term (act.rs), measured on the KLD text with the table and kept
+    // in it (and in the cache): the fit and the knapsack price it with the weight error.
+    let act = match (&cached, o.kld_text) {
+        (Some(m), _) => m.act.clone(),
+        (None, Some(text)) if act::enabled() => {
+            let a = act::table(
+                input,
+                src,
+                plan,
+                &items,
+                &uncal,
+                text,
+                o.kld_windows,
+                o.rows,
+                o.quiet,
+            )?;
+            for (per, ad) in table.iter_mut().zip(&a) {
+                for (m, am) in per.iter_mut().zip(ad) {
+                    for (e, x) in m.iter_mut().zip(am) {
+                        e.err += x;
+                    }
+                }
+            }
+            Some(a)
+        }
+        _ => None,
+    };
     rep.sens_s = t0.elapsed().as_secs_f64();
 
     let t1 = std::time::Instant::now();
@@ -268,6 +297,7 @@ pub fn choose(
             plans: Default::default(),
             predicted: Default::default(),
             plan_types: Default::default(),
+            act: act.clone(),
         };
         cache::save(p, k, &m)?;
     }
@@ -335,6 +365,16 @@ pub fn choose(
                     .sum::<f64>()
             })
             .sum();
+        rep.act_err = act.as_ref().map(|a| {
+            a.iter()
+                .zip(&picks)
+                .zip(&direct)
+                .filter(|(_, d)| d.is_none())
+                .map(|((per, pick), _)| {
+                    per.iter().zip(pick.iter()).map(|(m, &k)| m[k]).sum::<f64>()
+                })
+                .sum()
+        });
         let cost: f64 = opts.iter().zip(choice).map(|(o, &k)| o[k].cost).sum();
         rep.predicted = rep.alpha.map(|_| cost);
         size_of(plan, rep)
@@ -685,7 +725,7 @@ fn cache_key(job: &Job) -> Result<cache::Key> {
         (
             "settings",
             format!(
-                "profile {} mix-rows {} per 4096 elements exact {} ldlq band {} damp {} refit {} shrink {} tq {}",
+                "profile {} mix-rows {} per 4096 elements exact {} ldlq band {} damp {} refit {} shrink {} act {} tq {}",
                 job.profile.name,
                 a.mix_rows.max(1),
                 a.mix_exact_rows.max(1).min(a.mix_rows.max(1)),
@@ -693,6 +733,7 @@ fn cache_key(job: &Job) -> Result<cache::Key> {
                 l.damp_label(),
                 l.refit,
                 l.shrink_label(),
+                act::enabled(),
                 env!("CARGO_PKG_VERSION")
             ),
         ),

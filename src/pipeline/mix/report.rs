@@ -51,6 +51,8 @@ pub struct MixReport {
     pub err: f64,
     /// Standard error of `err` from the row sample.
     pub err_se: f64,
+    /// Of `err`, the activation-rounding term's part (when it was measured).
+    pub act_err: Option<f64>,
     pub alpha: Option<f64>,
     /// Per-role slopes (`attn_v.weight` → α), from that role's probes; other roles use `alpha`.
     pub role_alpha: std::collections::BTreeMap<String, f64>,
@@ -146,7 +148,7 @@ impl MixReport {
         serde_json::json!({
             "target_bytes": self.target, "min_bytes": self.min_file, "file_bytes": self.file,
             "weighting": self.weighting, "types": self.types.iter().map(|t| t.name()).collect::<Vec<_>>(),
-            "error": self.err, "error_se": self.err_se, "alpha": self.alpha, "r2": self.r2, "role_alpha": self.role_alpha, "r2_roles": self.r2_roles,
+            "error": self.err, "error_se": self.err_se, "activation_rounding_error": self.act_err, "alpha": self.alpha, "r2": self.r2, "role_alpha": self.role_alpha, "r2_roles": self.r2_roles,
             "predicted_kld": self.predicted_kld(), "predicted_kld_uncalibrated": self.predicted, "kld_windows": self.kld_windows,
             "calibration": self.calibration.map(|c| serde_json::json!({"scale": c.scale, "power": c.power, "plans": c.plans})),
             "target_kld": self.target_kld,
@@ -172,6 +174,12 @@ impl MixReport {
             "mix: weighting {}; summed error {:.4e} ± {:.1e} (row sample of {} per tensor, {} with LDLQ)",
             self.weighting, self.err, self.err_se, self.rows, self.exact_rows.min(self.rows)
         ));
+        if let Some(a) = self.act_err.filter(|_| self.err > 0.0) {
+            v.push(format!(
+                "mix: of it, activation rounding {a:.4e} ({:.0}%: the 8-bit inputs of the quantized matrix products)",
+                100.0 * a / self.err
+            ));
+        }
         match (self.alpha, self.r2) {
             (Some(a), Some(r)) => {
                 v.push(match (self.predicted, self.calibration) {

@@ -113,12 +113,15 @@ pub fn solve(items: &[Vec<(u64, f64)>], budget: u64, cells: u64) -> Option<Solut
 /// 32-value blocks fit rows that no k-quant or iq4_xs fits (SmolLM2's 576 columns) at 4.5 bpw.
 /// The i-quants below 4 bpw (iq1_s 1.56 … iq3_s 3.44) take rows of 256-value superblocks, as
 /// the k-quants do ([`candidates_for`] drops them elsewhere): with them a 4096-wide model reaches
-/// the 2–3 bpw of llama.cpp's IQ1/IQ2/IQ3 presets.
+/// the 2–3 bpw of llama.cpp's IQ1/IQ2/IQ3 presets. q4_1 and q5_1 (legacy, with a per-block
+/// minimum) rarely win per byte, but they are llama.cpp presets, and a model published from such
+/// a file re-hits its source grid with them; without them a preset's own plan could not be
+/// improved by the knapsack (`best::upgrade` keeps a type that is not a candidate).
 pub fn default_candidates(profile: &Profile) -> Vec<TensorType> {
     use TensorType::*;
     let mut v = vec![
-        IQ1S, IQ1M, IQ2XXS, IQ2XS, IQ2S, Q2K, IQ3XXS, IQ3S, Q3K, IQ4XS, Q4_0, IQ4NL, Q4K, Q5_0,
-        Q5K, Q6K, Q8_0, F16,
+        IQ1S, IQ1M, IQ2XXS, IQ2XS, IQ2S, Q2K, IQ3XXS, IQ3S, Q3K, IQ4XS, Q4_0, Q4_1, IQ4NL, Q4K,
+        Q5_0, Q5_1, Q5K, Q6K, Q8_0, F16,
     ];
     if profile.tq_weights {
         v.extend([TQ3_1S, TQ4_1S]);

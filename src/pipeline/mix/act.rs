@@ -233,6 +233,27 @@ pub(super) fn table(
         .collect()
 }
 
+/// The activation-rounding part of `plan`'s summed error: each calibrated member's term at the
+/// type the plan gives it (None when a type is not one of its item's candidates).
+pub(super) fn of_plan(
+    plan: &Plan,
+    items: &[(Vec<usize>, Vec<TensorType>)],
+    direct: &[Option<Vec<f64>>],
+    act: &[Vec<Vec<f64>>],
+) -> Option<f64> {
+    let mut sum = 0.0;
+    for (((idx, tys), d), a) in items.iter().zip(direct).zip(act) {
+        if d.is_some() {
+            continue;
+        }
+        for (&i, am) in idx.iter().zip(a) {
+            let k = tys.iter().position(|t| *t == plan.entries[i].dst)?;
+            sum += am.get(k)?;
+        }
+    }
+    Some(sum)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

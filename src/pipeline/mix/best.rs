@@ -572,6 +572,8 @@ pub(super) struct BestOf<'a> {
     pub(super) budget: u64,
     pub(super) text: &'a Path,
     pub(super) size_of: &'a dyn Fn(&Plan, &MixReport) -> Result<u64>,
+    /// The activation-rounding part of `table` (act.rs), when measured: for the report.
+    pub(super) act: Option<&'a [Vec<Vec<f64>>]>,
 }
 
 /// Best of few, measured (best.rs): the knapsack's plan (on `plan`), the knapsack's under one α
@@ -719,6 +721,9 @@ pub(super) fn best_of_few(
     for (w, fallback) in order.chain([(0, true)]) {
         let (err, pred) = predict(&cands[w].plan, items, table, direct, alpha_of);
         rep.err = err;
+        rep.act_err = b
+            .act
+            .and_then(|a| super::act::of_plan(&cands[w].plan, items, direct, a));
         rep.predicted = pred.filter(|_| rep.alpha.is_some());
         rep.calibration = cal_of(&keys[w], None).0;
         let size = (b.size_of)(&cands[w].plan, rep)?;

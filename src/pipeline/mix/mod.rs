@@ -365,16 +365,9 @@ pub fn choose(
                     .sum::<f64>()
             })
             .sum();
-        rep.act_err = act.as_ref().map(|a| {
-            a.iter()
-                .zip(&picks)
-                .zip(&direct)
-                .filter(|(_, d)| d.is_none())
-                .map(|((per, pick), _)| {
-                    per.iter().zip(pick.iter()).map(|(m, &k)| m[k]).sum::<f64>()
-                })
-                .sum()
-        });
+        rep.act_err = act
+            .as_ref()
+            .and_then(|a| act::of_plan(plan, &items, &direct, a));
         let cost: f64 = opts.iter().zip(choice).map(|(o, &k)| o[k].cost).sum();
         rep.predicted = rep.alpha.map(|_| cost);
         size_of(plan, rep)
@@ -496,6 +489,7 @@ pub fn choose(
                 budget,
                 text,
                 size_of,
+                act: act.as_deref(),
             },
             plan,
             &mut rep,

@@ -58,7 +58,7 @@ impl TrellisInner {
     /// the noise) at ≈ 0.58× the CPU (docs/bench/speed.md, "Fewer searches, a narrower beam, and
     /// shrinkage"). (`seam = 9`, the first codes' second search over 31 values of the first
     /// one's seam: the same proxy error on six SmolLM2 tensors but whole-model KLD +4% for −4% of
-    /// the CPU; not kept, docs/bench/speed.md, "The second search over the seam only".)
+    /// the CPU; not kept, docs/bench/speed.md, "cheaper first searches, screened and measured").
     pub(crate) const FORMAT: TrellisInner = TrellisInner::Quad {
         weighted: false,
         passes: 4,

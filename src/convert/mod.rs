@@ -664,7 +664,8 @@ mod proxies {
             })
             .map(|(_, (l, v))| (l.to_string(), *v))
             .collect();
-        // TQ_PROXY_CUSTOM: `fast:feedback:passes:beam[:gate[:fb_gate[:seam]]]` variants separated by commas.
+        // TQ_PROXY_CUSTOM: `fast:feedback:passes:beam[:gate[:fb_gate[:seam]]]` variants
+        // separated by commas.
         if let Ok(c) = std::env::var("TQ_PROXY_CUSTOM") {
             for v in c.split(',').filter(|v| !v.is_empty()) {
                 let p: Vec<usize> = v.split(':').map(|x| x.parse().unwrap()).collect();

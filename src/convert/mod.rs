@@ -599,6 +599,11 @@ mod proxies {
         let rows: usize = std::env::var("TQ_PROXY_ROWS")
             .map(|v| v.parse().unwrap())
             .unwrap_or(64);
+        // TQ_PROXY_SHRINK: the Hessians' shrinkage (default 0; the conversions' default is
+        // `TQ2_SHRINK`).
+        let shrink: f64 = std::env::var("TQ_PROXY_SHRINK")
+            .map(|v| v.parse().unwrap())
+            .unwrap_or(0.0);
         let names = std::env::var("TQ_PROXY_TENSORS").unwrap_or_else(|_| {
             "blk.7.ffn_down.weight,blk.7.attn_q.weight,blk.7.ffn_gate.weight".into()
         });
@@ -610,6 +615,7 @@ mod proxies {
             fast: 0,
             gate: 0,
             fb_gate: 0,
+            seam: 0,
         };
         let quadw = |fast, feedback, psp| TrellisInner::Quad {
             weighted: false,
@@ -619,6 +625,7 @@ mod proxies {
             fast,
             gate: 0,
             fb_gate: 0,
+            seam: 0,
         };
         let all = [
             ("plain (old)", TrellisInner::Plain),
@@ -657,7 +664,8 @@ mod proxies {
             })
             .map(|(_, (l, v))| (l.to_string(), *v))
             .collect();
-        // TQ_PROXY_CUSTOM: `fast:feedback:passes:beam[:gate[:fb_gate]]` variants separated by commas.
+        // TQ_PROXY_CUSTOM: `fast:feedback:passes:beam[:gate[:fb_gate[:seam]]]` variants
+        // separated by commas.
         if let Ok(c) = std::env::var("TQ_PROXY_CUSTOM") {
             for v in c.split(',').filter(|v| !v.is_empty()) {
                 let p: Vec<usize> = v.split(':').map(|x| x.parse().unwrap()).collect();
@@ -677,6 +685,7 @@ mod proxies {
                         fast,
                         gate: p.get(4).map_or(0, |&g| g as u16),
                         fb_gate: p.get(5).map_or(0, |&g| g as u16),
+                        seam: p.get(6).map_or(0, |&g| g as u8),
                     },
                     other => other,
                 };
@@ -695,7 +704,7 @@ mod proxies {
                 crate::types::dequantize_rows(ty, b, &mut y, n, name).unwrap();
                 y
             };
-            let fr = factor_hessian(TensorType::TQ2R, h, 0.01, 0.0, 0, name).unwrap();
+            let fr = factor_hessian(TensorType::TQ2R, h, 0.01, shrink, 0, name).unwrap();
             let t0 = std::time::Instant::now();
             let qr = quantize_ldlq(TensorType::TQ2R, &w, n, &fr, 0);
             let lr = proxy_loss(&h.h, n, &w, &dec(TensorType::TQ2R, &qr));
@@ -703,7 +712,7 @@ mod proxies {
                 "{name} rows {rows}: tq2_r LDLQ {lr:.5} ({:.1} s)",
                 t0.elapsed().as_secs_f64()
             );
-            let ft = factor_hessian(TensorType::TQ2T, h, 0.01, 0.0, 0, name).unwrap();
+            let ft = factor_hessian(TensorType::TQ2T, h, 0.01, shrink, 0, name).unwrap();
             for (label, inner) in &variants {
                 let inner = *inner;
                 let t0 = std::time::Instant::now();

@@ -45,6 +45,9 @@ pub(crate) enum TrellisInner {
         /// The decision-feedback rounds run only on the column blocks whose [`coupling`] is at
         /// least `fb_gate / 1000` (0: every block); the others keep the first search's codes.
         fb_gate: u16,
+        /// The first codes' second pass: 0 over the whole block; `k > 0` over the first pass's
+        /// seam only, with `k − 1` codes of context ([`tq2t::encode_tail_biting_seam`]).
+        seam: u8,
     },
 }
 
@@ -53,7 +56,9 @@ impl TrellisInner {
     /// the 128-wide beam on the coupled blocks. On the whole of SmolLM2 (Hessians shrunk by 0.5)
     /// it measured KLD 0.927 against 0.946 for the 12-search, 256-wide encoder before it (inside
     /// the noise) at ≈ 0.58× the CPU (docs/bench/speed.md, "Fewer searches, a narrower beam, and
-    /// shrinkage").
+    /// shrinkage"). (`seam = 9`, the first codes' second search over 31 values of the first
+    /// one's seam: the same proxy error on six SmolLM2 tensors but whole-model KLD +4% for −4% of
+    /// the CPU; not kept, docs/bench/speed.md, "cheaper first searches, screened and measured").
     pub(crate) const FORMAT: TrellisInner = TrellisInner::Quad {
         weighted: false,
         passes: 4,
@@ -62,25 +67,33 @@ impl TrellisInner {
         fast: 2,
         gate: 70,
         fb_gate: 0,
+        seam: 0,
     };
 
     /// [`TrellisInner::FORMAT`], with the measurement knobs (read once; unset or unparsable:
     /// the format's value): `TQ_TQ2T_FAST=0|1|2` the first stage's `fast` level,
     /// `TQ_TQ2T_GATE` the beam's coupling gate and `TQ_TQ2T_FBGATE` the feedback's (thousandths),
-    /// `TQ_TQ2T_BEAM` the beam's width (0: no beam).
+    /// `TQ_TQ2T_BEAM` the beam's width (0: no beam), `TQ_TQ2T_FEEDBACK` the decision-feedback
+    /// rounds, `TQ_TQ2T_PASSES` the descent's sweeps, `TQ_TQ2T_SEAM` the first codes' `seam`.
     pub(crate) fn chosen() -> TrellisInner {
         static CHOSEN: std::sync::OnceLock<TrellisInner> = std::sync::OnceLock::new();
         *CHOSEN.get_or_init(|| {
             let knob = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u16>().ok());
             let mut t = TrellisInner::FORMAT;
             if let TrellisInner::Quad {
+                passes,
+                feedback,
                 psp,
                 fast,
                 gate,
                 fb_gate,
+                seam,
                 ..
             } = &mut t
             {
+                *seam = knob("TQ_TQ2T_SEAM").map_or(*seam, |v| v.min(32) as u8);
+                *passes = knob("TQ_TQ2T_PASSES").map_or(*passes, usize::from);
+                *feedback = knob("TQ_TQ2T_FEEDBACK").map_or(*feedback, usize::from);
                 if let Some(beam) = knob("TQ_TQ2T_BEAM") {
                     *psp = if beam == 0 {
                         (0, 0)
@@ -213,6 +226,7 @@ pub(crate) fn quantize_rows_trellis(
                     fast,
                     gate: _,
                     fb_gate: _,
+                    seam,
                 } => {
                     let au = &forms[blk * 2 * QK * QK..(blk + 1) * 2 * QK * QK];
                     let (a, ub) = au.split_at(QK * QK);
@@ -231,7 +245,7 @@ pub(crate) fn quantize_rows_trellis(
                         ub,
                         &wt,
                         passes,
-                        (if fb { feedback } else { 0 }, fast),
+                        (if fb { feedback } else { 0 }, fast, seam),
                         ps.as_mut().filter(|_| beam),
                         &mut sc,
                         b,
@@ -446,7 +460,7 @@ pub(crate) fn quantize_block_quad(
     ub: &[f64],
     wt: &[f32],
     passes: usize,
-    (feedback, fast): (usize, u8),
+    (feedback, fast, seam): (usize, u8, u8),
     psp: Option<&mut PspScratch>,
     sc: &mut Scratch,
     b: &mut [u8],
@@ -458,6 +472,7 @@ pub(crate) fn quantize_block_quad(
     let t_search = super::prof::start();
     let first = Settings {
         refit: fast < 2,
+        seam: usize::from(seam),
         ..Settings::FORMAT
     };
     let (mut e, _) = encode_block_weighted(&xf, wt, cb, first, true, sc, &mut codes, out);
@@ -741,7 +756,7 @@ mod tests {
                     ub,
                     &[1.0; QK],
                     passes,
-                    (feedback, fast),
+                    (feedback, fast, 0),
                     ps,
                     &mut sc,
                     b,
@@ -801,10 +816,18 @@ mod tests {
         // The fast levels against the 12-search level 0 with the beam on every block (gate 0): with
         // the gate, blocks without the beam keep the weaker first stage's codes (on this Hessian
         // fast 1 then measured 1.22x the format's loss; the proxy on SmolLM2: +1.1%).
-        let with = |fast| TrellisInner::format_with(fast, 0, 0);
-        let format = loss(&quantize_trellis(&w, n, &f, 0, with(0)));
-        for fast in [1u8, 2] {
-            let inner = with(fast);
+        // The reference: level 0 with full second searches (no seam); the fast levels with
+        // them (the format's) and with the seam's search (`seam = 9`, a measurement knob).
+        let with = |fast, s: u8| {
+            let mut t = TrellisInner::format_with(fast, 0, 0);
+            if let TrellisInner::Quad { seam, .. } = &mut t {
+                *seam = s;
+            }
+            t
+        };
+        let format = loss(&quantize_trellis(&w, n, &f, 0, with(0, 0)));
+        for (fast, seam) in [(1u8, 0u8), (2, 0), (1, 9), (2, 9)] {
+            let inner = with(fast, seam);
             let run = |threads: usize| {
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
@@ -815,8 +838,15 @@ mod tests {
             let one = run(1);
             assert_eq!(one, run(3), "fast {fast}");
             let l = loss(&one);
-            assert!(l < plain, "fast {fast}: {l} vs plain {plain}");
-            assert!(l < 1.05 * format, "fast {fast}: {l} vs format {format}");
+            eprintln!("fast {fast} seam {seam}: {l} (level 0 {format}, plain {plain})");
+            assert!(l < plain, "fast {fast} seam {seam}: {l} vs plain {plain}");
+            // (With the seam's search fast 1 and 2 measured 1.05x level 0 here; on SmolLM2's
+            // proxy it was level with the full search, its whole-model KLD +4%.)
+            let bound = if seam == 0 { 1.05 } else { 1.12 };
+            assert!(
+                l < bound * format,
+                "fast {fast} seam {seam}: {l} vs format {format}"
+            );
         }
     }
 
@@ -855,6 +885,7 @@ mod tests {
                     fast,
                     gate,
                     fb_gate,
+                    seam,
                     ..
                 } => {
                     let au = &forms[blk * 2 * QK * QK..(blk + 1) * 2 * QK * QK];
@@ -874,7 +905,7 @@ mod tests {
                         ub,
                         &wt,
                         passes,
-                        (if fb { feedback } else { 0 }, fast),
+                        (if fb { feedback } else { 0 }, fast, seam),
                         ps.as_mut().filter(|_| beam),
                         &mut sc,
                         b,

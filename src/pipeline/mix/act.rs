@@ -28,6 +28,14 @@ pub(super) fn enabled() -> bool {
     std::env::var("TQ_MIX_ACT").map_or(true, |v| v != "0")
 }
 
+/// Whether a mixed tensor is an MoE expert stack (3-D).
+pub(super) fn has_experts(plan: &Plan, items: &[(Vec<usize>, Vec<TensorType>)]) -> bool {
+    items
+        .iter()
+        .flat_map(|(idx, _)| idx)
+        .any(|&i| plan.entries[i].dims.len() == 3)
+}
+
 /// The roundings measured (those whose error is not negligible against f16's).
 const CLASSES: [ActRound; 2] = [ActRound::Q8_0, ActRound::Q8K];
 
@@ -149,8 +157,7 @@ pub(super) fn observe(
 
 /// The activation-rounding term of entry `i` of `plan` under each of `types`: `Σ_j ‖W_{:,j}‖²
 /// E[δx_j²]`, the column norms from the rows `picks` (scaled to all rows). 0 for types whose
-/// input is not rounded to 8 bits, and for tensors whose input was not observed (embeddings,
-/// experts).
+/// input is not rounded to 8 bits, and for tensors whose input was not observed (embeddings).
 pub(super) fn terms(
     noise: &ActNoise,
     src: &dyn TensorSource,

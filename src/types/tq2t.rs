@@ -520,12 +520,7 @@ pub fn encode_tail_biting(
     let n = x.len();
     let h = n / 2;
     let w = (l / 2 - 1) as usize;
-    let mut y = Vec::with_capacity(n);
-    y.extend_from_slice(&x[h..]);
-    y.extend_from_slice(&x[..h]);
-    let mut yw = Vec::with_capacity(n);
-    yw.extend_from_slice(&wt[h..]);
-    yw.extend_from_slice(&wt[..h]);
+    let (y, yw) = (rotated(x, h), rotated(wt, h));
     viterbi(&y, &yw, dc, l, Ends::Free, sc, codes);
     // Original position n − t sits at n − t − h of the rotated sequence.
     let mut top = 0u32;
@@ -533,6 +528,14 @@ pub fn encode_tail_biting(
         top |= (codes[n - t - h] as u32) << (2 * (t - 1));
     }
     viterbi(x, wt, dc, l, Ends::Wrap(top), sc, codes)
+}
+
+/// `v` rotated left by `h`: the block seen from its middle (the free pass's order).
+fn rotated(v: &[f32], h: usize) -> Vec<f32> {
+    let mut y = Vec::with_capacity(v.len());
+    y.extend_from_slice(&v[h..]);
+    y.extend_from_slice(&v[..h]);
+    y
 }
 
 /// Tail-biting search of one block with a cheaper second pass: the free pass of
@@ -558,12 +561,7 @@ pub fn encode_tail_biting_seam(
     if h < 2 * w {
         return encode_tail_biting(x, wt, dc, l, sc, codes);
     }
-    let mut y = Vec::with_capacity(n);
-    y.extend_from_slice(&x[h..]);
-    y.extend_from_slice(&x[..h]);
-    let mut yw = Vec::with_capacity(n);
-    yw.extend_from_slice(&wt[h..]);
-    yw.extend_from_slice(&wt[..h]);
+    let (y, yw) = (rotated(x, h), rotated(wt, h));
     viterbi(&y, &yw, dc, l, Ends::Free, sc, codes);
     codes.rotate_right(h);
     // Codes a..b searched again; a − w..a and b..b + w pinned (all inside the block).

@@ -10,13 +10,10 @@
 //! the sensitivity table (squared output error per token), so the KLD fit prices both.
 
 use crate::error::Result;
-use crate::eval::session;
-use crate::gguf::GgufFile;
 use crate::model::matmul::ActRound;
 use crate::model::{Model, Numerics, Observer};
 use crate::plan::Plan;
 use crate::source::TensorSource;
-use crate::tokenizer::input::Input;
 use crate::types::TensorType;
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -136,16 +133,8 @@ pub(super) fn observe(
     windows: usize,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<ActNoise> {
-    let file = GgufFile::open(input)?;
+    let (file, win) = super::fit::input_windows(input, text, windows)?;
     let model = Model::new(&file, Numerics::Ggml)?;
-    let (win, _) = session::windows_and_reference(
-        &file,
-        Some(Input::Text(text)),
-        512,
-        Some(windows),
-        None,
-        None,
-    )?;
     let mut obs = ActNoise::default();
     for w in 0..win.n_chunk {
         progress(w, win.n_chunk);

@@ -254,20 +254,18 @@ impl Drop for RemoveDirOnDrop {
     }
 }
 
-/// The input model's logits on the first `windows` windows of `text` (ctx 512).
-pub fn reference_logits(
+/// The input model (a GGUF file) and the first `windows` windows of `text` (ctx 512): what the
+/// mix's passes on the KLD text run.
+pub(super) fn input_windows(
     input: &Path,
     text: &Path,
     windows: usize,
-    out: &Path,
-    quiet: bool,
-) -> Result<()> {
+) -> Result<(GgufFile, crate::eval::perplexity::Windows)> {
     let file = GgufFile::open(input).map_err(|e| {
         Error::Usage(format!(
             "--kld-text / --verify evaluate the input model, which must be a GGUF file ({e})"
         ))
     })?;
-    let model = Model::new(&file, Numerics::Ggml)?;
     let (win, _) = session::windows_and_reference(
         &file,
         Some(Input::Text(text)),
@@ -283,6 +281,19 @@ pub fn reference_logits(
         }
         e => e,
     })?;
+    Ok((file, win))
+}
+
+/// The input model's logits on the first `windows` windows of `text` (ctx 512).
+pub fn reference_logits(
+    input: &Path,
+    text: &Path,
+    windows: usize,
+    out: &Path,
+    quiet: bool,
+) -> Result<()> {
+    let (file, win) = input_windows(input, text, windows)?;
+    let model = Model::new(&file, Numerics::Ggml)?;
     let nv = model.cfg.n_vocab;
     let mut w = session::logits_writer(out, Format::Tq, input, "ggml", &win, nv)?;
     let batch = session::default_batch(&win, nv, false);

@@ -257,20 +257,9 @@ mod tests {
     /// Inputs shaped like a block's: Gaussian, with a few outlier columns (what makes a Q8
     /// block's scale, and so its rounding error, large).
     fn inputs(rows: usize, k: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        let mut g = || {
-            // Box–Muller on a 64-bit LCG: deterministic, no dependency.
-            let mut u = || {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-            };
-            let (a, b) = (u(), u());
-            ((-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()) as f32
-        };
+        let mut g = crate::math::splitmix::SplitMix64::new(seed);
         (0..rows * k)
-            .map(|i| g() * if i % k % 97 == 5 { 20.0 } else { 1.0 })
+            .map(|i| g.gauss() as f32 * if i % k % 97 == 5 { 20.0 } else { 1.0 })
             .collect()
     }
 

@@ -669,26 +669,20 @@ mod proxies {
         if let Ok(c) = std::env::var("TQ_PROXY_CUSTOM") {
             for v in c.split(',').filter(|v| !v.is_empty()) {
                 let p: Vec<usize> = v.split(':').map(|x| x.parse().unwrap()).collect();
-                let inner = quadw(p[0] as u8, p[1], (usize::from(p[3] > 0), p[3]));
-                let inner = match inner {
-                    TrellisInner::Quad {
-                        weighted,
-                        feedback,
-                        psp,
-                        fast,
-                        ..
-                    } => TrellisInner::Quad {
-                        weighted,
-                        passes: p[2],
-                        feedback,
-                        psp,
-                        fast,
-                        gate: p.get(4).map_or(0, |&g| g as u16),
-                        fb_gate: p.get(5).map_or(0, |&g| g as u16),
-                        seam: p.get(6).map_or(0, |&g| g as u8),
-                    },
-                    other => other,
-                };
+                let mut inner = quadw(p[0] as u8, p[1], (usize::from(p[3] > 0), p[3]));
+                if let TrellisInner::Quad {
+                    passes,
+                    gate,
+                    fb_gate,
+                    seam,
+                    ..
+                } = &mut inner
+                {
+                    *passes = p[2];
+                    *gate = p.get(4).map_or(0, |&g| g as u16);
+                    *fb_gate = p.get(5).map_or(0, |&g| g as u16);
+                    *seam = p.get(6).map_or(0, |&g| g as u8);
+                }
                 variants.push((format!("custom {v}"), inner));
             }
         }

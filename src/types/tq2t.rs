@@ -28,7 +28,6 @@ use super::tq2r;
 mod step;
 mod viterbi;
 use crate::error::Result;
-use viterbi::bp_len;
 pub use viterbi::{viterbi, viterbi_ref, Ends, Scratch};
 
 /// Values per block (one tail-biting trellis, one scale).

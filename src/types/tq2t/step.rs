@@ -13,6 +13,15 @@ use std::arch::x86_64::*;
 /// Predecessor groups per iteration (four vectors of eight).
 pub(super) const GROUP: usize = 32;
 
+/// Bytes of one step's back pointers for `q` predecessor groups: three bitmaps of `q` bits (bit
+/// `p` at byte `p / 8`, bit `p mod 8`), each the strict `<` of one comparison of the four-way
+/// minimum: `cost[p + q] < cost[p]` (`k01`), `cost[p + 3q] < cost[p + 2q]` (`k23`), and the
+/// minimum of the last two `<` the minimum of the first two (`km`). The kernels store their
+/// comparison masks as they are; the back pointer is decoded only along the traced path.
+pub(super) const fn bp_len(q: usize) -> usize {
+    3 * q.div_ceil(8)
+}
+
 /// Whether [`step_avx512`] runs here (AVX-512F, BW and VL; `TQ_NO_AVX512=1` turns it off, for
 /// timing the AVX2 step on the same machine). Read once.
 #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
@@ -27,13 +36,13 @@ pub(super) fn has_avx512() -> bool {
 }
 
 /// `next[4p + b] = min_t cost[p + t·q] + wi · (xi − dc[4p + b])²` and bit `p` of `bp`'s three
-/// bitmaps (`super::bp_len`: the comparisons that give the lowest `t` reaching the minimum),
+/// bitmaps (`bp_len`: the comparisons that give the lowest `t` reaching the minimum),
 /// for `q = cost.len() / 4` a multiple of [`GROUP`] and the predecessor groups `p` in `groups`
 /// (its ends multiples of [`GROUP`]; the rest of `next` and of the bitmaps is not written).
 ///
 /// # Safety
 /// The CPU must have AVX2; `cost`, `dc` and `next` must have the same length `4q`, `bp` at
-/// least `super::bp_len(q)` bytes, and `q % GROUP == 0`.
+/// least `bp_len(q)` bytes, and `q % GROUP == 0`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn step_avx2(
@@ -48,7 +57,7 @@ pub(super) unsafe fn step_avx2(
     let ns = cost.len();
     let q = ns / 4;
     assert!(dc.len() == ns && next.len() == ns && q.is_multiple_of(GROUP));
-    assert!(bp.len() >= super::bp_len(q));
+    assert!(bp.len() >= bp_len(q));
     assert!(
         groups.start.is_multiple_of(GROUP) && groups.end.is_multiple_of(GROUP) && groups.end <= q
     );
@@ -106,7 +115,7 @@ pub(super) unsafe fn step_avx2(
 ///
 /// # Safety
 /// The CPU must have AVX2; `cost`, `dc` and `next` must have the same length `4q`, `bpa` and
-/// `bpb` at least `super::bp_len(q)` bytes, and `q % 32 == 0`.
+/// `bpb` at least `bp_len(q)` bytes, and `q % 32 == 0`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn step2_avx2(
@@ -121,7 +130,7 @@ pub(super) unsafe fn step2_avx2(
     let ns = cost.len();
     let q = ns / 4;
     assert!(dc.len() == ns && next.len() == ns);
-    assert!(bpa.len() >= super::bp_len(q) && bpb.len() >= super::bp_len(q));
+    assert!(bpa.len() >= bp_len(q) && bpb.len() >= bp_len(q));
     assert!(q.is_multiple_of(32));
     let (ka, kb) = (Kernel256::new(xa, wa), Kernel256::new(xb, wb));
     let (cp, dp, np) = (cost.as_ptr(), dc.as_ptr(), next.as_mut_ptr());
@@ -251,7 +260,7 @@ pub(super) unsafe fn step_avx512(
     let ns = cost.len();
     let q = ns / 4;
     assert!(dc.len() == ns && next.len() == ns && q.is_multiple_of(GROUP));
-    assert!(bp.len() >= super::bp_len(q));
+    assert!(bp.len() >= bp_len(q));
     assert!(
         groups.start.is_multiple_of(GROUP) && groups.end.is_multiple_of(GROUP) && groups.end <= q
     );
@@ -290,7 +299,7 @@ pub(super) unsafe fn step_avx512(
 ///
 /// # Safety
 /// The CPU must have AVX-512F, AVX-512BW and AVX-512VL; `cost`, `dc` and `next` must have the
-/// same length `4q`, `bpa` and `bpb` at least `super::bp_len(q)` bytes, and `q % 64 == 0`.
+/// same length `4q`, `bpa` and `bpb` at least `bp_len(q)` bytes, and `q % 64 == 0`.
 #[cfg(all(target_arch = "x86_64", feature = "avx512"))]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[allow(clippy::too_many_arguments)]
@@ -306,7 +315,7 @@ pub(super) unsafe fn step2_avx512(
     let ns = cost.len();
     let q = ns / 4;
     assert!(dc.len() == ns && next.len() == ns);
-    assert!(bpa.len() >= super::bp_len(q) && bpb.len() >= super::bp_len(q));
+    assert!(bpa.len() >= bp_len(q) && bpb.len() >= bp_len(q));
     assert!(q.is_multiple_of(64));
     let (ka, kb) = (Kernel512::new(xa, wa), Kernel512::new(xb, wb));
     let (cp, dp, np) = (cost.as_ptr(), dc.as_ptr(), next.as_mut_ptr());
@@ -389,7 +398,7 @@ impl Kernel512 {
     /// Sixteen predecessor groups: their predecessors at `c + t·stride` (`t` = 0..4, sixteen
     /// each), their 64 successors' codewords at `d`, the successors' costs to `n`, the three
     /// comparison masks (16 bits each) to `b`, `b + w` and `b + 2w` (the back pointers'
-    /// bitmaps, `super::bp_len`).
+    /// bitmaps, `bp_len`).
     ///
     /// # Safety
     /// The CPU must have AVX-512F/BW/VL; `c + 3·stride + 16`, `d + 64`, `n + 64` and

@@ -3,7 +3,7 @@
 //! whose add-compare-select step runs portable ([`step_generic`]) or vectorized (`super::step`),
 //! held bit-identical by tests. The block encoders (`super`) call it.
 
-use super::step;
+use super::step::{self, bp_len};
 
 /// How the first and last states of a Viterbi pass are restricted.
 #[derive(Clone, Copy, Debug)]
@@ -42,15 +42,6 @@ impl Scratch {
             bp: vec![0; n * bp_len(ns / 4)],
         }
     }
-}
-
-/// Bytes of one step's back pointers for `q` predecessor groups: three bitmaps of `q` bits (bit
-/// `p` at byte `p / 8`, bit `p mod 8`), each the strict `<` of one comparison of the four-way
-/// minimum: `cost[p + q] < cost[p]` (`k01`), `cost[p + 3q] < cost[p + 2q]` (`k23`), and the
-/// minimum of the last two `<` the minimum of the first two (`km`). The kernels store their
-/// comparison masks as they are; the back pointer is decoded only along the traced path.
-pub(super) const fn bp_len(q: usize) -> usize {
-    3 * q.div_ceil(8)
 }
 
 /// The back pointer `t` of group `p` from one step's bitmaps: `km ? 2 + k23 : k01` (the lowest

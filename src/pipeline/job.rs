@@ -49,6 +49,8 @@ pub struct ConvertFlags {
     pub types: Option<String>,
     pub mix_rows: usize,
     pub mix_exact_rows: usize,
+    /// `--mix-exact-blocks K`: blocks the sensitivity measures with LDLQ (0: all).
+    pub mix_exact_blocks: usize,
     pub kld_text: Option<PathBuf>,
     pub kld_windows: usize,
     pub kld_probes: usize,
@@ -346,8 +348,8 @@ impl Job {
                 f.push(format!("--types {t}"));
             }
             f.push(format!(
-                "--mix-rows {} --mix-exact-rows {}",
-                a.mix_rows, a.mix_exact_rows
+                "--mix-rows {} --mix-exact-rows {} --mix-exact-blocks {}",
+                a.mix_rows, a.mix_exact_rows, a.mix_exact_blocks
             ));
             if let Some(t) = &a.kld_text {
                 f.push(format!("--kld-text {}", name(t)));

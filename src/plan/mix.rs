@@ -348,33 +348,231 @@ pub fn measure(
     items: &[(Vec<usize>, Vec<TensorType>)],
     calib: &Calibration,
     sample: crate::quant::sensitivity::Sample,
+    blocks: ExactBlocks,
     progress: &dyn Fn(usize, usize),
 ) -> Result<Table> {
-    let mut m = Measurer::default();
+    let mut m = Measurer::new(blocks);
     let mut table = Vec::with_capacity(items.len());
     for (it, (idx, tys)) in items.iter().enumerate() {
         progress(it, items.len());
-        table.push(m.item(src, plan, idx, tys, calib, sample)?);
+        table.push(m.item(it, src, plan, idx, tys, calib, sample)?);
     }
+    m.finish(&mut table);
     progress(items.len(), items.len());
     Ok(table)
+}
+
+/// The default of `--mix-exact-blocks`: 8 blocks measured with LDLQ (on models wider than
+/// [`NARROW`]).
+pub const EXACT_BLOCKS: usize = 8;
+
+/// Rows up to this wide: every block measured whatever `--mix-exact-blocks` says. There the LDLQ
+/// factors cost little and the estimate saves little (SmolLM2, 576 wide: 0.75× the
+/// sensitivity's CPU at 8 of 30 blocks), while the measurement is exact.
+pub const NARROW: u64 = 2048;
+
+/// Which blocks the sensitivity measures as convert quantizes (LDLQ with each type's factor):
+/// `count` evenly spaced blocks of `n_layer`, the first and the last among them
+/// (`--mix-exact-blocks`; 0, or at least `n_layer`: every block). The other blocks' tensors
+/// are estimated without a factor ([`Measurer`]): a tensor's cost there is a few
+/// round-to-nearest encodes of its sampled rows, where LDLQ's costs one factorization of the
+/// Hessian per factor key (a 7B `ffn_down`: 11,008² f64, three keys) and an `n²` sweep per row
+/// and type. Tensors outside the blocks (token_embd, output) and expert tensors are always
+/// measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExactBlocks {
+    pub count: usize,
+    pub n_layer: usize,
+    /// The estimate's diagonal blocks, at most this many columns
+    /// ([`crate::quant::sensitivity::chunk_width`]).
+    pub chunk: usize,
+}
+
+/// [`ExactBlocks::chunk`]'s default: 512 columns (a 7B row of 4096 in 8 blocks).
+pub const CHUNK: usize = 512;
+
+impl ExactBlocks {
+    /// Every block measured.
+    pub const ALL: ExactBlocks = ExactBlocks {
+        count: 0,
+        n_layer: 0,
+        chunk: CHUNK,
+    };
+
+    /// `count` exact blocks of the plan's blocks (`n_layer`: one past the highest `blk.N`); every
+    /// block when no block tensor's rows are wider than [`NARROW`] (factors are cheap there).
+    pub fn of_plan(count: usize, plan: &Plan) -> ExactBlocks {
+        let in_blocks = || {
+            plan.entries
+                .iter()
+                .filter(|e| e.dims.len() >= 2)
+                .filter_map(|e| crate::arch::layer_of(&e.name).map(|l| (l as usize, e)))
+        };
+        let n_layer = in_blocks().map(|(l, _)| l + 1).max().unwrap_or(0);
+        let widest = in_blocks()
+            .map(|(_, e)| row_len(&e.dims))
+            .max()
+            .unwrap_or(0);
+        ExactBlocks {
+            count: if widest <= NARROW { 0 } else { count },
+            n_layer,
+            chunk: CHUNK,
+        }
+    }
+
+    /// The blocks measured, for the report.
+    pub fn list(&self) -> Vec<usize> {
+        (0..self.n_layer).filter(|&l| self.exact(l)).collect()
+    }
+
+    /// Whether every block is measured.
+    pub fn all(&self) -> bool {
+        self.count == 0 || self.count >= self.n_layer
+    }
+
+    /// Whether block `l` is measured.
+    pub fn exact(&self, l: usize) -> bool {
+        if self.all() {
+            return true;
+        }
+        if self.count == 1 {
+            return l == self.n_layer / 2;
+        }
+        let (c, last) = (self.count - 1, self.n_layer - 1);
+        // Block j·last/c rounded to nearest, j = 0..=c: 0 and last always among them.
+        (0..=c).any(|j| (2 * j * last + c) / (2 * c) == l)
+    }
 }
 
 /// The sensitivity pass's state from item to item: the Hessian group last measured under (from a
 /// file, its matrix) and its LDLQ factors by type family, reused while consecutive tensors share
 /// the group (a layer's q/k/v, gate/up). The estimates do not depend on it: a factor is a
 /// function of its Hessian and type family, computed again when the group changes.
-#[derive(Default)]
+///
+/// With [`ExactBlocks`] short of every block, a dense tensor in a block not measured gets, for
+/// each type measured with an LDLQ factor, the block-diagonal estimate of
+/// [`crate::quant::sensitivity::chunked_ldlq`] times the ratio `Σ measured / Σ proxy` over the
+/// tensors of the same kind (its name without `blk.N.`) in the measured blocks, where both are
+/// computed ([`Measurer::finish`]); types measured without a factor are measured as before. The
+/// estimate's standard error is its value times the spread of that kind's per-tensor ratios.
 pub struct Measurer {
     live: Option<crate::quant::Hessian>,
     live_key: Option<String>,
     factors: crate::quant::sensitivity::Factors,
+    blocks: BlockEstimate,
+}
+
+/// The state of the estimate for blocks not measured ([`Measurer`]).
+struct BlockEstimate {
+    blocks: ExactBlocks,
+    /// Per (tensor kind, type name): each measured tensor's (block, measured error, proxy).
+    pairs: std::collections::BTreeMap<(String, String), Vec<(usize, f64, f64)>>,
+    /// Estimates to finish: (item, member, candidate, kind, type name, proxy).
+    pending: Vec<(usize, usize, usize, String, String, f64)>,
+}
+
+impl Default for Measurer {
+    fn default() -> Self {
+        Measurer::new(ExactBlocks::ALL)
+    }
+}
+
+/// A tensor's kind across blocks: its name without the `blk.N.` prefix.
+fn kind_of(name: &str) -> &str {
+    match crate::arch::layer_of(name) {
+        Some(_) => name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split_once('.'))
+            .map_or(name, |(_, k)| k),
+        None => name,
+    }
 }
 
 impl Measurer {
-    /// One item's members under each of its candidate types `tys` ([`measure`]).
+    /// A measurer for the sensitivity pass, LDLQ on `blocks` only.
+    pub fn new(blocks: ExactBlocks) -> Measurer {
+        Measurer {
+            live: None,
+            live_key: None,
+            factors: Default::default(),
+            blocks: BlockEstimate {
+                blocks,
+                pairs: Default::default(),
+                pending: vec![],
+            },
+        }
+    }
+
+    /// Fill the estimates of the blocks not measured (the table of every item: [`Measurer::item`]
+    /// gave them their proxies), from the ratios of the measured blocks: per (kind, type), over
+    /// the measured blocks inside the model (not the first or the last, whose inputs differ
+    /// most: a 7B-shaped model's first attention measured 100× its later ones), or, where none
+    /// holds the kind, over every measured block but the first, then every one; where no
+    /// measured block holds the kind at all, pooled over the kinds for the type (1 where no
+    /// measured tensor has the type). The result does not depend on the order in which the
+    /// items were measured.
+    pub fn finish(&mut self, table: &mut Table) {
+        let BlockEstimate {
+            blocks,
+            pairs,
+            pending,
+        } = &mut self.blocks;
+        let last = blocks.n_layer.saturating_sub(1);
+        let ratio = |v: &[(usize, f64, f64)]| -> Option<(f64, f64)> {
+            let pick = |keep: &dyn Fn(usize) -> bool| -> Vec<(f64, f64)> {
+                v.iter().filter(|x| keep(x.0)).map(|x| (x.1, x.2)).collect()
+            };
+            let mut v = pick(&|l| l != 0 && l != last);
+            if v.is_empty() {
+                v = pick(&|l| l != 0);
+            }
+            if v.is_empty() {
+                v = pick(&|_| true);
+            }
+            let (e, p) = v.iter().fold((0.0, 0.0), |a, x| (a.0 + x.0, a.1 + x.1));
+            if !(p > 0.0 && e.is_finite() && p.is_finite()) {
+                return None;
+            }
+            let r = e / p;
+            // The relative spread of the per-tensor ratios around the pooled one.
+            let rs: Vec<f64> = v
+                .iter()
+                .filter(|x| x.1 > 0.0)
+                .map(|x| x.0 / x.1 / r)
+                .collect();
+            let spread = if rs.len() > 1 {
+                let m = rs.iter().sum::<f64>() / rs.len() as f64;
+                (rs.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (rs.len() - 1) as f64).sqrt()
+            } else {
+                0.0
+            };
+            Some((r, spread))
+        };
+        let mut by_type: std::collections::BTreeMap<&str, Vec<(usize, f64, f64)>> =
+            Default::default();
+        for ((_, t), v) in pairs.iter() {
+            by_type.entry(t).or_default().extend(v);
+        }
+        for (it, m, c, kind, ty, proxy) in pending.drain(..) {
+            let (r, spread) = pairs
+                .get(&(kind, ty.clone()))
+                .and_then(|v| ratio(v))
+                .or_else(|| by_type.get(ty.as_str()).and_then(|v| ratio(v)))
+                .unwrap_or((1.0, 1.0));
+            let err = r * proxy;
+            table[it][m][c] = crate::quant::sensitivity::Estimate {
+                err,
+                se: err * spread,
+            };
+        }
+    }
+
+    /// One item's members under each of its candidate types `tys` ([`measure`]); `it` is the
+    /// item's index in the table [`Measurer::finish`] completes.
+    #[allow(clippy::too_many_arguments)]
     pub fn item(
         &mut self,
+        it: usize,
         src: &dyn crate::source::TensorSource,
         plan: &Plan,
         idx: &[usize],
@@ -434,7 +632,22 @@ impl Measurer {
                 (None, Some(v)) => Weighting::Diagonal(v),
                 _ => Weighting::Identity,
             };
-            let mut est = errors(&e.name, &rows, n, n_rows, tys, &w, &mut self.factors, exact)?;
+            let mut est = match (&w, crate::arch::layer_of(&e.name)) {
+                (Weighting::Hessian { h, .. }, Some(l)) if !self.blocks.blocks.all() => {
+                    self.blocks.tensor(
+                        it,
+                        per.len(),
+                        (&e.name, &rows, n, n_rows),
+                        tys,
+                        &w,
+                        h,
+                        l as usize,
+                        &mut self.factors,
+                        exact,
+                    )?
+                }
+                _ => errors(&e.name, &rows, n, n_rows, tys, &w, &mut self.factors, exact)?,
+            };
             let calibrated = !matches!(calib, Calibration::None);
             if calibrated
                 && matches!(w, Weighting::Identity)
@@ -451,6 +664,58 @@ impl Measurer {
             per.push(est);
         }
         Ok(per)
+    }
+}
+
+impl BlockEstimate {
+    /// A dense tensor of block `l` under a Hessian when not every block is measured: in a
+    /// measured block, [`crate::quant::sensitivity::errors`] as always plus the factor types'
+    /// proxies, kept as ratio pairs; in another block, the types without a factor measured and
+    /// the others' proxies left for [`Measurer::finish`] (placeholders in the returned row).
+    #[allow(clippy::too_many_arguments)]
+    fn tensor(
+        &mut self,
+        it: usize,
+        member: usize,
+        (name, rows, n, n_rows): (&str, &[f32], usize, u64),
+        tys: &[TensorType],
+        w: &crate::quant::sensitivity::Weighting,
+        h: &crate::quant::Hessian,
+        l: usize,
+        factors: &mut crate::quant::sensitivity::Factors,
+        exact: usize,
+    ) -> Result<Vec<crate::quant::sensitivity::Estimate>> {
+        use crate::quant::sensitivity::{chunk_width, chunked_ldlq, errors, uses_factor, Estimate};
+        let fac: Vec<usize> = (0..tys.len()).filter(|&c| uses_factor(tys[c], w)).collect();
+        let ftys: Vec<TensorType> = fac.iter().map(|&c| tys[c]).collect();
+        let crate::quant::sensitivity::Weighting::Hessian { ldlq, .. } = w else {
+            return Err(Error::internal("a block estimate without a Hessian"));
+        };
+        let b = chunk_width(n, &ftys, self.blocks.chunk);
+        let proxy = chunked_ldlq(name, rows, n, n_rows, &ftys, h, *ldlq, b, exact)?;
+        let kind = kind_of(name).to_string();
+        if self.blocks.exact(l) {
+            let est = errors(name, rows, n, n_rows, tys, w, factors, exact)?;
+            for (&c, p) in fac.iter().zip(&proxy) {
+                self.pairs
+                    .entry((kind.clone(), tys[c].name().to_string()))
+                    .or_default()
+                    .push((l, est[c].err, *p));
+            }
+            return Ok(est);
+        }
+        let rest: Vec<usize> = (0..tys.len()).filter(|c| !fac.contains(c)).collect();
+        let rtys: Vec<TensorType> = rest.iter().map(|&c| tys[c]).collect();
+        let measured = errors(name, rows, n, n_rows, &rtys, w, factors, exact)?;
+        let mut est = vec![Estimate { err: 0.0, se: 0.0 }; tys.len()];
+        for (&c, m) in rest.iter().zip(measured) {
+            est[c] = m;
+        }
+        for (&c, p) in fac.iter().zip(proxy) {
+            self.pending
+                .push((it, member, c, kind.clone(), tys[c].name().to_string(), p));
+        }
+        Ok(est)
     }
 }
 
@@ -794,5 +1059,32 @@ mod tests {
         let tie = vec![vec![(5, 1.0), (5, 1.0)]];
         assert_eq!(solve(&tie, 5, 100).unwrap().choice, vec![0]);
         assert_eq!(solve(&items, 1000, 3), solve(&items, 1000, 3));
+    }
+
+    /// `--mix-exact-blocks K`: K distinct, evenly spaced blocks, the first and the last among
+    /// them; 0 or K ≥ the block count: all.
+    #[test]
+    fn exact_blocks_are_evenly_spaced_with_both_ends() {
+        let on = |count, n_layer| -> Vec<usize> {
+            let e = ExactBlocks {
+                count,
+                n_layer,
+                chunk: CHUNK,
+            };
+            (0..n_layer).filter(|&l| e.exact(l)).collect()
+        };
+        assert_eq!(on(8, 32), [0, 4, 9, 13, 18, 22, 27, 31]);
+        assert_eq!(on(2, 80), [0, 79]);
+        assert_eq!(on(1, 30), [15]);
+        assert_eq!(on(0, 30).len(), 30);
+        assert_eq!(on(30, 30).len(), 30);
+        assert_eq!(on(40, 30).len(), 30);
+        for n_layer in 2..100 {
+            for count in 2..n_layer {
+                let v = on(count, n_layer);
+                assert_eq!(v.len(), count, "{count} of {n_layer}");
+                assert_eq!((v[0], v[count - 1]), (0, n_layer - 1));
+            }
+        }
     }
 }

@@ -379,6 +379,86 @@ fn factor_key(ty: TensorType, w: &Weighting) -> Option<String> {
     ))
 }
 
+/// Whether `ty` is measured with an LDLQ factor under `w`: the measurements whose cost grows with
+/// the Hessian's width cubed (the factor) and its square per row (the sweep).
+pub(crate) fn uses_factor(ty: TensorType, w: &Weighting) -> bool {
+    factor_key(ty, w).is_some()
+}
+
+/// The column width of [`chunked_ldlq`]'s diagonal blocks for rows of `n` under `types`: the
+/// widest divisor of `n` up to `target` that is a multiple of every type's block (a k-quant's
+/// 256, a legacy type's 32); `n` itself when none is.
+pub(crate) fn chunk_width(n: usize, types: &[TensorType], target: usize) -> usize {
+    let unit = types
+        .iter()
+        .map(|t| t.block_size())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    (1..=target.min(n) / unit)
+        .rev()
+        .map(|m| m * unit)
+        .find(|b| n.is_multiple_of(*b))
+        .unwrap_or(n)
+}
+
+/// A cheap stand-in for [`errors`] of the types measured with a factor, for the blocks the
+/// sensitivity does not measure with LDLQ (`plan::mix::ExactBlocks`): the Hessian cut to its
+/// diagonal blocks of `b` columns ([`chunk_width`]), each block of the sampled rows quantized
+/// with LDLQ under its own block (every factor key, refits and act order as convert has them;
+/// `exact` rows of them, the rest by [`errors`]' ratio estimate) and scored under it. The cross-block part of LDLQ's feedback and of the error is dropped,
+/// so it is biased against the whole-Hessian measurement; the caller corrects the bias with the
+/// ratio of the two on the same tensor kind where both are measured. Cost per type:
+/// factors of `n/b` blocks of `b²` and a sweep of `k·n·b`, where [`errors`] costs one
+/// factorization of `n²` per factor key and `k·n²` per type. Deterministic (as [`errors`]).
+pub(crate) fn chunked_ldlq(
+    name: &str,
+    rows: &[f32],
+    n: usize,
+    n_rows: u64,
+    types: &[TensorType],
+    h: &Hessian,
+    ldlq: super::LdlqSettings,
+    b: usize,
+    exact: usize,
+) -> Result<Vec<f64>> {
+    let k = rows.len() / n.max(1);
+    let mut sum = vec![0f64; types.len()];
+    if k == 0 || h.n != n || !n.is_multiple_of(b) {
+        return Ok(sum);
+    }
+    for c in (0..n).step_by(b) {
+        let mut sub = Hessian {
+            tensors: h.tensors.clone(),
+            n: b,
+            h: vec![0f64; b * b],
+            tokens: h.tokens,
+        };
+        for i in 0..b {
+            sub.h[i * b..(i + 1) * b].copy_from_slice(&h.h[(c + i) * n + c..(c + i) * n + c + b]);
+        }
+        let part: Vec<f32> = rows
+            .chunks(n)
+            .flat_map(|r| r[c..c + b].iter().copied())
+            .collect();
+        let w = Weighting::Hessian { h: &sub, ldlq };
+        let est = errors(
+            name,
+            &part,
+            b,
+            n_rows,
+            types,
+            &w,
+            &mut Factors::new(),
+            exact,
+        )?;
+        for (s, e) in sum.iter_mut().zip(est) {
+            *s += e.err;
+        }
+    }
+    Ok(sum)
+}
+
 /// The bytes convert writes for `rows` (the one encoder path, chosen as convert chooses).
 pub(crate) fn encode(
     name: &str,
@@ -701,5 +781,21 @@ mod tests {
         for w in e.windows(2) {
             assert!(w[1].err < w[0].err, "{e:?}");
         }
+    }
+
+    /// The estimate's diagonal blocks: the widest divisor of the row up to the target that holds
+    /// whole blocks of every type; the row itself when none does.
+    #[test]
+    fn chunk_widths() {
+        use TensorType::*;
+        let k = [Q4K, Q8_0];
+        assert_eq!(chunk_width(4096, &k, 512), 512);
+        assert_eq!(chunk_width(11008, &k, 512), 256);
+        assert_eq!(chunk_width(28672, &k, 512), 512);
+        assert_eq!(chunk_width(1536, &k, 512), 512);
+        assert_eq!(chunk_width(576, &[Q8_0, Q4_0], 512), 288);
+        assert_eq!(chunk_width(256, &[Q8_0], 64), 64);
+        assert_eq!(chunk_width(256, &k, 64), 256);
+        assert_eq!(chunk_width(172, &[F16], 512), 172);
     }
 }

@@ -33,6 +33,8 @@ pub struct MixOpts<'a> {
     pub rows: usize,
     /// Of `rows`, those quantized with LDLQ (`--mix-exact-rows`; the rest by the ratio estimate).
     pub exact_rows: usize,
+    /// Blocks measured with LDLQ (`--mix-exact-blocks`; 0: all): [`mix::ExactBlocks`].
+    pub exact_blocks: usize,
     /// Text for the KLD fit (and `--verify`); None: no KLD prediction.
     pub kld_text: Option<&'a Path>,
     pub kld_windows: usize,
@@ -211,17 +213,28 @@ pub fn choose(
         rows: o.rows,
         exact: o.exact_rows,
     };
+    let blocks = mix::ExactBlocks::of_plan(o.exact_blocks, plan);
+    if cached.is_none() && !blocks.all() && !o.quiet {
+        let l = blocks.list();
+        eprintln!(
+            "tq: mix: sensitivity with LDLQ in {} of {} blocks ({}); the other blocks' tensors estimated from {}-column diagonal blocks of their Hessians, scaled by the measured blocks' ratios (--mix-exact-blocks)",
+            l.len(),
+            blocks.n_layer,
+            l.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(", "),
+            blocks.chunk
+        );
+    }
     let mut table = match &cached {
         Some(m) => m.table.clone(),
         None => {
             let mut pb = super::progress::steps(o.quiet, items.len() as u64, "sensitivity");
             let t = match (calib, o.stream) {
                 (Calibration::Stream(_), Some(s)) => {
-                    s.sensitivity(src, plan, &items, sample, &mut |d| {
+                    s.sensitivity(src, plan, &items, sample, blocks, &mut |d| {
                         pb.set_position(d as u64)
                     })?
                 }
-                _ => mix::measure(src, plan, &items, calib, sample, &|d, _| {
+                _ => mix::measure(src, plan, &items, calib, sample, blocks, &|d, _| {
                     pb.set_position(d as u64)
                 })?,
             };
@@ -653,6 +666,7 @@ pub(crate) fn run(
         types: a.types.as_deref(),
         rows: a.mix_rows.max(1),
         exact_rows: a.mix_exact_rows.max(1),
+        exact_blocks: a.mix_exact_blocks,
         kld_text: job.kld_text.as_deref(),
         kld_windows: a.kld_windows,
         probes: a.kld_probes,
@@ -722,10 +736,11 @@ fn cache_key(job: &Job) -> Result<cache::Key> {
         (
             "settings",
             format!(
-                "profile {} mix-rows {} per 4096 elements exact {} ldlq band {} damp {} refit {} shrink {} act {} tq {}",
+                "profile {} mix-rows {} per 4096 elements exact {} exact-blocks {} ldlq band {} damp {} refit {} shrink {} act {} tq {}",
                 job.profile.name,
                 a.mix_rows.max(1),
                 a.mix_exact_rows.max(1).min(a.mix_rows.max(1)),
+                a.mix_exact_blocks,
                 l.band_label(),
                 l.damp_label(),
                 l.refit,

@@ -167,6 +167,7 @@ impl TextStream {
         plan: &crate::plan::Plan,
         items: &[(Vec<usize>, Vec<crate::types::TensorType>)],
         sample: crate::quant::sensitivity::Sample,
+        exact: crate::plan::mix::ExactBlocks,
         progress: &mut dyn FnMut(usize),
     ) -> Result<crate::plan::mix::Table> {
         use crate::plan::mix::{Calibration, Measurer};
@@ -177,13 +178,20 @@ impl TextStream {
             .collect::<Result<_>>()?;
         let mut table: Vec<Option<Vec<Vec<crate::quant::sensitivity::Estimate>>>> =
             vec![None; items.len()];
-        let mut m = Measurer::default();
+        let mut m = Measurer::new(exact);
         let mut done = 0;
         let empty = Hessians::default();
         for (it, (idx, tys)) in items.iter().enumerate() {
             if blocks[it].is_none() {
-                table[it] =
-                    Some(m.item(src, plan, idx, tys, &Calibration::Memory(&empty), sample)?);
+                table[it] = Some(m.item(
+                    it,
+                    src,
+                    plan,
+                    idx,
+                    tys,
+                    &Calibration::Memory(&empty),
+                    sample,
+                )?);
                 done += 1;
                 progress(done);
             }
@@ -192,8 +200,15 @@ impl TextStream {
             self.pass("sensitivity", &mut |l, hs| {
                 for (it, (idx, tys)) in items.iter().enumerate() {
                     if blocks[it] == Some(l) {
-                        table[it] =
-                            Some(m.item(src, plan, idx, tys, &Calibration::Memory(hs), sample)?);
+                        table[it] = Some(m.item(
+                            it,
+                            src,
+                            plan,
+                            idx,
+                            tys,
+                            &Calibration::Memory(hs),
+                            sample,
+                        )?);
                         done += 1;
                         progress(done);
                     }
@@ -201,10 +216,12 @@ impl TextStream {
                 Ok(())
             })?;
         }
-        table
+        let mut table = table
             .into_iter()
             .map(|t| t.ok_or_else(|| Error::internal("a mix item was not measured in its block")))
-            .collect()
+            .collect::<Result<_>>()?;
+        m.finish(&mut table);
+        Ok(table)
     }
 }
 
@@ -235,7 +252,14 @@ mod tests {
         // 4 of the 32 rows with LDLQ: the ratio estimate, as the default.
         let sample = crate::quant::sensitivity::Sample { rows: 32, exact: 4 };
         let streamed = ts
-            .sensitivity(src.as_ref(), &plan, &items, sample, &mut |_| {})
+            .sensitivity(
+                src.as_ref(),
+                &plan,
+                &items,
+                sample,
+                mix::ExactBlocks::ALL,
+                &mut |_| {},
+            )
             .unwrap();
         assert_eq!(ts.passes.get(), 1);
         let hs = calibrate_text(&model, &profile, &text, &o).unwrap();
@@ -245,6 +269,7 @@ mod tests {
             &items,
             &Calibration::Memory(&hs),
             sample,
+            mix::ExactBlocks::ALL,
             &|_, _| {},
         )
         .unwrap();
@@ -272,5 +297,89 @@ mod tests {
             "{} of {total}",
             ts.peak_bytes()
         );
+    }
+
+    /// Two of three blocks measured (`--mix-exact-blocks 2`: blocks 0 and 2): the streamed and
+    /// the in-memory tables agree bit for bit (the estimate does not depend on the order the
+    /// items are measured in), the measured blocks' entries and every type without a factor are
+    /// the all-blocks table's, and block 1's factor types are estimated from 64-column diagonal
+    /// blocks within 2× of their measurement, each tensor's types in the measured order (but near
+    /// ties).
+    #[test]
+    fn two_of_three_blocks_measured_and_the_third_estimated() {
+        let dir = tempfile::tempdir().unwrap();
+        let (model, text, o) = crate::calib::input::tiny_model_and_text(dir.path());
+        let profile = Profile::default();
+        let src = crate::source::open(&model, &profile).unwrap();
+        let req = crate::plan::Request::new(
+            crate::types::TensorType::Q4K,
+            &crate::plan::recipe::RECIPES[0],
+        );
+        let plan = crate::plan::plan(src.tensors(), &req, &profile).unwrap();
+        use crate::types::TensorType::*;
+        let tys = [Q4_0, IQ4NL, Q5_0, Q8_0, F16];
+        let items = mix::items(&plan, &tys, &profile);
+        let sample = crate::quant::sensitivity::Sample { rows: 32, exact: 4 };
+        let exact = mix::ExactBlocks {
+            count: 2,
+            chunk: 64,
+            ..mix::ExactBlocks::of_plan(2, &plan)
+        };
+        assert_eq!(exact.n_layer, 3);
+        assert_eq!(
+            (0..3).map(|l| exact.exact(l)).collect::<Vec<_>>(),
+            [true, false, true]
+        );
+        let ts = TextStream::new(&model, &profile, &text, &o).unwrap();
+        let streamed = ts
+            .sensitivity(src.as_ref(), &plan, &items, sample, exact, &mut |_| {})
+            .unwrap();
+        let hs = calibrate_text(&model, &profile, &text, &o).unwrap();
+        let cal = Calibration::Memory(&hs);
+        let measure = |e| mix::measure(src.as_ref(), &plan, &items, &cal, sample, e, &|_, _| {});
+        let (est, all) = (
+            measure(exact).unwrap(),
+            measure(mix::ExactBlocks::ALL).unwrap(),
+        );
+        let bits = |t: &mix::Table| -> Vec<u64> {
+            t.iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.err.to_bits())
+                .collect()
+        };
+        assert_eq!(bits(&streamed), bits(&est));
+        let mut estimated = 0;
+        for ((idx, _), (pe, pa)) in items.iter().zip(est.iter().zip(&all)) {
+            for (&i, (me, ma)) in idx.iter().zip(pe.iter().zip(pa)) {
+                let name = &plan.entries[i].name;
+                let in_1 = crate::arch::layer_of(name) == Some(1);
+                for (k, (e, a)) in me.iter().zip(ma).enumerate() {
+                    if !in_1 || tys[k] == F16 {
+                        assert_eq!(e.err.to_bits(), a.err.to_bits(), "{name} {}", tys[k]);
+                        continue;
+                    }
+                    estimated += 1;
+                    let r = e.err / a.err;
+                    assert!(
+                        (0.5..2.0).contains(&r),
+                        "{name} {}: {} vs {}",
+                        tys[k],
+                        e.err,
+                        a.err
+                    );
+                }
+                // Types 20 % apart or more keep their order (near ties, here q4_0 and
+                // iq4_nl, may swap).
+                for x in 0..ma.len() {
+                    for y in 0..ma.len() {
+                        if ma[x].err < 0.8 * ma[y].err {
+                            assert!(me[x].err < me[y].err, "{name}: {} {}", tys[x], tys[y]);
+                        }
+                    }
+                }
+            }
+        }
+        assert!(estimated >= 7 * 4, "{estimated}");
     }
 }

@@ -462,11 +462,14 @@ pub struct Measurer {
     blocks: BlockEstimate,
 }
 
+/// Per (tensor kind, type name): each measured tensor's (block, measured error, proxy).
+type Pairs = std::collections::BTreeMap<(String, String), Vec<(usize, f64, f64)>>;
+
 /// The state of the estimate for blocks not measured ([`Measurer`]).
 struct BlockEstimate {
     blocks: ExactBlocks,
     /// Per (tensor kind, type name): each measured tensor's (block, measured error, proxy).
-    pairs: std::collections::BTreeMap<(String, String), Vec<(usize, f64, f64)>>,
+    pairs: Pairs,
     /// Estimates to finish: (item, member, candidate, kind, type name, proxy).
     pending: Vec<(usize, usize, usize, String, String, f64)>,
 }

@@ -411,6 +411,7 @@ pub(crate) fn chunk_width(n: usize, types: &[TensorType], target: usize) -> usiz
 /// ratio of the two on the same tensor kind where both are measured. Cost per type:
 /// factors of `n/b` blocks of `b²` and a sweep of `k·n·b`, where [`errors`] costs one
 /// factorization of `n²` per factor key and `k·n²` per type. Deterministic (as [`errors`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn chunked_ldlq(
     name: &str,
     rows: &[f32],

@@ -232,13 +232,18 @@ mod tests {
     use crate::plan::mix::{self, Calibration};
     use crate::types::profile::Profile;
 
-    /// The streamed sensitivity pass holds one block's Hessians at a time (the most bytes alive
-    /// is the largest block's, below the model's) and gives the table of the in-memory pass over
-    /// all Hessians, bit for bit, in one calibration pass.
-    #[test]
-    fn sensitivity_holds_one_block_and_equals_the_in_memory_table() {
-        let dir = tempfile::tempdir().unwrap();
-        let (model, text, o) = crate::calib::input::tiny_model_and_text(dir.path());
+    /// The 3-block fixture model, its calibration text and its q4_K plan.
+    struct Tiny {
+        model: std::path::PathBuf,
+        text: std::path::PathBuf,
+        o: crate::calib::input::TextOptions,
+        profile: Profile,
+        src: Box<dyn crate::source::TensorSource>,
+        plan: crate::plan::Plan,
+    }
+
+    fn tiny(dir: &Path) -> Tiny {
+        let (model, text, o) = crate::calib::input::tiny_model_and_text(dir);
         let profile = Profile::default();
         let src = crate::source::open(&model, &profile).unwrap();
         let req = crate::plan::Request::new(
@@ -246,6 +251,30 @@ mod tests {
             &crate::plan::recipe::RECIPES[0],
         );
         let plan = crate::plan::plan(src.tensors(), &req, &profile).unwrap();
+        Tiny {
+            model,
+            text,
+            o,
+            profile,
+            src,
+            plan,
+        }
+    }
+
+    /// The streamed sensitivity pass holds one block's Hessians at a time (the most bytes alive
+    /// is the largest block's, below the model's) and gives the table of the in-memory pass over
+    /// all Hessians, bit for bit, in one calibration pass.
+    #[test]
+    fn sensitivity_holds_one_block_and_equals_the_in_memory_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let Tiny {
+            model,
+            text,
+            o,
+            profile,
+            src,
+            plan,
+        } = tiny(dir.path());
         use crate::types::TensorType::*;
         let items = mix::items(&plan, &[Q2K, Q4K, IQ4XS, Q8_0], &profile);
         let ts = TextStream::new(&model, &profile, &text, &o).unwrap();
@@ -308,14 +337,14 @@ mod tests {
     #[test]
     fn two_of_three_blocks_measured_and_the_third_estimated() {
         let dir = tempfile::tempdir().unwrap();
-        let (model, text, o) = crate::calib::input::tiny_model_and_text(dir.path());
-        let profile = Profile::default();
-        let src = crate::source::open(&model, &profile).unwrap();
-        let req = crate::plan::Request::new(
-            crate::types::TensorType::Q4K,
-            &crate::plan::recipe::RECIPES[0],
-        );
-        let plan = crate::plan::plan(src.tensors(), &req, &profile).unwrap();
+        let Tiny {
+            model,
+            text,
+            o,
+            profile,
+            src,
+            plan,
+        } = tiny(dir.path());
         use crate::types::TensorType::*;
         let tys = [Q4_0, IQ4NL, Q5_0, Q8_0, F16];
         let items = mix::items(&plan, &tys, &profile);

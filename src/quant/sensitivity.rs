@@ -406,9 +406,10 @@ pub(crate) fn chunk_width(n: usize, types: &[TensorType], target: usize) -> usiz
 /// sensitivity does not measure with LDLQ (`plan::mix::ExactBlocks`): the Hessian cut to its
 /// diagonal blocks of `b` columns ([`chunk_width`]), each block of the sampled rows quantized
 /// with LDLQ under its own block (every factor key, refits and act order as convert has them;
-/// `exact` rows of them, the rest by [`errors`]' ratio estimate) and scored under it. The cross-block part of LDLQ's feedback and of the error is dropped,
-/// so it is biased against the whole-Hessian measurement; the caller corrects the bias with the
-/// ratio of the two on the same tensor kind where both are measured. Cost per type:
+/// `exact` rows of them, the rest by [`errors`]' ratio estimate) and scored under it. The
+/// cross-block part of LDLQ's feedback and of the error is dropped, so it is biased against the
+/// whole-Hessian measurement; the caller corrects the bias with the ratio of the two on the same
+/// tensor kind where both are measured. Cost per type:
 /// factors of `n/b` blocks of `b²` and a sweep of `k·n·b`, where [`errors`] costs one
 /// factorization of `n²` per factor key and `k·n²` per type. Deterministic (as [`errors`]).
 #[allow(clippy::too_many_arguments)]

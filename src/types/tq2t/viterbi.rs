@@ -498,17 +498,7 @@ pub(super) mod tests {
                 let mut sc = Scratch::new(l, 1);
                 let dc: Vec<f32> = codebook(l).iter().map(|c| 0.7 * c).collect();
                 for trial in 0..20 {
-                    let mut cost: Vec<f32> = (0..ns).map(|_| (g.gauss() as f32).abs()).collect();
-                    for p in 0..q {
-                        match g.next_u64() % 5 {
-                            // Ties: some predecessors equal, in every position pattern.
-                            0 => cost[p + q] = cost[p],
-                            1 => cost[p + 3 * q] = cost[p + 2 * q],
-                            2 => cost[p + 2 * q] = cost[p + q],
-                            3 => (1..4).for_each(|t| cost[p + t * q] = f32::INFINITY),
-                            _ => (0..4).for_each(|t| cost[p + t * q] = f32::INFINITY),
-                        }
-                    }
+                    let cost = tied_costs(&mut g, ns, 5);
                     let xi = g.gauss() as f32;
                     let wi = if trial % 2 == 0 {
                         1.0
@@ -592,6 +582,25 @@ pub(super) mod tests {
         }
     }
 
+    /// Costs of `ns` states for a step's tests: |Gaussian|, and per predecessor group one of
+    /// `cases` patterns drawn from `g`: ties between predecessors in every position pattern (0–2),
+    /// three or all four predecessors infinite (3, 4), untouched (5 and up).
+    fn tied_costs(g: &mut SplitMix64, ns: usize, cases: u64) -> Vec<f32> {
+        let q = ns / 4;
+        let mut cost: Vec<f32> = (0..ns).map(|_| (g.gauss() as f32).abs()).collect();
+        for p in 0..q {
+            match g.next_u64() % cases {
+                0 => cost[p + q] = cost[p],
+                1 => cost[p + 3 * q] = cost[p + 2 * q],
+                2 => cost[p + 2 * q] = cost[p + q],
+                3 => (1..4).for_each(|t| cost[p + t * q] = f32::INFINITY),
+                4 => (0..4).for_each(|t| cost[p + t * q] = f32::INFINITY),
+                _ => {}
+            }
+        }
+        cost
+    }
+
     /// The fused two-step kernel is two portable steps bit for bit: both steps' back pointers
     /// and the final costs, with ties between predecessors in every pattern and infinite costs
     /// at the input, ties in the middle (a codebook with repeated words: equal successors), unit
@@ -613,17 +622,7 @@ pub(super) mod tests {
                         }
                     }
                     let dc: Vec<f32> = cb.iter().map(|c| 0.8 * c).collect();
-                    let mut cost: Vec<f32> = (0..ns).map(|_| (g.gauss() as f32).abs()).collect();
-                    for p in 0..q {
-                        match g.next_u64() % 6 {
-                            0 => cost[p + q] = cost[p],
-                            1 => cost[p + 3 * q] = cost[p + 2 * q],
-                            2 => cost[p + 2 * q] = cost[p + q],
-                            3 => (1..4).for_each(|t| cost[p + t * q] = f32::INFINITY),
-                            4 => (0..4).for_each(|t| cost[p + t * q] = f32::INFINITY),
-                            _ => {}
-                        }
-                    }
+                    let cost = tied_costs(&mut g, ns, 6);
                     let w = |k: usize, g: &mut SplitMix64| {
                         if (trial >> k) % 2 == 0 {
                             1.0

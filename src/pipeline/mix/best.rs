@@ -15,31 +15,24 @@
 //! the evaluator are.
 
 use super::cache::PlanTypes;
-use super::probe::{Probes, Sample, Stage, Substitute};
+pub(super) use super::measured::Candidate;
+use super::measured::{extrapolation, measure, plan_elements, plan_key, sampling, Scope};
+use super::probe::plan_blocks;
 use super::report::{MixReport, Tried};
 use super::store::Store;
 use super::MixOpts;
 use crate::error::{Error, Result};
-use crate::gguf::GgufFile;
 use crate::plan::mix::{self, Calibration};
 use crate::plan::{preset, Action, Plan};
 use crate::source::TensorSource;
 use crate::types::profile::Profile;
 use crate::types::TensorType;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
 
 /// How many of the largest llama.cpp presets that fit the target are measured (a smaller
 /// preset of the same family is rarely better per byte, and each costs one encode + one pass).
 pub(super) const PRESETS_MEASURED: usize = 3;
-
-/// One candidate plan: its name in the report and the plan (the mix's plan with its items'
-/// types changed).
-pub(super) struct Candidate {
-    pub name: String,
-    pub plan: Plan,
-}
 
 /// Set entry `i` of `plan` to `ty` as the planner would (action, bytes, reason).
 fn set_type(plan: &mut Plan, i: usize, ty: TensorType, why: &str) -> Result<()> {
@@ -178,23 +171,6 @@ pub(super) fn upgrade(
     changed.then_some(q)
 }
 
-/// The plan's types as one key (`name=type;…`), hashed: what the mix cache stores a measured
-/// plan's KLD under. A plan measured on row samples (`cap`, [`measure`]) holds a different
-/// estimate than one measured whole, so its key carries the cap (`;rows>N`).
-pub(super) fn plan_key(plan: &Plan, cap: Option<u64>) -> String {
-    let mut s = String::new();
-    for e in &plan.entries {
-        s.push_str(&e.name);
-        s.push('=');
-        s.push_str(e.dst.name());
-        s.push(';');
-    }
-    if let Some(c) = cap {
-        s.push_str(&format!("rows>{c}"));
-    }
-    blake3::hash(s.as_bytes()).to_hex().to_string()
-}
-
 /// The suffix of a candidate taken from the cache's plans of another size.
 const KEPT: &str = " (measured at another size)";
 
@@ -205,7 +181,7 @@ fn best_kept(
     plan: &Plan,
     kept: &BTreeMap<String, PlanTypes>,
     known: &BTreeMap<String, f64>,
-    cap: Option<u64>,
+    scope: &Scope,
     cands: &[Candidate],
     fits: &dyn Fn(&Plan) -> bool,
 ) -> Option<Candidate> {
@@ -226,7 +202,7 @@ fn best_kept(
             }
         }
         if !ok
-            || plan_key(&q, cap) != *k
+            || plan_key(&q, scope) != *k
             || cands.iter().any(|c| super::same_types(&c.plan, &q))
             || !fits(&q)
         {
@@ -240,254 +216,6 @@ fn best_kept(
         best = Some((kld, Candidate { name, plan: q }));
     }
     best.map(|(_, c)| c)
-}
-
-/// Elements above which a measured plan's tensor is encoded on a row sample: the probes' cap
-/// ([`super::probe::probe_elements`]), or `TQ_PLAN_ELEMENTS` when set to a positive integer (a
-/// measurement knob: compare sampled and whole measurements of the same plans).
-pub(super) fn plan_elements() -> u64 {
-    std::env::var("TQ_PLAN_ELEMENTS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or_else(super::probe::probe_elements)
-}
-
-/// The row-sample cap the plans of `items` are measured under: `cap` when one of the mixed
-/// tensors is over it and has a Hessian under `calib` (so some plan is measured on a sample),
-/// else None (every tensor whole, keys as before).
-pub(super) fn sampling(
-    plan: &Plan,
-    items: &[(Vec<usize>, Vec<TensorType>)],
-    calib: &Calibration,
-    cap: u64,
-) -> Option<u64> {
-    items
-        .iter()
-        .flat_map(|(idx, _)| idx)
-        .any(|&i| {
-            let e = &plan.entries[i];
-            e.dims.len() == 2
-                && e.dims.iter().product::<u64>() > cap
-                && super::fit::group_of(calib, &e.name).is_some()
-        })
-        .then_some(cap)
-}
-
-/// One (tensor, type) of a stage, encoded once for every plan that holds it.
-enum Enc {
-    Whole(Arc<Vec<u8>>),
-    Rows(super::probe::RowProbe),
-}
-
-/// The plan as convert executes it: LDLQ or imatrix marks from the calibration.
-fn marked(plan: &Plan, calib: &Calibration) -> Plan {
-    let mut p = plan.clone();
-    super::fit::mark(&mut p, calib);
-    p
-}
-
-/// Measure each candidate's whole-plan KLD on `windows` windows against `ref_logits` (the
-/// input's logits); `known` holds KLDs measured before (the mix cache, by [`plan_key`]), which are
-/// not measured again. Returns one KLD per candidate and whether it came from `known`.
-///
-/// The plans are run together, block by block ([`Probes::kld_streamed`]), rather than one after
-/// another: a block's tensors are encoded once for every plan that holds the same (tensor, type),
-/// each plan runs that block on its own hidden states, and the encodings are dropped before the
-/// next block. Peak memory is one block's distinct encodings (a few plans' worth of one block)
-/// plus each plan's hidden states (`windows × 512 × n_embd` f32: 16.8 MB per plan for a 7B shape
-/// at 2 windows), never a quantized model; every (tensor, type) is encoded once, as before, and
-/// the input is read once for all plans. One plan after another would either encode shared
-/// tensors again for each plan or hold them across plans (the whole-model memory this replaced).
-///
-/// With `cap` (from [`sampling`]), a tensor over `cap` elements that the plan quantizes with
-/// LDLQ is encoded on the probes' row sample only, its error amplified to stand for the whole
-/// tensor's ([`Sample::Amplified`]); every plan holding that tensor is measured on the same
-/// rows. A 7B tensor then costs 2–6 % of its whole encode (plus its group's LDLQ factors, built
-/// once per group and stage), and each KLD is an estimate of the whole plan's
-/// (docs/bench/scale.md). None: every tensor whole.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn measure(
-    input: &Path,
-    src: &dyn TensorSource,
-    cands: &[Candidate],
-    profile: &Profile,
-    calib: &Calibration,
-    ref_logits: &Path,
-    windows: usize,
-    known: &BTreeMap<String, f64>,
-    quiet: bool,
-    stream: Option<&super::stream::TextStream>,
-    cap: Option<u64>,
-    store: Option<&Store>,
-) -> Result<Vec<(f64, bool)>> {
-    let todo: Vec<usize> = (0..cands.len())
-        .filter(|&k| !known.contains_key(&plan_key(&cands[k].plan, cap)))
-        .collect();
-    if todo.is_empty() {
-        // Every plan's KLD is known (the mix cache): no pass, no calibration pass.
-        return Ok(cands
-            .iter()
-            .map(|c| (known[&plan_key(&c.plan, cap)], true))
-            .collect());
-    }
-    let marked: Vec<Plan> = todo
-        .iter()
-        .map(|&k| marked(&cands[k].plan, calib))
-        .collect();
-    let file = GgufFile::open(input)?;
-    let mut probes = Probes::new(&file, ref_logits, windows)?;
-    // Per plan, the entries it changes by the stage that reads them.
-    let mut by_stage: Vec<BTreeMap<Stage, Vec<usize>>> = vec![];
-    for p in &marked {
-        let mut m: BTreeMap<Stage, Vec<usize>> = BTreeMap::new();
-        for (i, e) in p.entries.iter().enumerate() {
-            if e.action != Action::Copy {
-                for s in probes.stages_of(&e.name) {
-                    m.entry(s).or_default().push(i);
-                }
-            }
-        }
-        by_stage.push(m);
-    }
-    // Progress: each distinct (tensor, type) encoded per stage, and each plan's run of a stage.
-    let mut encodes: BTreeMap<Stage, BTreeSet<(usize, TensorType)>> = BTreeMap::new();
-    for (m, p) in by_stage.iter().zip(&marked) {
-        for (s, idx) in m {
-            let set = encodes.entry(*s).or_default();
-            set.extend(idx.iter().map(|&i| (i, p.entries[i].dst)));
-        }
-    }
-    let n_layer = probes.n_layer() as u64;
-    let total =
-        encodes.values().map(|s| s.len() as u64).sum::<u64>() + marked.len() as u64 * (n_layer + 2);
-    let mut pb = crate::pipeline::progress::steps(quiet, total, "measured plans");
-    let done = std::cell::Cell::new(0u64);
-    let step = || {
-        done.set(done.get() + 1);
-        pb.set_position(done.get());
-    };
-    // A streamed calibration: the block being run's Hessians, moved here for the time of its
-    // stage (the blocks run from inside the calibration pass, below).
-    let cur = std::cell::RefCell::new(crate::quant::Hessians::default());
-    let warned = std::cell::Cell::new(false);
-    // The current stage's encodings, each (tensor, type) once for all plans: whole, or (a tensor
-    // over `cap` elements with a Hessian) its amplified row sample, which each plan turns into
-    // its substitute just before it runs (one tensor copy alive at a time, not one per plan).
-    let mut held: HashMap<(usize, TensorType), Enc> = HashMap::new();
-    let mut subs = |stage: Stage, k: usize| -> Result<Vec<Substitute>> {
-        let hs = cur.borrow();
-        let calib = match calib {
-            Calibration::Stream(_) => &Calibration::Memory(&hs),
-            c => c,
-        };
-        if k == 0 {
-            // The stage's first plan (whether or not it changes anything here): encode what
-            // every plan needs for this stage.
-            held.clear();
-            let mut want: Vec<(Option<String>, TensorType, usize, usize)> = vec![];
-            let mut seen = BTreeSet::new();
-            for (q, (p, mq)) in marked.iter().zip(&by_stage).enumerate() {
-                for &i in mq.get(&stage).map_or(&[][..], |x| x.as_slice()) {
-                    if seen.insert((i, p.entries[i].dst)) {
-                        let g = super::fit::group_of(calib, &p.entries[i].name);
-                        want.push((g, p.entries[i].dst, i, q));
-                    }
-                }
-            }
-            // A Hessian group's encodings in a row, so its LDLQ factors are built once.
-            want.sort();
-            let mut enc = super::fit::ProbeEncoder::default();
-            for (_, ty, i, q) in want {
-                let p = &marked[q];
-                let rows = match cap {
-                    Some(cap) if p.entries[i].ldlq => {
-                        enc.sample(&file, src, p, i, ty, calib, cap, Sample::Amplified)?
-                    }
-                    _ => None,
-                };
-                let e = match rows {
-                    Some(r) => Enc::Rows(r),
-                    None => Enc::Whole(Arc::new(match store.and_then(|s| s.get(p, i)) {
-                        Some(b) => b,
-                        None => {
-                            let b = super::fit::encode_entry(src, p, i, calib)?;
-                            // The store only saves work: a failure to keep is a note.
-                            if let Some(Err(err)) = store.map(|s| s.put(p, i, &b)) {
-                                if !quiet && !warned.replace(true) {
-                                    eprintln!("tq: --mix-cache: an encoding was not kept ({err}); going on without");
-                                }
-                            }
-                            b
-                        }
-                    })),
-                };
-                held.insert((i, ty), e);
-                step();
-            }
-        }
-        let Some(m) = by_stage[k].get(&stage) else {
-            return Ok(vec![]);
-        };
-        let p = &marked[k];
-        m.iter()
-            .map(|&i| {
-                let e = &p.entries[i];
-                match held.get(&(i, e.dst)) {
-                    Some(Enc::Whole(b)) => {
-                        let id = profile.id_of(e.dst).ok_or_else(|| {
-                            Error::internal(format!("{}: no id in the profile", e.dst))
-                        })?;
-                        Ok((e.name.clone(), e.dst, id, b.clone()))
-                    }
-                    Some(Enc::Rows(r)) => r.substitute(&file),
-                    None => Err(Error::internal(format!(
-                        "{} at {}: not encoded for {stage:?}",
-                        e.name, e.dst
-                    ))),
-                }
-            })
-            .collect()
-    };
-    let streamed = match calib {
-        Calibration::Stream(_) => stream,
-        _ => None,
-    };
-    let mut drive = |f: &mut dyn FnMut(usize) -> Result<()>| -> Result<()> {
-        let Some(s) = streamed else {
-            return Err(Error::internal("measured plans: no calibration to stream"));
-        };
-        s.pass("the measured plans", &mut |l, hs| {
-            cur.borrow_mut().groups = std::mem::take(&mut hs.groups);
-            let r = f(l);
-            cur.borrow_mut().groups.clear();
-            r
-        })
-    };
-    let klds = probes.kld_streamed(
-        marked.len(),
-        &mut subs,
-        &step,
-        streamed
-            .is_some()
-            .then_some(&mut drive as super::probe::Driver),
-    )?;
-    pb.finish_and_clear();
-    if let (Some(s), false) = (store, quiet) {
-        let n: usize = encodes.values().map(BTreeSet::len).sum();
-        eprintln!(
-            "tq: --mix-cache: {} of the measured plans' {n} encodings read from {}",
-            s.hits(),
-            s.dir().display()
-        );
-    }
-    let mut measured: HashMap<usize, f64> = todo.iter().copied().zip(klds).collect();
-    Ok((0..cands.len())
-        .map(|k| match measured.remove(&k) {
-            Some(kld) => (kld, false),
-            None => (known[&plan_key(&cands[k].plan, cap)], true),
-        })
-        .collect())
 }
 
 /// The order to try the candidates in: least measured KLD first, ties to the earlier.
@@ -637,10 +365,21 @@ pub(super) fn best_of_few(
             }
         }
     }
-    let cap = sampling(plan, items, b.calib, plan_elements());
+    let scope = Scope {
+        cap: sampling(plan, items, b.calib, plan_elements()),
+        blocks: plan_blocks(b.o.exact_blocks, plan),
+    };
+    if let (Some(bl), false) = (scope.blocks, b.o.quiet) {
+        let l: Vec<String> = bl.list().iter().map(|l| l.to_string()).collect();
+        eprintln!(
+            "tq: mix: the measured plans change the tensors of blocks {} of {} only; each plan's KLD is scaled by its predicted whole over the part measured (--mix-exact-blocks)",
+            l.join(", "),
+            bl.n_layer
+        );
+    }
     // The best plan another size measured (`--mix-cache`) that fits this one: its KLD is known, so
     // it costs no pass, and a larger target never writes worse than a smaller one measured.
-    if let Some(c) = best_kept(plan, kept, known, cap, &cands, &|q| {
+    if let Some(c) = best_kept(plan, kept, known, &scope, &cands, &|q| {
         (b.size_of)(q, rep).is_ok_and(|s| s <= rep.target)
     }) {
         cands.push(c);
@@ -680,10 +419,23 @@ pub(super) fn best_of_few(
         known,
         b.o.quiet,
         b.o.stream,
-        cap,
+        scope,
         store.as_ref(),
     )?;
-    let keys: Vec<String> = cands.iter().map(|c| plan_key(&c.plan, cap)).collect();
+    // A plan measured on some blocks: its KLD stands for the whole plan's by extrapolation (one
+    // known from the cache was scaled when it was measured).
+    let klds: Vec<(f64, bool)> = klds
+        .into_iter()
+        .zip(&cands)
+        .map(|((kld, cached), c)| match cached {
+            true => (kld, true),
+            false => (
+                kld * extrapolation(&c.plan, items, table, direct, alpha_of, &scope),
+                false,
+            ),
+        })
+        .collect();
+    let keys: Vec<String> = cands.iter().map(|c| plan_key(&c.plan, &scope)).collect();
     for (k, c) in keys.iter().zip(&cands) {
         kept.entry(k.clone()).or_insert_with(|| PlanTypes {
             name: c.name.clone(),
@@ -739,7 +491,9 @@ pub(super) fn best_of_few(
 
 #[cfg(test)]
 mod tests {
+    use super::super::measured::marked;
     use super::*;
+    use crate::gguf::GgufFile;
     use crate::calib::input::{calibrate_text, TextOptions};
     use crate::plan::{self, Request};
 
@@ -927,7 +681,7 @@ mod tests {
             &BTreeMap::new(),
             true,
             None,
-            None,
+            Scope::default(),
             Some(&store),
         )
         .unwrap();
@@ -960,7 +714,8 @@ mod tests {
         assert_eq!(ranking(&[k[1], k[0]]), vec![0, 1]);
         // Ties go to the earlier candidate; a known KLD is not measured again.
         assert_eq!(ranking(&[0.5, 0.5, 0.25]), vec![2, 0, 1]);
-        let known: BTreeMap<String, f64> = [(plan_key(&cands[0].plan, None), 7.0)].into();
+        let known: BTreeMap<String, f64> =
+            [(plan_key(&cands[0].plan, &Scope::default()), 7.0)].into();
         let s2 = Store::open(&p("mix-cache.json"), &key).unwrap();
         let again = measure(
             &model,
@@ -973,7 +728,7 @@ mod tests {
             &known,
             true,
             None,
-            None,
+            Scope::default(),
             Some(&s2),
         )
         .unwrap();
@@ -1027,7 +782,7 @@ mod tests {
                 &BTreeMap::new(),
                 true,
                 None,
-                cap,
+                Scope { cap, blocks: None },
                 None,
             )
             .unwrap()
@@ -1039,7 +794,8 @@ mod tests {
         assert_eq!(sampling(plan, &t.items, &calib, 1 << 16), None);
         let cap = sampling(plan, &t.items, &calib, 4096);
         assert_eq!(cap, Some(4096));
-        assert_ne!(plan_key(plan, cap), plan_key(plan, None));
+        let at = |cap| Scope { cap, blocks: None };
+        assert_ne!(plan_key(plan, &at(cap)), plan_key(plan, &Scope::default()));
         let whole = run(None);
         assert_eq!(run(Some(1 << 16)), whole, "no tensor over the cap: whole");
         let sampled = run(cap);
@@ -1062,4 +818,110 @@ mod tests {
 
     /// How far a sampled measurement may be from the whole one on the fixture.
     const FACTOR: f64 = 1.5;
+
+    /// Plans measured on blocks 0 and 2 of 3 (`Scope::blocks`): each measured KLD is, bit for
+    /// bit, that of the plan with block 1's tensors kept as the input's (nothing is encoded
+    /// there); the extrapolated KLD stands for the whole plan's within the factor below, the
+    /// better plan still ranks first, and the key differs from the whole measurement's.
+    #[test]
+    fn plans_measured_on_some_blocks_extrapolate_to_the_whole_plans() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("m.gguf");
+        std::fs::write(&model, crate::gguf_gen::tiny_llama_tok(3, 256, 256).bytes).unwrap();
+        let profile = Profile::default();
+        let t = two_plans(&model, dir.path());
+        let calib = Calibration::Memory(&t.hs);
+        let plan = &t.cands[0].plan;
+        let blocks = mix::ExactBlocks {
+            count: 2,
+            ..mix::ExactBlocks::of_plan(2, plan)
+        };
+        assert_eq!((blocks.n_layer, blocks.list()), (3, vec![0, 2]));
+        let scope = Scope {
+            cap: None,
+            blocks: Some(blocks),
+        };
+        assert_ne!(plan_key(plan, &scope), plan_key(plan, &Scope::default()));
+        let run = |cands: &[Candidate], scope: Scope| -> Vec<f64> {
+            measure(
+                &model,
+                t.src.as_ref(),
+                cands,
+                &profile,
+                &calib,
+                &t.ref_path,
+                2,
+                &BTreeMap::new(),
+                true,
+                None,
+                scope,
+                None,
+            )
+            .unwrap()
+            .into_iter()
+            .map(|k| k.0)
+            .collect()
+        };
+        let part = run(&t.cands, scope);
+        // The same plans with block 1 as the input's, measured whole.
+        let kept: Vec<Candidate> = t
+            .cands
+            .iter()
+            .map(|c| {
+                let mut q = c.plan.clone();
+                for i in 0..q.entries.len() {
+                    if crate::arch::layer_of(&q.entries[i].name) == Some(1) {
+                        let src = q.entries[i].src;
+                        set_type(&mut q, i, src, "input").unwrap();
+                    }
+                }
+                assert!(!super::super::same_types(&q, &c.plan));
+                Candidate {
+                    name: c.name.clone(),
+                    plan: q,
+                }
+            })
+            .collect();
+        assert_eq!(part, run(&kept, Scope::default()), "block 1 as the input's");
+        let whole = run(&t.cands, Scope::default());
+        let table = mix::measure(
+            t.src.as_ref(),
+            plan,
+            &t.items,
+            &calib,
+            crate::quant::sensitivity::Sample {
+                rows: 64,
+                exact: 64,
+            },
+            mix::ExactBlocks::ALL,
+            &|_, _| {},
+        )
+        .unwrap();
+        let direct = vec![None; t.items.len()];
+        let est: Vec<f64> = t
+            .cands
+            .iter()
+            .zip(&part)
+            .map(|(c, k)| {
+                let x = extrapolation(&c.plan, &t.items, &table, &direct, &|_| 1.0, &scope);
+                assert!(x > 1.0, "{}: the part is less than the whole ({x})", c.name);
+                k * x
+            })
+            .collect();
+        for (k, c) in t.cands.iter().enumerate() {
+            let r = est[k] / whole[k];
+            eprintln!(
+                "{}: part {} extrapolated {} whole {} ratio {r}",
+                c.name, part[k], est[k], whole[k]
+            );
+            assert!(
+                (1.0 / FACTOR..FACTOR).contains(&r),
+                "{}: extrapolated {} vs whole {}",
+                c.name,
+                est[k],
+                whole[k]
+            );
+        }
+        assert_eq!(ranking(&est), ranking(&whole));
+    }
 }

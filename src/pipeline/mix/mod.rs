@@ -6,6 +6,7 @@ mod best;
 mod cache;
 mod calibrate;
 mod fit;
+mod measured;
 mod probe;
 mod report;
 mod store;

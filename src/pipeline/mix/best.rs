@@ -493,8 +493,8 @@ pub(super) fn best_of_few(
 mod tests {
     use super::super::measured::marked;
     use super::*;
-    use crate::gguf::GgufFile;
     use crate::calib::input::{calibrate_text, TextOptions};
+    use crate::gguf::GgufFile;
     use crate::plan::{self, Request};
 
     /// A preset's plan with bytes to spare: the upgrade keeps every tensor at its preset type or

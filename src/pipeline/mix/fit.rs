@@ -97,30 +97,18 @@ pub(super) fn fit(
         });
         jobs.push((Job::Probe(j), vec![i], tys[opt]));
     }
-    // Tensors without calibration data: every candidate measured (the source type costs 0). On a
-    // model whose plans are measured on some blocks (wide: `probe::plan_blocks`), where each
-    // token_embd candidate is a whole pass, [`DIRECT_MEASURED`] of them spread over their errors,
-    // the rest interpolated between them ([`fill_direct`]).
-    let few = super::probe::plan_blocks(o.exact_blocks, plan).is_some();
-    let mut measured: Vec<Option<Vec<bool>>> = vec![None; items.len()];
+    // Tensors without calibration data: every candidate measured (the source type costs 0).
     for (it, (idx, tys)) in items.iter().enumerate() {
         if !uncal[it] {
             continue;
         }
-        let free = |c: usize| tys[c] == plan.entries[idx[0]].src && idx.len() == 1;
-        let errs: Vec<f64> = table[it][0].iter().map(|e| e.err).collect();
-        let paid: Vec<usize> = (0..tys.len()).filter(|&c| !free(c)).collect();
-        let n = if few { DIRECT_MEASURED } else { paid.len() };
-        let picks = direct_picks(&errs, &paid, n);
-        for &c in &picks {
-            jobs.push((Job::Direct(it, c), idx.clone(), tys[c]));
+        for (c, &t) in tys.iter().enumerate() {
+            let i = idx[0];
+            if !(t == plan.entries[i].src && idx.len() == 1) {
+                jobs.push((Job::Direct(it, c), idx.clone(), t));
+            }
         }
         direct[it] = Some(vec![0.0; tys.len()]);
-        measured[it] = Some(
-            (0..tys.len())
-                .map(|c| free(c) || picks.contains(&c))
-                .collect(),
-        );
     }
     let file = GgufFile::open(input)?;
     let mut probes = Probes::new(&file, &ref_path, o.kld_windows)?;
@@ -200,12 +188,6 @@ pub(super) fn fit(
         pb.set_position(done as u64 + 1);
     }
     pb.finish_and_clear();
-    for (it, m) in measured.iter().enumerate() {
-        if let (Some(m), Some(d)) = (m, direct[it].as_mut()) {
-            let errs: Vec<f64> = table[it][0].iter().map(|e| e.err).collect();
-            fill_direct(&errs, d, m);
-        }
-    }
     for (it, (idx, tys)) in items.iter().enumerate() {
         if let Some(d) = &direct[it] {
             for (&t, &k) in tys.iter().zip(d) {
@@ -259,72 +241,6 @@ pub(super) fn fit(
     rep.role_alpha = role_ln.into_iter().map(|(r, l)| (r, l.exp())).collect();
     guard.0 = None;
     Ok(())
-}
-
-/// Candidates measured whole per tensor without a Hessian on a wide model ([`fit`]): each is a
-/// pass over the whole model for token_embd (≈ 128 CPU-s on a 7B at 2 windows), and a tensor's
-/// KLD follows its error smoothly enough to interpolate between five (docs/bench/scale.md).
-pub(super) const DIRECT_MEASURED: usize = 5;
-
-/// `n` of the candidates `paid` spread evenly over their order by error (`errs`), the smallest
-/// and the largest error among them; all of them when there are no more than `n`. In candidate
-/// order.
-pub(super) fn direct_picks(errs: &[f64], paid: &[usize], n: usize) -> Vec<usize> {
-    if paid.len() <= n || n == 0 {
-        return if n == 0 { vec![] } else { paid.to_vec() };
-    }
-    let mut by: Vec<usize> = paid.to_vec();
-    by.sort_by(|&a, &b| errs[a].total_cmp(&errs[b]).then(a.cmp(&b)));
-    let m = by.len() - 1;
-    let mut out: Vec<usize> = if n == 1 {
-        vec![by[m / 2]]
-    } else {
-        (0..n)
-            .map(|j| by[(2 * j * m + n - 1) / (2 * (n - 1))])
-            .collect()
-    };
-    out.sort_unstable();
-    out.dedup();
-    out
-}
-
-/// The KLDs of the candidates not `measured`, from those measured: `ln(kld / err)` linear in
-/// `ln err` between the two measured candidates nearest in error, the nearest one's beyond them
-/// (measured candidates with a zero error or KLD, the source type's, are not used). Without a
-/// usable measurement, the largest measured KLD (a candidate is never priced as free by guess).
-pub(super) fn fill_direct(errs: &[f64], kld: &mut [f64], measured: &[bool]) {
-    let mut at: Vec<(f64, f64)> = (0..kld.len())
-        .filter(|&c| measured[c] && errs[c] > 0.0 && kld[c] > 0.0)
-        .map(|c| (errs[c].ln(), (kld[c] / errs[c]).ln()))
-        .collect();
-    at.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let most = (0..kld.len())
-        .filter(|&c| measured[c])
-        .map(|c| kld[c])
-        .fold(0.0, f64::max);
-    for c in 0..kld.len() {
-        if measured[c] {
-            continue;
-        }
-        if at.is_empty() || errs[c] <= 0.0 || !errs[c].is_finite() {
-            kld[c] = if at.is_empty() {
-                most
-            } else {
-                (at[0].0 + at[0].1).exp()
-            };
-            continue;
-        }
-        let x = errs[c].ln();
-        let r = match at.iter().position(|p| p.0 >= x) {
-            None => at[at.len() - 1].1,
-            Some(0) => at[0].1,
-            Some(j) => {
-                let (a, b) = (at[j - 1], at[j]);
-                a.1 + (b.1 - a.1) * (x - a.0) / (b.0 - a.0)
-            }
-        };
-        kld[c] = (x + r).exp();
-    }
 }
 
 /// Removes its folder when dropped, unless emptied first.
@@ -695,51 +611,6 @@ pub(super) fn write_plan(
 mod tests {
     use super::*;
     use crate::calib::input::calibrate_text;
-
-    /// Five of 17 candidates: the smallest and largest error among them, spread between, in
-    /// candidate order; all when there are no more; a free candidate is never among them.
-    #[test]
-    fn direct_picks_span_the_errors() {
-        // Errors out of candidate order: candidate c has error (c·7 mod 17) + 1.
-        let errs: Vec<f64> = (0..18).map(|c| ((c * 7) % 17 + 1) as f64).collect();
-        let paid: Vec<usize> = (0..17).collect(); // candidate 17 is the free one
-        let p = direct_picks(&errs, &paid, 5);
-        let e: Vec<f64> = p.iter().map(|&c| errs[c]).collect();
-        let mut sorted = e.clone();
-        sorted.sort_by(f64::total_cmp);
-        assert_eq!(sorted, vec![1.0, 5.0, 9.0, 13.0, 17.0]);
-        assert!(p.windows(2).all(|w| w[0] < w[1]) && !p.contains(&17));
-        assert_eq!(direct_picks(&errs, &paid[..4], 5), paid[..4].to_vec());
-        assert_eq!(direct_picks(&errs, &paid, 1).len(), 1);
-    }
-
-    /// A power law (`kld = a · err^p`) is exact between measured candidates and keeps the end
-    /// ratio beyond them; the free candidate's zero is not an anchor; with no usable measurement
-    /// the largest measured KLD stands in (never zero).
-    #[test]
-    fn fill_direct_interpolates_in_log_space() {
-        let errs = [0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0];
-        let law = |e: f64| 0.03 * e.powf(1.4);
-        let measured = [true, false, true, false, true, false, true];
-        let mut kld: Vec<f64> = (0..7)
-            .map(|c| if measured[c] { law(errs[c]) } else { -1.0 })
-            .collect();
-        kld[0] = 0.0;
-        fill_direct(&errs, &mut kld, &measured);
-        for c in [3, 5] {
-            assert!(
-                (kld[c] / law(errs[c]) - 1.0).abs() < 1e-12,
-                "{c}: {}",
-                kld[c]
-            );
-        }
-        // Below the smallest measured error: its ratio, kld/err = law(1)/1.
-        assert!((kld[1] - 0.5 * law(1.0)).abs() < 1e-12, "{}", kld[1]);
-        assert_eq!(kld[0], 0.0, "a measured value is kept");
-        let mut none = vec![0.0, -1.0, 0.25];
-        fill_direct(&[0.0, 1.0, 0.0], &mut none, &[true, false, true]);
-        assert_eq!(none[1], 0.25);
-    }
 
     /// The copy-based probe this replaced: the input converted whole into a file with only
     /// `idx` quantized to `ty`, evaluated from that file.

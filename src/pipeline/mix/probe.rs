@@ -420,8 +420,8 @@ pub(crate) fn row_probe(
 }
 
 /// Whether `TQ_MIX_WHOLE` is set (to anything but `0`): a measurement knob that measures the
-/// plans on every block and every candidate of the tensors without a Hessian, as on narrow
-/// models, wherever the model is (to compare against the block-sampled measurement).
+/// plans on every block, as on narrow models, wherever the model is (to compare against the
+/// block-sampled measurement).
 pub(super) fn whole_knob() -> bool {
     std::env::var_os("TQ_MIX_WHOLE").is_some_and(|v| v != "0")
 }

@@ -767,29 +767,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let model = dir.path().join("m.gguf");
         std::fs::write(&model, crate::gguf_gen::tiny_llama_tok(2, 256, 256).bytes).unwrap();
-        let profile = Profile::default();
         let t = two_plans(&model, dir.path());
         let calib = Calibration::Memory(&t.hs);
-        let run = |cap: Option<u64>| -> Vec<f64> {
-            measure(
-                &model,
-                t.src.as_ref(),
-                &t.cands,
-                &profile,
-                &calib,
-                &t.ref_path,
-                2,
-                &BTreeMap::new(),
-                true,
-                None,
-                Scope { cap, blocks: None },
-                None,
-            )
-            .unwrap()
-            .into_iter()
-            .map(|k| k.0)
-            .collect()
-        };
+        let run = |cap| klds_of(&model, &t, &t.cands, Scope { cap, blocks: None });
         let plan = &t.cands[0].plan;
         assert_eq!(sampling(plan, &t.items, &calib, 1 << 16), None);
         let cap = sampling(plan, &t.items, &calib, 4096);
@@ -798,26 +778,49 @@ mod tests {
         assert_ne!(plan_key(plan, &at(cap)), plan_key(plan, &Scope::default()));
         let whole = run(None);
         assert_eq!(run(Some(1 << 16)), whole, "no tensor over the cap: whole");
-        let sampled = run(cap);
-        for (k, c) in t.cands.iter().enumerate() {
-            let r = sampled[k] / whole[k];
-            eprintln!(
-                "{}: sampled {} whole {} ratio {r}",
-                c.name, sampled[k], whole[k]
-            );
-            assert!(
-                (1.0 / FACTOR..FACTOR).contains(&r),
-                "{}: sampled {} vs whole {}",
-                c.name,
-                sampled[k],
-                whole[k]
-            );
-        }
-        assert_eq!(ranking(&sampled), ranking(&whole));
+        near_the_whole("sampled", &t.cands, &run(cap), &whole);
     }
 
     /// How far a sampled measurement may be from the whole one on the fixture.
     const FACTOR: f64 = 1.5;
+
+    /// `cands`' KLDs measured on the fixture (`t`, fresh: nothing known) under `scope`.
+    fn klds_of(model: &Path, t: &TwoPlans, cands: &[Candidate], scope: Scope) -> Vec<f64> {
+        measure(
+            model,
+            t.src.as_ref(),
+            cands,
+            &Profile::default(),
+            &Calibration::Memory(&t.hs),
+            &t.ref_path,
+            2,
+            &BTreeMap::new(),
+            true,
+            None,
+            scope,
+            None,
+        )
+        .unwrap()
+        .into_iter()
+        .map(|k| k.0)
+        .collect()
+    }
+
+    /// Each estimate within [`FACTOR`] of the whole plan's KLD, and the same ranking.
+    fn near_the_whole(what: &str, cands: &[Candidate], est: &[f64], whole: &[f64]) {
+        for (k, c) in cands.iter().enumerate() {
+            let r = est[k] / whole[k];
+            eprintln!("{}: {what} {} whole {} ratio {r}", c.name, est[k], whole[k]);
+            assert!(
+                (1.0 / FACTOR..FACTOR).contains(&r),
+                "{}: {what} {} vs whole {}",
+                c.name,
+                est[k],
+                whole[k]
+            );
+        }
+        assert_eq!(ranking(est), ranking(whole));
+    }
 
     /// Plans measured on blocks 0 and 2 of 3 (`Scope::blocks`): each measured KLD is, bit for
     /// bit, that of the plan with block 1's tensors kept as the input's (nothing is encoded
@@ -828,7 +831,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let model = dir.path().join("m.gguf");
         std::fs::write(&model, crate::gguf_gen::tiny_llama_tok(3, 256, 256).bytes).unwrap();
-        let profile = Profile::default();
         let t = two_plans(&model, dir.path());
         let calib = Calibration::Memory(&t.hs);
         let plan = &t.cands[0].plan;
@@ -842,26 +844,7 @@ mod tests {
             blocks: Some(blocks),
         };
         assert_ne!(plan_key(plan, &scope), plan_key(plan, &Scope::default()));
-        let run = |cands: &[Candidate], scope: Scope| -> Vec<f64> {
-            measure(
-                &model,
-                t.src.as_ref(),
-                cands,
-                &profile,
-                &calib,
-                &t.ref_path,
-                2,
-                &BTreeMap::new(),
-                true,
-                None,
-                scope,
-                None,
-            )
-            .unwrap()
-            .into_iter()
-            .map(|k| k.0)
-            .collect()
-        };
+        let run = |cands: &[Candidate], scope| klds_of(&model, &t, cands, scope);
         let part = run(&t.cands, scope);
         // The same plans with block 1 as the input's, measured whole.
         let kept: Vec<Candidate> = t
@@ -908,20 +891,6 @@ mod tests {
                 k * x
             })
             .collect();
-        for (k, c) in t.cands.iter().enumerate() {
-            let r = est[k] / whole[k];
-            eprintln!(
-                "{}: part {} extrapolated {} whole {} ratio {r}",
-                c.name, part[k], est[k], whole[k]
-            );
-            assert!(
-                (1.0 / FACTOR..FACTOR).contains(&r),
-                "{}: extrapolated {} vs whole {}",
-                c.name,
-                est[k],
-                whole[k]
-            );
-        }
-        assert_eq!(ranking(&est), ranking(&whole));
+        near_the_whole("extrapolated", &t.cands, &est, &whole);
     }
 }

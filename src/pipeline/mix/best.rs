@@ -16,8 +16,9 @@
 
 use super::cache::PlanTypes;
 pub(super) use super::measured::Candidate;
-use super::measured::{extrapolation, measure, plan_elements, plan_key, sampling, Scope};
-use super::probe::plan_blocks;
+use super::measured::{
+    extrapolation, measure, plan_blocks, plan_elements, plan_key, sampling, Scope,
+};
 use super::report::{MixReport, Tried};
 use super::store::Store;
 use super::MixOpts;

@@ -27,7 +27,7 @@ pub(super) struct Candidate {
 
 /// What a plan's measurement covers when it is not the whole plan ([`measure`]): the tensors over
 /// `cap` elements on a row sample ([`sampling`]), and only the tensors of the `blocks` measured
-/// (the others run as the input's, [`super::probe::plan_blocks`]; the KLD is then extrapolated,
+/// (the others run as the input's, [`plan_blocks`]; the KLD is then extrapolated,
 /// [`extrapolation`]). The default: the whole plan.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct Scope {
@@ -51,6 +51,23 @@ impl Scope {
             _ => true,
         }
     }
+}
+
+/// Whether `TQ_MIX_WHOLE` is set (to anything but `0`): a measurement knob that measures the
+/// plans on every block, as on narrow models, wherever the model is (to compare against the
+/// block-sampled measurement).
+pub(super) fn whole_knob() -> bool {
+    std::env::var_os("TQ_MIX_WHOLE").is_some_and(|v| v != "0")
+}
+
+/// The blocks whose tensors the measured plans change: the sensitivity's measured blocks
+/// (`--mix-exact-blocks`, [`mix::ExactBlocks::of_plan`]), or None for every block (narrow
+/// models, `--mix-exact-blocks 0`, or [`whole_knob`]). On a 7B each block a plan changes costs
+/// its distinct (tensor, type) LDLQ encodes (≈ 420 CPU-s per block for 8 plans); a block it
+/// does not change costs one forward pass per plan.
+pub(super) fn plan_blocks(exact_blocks: usize, plan: &Plan) -> Option<mix::ExactBlocks> {
+    let b = mix::ExactBlocks::of_plan(exact_blocks, plan);
+    (!b.all() && !whole_knob()).then_some(b)
 }
 
 /// The plan's types as one key (`name=type;…`), hashed: what the mix cache stores a measured

@@ -418,23 +418,3 @@ pub(crate) fn row_probe(
         err,
     }))
 }
-
-/// Whether `TQ_MIX_WHOLE` is set (to anything but `0`): a measurement knob that measures the
-/// plans on every block, as on narrow models, wherever the model is (to compare against the
-/// block-sampled measurement).
-pub(super) fn whole_knob() -> bool {
-    std::env::var_os("TQ_MIX_WHOLE").is_some_and(|v| v != "0")
-}
-
-/// The blocks whose tensors the measured plans change: the sensitivity's measured blocks
-/// (`--mix-exact-blocks`, [`crate::plan::mix::ExactBlocks::of_plan`]), or None for every block (narrow
-/// models, `--mix-exact-blocks 0`, or [`whole_knob`]). On a 7B each block a plan changes costs
-/// its distinct (tensor, type) LDLQ encodes (≈ 420 CPU-s per block for 8 plans); a block it
-/// does not change costs one forward pass per plan.
-pub(super) fn plan_blocks(
-    exact_blocks: usize,
-    plan: &crate::plan::Plan,
-) -> Option<crate::plan::mix::ExactBlocks> {
-    let b = crate::plan::mix::ExactBlocks::of_plan(exact_blocks, plan);
-    (!b.all() && !whole_knob()).then_some(b)
-}

@@ -17,7 +17,7 @@
 use super::cache::PlanTypes;
 pub(super) use super::measured::Candidate;
 use super::measured::{
-    extrapolation, measure, plan_blocks, plan_elements, plan_key, sampling, Scope,
+    each_cost, extrapolation, measure, plan_blocks, plan_elements, plan_key, sampling, Scope,
 };
 use super::report::{MixReport, Tried};
 use super::store::Store;
@@ -258,29 +258,13 @@ pub(super) fn predict(
     alpha_of: &dyn Fn(&str) -> f64,
 ) -> (f64, Option<f64>) {
     let (mut err, mut cost, mut known) = (0.0, 0.0, true);
-    for ((idx, tys), (per, d)) in items.iter().zip(table.iter().zip(direct)) {
-        let ks: Vec<Option<usize>> = idx
-            .iter()
-            .map(|&i| tys.iter().position(|t| *t == plan.entries[i].dst))
-            .collect();
-        match d {
-            Some(d) => match ks.first().copied().flatten() {
-                Some(k) => cost += d[k],
-                None => known = false,
-            },
-            None => {
-                for ((m, &i), k) in per.iter().zip(idx).zip(&ks) {
-                    match k {
-                        Some(k) => {
-                            err += m[*k].err;
-                            cost += alpha_of(&plan.entries[i].name) * m[*k].err;
-                        }
-                        None => known = false,
-                    }
-                }
-            }
+    each_cost(plan, items, table, direct, alpha_of, &mut |_, c| match c {
+        Some((e, k)) => {
+            err += e;
+            cost += k;
         }
-    }
+        None => known = false,
+    });
     (err, known.then_some(cost))
 }
 

@@ -128,25 +128,41 @@ fn cost_where(
     keep: &dyn Fn(&str) -> bool,
 ) -> f64 {
     let mut cost = 0.0;
+    each_cost(plan, items, table, direct, alpha_of, &mut |name, c| {
+        if let (true, Some((_, k))) = (keep(name), c) {
+            cost += k;
+        }
+    });
+    cost
+}
+
+/// An entry's `(error, cost)` at a candidate type of its item; None at another type.
+pub(super) type Priced = Option<(f64, f64)>;
+
+/// Each priced entry of `plan` under the fit, in item order: its name and, at a candidate type
+/// of its item, `(error, cost)` — a tensor with a Hessian its error and α × error, an item
+/// without one (its KLD measured per candidate) `(0, that KLD)` once, for its first member —
+/// or None at a type that is not a candidate.
+pub(super) fn each_cost(
+    plan: &Plan,
+    items: &[(Vec<usize>, Vec<TensorType>)],
+    table: &mix::Table,
+    direct: &[Option<Vec<f64>>],
+    alpha_of: &dyn Fn(&str) -> f64,
+    f: &mut dyn FnMut(&str, Priced),
+) {
     for ((idx, tys), (per, d)) in items.iter().zip(table.iter().zip(direct)) {
         let at = |i: usize| tys.iter().position(|t| *t == plan.entries[i].dst);
         match d {
-            Some(d) => {
-                if let Some(k) = at(idx[0]).filter(|_| keep(&plan.entries[idx[0]].name)) {
-                    cost += d[k];
-                }
-            }
+            Some(d) => f(&plan.entries[idx[0]].name, at(idx[0]).map(|k| (0.0, d[k]))),
             None => {
                 for (m, &i) in per.iter().zip(idx) {
                     let name = &plan.entries[i].name;
-                    if let Some(k) = at(i).filter(|_| keep(name)) {
-                        cost += alpha_of(name) * m[k].err;
-                    }
+                    f(name, at(i).map(|k| (m[k].err, alpha_of(name) * m[k].err)));
                 }
             }
         }
     }
-    cost
 }
 
 /// Elements above which a measured plan's tensor is encoded on a row sample: the probes' cap

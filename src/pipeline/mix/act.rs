@@ -7,7 +7,10 @@
 //! columns uncorrelated, is `Σ_j ‖W_{:,j}‖² E[δx_j²]`: the per-column mean squared rounding error
 //! of the real input (observed once on the KLD text's windows), weighted by the column norms
 //! (from the same sampled rows the sensitivity pass reads, scaled to the tensor). Same units as
-//! the sensitivity table (squared output error per token), so the KLD fit prices both.
+//! the sensitivity table (squared output error per token), so the KLD fit prices both. An MoE
+//! expert stack's input is observed per expert (the rows routed to it) and its term is summed
+//! over the experts with the weights the sensitivity gives their errors (each expert's share of
+//! the routed rows, `plan::mix::measure`'s `expert_errors`).
 
 use crate::error::Result;
 use crate::model::matmul::ActRound;
@@ -19,10 +22,46 @@ use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::Path;
 
-/// Whether the term is measured: on, unless `TQ_MIX_ACT=0` (a measurement knob for comparing
-/// the mix with and without it; it is part of `--mix-cache`'s key).
-pub(super) fn enabled() -> bool {
-    std::env::var("TQ_MIX_ACT").map_or(true, |v| v != "0")
+/// Which models the term is measured for (`TQ_MIX_ACT`, a measurement knob; part of
+/// `--mix-cache`'s key through [`Mode::label`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Mode {
+    /// `TQ_MIX_ACT=0`: never (the weight error alone).
+    Off,
+    /// The default: models without expert stacks. On the MoE fixtures the per-expert term moved
+    /// bytes from a Mixtral expert stack to f16 attention and the file measured 1.84× the KLD
+    /// on held-out text (docs/bench/mix.md), so MoE models keep the weight error alone.
+    Dense,
+    /// `TQ_MIX_ACT=all`: MoE models too, each expert stack priced per expert.
+    All,
+}
+
+impl Mode {
+    pub(super) fn from_env() -> Mode {
+        match std::env::var("TQ_MIX_ACT").as_deref() {
+            Ok("0") => Mode::Off,
+            Ok("all") => Mode::All,
+            _ => Mode::Dense,
+        }
+    }
+
+    /// Whether the term is measured for a model with (`experts`) or without expert stacks.
+    pub(super) fn measures(self, experts: bool) -> bool {
+        match self {
+            Mode::Off => false,
+            Mode::Dense => !experts,
+            Mode::All => true,
+        }
+    }
+
+    /// The cache key's word (the default's is what the key held before `all` existed).
+    pub(super) fn label(self) -> &'static str {
+        match self {
+            Mode::Off => "false",
+            Mode::Dense => "true",
+            Mode::All => "all",
+        }
+    }
 }
 
 /// Whether a mixed tensor is an MoE expert stack (3-D).
@@ -64,6 +103,32 @@ impl Observer for ActNoise {
         rows: usize,
         cols: usize,
     ) {
+        self.add(tensors, x, rows, cols);
+    }
+
+    /// An expert's routed rows, kept under the expert's key (`TENSOR#e`, as its Hessian).
+    fn expert_input(
+        &mut self,
+        _layer: usize,
+        expert: usize,
+        tensors: &[&str],
+        x: &[f32],
+        rows: usize,
+        cols: usize,
+    ) {
+        let keys: Vec<String> = tensors
+            .iter()
+            .map(|t| crate::quant::expert_key(t, expert))
+            .collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        self.add(&refs, x, rows, cols);
+    }
+}
+
+impl ActNoise {
+    /// Accumulate the rounding errors of `rows × cols` inputs `x` of `tensors` (one entry for
+    /// all of them).
+    fn add(&mut self, tensors: &[&str], x: &[f32], rows: usize, cols: usize) {
         let Some(first) = tensors.first() else {
             return;
         };
@@ -112,16 +177,27 @@ impl Observer for ActNoise {
         }
         n.rows += rows as u64;
     }
-}
 
-impl ActNoise {
     /// Mean squared rounding error per column of `tensor`'s input under `round` (None: not
     /// observed, or a rounding not measured).
     fn mean(&self, tensor: &str, round: ActRound) -> Option<Vec<f64>> {
+        let (sq, rows) = self.sums(tensor, round)?;
+        let t = rows.max(1) as f64;
+        Some(sq.iter().map(|s| s / t).collect())
+    }
+
+    /// The summed squared rounding errors per column of `key`'s input under `round`, and the
+    /// rows they sum (None: not observed, or a rounding not measured).
+    fn sums(&self, key: &str, round: ActRound) -> Option<(&[f64], u64)> {
         let c = CLASSES.iter().position(|&r| r == round)?;
-        let n = &self.sets[*self.of.get(tensor)?];
-        let t = n.rows.max(1) as f64;
-        Some(n.sq[c].iter().map(|s| s / t).collect())
+        let n = &self.sets[*self.of.get(key)?];
+        Some((&n.sq[c], n.rows))
+    }
+
+    /// The rows routed to expert `x` of stack `tensor` (0 when none was observed).
+    fn expert_rows(&self, tensor: &str, x: usize) -> u64 {
+        let key = crate::quant::expert_key(tensor, x);
+        self.of.get(&key).map_or(0, |&s| self.sets[s].rows)
     }
 }
 
@@ -145,38 +221,84 @@ pub(super) fn observe(
 }
 
 /// The activation-rounding term of entry `i` of `plan` under each of `types`: `Σ_j ‖W_{:,j}‖²
-/// E[δx_j²]`, the column norms from the rows `picks` (scaled to all rows). 0 for types whose
-/// input is not rounded to 8 bits, and for tensors whose input was not observed (embeddings).
+/// E[δx_j²]`, the column norms from `sample` evenly spaced rows (`sensitivity::rows_for`, scaled
+/// to all rows). 0 for types whose input is not rounded to 8 bits, and for tensors whose input was
+/// not observed (embeddings). An expert stack (3-D): each expert's term from its own rows
+/// (`sample` spread over the experts, at least one each) and its routed inputs, weighted by its
+/// share of the routed rows.
 pub(super) fn terms(
     noise: &ActNoise,
     src: &dyn TensorSource,
     plan: &Plan,
     i: usize,
-    picks: &[u64],
+    sample: usize,
     types: &[TensorType],
 ) -> Result<Vec<f64>> {
+    use crate::quant::sensitivity::{rows_for, sample_rows};
     let e = &plan.entries[i];
     let rounds: Vec<ActRound> = types.iter().map(|&t| ActRound::for_weight(t)).collect();
-    let means: Vec<Option<Vec<f64>>> = rounds.iter().map(|&r| noise.mean(&e.name, r)).collect();
-    if e.dims.len() != 2 || means.iter().all(Option::is_none) || picks.is_empty() {
-        return Ok(vec![0.0; types.len()]);
-    }
-    let n = e.dims[0] as usize;
-    let n_rows = e.dims[1];
-    let mut col = vec![0f64; n];
-    let mut buf = vec![0f32; n];
-    for &r in picks {
-        src.read_rows_f32(i, r, &mut buf)?;
-        crate::quant::check_finite(&e.name, r, &buf)?;
-        for (c, &w) in col.iter_mut().zip(&buf) {
-            *c += w as f64 * w as f64;
+    let n = e.dims.first().copied().unwrap_or(0) as usize;
+    // Column norms `Σ_r W_rj²` over `picks` of the rows from `first` (the caller scales them
+    // to all rows).
+    let col_norms = |first: u64, picks: &[u64]| -> Result<Vec<f64>> {
+        let mut col = vec![0f64; n];
+        let mut buf = vec![0f32; n];
+        for &r in picks {
+            src.read_rows_f32(i, first + r, &mut buf)?;
+            crate::quant::check_finite(&e.name, first + r, &buf)?;
+            for (c, &w) in col.iter_mut().zip(&buf) {
+                *c += w as f64 * w as f64;
+            }
         }
+        Ok(col)
+    };
+    match e.dims.len() {
+        2 => {
+            let means: Vec<Option<Vec<f64>>> =
+                rounds.iter().map(|&r| noise.mean(&e.name, r)).collect();
+            let picks = sample_rows(e.dims[1], rows_for(sample, n));
+            if means.iter().all(Option::is_none) || picks.is_empty() {
+                return Ok(vec![0.0; types.len()]);
+            }
+            let col = col_norms(0, &picks)?;
+            let scale = e.dims[1] as f64 / picks.len() as f64;
+            Ok(means
+                .iter()
+                .map(|m| m.as_ref().map_or(0.0, |m| weighted(&col, m) * scale))
+                .collect())
+        }
+        3 => {
+            let (per, n_exp) = (e.dims[1], e.dims[2] as usize);
+            let total: u64 = (0..n_exp).map(|x| noise.expert_rows(&e.name, x)).sum();
+            if total == 0 {
+                return Ok(vec![0.0; types.len()]);
+            }
+            let picks = sample_rows(per, rows_for(sample, n).div_ceil(n_exp).max(1));
+            if picks.is_empty() {
+                return Ok(vec![0.0; types.len()]);
+            }
+            let mut sum = vec![0f64; types.len()];
+            for x in 0..n_exp {
+                let key = crate::quant::expert_key(&e.name, x);
+                let sums: Vec<Option<&[f64]>> = rounds
+                    .iter()
+                    .map(|&r| noise.sums(&key, r).map(|(sq, _)| sq))
+                    .collect();
+                if noise.expert_rows(&e.name, x) == 0 || sums.iter().all(Option::is_none) {
+                    continue;
+                }
+                let col = col_norms(x as u64 * per, &picks)?;
+                for (t, sq) in sum.iter_mut().zip(&sums) {
+                    *t += sq.map_or(0.0, |sq| weighted(&col, sq));
+                }
+            }
+            // Each expert's sum over its routed rows, its sampled rows scaled to its `per`:
+            // `Σ_x (rows_x / total) · Σ_j ‖W_x,:j‖² E_x[δx_j²]`.
+            let scale = per as f64 / picks.len() as f64 / total as f64;
+            Ok(sum.into_iter().map(|t| t * scale).collect())
+        }
+        _ => Ok(vec![0.0; types.len()]),
     }
-    let scale = n_rows as f64 / picks.len() as f64;
-    Ok(means
-        .iter()
-        .map(|m| m.as_ref().map_or(0.0, |m| weighted(&col, m) * scale))
-        .collect())
 }
 
 /// `Σ_j col_j · mean_j` (0 when the widths differ: an input the tensor does not take).
@@ -202,7 +324,6 @@ pub(super) fn table(
     sample_rows: usize,
     quiet: bool,
 ) -> Result<Vec<Vec<Vec<f64>>>> {
-    use crate::quant::sensitivity::{rows_for, sample_rows as pick};
     let mut pb = crate::pipeline::progress::steps(quiet, 1, "activation rounding");
     let noise = observe(input, text, windows, &mut |d, t| {
         pb.set_length(t as u64);
@@ -218,11 +339,7 @@ pub(super) fn table(
                     if unc {
                         return Ok(vec![0.0; tys.len()]);
                     }
-                    let e = &plan.entries[i];
-                    let n = e.dims.first().copied().unwrap_or(0) as usize;
-                    let n_rows: u64 = e.dims.iter().skip(1).product();
-                    let picks = pick(n_rows, rows_for(sample_rows, n));
-                    terms(&noise, src, plan, i, &picks, tys)
+                    terms(&noise, src, plan, i, sample_rows, tys)
                 })
                 .collect()
         })
@@ -253,6 +370,7 @@ pub(super) fn of_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::SourceTensor;
 
     /// Inputs shaped like a block's: Gaussian, with a few outlier columns (what makes a Q8
     /// block's scale, and so its rounding error, large).
@@ -315,6 +433,111 @@ mod tests {
             .unwrap()
             .iter()
             .all(|&d| d == 0.0));
+    }
+
+    /// One f32 tensor in memory, for [`terms`].
+    struct OneTensor(Vec<SourceTensor>, Vec<f32>);
+
+    impl TensorSource for OneTensor {
+        fn name(&self) -> String {
+            "memory".into()
+        }
+        fn metadata(&self) -> &[(String, crate::gguf::Value)] {
+            &[]
+        }
+        fn tensors(&self) -> &[SourceTensor] {
+            &self.0
+        }
+        fn raw(&self, _: usize) -> Option<&[u8]> {
+            None
+        }
+        fn read_rows_f32(&self, _: usize, row0: u64, out: &mut [f32]) -> Result<()> {
+            let at = row0 as usize * self.0[0].dims[0] as usize;
+            out.copy_from_slice(&self.1[at..at + out.len()]);
+            Ok(())
+        }
+    }
+
+    /// An expert stack's term is the routed rows' `‖W_x (x − round(x))‖²` summed over the
+    /// experts and divided by all routed rows (each expert weighted by its share, as the
+    /// sensitivity weights its error): the estimate from every row equals that direct sum within
+    /// the cross terms' noise; experts that saw no rows add nothing; a 2-D tensor of the same
+    /// name is not priced from the experts' inputs.
+    #[test]
+    fn an_expert_stack_sums_its_experts_routed_rows() {
+        let (k, n, n_exp) = (256, 24, 3);
+        let name = "blk.0.ffn_down_exps.weight";
+        let w = inputs(n * n_exp, k, 5);
+        let routed = [(0usize, 120usize), (2, 40)];
+        let mut obs = ActNoise::default();
+        let mut xs = vec![];
+        for (i, &(x, rows)) in routed.iter().enumerate() {
+            let xe = inputs(rows, k, 20 + i as u64);
+            obs.expert_input(0, x, &[name], &xe, rows, k);
+            xs.push((x, xe));
+        }
+        let total: usize = routed.iter().map(|r| r.1).sum();
+        let dims = vec![k as u64, n as u64, n_exp as u64];
+        let src = OneTensor(
+            vec![SourceTensor {
+                name: name.into(),
+                dims: dims.clone(),
+                ty: TensorType::F32,
+            }],
+            w.clone(),
+        );
+        let plan = Plan {
+            entries: vec![crate::plan::PlanEntry {
+                name: name.into(),
+                dims,
+                src: TensorType::F32,
+                dst: TensorType::Q8_0,
+                action: crate::plan::Action::Quantize,
+                bytes: 0,
+                reasons: vec![],
+                fallback: false,
+                ldlq: false,
+                importance: None,
+            }],
+            file_type: None,
+            base_type: TensorType::Q8_0,
+            ldlq: Default::default(),
+        };
+        let types = [TensorType::Q8_0, TensorType::Q4K, TensorType::F16];
+        // Every row of every expert sampled (n × n_exp rows asked for).
+        let est = terms(&obs, &src, &plan, 0, n * n_exp, &types).unwrap();
+        for (t, &ty) in types.iter().enumerate() {
+            let round = ActRound::for_weight(ty);
+            let mut direct = 0f64;
+            for (x, xe) in &xs {
+                for xr in xe.chunks(k) {
+                    let mut q = xr.to_vec();
+                    round.apply(&mut q);
+                    for wr in w[x * n * k..(x + 1) * n * k].chunks(k) {
+                        let y: f64 = wr
+                            .iter()
+                            .zip(xr.iter().zip(&q))
+                            .map(|(&a, (&b, &c))| a as f64 * (b - c) as f64)
+                            .sum();
+                        direct += y * y;
+                    }
+                }
+            }
+            direct /= total as f64;
+            if ty == TensorType::F16 {
+                assert_eq!(est[t], 0.0, "f16 meets an unrounded input");
+                continue;
+            }
+            assert!(direct > 0.0);
+            assert!(
+                (est[t] / direct - 1.0).abs() < 0.1,
+                "{ty:?}: estimate {} vs direct {direct}",
+                est[t]
+            );
+        }
+        // The experts' inputs are not a 2-D tensor's of the same name.
+        assert!(obs.mean(name, ActRound::Q8_0).is_none());
+        assert_eq!(obs.expert_rows(name, 1), 0);
     }
 
     /// The sums do not depend on the thread count (fixed row chunks added in order).

@@ -247,10 +247,8 @@ pub fn choose(
     // in it (and in the cache): the fit and the knapsack price it with the weight error.
     let act = match (&cached, o.kld_text) {
         (Some(m), _) => m.act.clone(),
-        // An MoE model's experts meet their inputs per expert (routed rows), which the term does
-        // not observe: priced for the dense tensors only, it would shift bytes from them to the
-        // experts (a fixture's KLD went up 1.8×), so such a model keeps the weight error alone.
-        (None, Some(text)) if act::enabled() && !act::has_experts(plan, &items) => {
+        // MoE models only under `TQ_MIX_ACT=all` (act::Mode), each expert stack per expert.
+        (None, Some(text)) if act::Mode::from_env().measures(act::has_experts(plan, &items)) => {
             let a = act::table(
                 input,
                 src,
@@ -746,7 +744,7 @@ fn cache_key(job: &Job) -> Result<cache::Key> {
                 l.damp_label(),
                 l.refit,
                 l.shrink_label(),
-                act::enabled(),
+                act::Mode::from_env().label(),
                 env!("CARGO_PKG_VERSION")
             ),
         ),

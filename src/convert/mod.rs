@@ -710,9 +710,9 @@ mod proxies {
             for (label, inner) in &variants {
                 let inner = *inner;
                 let t0 = std::time::Instant::now();
-                let c0 = process_cpu_s();
+                let c0 = crate::io::progress::process_cpu_seconds();
                 let q = quantize_trellis(&w, n, &ft, 0, inner);
-                let cpu = process_cpu_s() - c0;
+                let cpu = crate::io::progress::process_cpu_seconds() - c0;
                 let l = proxy_loss(&h.h, n, &w, &dec(TensorType::TQ2T, &q));
                 eprintln!(
                     "{name}: tq2_t {label}: {l:.5} ({:.3}x tq2_r, {:.1} s, {cpu:.2} CPU-s)",
@@ -722,15 +722,5 @@ mod proxies {
             }
         }
         crate::quant::ldlq::prof::report();
-    }
-
-    /// The process's user + system CPU seconds.
-    fn process_cpu_s() -> f64 {
-        // SAFETY: a zeroed rusage is a valid output buffer for getrusage.
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: `ru` is valid and writable; RUSAGE_SELF is a constant libc knows.
-        unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-        let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-        tv(ru.ru_utime) + tv(ru.ru_stime)
     }
 }

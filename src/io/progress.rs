@@ -154,6 +154,18 @@ pub(crate) fn bytes(quiet: bool, total: u64) -> Bar {
     )
 }
 
+/// The process's user + system CPU seconds (measurement tests print CPU, not wall, beside
+/// other jobs).
+#[cfg(test)]
+pub(crate) fn process_cpu_seconds() -> f64 {
+    // SAFETY: a zeroed rusage is a valid output buffer for getrusage.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is valid and writable; RUSAGE_SELF is a constant libc knows.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

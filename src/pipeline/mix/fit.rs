@@ -161,9 +161,16 @@ pub(super) fn fit(
     let mut pb = crate::pipeline::progress::steps(o.quiet, jobs.len() as u64, "KLD probes");
     for (done, &r) in run.iter().enumerate() {
         let (job, idx, ty) = &jobs[r];
-        let encoded = match pre.remove(&r) {
-            Some(s) => s,
-            None => enc.encode(file, src, plan, profile, *job, idx, *ty, calib)?,
+        let encoded = match (pre.remove(&r), job, &idx[..]) {
+            (Some(s), ..) => s,
+            // A token_embd candidate: only the rows the windows look up are encoded.
+            (None, Job::Direct(..), &[i]) => match probes.rows_read(&plan.entries[i].name) {
+                Some(rows) => Encoded::Whole(vec![substitute_rows(
+                    src, plan, profile, i, *ty, calib, &rows,
+                )?]),
+                None => enc.encode(file, src, plan, profile, *job, idx, *ty, calib)?,
+            },
+            (None, ..) => enc.encode(file, src, plan, profile, *job, idx, *ty, calib)?,
         };
         let (subs, sample_err) = match encoded {
             Encoded::Whole(v) => (v, None),
@@ -455,6 +462,129 @@ fn substitutes(
             ))
         })
         .collect()
+}
+
+/// Entry `i` quantized to `ty` as [`substitutes`] writes it, in the rows `rows` only (sorted,
+/// distinct; the passes read no other): each of those rows holds the bytes of the whole
+/// tensor's encoding (round-to-nearest and the grid encoders quantize each row on its own;
+/// tested against the whole encoding), every other row zeros. For the token embeddings'
+/// candidates: a pass looks up only the windows' tokens, so its KLD is the whole encoding's bit
+/// for bit, at the cost of encoding those rows (a 128k vocabulary's 4096-wide table is 0.5 G
+/// values per candidate; 2 windows hold at most 1,024 tokens).
+fn substitute_rows(
+    src: &dyn TensorSource,
+    plan: &Plan,
+    profile: &Profile,
+    i: usize,
+    ty: TensorType,
+    calib: &Calibration,
+    rows: &[u64],
+) -> Result<Substitute> {
+    let mut p = probe_plan(src, plan, profile, &[i], ty, calib)?;
+    let (n, n_rows) = match p.entries[i].dims[..] {
+        [n, r] => (n, r),
+        _ => return Err(Error::internal("row-wise substitutes are for 2-D tensors")),
+    };
+    if rows.iter().any(|&r| r >= n_rows) {
+        return Err(Error::internal(format!(
+            "{}: a window's token is past its {n_rows} rows",
+            p.entries[i].name
+        )));
+    }
+    let row_bytes = ty
+        .bytes_for(n)
+        .ok_or_else(|| Error::Unsupported(format!("{}: does not fit {ty}", p.entries[i].name)))?
+        as usize;
+    let whole = ty
+        .bytes_for(n * n_rows)
+        .ok_or_else(|| Error::Unsupported(format!("{}: does not fit {ty}", p.entries[i].name)))?
+        as usize;
+    if whole != row_bytes * n_rows as usize {
+        // A type whose rows do not end on whole blocks: encode it all.
+        let mut v = substitutes(src, plan, profile, &[i], ty, calib)?;
+        return v
+            .pop()
+            .ok_or_else(|| Error::internal("no substitute encoded"));
+    }
+    let e = &mut p.entries[i];
+    e.dims = vec![n, rows.len() as u64];
+    e.bytes = row_bytes as u64 * rows.len() as u64;
+    let picked = RowsOf {
+        src,
+        i,
+        rows,
+        tensors: src
+            .tensors()
+            .iter()
+            .enumerate()
+            .map(|(j, t)| {
+                let mut t = t.clone();
+                if j == i {
+                    t.dims = vec![n, rows.len() as u64];
+                }
+                t
+            })
+            .collect(),
+    };
+    let bytes = encode_entry(&picked, &p, i, calib)?;
+    let mut data = vec![0u8; whole];
+    for (k, &r) in rows.iter().enumerate() {
+        let at = r as usize * row_bytes;
+        data[at..at + row_bytes].copy_from_slice(&bytes[k * row_bytes..(k + 1) * row_bytes]);
+    }
+    let id = profile
+        .id_of(ty)
+        .ok_or_else(|| Error::internal(format!("{ty}: no id in the profile")))?;
+    Ok((
+        plan.entries[i].name.clone(),
+        ty,
+        id,
+        std::sync::Arc::new(data),
+    ))
+}
+
+/// `src` with tensor `i` cut to the rows `rows` (in that order): what [`substitute_rows`]
+/// encodes.
+struct RowsOf<'a> {
+    src: &'a dyn TensorSource,
+    i: usize,
+    rows: &'a [u64],
+    tensors: Vec<crate::source::SourceTensor>,
+}
+
+impl TensorSource for RowsOf<'_> {
+    fn name(&self) -> String {
+        self.src.name()
+    }
+    fn gguf_version(&self) -> u32 {
+        self.src.gguf_version()
+    }
+    fn metadata(&self) -> &[(String, crate::gguf::Value)] {
+        self.src.metadata()
+    }
+    fn tensors(&self) -> &[crate::source::SourceTensor] {
+        &self.tensors
+    }
+    fn raw(&self, index: usize) -> Option<&[u8]> {
+        (index != self.i).then(|| self.src.raw(index)).flatten()
+    }
+    fn read_rows_f32(&self, index: usize, row0: u64, out: &mut [f32]) -> Result<()> {
+        if index != self.i {
+            return self.src.read_rows_f32(index, row0, out);
+        }
+        let n = self.tensors[index].dims[0] as usize;
+        for (k, o) in out.chunks_mut(n).enumerate() {
+            let r = self.rows.get(row0 as usize + k).ok_or_else(|| {
+                Error::internal(format!(
+                    "{}: row {} of the cut",
+                    self.tensors[index].name,
+                    row0 as usize + k
+                ))
+            })?;
+            self.src.read_rows_f32(index, *r, o)?;
+        }
+        Ok(())
+    }
 }
 
 /// A probe's replacements: a whole encoding, or a sample of rows.
@@ -785,6 +915,119 @@ mod tests {
             factors.clear();
         }
         assert_eq!(sampled, 12);
+    }
+
+    /// A token_embd candidate encoded in the windows' rows only holds, in those rows, the whole
+    /// encoding's bytes for every candidate type (each row is quantized on its own), and its
+    /// pass measures the whole encoding's KLD bit for bit; the rows are fewer than the table's.
+    #[test]
+    fn token_embd_candidates_encode_the_rows_the_windows_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let (model, text, hs, src, plan, profile) = tiny_q4k(dir.path());
+        let calib = Calibration::Memory(&hs);
+        let ref_path = dir.path().join("ref.logits");
+        reference_logits(&model, &text, 2, &ref_path, true).unwrap();
+        let file = GgufFile::open(&model).unwrap();
+        let mut probes = Probes::new(&file, &ref_path, 2).unwrap();
+        let i = plan
+            .entries
+            .iter()
+            .position(|e| e.name == "token_embd.weight")
+            .unwrap();
+        let e = &plan.entries[i];
+        let rows = probes.rows_read(&e.name).expect("an untied embedding");
+        assert!(
+            !rows.is_empty() && (rows.len() as u64) < e.dims[1],
+            "{}",
+            rows.len()
+        );
+        assert!(probes.rows_read("output.weight").is_none());
+        let types = mix::candidates_for(e, &mix::default_candidates(&profile));
+        assert!(types.len() >= 10, "{types:?}");
+        for (k, &ty) in types.iter().enumerate() {
+            if ty == e.src {
+                continue;
+            }
+            let whole = substitutes(src.as_ref(), &plan, &profile, &[i], ty, &calib).unwrap();
+            let cut = substitute_rows(src.as_ref(), &plan, &profile, i, ty, &calib, &rows).unwrap();
+            assert_eq!(
+                (&cut.0, cut.1, cut.2),
+                (&whole[0].0, whole[0].1, whole[0].2)
+            );
+            assert_eq!(cut.3.len(), whole[0].3.len(), "{ty}");
+            let rb = ty.bytes_for(e.dims[0]).unwrap() as usize;
+            for &r in &rows {
+                let at = r as usize * rb..(r as usize + 1) * rb;
+                assert!(cut.3[at.clone()] == whole[0].3[at], "{ty}: row {r} differs");
+            }
+            // The passes on a few types (each is a whole pass of the tiny model).
+            if k % 4 == 0 {
+                let a = probes.kld(whole).unwrap();
+                let b = probes.kld(vec![cut]).unwrap();
+                assert!(a > 0.0);
+                assert_eq!(a.to_bits(), b.to_bits(), "{ty}: {a} vs {b}");
+            }
+        }
+    }
+
+    /// Measurement, not a check (`--ignored`): each default candidate of `TQ_BENCH_MODEL`'s
+    /// token_embd encoded whole and in the rows of 2 windows of `TQ_BENCH_TEXT`, thread CPU
+    /// seconds of each (docs/bench/scale.md).
+    #[test]
+    #[ignore]
+    fn bench_token_embd_rows() {
+        let (Ok(model), Ok(text)) = (
+            std::env::var("TQ_BENCH_MODEL"),
+            std::env::var("TQ_BENCH_TEXT"),
+        ) else {
+            return;
+        };
+        let (model, text) = (
+            std::path::PathBuf::from(model),
+            std::path::PathBuf::from(text),
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let profile = Profile::default();
+        let src = crate::source::open(&model, &profile).unwrap();
+        let req = Request::new(TensorType::Q4K, &plan::recipe::RECIPES[0]);
+        let plan = plan::plan(src.tensors(), &req, &profile).unwrap();
+        let ref_path = dir.path().join("ref.logits");
+        reference_logits(&model, &text, 2, &ref_path, true).unwrap();
+        let file = GgufFile::open(&model).unwrap();
+        let probes = Probes::new(&file, &ref_path, 2).unwrap();
+        let i = plan
+            .entries
+            .iter()
+            .position(|e| e.name == "token_embd.weight")
+            .unwrap();
+        let e = &plan.entries[i];
+        let rows = probes.rows_read(&e.name).unwrap();
+        let cpu = || crate::io::progress::process_cpu_seconds();
+        let (mut tw, mut tr) = (0.0, 0.0);
+        for ty in mix::candidates_for(e, &mix::default_candidates(&profile)) {
+            if ty == e.src {
+                continue;
+            }
+            let c = Calibration::None;
+            let t0 = cpu();
+            let w = substitutes(src.as_ref(), &plan, &profile, &[i], ty, &c).unwrap();
+            let t1 = cpu();
+            let r = substitute_rows(src.as_ref(), &plan, &profile, i, ty, &c, &rows).unwrap();
+            let t2 = cpu();
+            assert_eq!(w[0].3.len(), r.3.len());
+            eprintln!(
+                "{ty}: whole {:.2} CPU-s, {} rows {:.3} CPU-s",
+                t1 - t0,
+                rows.len(),
+                t2 - t1
+            );
+            (tw, tr) = (tw + t1 - t0, tr + t2 - t1);
+        }
+        eprintln!(
+            "all: whole {tw:.1} CPU-s, rows {tr:.2} CPU-s of {} rows of {}",
+            rows.len(),
+            e.dims[1]
+        );
     }
 
     /// The probes in memory, resumed at their first block, give the KLDs of the copies they

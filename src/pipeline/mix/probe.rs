@@ -97,6 +97,24 @@ impl<'a> Probes<'a> {
         }
     }
 
+    /// The rows of `name` the probes' passes read, when that is not every row: the token
+    /// embeddings' rows of the windows' tokens (sorted, distinct), unless the output projection
+    /// is tied to them (the head reads every row). None for every other tensor.
+    pub(crate) fn rows_read(&self, name: &str) -> Option<Vec<u64>> {
+        if name != "token_embd.weight" || self.reference.cfg.tied_output {
+            return None;
+        }
+        let mut rows: Vec<u64> = self
+            .win
+            .input(0, self.win.n_chunk)
+            .into_iter()
+            .map(u64::from)
+            .collect();
+        rows.sort_unstable();
+        rows.dedup();
+        Some(rows)
+    }
+
     /// The input's block count.
     pub(crate) fn n_layer(&self) -> usize {
         self.reference.cfg.n_layer

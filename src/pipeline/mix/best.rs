@@ -694,6 +694,33 @@ mod tests {
             );
         }
         let k: Vec<f64> = klds.iter().map(|x| x.0).collect();
+        // Without a store an untied token_embd is encoded in the windows' rows only: the same
+        // KLDs, bit for bit.
+        let cold = measure(
+            &model,
+            src.as_ref(),
+            &cands,
+            &profile,
+            &calib,
+            &ref_path,
+            2,
+            &BTreeMap::new(),
+            true,
+            None,
+            Scope::default(),
+            None,
+        )
+        .unwrap();
+        for (a, b) in klds.iter().zip(&cold) {
+            assert_eq!(a.0.to_bits(), b.0.to_bits(), "{} vs {}", a.0, b.0);
+        }
+        let embd_changed = cands.iter().any(|c| {
+            c.plan
+                .entries
+                .iter()
+                .any(|e| e.name == "token_embd.weight" && e.action != Action::Copy)
+        });
+        assert!(embd_changed, "a plan quantizes token_embd");
         assert!(k[1] < k[0], "q4_K_M {} vs all-q2_K {}", k[1], k[0]);
         assert_eq!(ranking(&k), vec![1, 0], "the preset is measured better");
         assert_eq!(ranking(&[k[1], k[0]]), vec![0, 1]);

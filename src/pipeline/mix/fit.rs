@@ -464,13 +464,11 @@ fn substitutes(
         .collect()
 }
 
-/// Entry `i` quantized to `ty` as [`substitutes`] writes it, in the rows `rows` only (sorted,
-/// distinct; the passes read no other): each of those rows holds the bytes of the whole
-/// tensor's encoding (round-to-nearest and the grid encoders quantize each row on its own;
-/// tested against the whole encoding), every other row zeros. For the token embeddings'
-/// candidates: a pass looks up only the windows' tokens, so its KLD is the whole encoding's bit
-/// for bit, at the cost of encoding those rows (a 128k vocabulary's 4096-wide table is 0.5 G
-/// values per candidate; 2 windows hold at most 1,024 tokens).
+/// Entry `i` quantized to `ty` as [`substitutes`] writes it, in the rows `rows` only
+/// ([`rows_encoding`]): for the token embeddings' candidates, whose pass looks up only the
+/// windows' tokens, so its KLD is the whole encoding's bit for bit, at the cost of encoding those
+/// rows (a 128k vocabulary's 4096-wide table is 0.5 G values per candidate; 2 windows hold at
+/// most 1,024 tokens).
 fn substitute_rows(
     src: &dyn TensorSource,
     plan: &Plan,
@@ -480,35 +478,52 @@ fn substitute_rows(
     calib: &Calibration,
     rows: &[u64],
 ) -> Result<Substitute> {
-    let mut p = probe_plan(src, plan, profile, &[i], ty, calib)?;
-    let (n, n_rows) = match p.entries[i].dims[..] {
+    let p = probe_plan(src, plan, profile, &[i], ty, calib)?;
+    let data = rows_encoding(src, &p, i, calib, rows)?;
+    let id = profile
+        .id_of(ty)
+        .ok_or_else(|| Error::internal(format!("{ty}: no id in the profile")))?;
+    Ok((
+        plan.entries[i].name.clone(),
+        ty,
+        id,
+        std::sync::Arc::new(data),
+    ))
+}
+
+/// Entry `i` of the marked plan `p` as [`encode_entry`] writes it, in the rows `rows` (sorted,
+/// distinct) only: each holds the bytes of the whole tensor's encoding (round-to-nearest and the
+/// grid encoders quantize each row on its own; tested against the whole encoding), every other
+/// row zeros, for a pass that reads no other row. A type whose rows do not end on whole blocks
+/// is encoded whole.
+pub(super) fn rows_encoding(
+    src: &dyn TensorSource,
+    p: &Plan,
+    i: usize,
+    calib: &Calibration,
+    rows: &[u64],
+) -> Result<Vec<u8>> {
+    let e = &p.entries[i];
+    let ty = e.dst;
+    let (n, n_rows) = match e.dims[..] {
         [n, r] => (n, r),
-        _ => return Err(Error::internal("row-wise substitutes are for 2-D tensors")),
+        _ => return Err(Error::internal("row-wise encodings are for 2-D tensors")),
     };
     if rows.iter().any(|&r| r >= n_rows) {
         return Err(Error::internal(format!(
             "{}: a window's token is past its {n_rows} rows",
-            p.entries[i].name
+            e.name
         )));
     }
-    let row_bytes = ty
-        .bytes_for(n)
-        .ok_or_else(|| Error::Unsupported(format!("{}: does not fit {ty}", p.entries[i].name)))?
-        as usize;
-    let whole = ty
-        .bytes_for(n * n_rows)
-        .ok_or_else(|| Error::Unsupported(format!("{}: does not fit {ty}", p.entries[i].name)))?
-        as usize;
+    let unfit = || Error::Unsupported(format!("{}: does not fit {ty}", e.name));
+    let row_bytes = ty.bytes_for(n).ok_or_else(unfit)? as usize;
+    let whole = ty.bytes_for(n * n_rows).ok_or_else(unfit)? as usize;
     if whole != row_bytes * n_rows as usize {
-        // A type whose rows do not end on whole blocks: encode it all.
-        let mut v = substitutes(src, plan, profile, &[i], ty, calib)?;
-        return v
-            .pop()
-            .ok_or_else(|| Error::internal("no substitute encoded"));
+        return encode_entry(src, p, i, calib);
     }
-    let e = &mut p.entries[i];
-    e.dims = vec![n, rows.len() as u64];
-    e.bytes = row_bytes as u64 * rows.len() as u64;
+    let mut cut = p.clone();
+    cut.entries[i].dims = vec![n, rows.len() as u64];
+    cut.entries[i].bytes = row_bytes as u64 * rows.len() as u64;
     let picked = RowsOf {
         src,
         i,
@@ -526,21 +541,13 @@ fn substitute_rows(
             })
             .collect(),
     };
-    let bytes = encode_entry(&picked, &p, i, calib)?;
+    let bytes = encode_entry(&picked, &cut, i, calib)?;
     let mut data = vec![0u8; whole];
     for (k, &r) in rows.iter().enumerate() {
         let at = r as usize * row_bytes;
         data[at..at + row_bytes].copy_from_slice(&bytes[k * row_bytes..(k + 1) * row_bytes]);
     }
-    let id = profile
-        .id_of(ty)
-        .ok_or_else(|| Error::internal(format!("{ty}: no id in the profile")))?;
-    Ok((
-        plan.entries[i].name.clone(),
-        ty,
-        id,
-        std::sync::Arc::new(data),
-    ))
+    Ok(data)
 }
 
 /// `src` with tensor `i` cut to the rows `rows` (in that order): what [`substitute_rows`]

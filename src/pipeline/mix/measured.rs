@@ -288,6 +288,19 @@ pub(super) fn measure(
             set.extend(idx.iter().map(|&i| (i, p.entries[i].dst)));
         }
     }
+    // Tensors whose passes read only some rows (an untied token_embd: the windows' tokens):
+    // without a store to keep them for the conversion, only those rows are encoded.
+    let cut_rows: HashMap<usize, Vec<u64>> = match store {
+        Some(_) => HashMap::new(),
+        None => marked
+            .first()
+            .map(|p| {
+                (0..p.entries.len())
+                    .filter_map(|i| probes.rows_read(&p.entries[i].name).map(|r| (i, r)))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    };
     let n_layer = probes.n_layer() as u64;
     let total =
         encodes.values().map(|s| s.len() as u64).sum::<u64>() + marked.len() as u64 * (n_layer + 2);
@@ -340,6 +353,9 @@ pub(super) fn measure(
                     Some(r) => Enc::Rows(r),
                     None => Enc::Whole(Arc::new(match store.and_then(|s| s.get(p, i)) {
                         Some(b) => b,
+                        None if cut_rows.contains_key(&i) => {
+                            super::fit::rows_encoding(src, p, i, calib, &cut_rows[&i])?
+                        }
                         None => {
                             let b = super::fit::encode_entry(src, p, i, calib)?;
                             // The store only saves work: a failure to keep is a note.

@@ -74,10 +74,7 @@ impl Observer for Hessians {
         rows: usize,
         cols: usize,
     ) {
-        let keys: Vec<String> = tensors
-            .iter()
-            .map(|t| crate::quant::expert_key(t, expert))
-            .collect();
+        let keys = crate::quant::expert_keys(tensors, expert);
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         self.linear_input(Some(layer), &refs, x, rows, cols);
     }

@@ -15,8 +15,8 @@ pub mod sensitivity;
 
 pub use encode::{decode_rows, encode_rows, Encoder, LdlqSettings};
 pub use hessian::{
-    expert_key, tensor_of, Diagonal, Hessian, HessianFile, HessianReader, HessianWriter, Hessians,
-    Store, WriteMode,
+    expert_key, expert_keys, tensor_of, Diagonal, Hessian, HessianFile, HessianReader,
+    HessianWriter, Hessians, Store, WriteMode,
 };
 
 use crate::error::{Error, Result};

@@ -116,12 +116,13 @@ impl Observer for ActNoise {
         rows: usize,
         cols: usize,
     ) {
-        let keys: Vec<String> = tensors
-            .iter()
-            .map(|t| crate::quant::expert_key(t, expert))
-            .collect();
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        self.add(&refs, x, rows, cols);
+        let keys = crate::quant::expert_keys(tensors, expert);
+        self.add(
+            &keys.iter().map(String::as_str).collect::<Vec<_>>(),
+            x,
+            rows,
+            cols,
+        );
     }
 }
 
@@ -381,6 +382,25 @@ mod tests {
             .collect()
     }
 
+    /// `Σ_rows Σ_w-rows (w · (x − round(x)))²`: the rounding noise the inputs `x` add to the
+    /// products with the rows of `w` (both `k` wide), summed directly.
+    fn rounded_products(x: &[f32], w: &[f32], k: usize, round: ActRound) -> f64 {
+        let mut direct = 0f64;
+        for xr in x.chunks(k) {
+            let mut q = xr.to_vec();
+            round.apply(&mut q);
+            for wr in w.chunks(k) {
+                let y: f64 = wr
+                    .iter()
+                    .zip(xr.iter().zip(&q))
+                    .map(|(&a, (&b, &c))| a as f64 * (b - c) as f64)
+                    .sum();
+                direct += y * y;
+            }
+        }
+        direct
+    }
+
     /// The column-statistics estimate `Σ_j ‖W_{:,j}‖² E[δx_j²]` equals the directly computed mean
     /// `‖W (x − round(x))‖²` over the tokens (within the cross terms' noise), for both roundings;
     /// rows whose length is not a multiple of the block are not rounded (0).
@@ -398,20 +418,7 @@ mod tests {
             }
         }
         for round in CLASSES {
-            let mut direct = 0f64;
-            for xr in x.chunks(k) {
-                let mut q = xr.to_vec();
-                round.apply(&mut q);
-                for wr in w.chunks(k) {
-                    let y: f64 = wr
-                        .iter()
-                        .zip(xr.iter().zip(&q))
-                        .map(|(&a, (&b, &c))| a as f64 * (b - c) as f64)
-                        .sum();
-                    direct += y * y;
-                }
-            }
-            direct /= rows as f64;
+            let direct = rounded_products(&x, &w, k, round) / rows as f64;
             let est = weighted(&col, &obs.mean("b.weight", round).unwrap());
             assert!(direct > 0.0);
             assert!(
@@ -508,22 +515,11 @@ mod tests {
         let est = terms(&obs, &src, &plan, 0, n * n_exp, &types).unwrap();
         for (t, &ty) in types.iter().enumerate() {
             let round = ActRound::for_weight(ty);
-            let mut direct = 0f64;
-            for (x, xe) in &xs {
-                for xr in xe.chunks(k) {
-                    let mut q = xr.to_vec();
-                    round.apply(&mut q);
-                    for wr in w[x * n * k..(x + 1) * n * k].chunks(k) {
-                        let y: f64 = wr
-                            .iter()
-                            .zip(xr.iter().zip(&q))
-                            .map(|(&a, (&b, &c))| a as f64 * (b - c) as f64)
-                            .sum();
-                        direct += y * y;
-                    }
-                }
-            }
-            direct /= total as f64;
+            let direct = xs
+                .iter()
+                .map(|(x, xe)| rounded_products(xe, &w[x * n * k..(x + 1) * n * k], k, round))
+                .sum::<f64>()
+                / total as f64;
             if ty == TensorType::F16 {
                 assert_eq!(est[t], 0.0, "f16 meets an unrounded input");
                 continue;

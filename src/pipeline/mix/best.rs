@@ -655,21 +655,24 @@ mod tests {
         let calib = Calibration::Memory(&hs);
         let key = super::super::cache::Key(vec![("model", "m".into())]);
         let store = Store::open(&p("mix-cache.json"), &key).unwrap();
-        let klds = measure(
-            &model,
-            src.as_ref(),
-            &cands,
-            &profile,
-            &calib,
-            &ref_path,
-            2,
-            &BTreeMap::new(),
-            true,
-            None,
-            Scope::default(),
-            Some(&store),
-        )
-        .unwrap();
+        let run = |known: &BTreeMap<String, f64>, store: Option<&Store>| {
+            measure(
+                &model,
+                src.as_ref(),
+                &cands,
+                &profile,
+                &calib,
+                &ref_path,
+                2,
+                known,
+                true,
+                None,
+                Scope::default(),
+                store,
+            )
+            .unwrap()
+        };
+        let klds = run(&BTreeMap::new(), Some(&store));
         // A cold store: nothing read back, except a tied token_embd's second stage (the head),
         // which reads what the first (the embedding lookup) kept.
         let tied = !cands[0]
@@ -696,21 +699,7 @@ mod tests {
         let k: Vec<f64> = klds.iter().map(|x| x.0).collect();
         // Without a store an untied token_embd is encoded in the windows' rows only: the same
         // KLDs, bit for bit.
-        let cold = measure(
-            &model,
-            src.as_ref(),
-            &cands,
-            &profile,
-            &calib,
-            &ref_path,
-            2,
-            &BTreeMap::new(),
-            true,
-            None,
-            Scope::default(),
-            None,
-        )
-        .unwrap();
+        let cold = run(&BTreeMap::new(), None);
         for (a, b) in klds.iter().zip(&cold) {
             assert_eq!(a.0.to_bits(), b.0.to_bits(), "{} vs {}", a.0, b.0);
         }
@@ -729,21 +718,7 @@ mod tests {
         let known: BTreeMap<String, f64> =
             [(plan_key(&cands[0].plan, &Scope::default()), 7.0)].into();
         let s2 = Store::open(&p("mix-cache.json"), &key).unwrap();
-        let again = measure(
-            &model,
-            src.as_ref(),
-            &cands,
-            &profile,
-            &calib,
-            &ref_path,
-            2,
-            &known,
-            true,
-            None,
-            Scope::default(),
-            Some(&s2),
-        )
-        .unwrap();
+        let again = run(&known, Some(&s2));
         assert_eq!(again[0], (7.0, true));
         // Measured again from the kept encodings: the same KLD, bit for bit.
         assert_eq!(again[1], (k[1], false));

@@ -924,6 +924,24 @@ mod tests {
         assert_eq!(sampled, 12);
     }
 
+    /// The token_embd tests' set-up: `model` opened, its reference logits on 2 windows of
+    /// `text` (in `dir`), and token_embd's entry in `plan`.
+    fn embd_setup(
+        model: &Path,
+        text: &Path,
+        plan: &Plan,
+        dir: &Path,
+    ) -> (GgufFile, std::path::PathBuf, usize) {
+        let ref_path = dir.join("ref.logits");
+        reference_logits(model, text, 2, &ref_path, true).unwrap();
+        let i = plan
+            .entries
+            .iter()
+            .position(|e| e.name == "token_embd.weight")
+            .unwrap();
+        (GgufFile::open(model).unwrap(), ref_path, i)
+    }
+
     /// A token_embd candidate encoded in the windows' rows only holds, in those rows, the whole
     /// encoding's bytes for every candidate type (each row is quantized on its own), and its
     /// pass measures the whole encoding's KLD bit for bit; the rows are fewer than the table's.
@@ -932,15 +950,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (model, text, hs, src, plan, profile) = tiny_q4k(dir.path());
         let calib = Calibration::Memory(&hs);
-        let ref_path = dir.path().join("ref.logits");
-        reference_logits(&model, &text, 2, &ref_path, true).unwrap();
-        let file = GgufFile::open(&model).unwrap();
+        let (file, ref_path, i) = embd_setup(&model, &text, &plan, dir.path());
         let mut probes = Probes::new(&file, &ref_path, 2).unwrap();
-        let i = plan
-            .entries
-            .iter()
-            .position(|e| e.name == "token_embd.weight")
-            .unwrap();
         let e = &plan.entries[i];
         let rows = probes.rows_read(&e.name).expect("an untied embedding");
         assert!(
@@ -998,15 +1009,8 @@ mod tests {
         let src = crate::source::open(&model, &profile).unwrap();
         let req = Request::new(TensorType::Q4K, &plan::recipe::RECIPES[0]);
         let plan = plan::plan(src.tensors(), &req, &profile).unwrap();
-        let ref_path = dir.path().join("ref.logits");
-        reference_logits(&model, &text, 2, &ref_path, true).unwrap();
-        let file = GgufFile::open(&model).unwrap();
+        let (file, ref_path, i) = embd_setup(&model, &text, &plan, dir.path());
         let probes = Probes::new(&file, &ref_path, 2).unwrap();
-        let i = plan
-            .entries
-            .iter()
-            .position(|e| e.name == "token_embd.weight")
-            .unwrap();
         let e = &plan.entries[i];
         let rows = probes.rows_read(&e.name).unwrap();
         let cpu = || crate::io::progress::process_cpu_seconds();

@@ -51,11 +51,6 @@ pub fn expert_key(name: &str, e: usize) -> String {
     format!("{name}#{e}")
 }
 
-/// [`expert_key`] of each of `tensors` for expert `e` (an observer's per-expert inputs).
-pub fn expert_keys(tensors: &[&str], e: usize) -> Vec<String> {
-    tensors.iter().map(|t| expert_key(t, e)).collect()
-}
-
 /// The tensor a group member names (`NAME#e` → `NAME`; a plain name is itself).
 pub fn tensor_of(member: &str) -> &str {
     member.split_once('#').map_or(member, |(t, _)| t)

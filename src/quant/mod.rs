@@ -15,11 +15,16 @@ pub mod sensitivity;
 
 pub use encode::{decode_rows, encode_rows, Encoder, LdlqSettings};
 pub use hessian::{
-    expert_key, expert_keys, tensor_of, Diagonal, Hessian, HessianFile, HessianReader,
-    HessianWriter, Hessians, Store, WriteMode,
+    expert_key, tensor_of, Diagonal, Hessian, HessianFile, HessianReader, HessianWriter, Hessians,
+    Store, WriteMode,
 };
 
 use crate::error::{Error, Result};
+
+/// [`expert_key`] of each of `tensors` for expert `e` (an observer's per-expert inputs).
+pub fn expert_keys(tensors: &[&str], e: usize) -> Vec<String> {
+    tensors.iter().map(|t| expert_key(t, e)).collect()
+}
 
 /// A non-finite weight is an error naming the tensor, row and column.
 pub fn check_finite(name: &str, row_index: u64, row: &[f32]) -> Result<()> {

@@ -161,16 +161,17 @@ pub(super) fn fit(
     let mut pb = crate::pipeline::progress::steps(o.quiet, jobs.len() as u64, "KLD probes");
     for (done, &r) in run.iter().enumerate() {
         let (job, idx, ty) = &jobs[r];
-        let encoded = match (pre.remove(&r), job, &idx[..]) {
-            (Some(s), ..) => s,
-            // A token_embd candidate: only the rows the windows look up are encoded.
-            (None, Job::Direct(..), &[i]) => match probes.rows_read(&plan.entries[i].name) {
-                Some(rows) => Encoded::Whole(vec![substitute_rows(
-                    src, plan, profile, i, *ty, calib, &rows,
-                )?]),
-                None => enc.encode(file, src, plan, profile, *job, idx, *ty, calib)?,
-            },
-            (None, ..) => enc.encode(file, src, plan, profile, *job, idx, *ty, calib)?,
+        // A token_embd candidate: only the rows the windows look up are encoded.
+        let cut = match (job, &idx[..]) {
+            (Job::Direct(..), &[i]) => probes.rows_read(&plan.entries[i].name).map(|r| (i, r)),
+            _ => None,
+        };
+        let encoded = match (pre.remove(&r), cut) {
+            (Some(s), _) => s,
+            (None, Some((i, rows))) => Encoded::Whole(vec![substitute_rows(
+                src, plan, profile, i, *ty, calib, &rows,
+            )?]),
+            (None, None) => enc.encode(file, src, plan, profile, *job, idx, *ty, calib)?,
         };
         let (subs, sample_err) = match encoded {
             Encoded::Whole(v) => (v, None),
@@ -447,21 +448,9 @@ fn substitutes(
     ty: TensorType,
     calib: &Calibration,
 ) -> Result<Vec<Substitute>> {
-    let p = probe_plan(src, plan, profile, idx, ty, calib)?;
-    let id = profile
-        .id_of(ty)
-        .ok_or_else(|| Error::internal(format!("{ty}: no id in the profile")))?;
-    idx.iter()
-        .map(|&i| {
-            let bytes = encode_entry(src, &p, i, calib)?;
-            Ok((
-                p.entries[i].name.clone(),
-                ty,
-                id,
-                std::sync::Arc::new(bytes),
-            ))
-        })
-        .collect()
+    substitutes_with(src, plan, profile, idx, ty, calib, &|p, i| {
+        encode_entry(src, p, i, calib)
+    })
 }
 
 /// Entry `i` quantized to `ty` as [`substitutes`] writes it, in the rows `rows` only
@@ -478,17 +467,38 @@ fn substitute_rows(
     calib: &Calibration,
     rows: &[u64],
 ) -> Result<Substitute> {
-    let p = probe_plan(src, plan, profile, &[i], ty, calib)?;
-    let data = rows_encoding(src, &p, i, calib, rows)?;
+    substitutes_with(src, plan, profile, &[i], ty, calib, &|p, i| {
+        rows_encoding(src, p, i, calib, rows)
+    })?
+    .pop()
+    .ok_or_else(|| Error::internal("no substitute encoded"))
+}
+
+/// [`substitutes`] with each entry's bytes from `encode` (the probe plan, the entry).
+fn substitutes_with(
+    src: &dyn TensorSource,
+    plan: &Plan,
+    profile: &Profile,
+    idx: &[usize],
+    ty: TensorType,
+    calib: &Calibration,
+    encode: &dyn Fn(&Plan, usize) -> Result<Vec<u8>>,
+) -> Result<Vec<Substitute>> {
+    let p = probe_plan(src, plan, profile, idx, ty, calib)?;
     let id = profile
         .id_of(ty)
         .ok_or_else(|| Error::internal(format!("{ty}: no id in the profile")))?;
-    Ok((
-        plan.entries[i].name.clone(),
-        ty,
-        id,
-        std::sync::Arc::new(data),
-    ))
+    idx.iter()
+        .map(|&i| {
+            let bytes = encode(&p, i)?;
+            Ok((
+                p.entries[i].name.clone(),
+                ty,
+                id,
+                std::sync::Arc::new(bytes),
+            ))
+        })
+        .collect()
 }
 
 /// Entry `i` of the marked plan `p` as [`encode_entry`] writes it, in the rows `rows` (sorted,

@@ -681,8 +681,30 @@ impl ProbeEncoder {
         sample: Sample,
     ) -> Result<Option<super::probe::RowProbe>> {
         let e = &plan.entries[i];
-        if e.dims.len() != 2 || e.dims.iter().product::<u64>() <= cap {
+        if !matches!(e.dims.len(), 2 | 3) || e.dims.iter().product::<u64>() <= cap {
             return Ok(None);
+        }
+        if let [_, _, n_exp] = e.dims[..] {
+            // An expert stack: every expert's Hessian (loaded one group each from a file).
+            self.clear();
+            let mut loaded = vec![];
+            let mut hs: Vec<Option<&crate::quant::Hessian>> = vec![];
+            if let Calibration::File(f) = calib {
+                for x in 0..n_exp as usize {
+                    loaded.push(match f.index.for_expert(&e.name, x) {
+                        Some(g) => Some(f.load_group(&g.tensors.join(","))?),
+                        None => None,
+                    });
+                }
+                hs = loaded.iter().map(Option::as_ref).collect();
+            } else if let Calibration::Memory(m) = calib {
+                hs = (0..n_exp as usize)
+                    .map(|x| m.for_expert(&e.name, x))
+                    .collect();
+            }
+            let mut none = crate::quant::sensitivity::Factors::new();
+            let (ldlq, f) = (plan.ldlq, &mut none);
+            return super::probe::row_probe(file, src, e, i, ty, &hs, ldlq, f, cap, sample);
         }
         let key = group_of(calib, &e.name);
         if key != self.group {
@@ -706,7 +728,7 @@ impl ProbeEncoder {
             _ => None,
         };
         let (ldlq, factors) = (plan.ldlq, &mut self.factors);
-        super::probe::row_probe(file, src, e, i, ty, h, ldlq, factors, cap, sample)
+        super::probe::row_probe(file, src, e, i, ty, &[h], ldlq, factors, cap, sample)
     }
 }
 
@@ -844,7 +866,7 @@ mod tests {
                         e,
                         i,
                         ty,
-                        h,
+                        &[h],
                         plan.ldlq,
                         &mut factors,
                         cap,
@@ -920,7 +942,7 @@ mod tests {
                     e,
                     i,
                     ty,
-                    h,
+                    &[h],
                     plan.ldlq,
                     &mut factors,
                     whole_cap,

@@ -190,9 +190,13 @@ pub(super) fn sampling(
         .flat_map(|(idx, _)| idx)
         .any(|&i| {
             let e = &plan.entries[i];
-            e.dims.len() == 2
-                && e.dims.iter().product::<u64>() > cap
-                && super::fit::group_of(calib, &e.name).is_some()
+            e.dims.iter().product::<u64>() > cap
+                && match e.dims.len() {
+                    2 => super::fit::group_of(calib, &e.name).is_some(),
+                    // An expert stack with its experts' Hessians (`ProbeEncoder::sample`).
+                    3 => mix::has_weights(calib, e),
+                    _ => false,
+                }
         })
         .then_some(cap)
 }

@@ -363,17 +363,20 @@ impl RowProbe {
     }
 }
 
-/// Probe entry `i` (a 2-D tensor stored as f32, f16 or bf16 in `file`, with Hessian `h`) at
+/// Probe entry `i` (a 2-D tensor stored as f32, f16 or bf16 in `file`, with Hessian `hs[0]`) at
 /// `ty` on `rows_for(elements)` evenly spaced rows when it has more than `cap` elements: the rows
-/// are quantized as convert would (the sensitivity's encoder: LDLQ with `h`'s factor, `ldlq`'s
-/// settings; `factors` caches factors of `h` across calls, the caller clears it when `h`
-/// changes) and decoded; the other rows keep the input's bytes, so the runtime computes them
-/// exactly as in the reference. LDLQ quantizes rows independently, so the sampled rows' values
-/// are those of the whole tensor's encoding (tested), at `rows / n_rows` of its sweep cost.
+/// are quantized as convert would (the sensitivity's encoder: LDLQ with the Hessian's factor,
+/// `ldlq`'s settings; `factors` caches factors across calls, the caller clears it when the
+/// Hessian changes) and decoded; the other rows keep the input's bytes, so the runtime computes
+/// them exactly as in the reference. LDLQ quantizes rows independently, so the sampled rows'
+/// values are those of the whole tensor's encoding (tested), at `rows / n_rows` of its sweep cost.
 /// Under a first-order model both the KLD and the weighted error add over rows, so
 /// `KLD(sample) / err(sample)` estimates the whole tensor's `KLD / err` — all the fit uses.
-/// None: at or below `cap` elements, not 2-D, a quantized source or no matching Hessian (the
-/// whole tensor is probed).
+/// A 3-D expert stack (`hs[x]`: expert `x`'s Hessian) is sampled across its experts
+/// ([`expert_picks`]), each expert's rows quantized as convert quantizes that expert, and its
+/// error weighted by the expert's share of the routed tokens (the sensitivity's units).
+/// None: at or below `cap` elements, not 2-D or 3-D, a quantized source or no matching Hessian
+/// (the whole tensor is probed).
 ///
 /// With [`Sample::Amplified`] (the measured plans) each sampled row holds `w + s·(q − w)` instead
 /// of `q`, with `s = √(n_rows / sampled rows)`: its quantization error scaled so that the
@@ -388,38 +391,80 @@ pub(crate) fn row_probe(
     e: &crate::plan::PlanEntry,
     i: usize,
     ty: TensorType,
-    h: Option<&crate::quant::Hessian>,
+    hs: &[Option<&crate::quant::Hessian>],
     ldlq: crate::quant::LdlqSettings,
     factors: &mut crate::quant::sensitivity::Factors,
     cap: u64,
     sample: Sample,
 ) -> Result<Option<RowProbe>> {
     use crate::quant::sensitivity::{encode, row_errors, sample_rows, Weighting};
-    let [n, n_rows] = e.dims[..] else {
-        return Ok(None);
+    let (n, n_rows, per) = match e.dims[..] {
+        [n, r] => (n, r, r),
+        [n, per, x] => (n, per * x, per),
+        _ => return Ok(None),
     };
     let Some(t) = file.tensor(&e.name) else {
         return Ok(None);
     };
     let float = matches!(t.ty, TensorType::F32 | TensorType::F16 | TensorType::BF16);
-    let Some(h) = h.filter(|h| h.n as u64 == n) else {
-        return Ok(None);
+    let hs: Vec<Option<&crate::quant::Hessian>> =
+        hs.iter().map(|h| h.filter(|h| h.n as u64 == n)).collect();
+    // The routed tokens of an expert stack (a dense tensor: its Hessian's own).
+    let total: u64 = hs.iter().flatten().map(|h| h.tokens).sum();
+    let shaped = if e.dims.len() == 2 {
+        hs.len() == 1 && hs[0].is_some()
+    } else {
+        hs.len() as u64 == n_rows / per && total > 0
     };
-    if n * n_rows <= cap || !float || t.n_elements() != n * n_rows {
+    if n * n_rows <= cap || !float || t.n_elements() != n * n_rows || !shaped {
         return Ok(None);
     }
     let n = n as usize;
-    let picks = sample_rows(n_rows, cap.div_ceil(n as u64) as usize);
+    let k = cap.div_ceil(n as u64) as usize;
+    let picks = match e.dims.len() {
+        2 => sample_rows(n_rows, k),
+        _ => expert_picks(per, hs.len(), k),
+    };
     let mut rows = vec![0f32; picks.len() * n];
     for (r, buf) in picks.iter().zip(rows.chunks_mut(n)) {
         src.read_rows_f32(i, *r, buf)?;
         crate::quant::check_finite(&e.name, *r, buf)?;
     }
-    let w = Weighting::Hessian { h, ldlq };
-    let bytes = encode(&e.name, &rows, n, ty, &w, factors)?;
     let mut q = vec![0f32; rows.len()];
-    crate::quant::decode_rows(ty, &bytes, &mut q, n, &e.name)?;
-    let err: f64 = row_errors(&rows, &q, n, &w).iter().sum();
+    let mut err = 0f64;
+    // The picks of one expert (all of them for a dense tensor) are consecutive: each run is
+    // quantized under its Hessian as convert quantizes it.
+    let mut at = 0;
+    while at < picks.len() {
+        let x = (picks[at] / per) as usize;
+        let end = at
+            + picks[at..]
+                .iter()
+                .take_while(|&&r| r / per == x as u64)
+                .count();
+        let (a, b) = (at * n, end * n);
+        let mut own = crate::quant::sensitivity::Factors::new();
+        let (w, share, factors) = match (e.dims.len(), hs[x]) {
+            (2, Some(h)) => (Weighting::Hessian { h, ldlq }, 1.0, &mut *factors),
+            // An expert as convert encodes it: LDLQ from MIN_EXPERT_TOKENS routed tokens,
+            // round-to-nearest below (its error still under its Hessian), round-to-nearest
+            // and no error where no token was routed.
+            (_, Some(h)) if h.tokens > 0 && h.h.len() == h.n * h.n => {
+                let share = h.tokens as f64 / total as f64;
+                match h.tokens >= crate::quant::hessian::MIN_EXPERT_TOKENS {
+                    true => (Weighting::Hessian { h, ldlq }, share, &mut own),
+                    false => (Weighting::HessianRtn(h), share, &mut own),
+                }
+            }
+            _ => (Weighting::Identity, 0.0, &mut own),
+        };
+        let bytes = encode(&e.name, &rows[a..b], n, ty, &w, factors)?;
+        crate::quant::decode_rows(ty, &bytes, &mut q[a..b], n, &e.name)?;
+        if share > 0.0 {
+            err += share * row_errors(&rows[a..b], &q[a..b], n, &w).iter().sum::<f64>();
+        }
+        at = end;
+    }
     if sample == Sample::Amplified {
         let s = (n_rows as f64 / picks.len() as f64).sqrt() as f32;
         for (y, x) in q.iter_mut().zip(&rows) {
@@ -435,4 +480,274 @@ pub(crate) fn row_probe(
         rows,
         err,
     }))
+}
+
+/// Rows a row probe samples in each expert it samples: an expert's rows cost its LDLQ factor
+/// (a 2048-wide Cholesky and inverse) before its first row, so a stack's sample spreads over
+/// fewer experts with several rows each rather than one row of every expert.
+pub(crate) const ROWS_PER_EXPERT: usize = 16;
+
+/// The rows (global: `expert × per + row`) of a `per × n_exp` expert stack's `k`-row sample:
+/// `⌈k / ROWS_PER_EXPERT⌉` evenly spaced experts (all when that is more), each with its share
+/// of `k` evenly spaced rows; in order, one expert's rows after another.
+pub(crate) fn expert_picks(per: u64, n_exp: usize, k: usize) -> Vec<u64> {
+    use crate::quant::sensitivity::sample_rows;
+    let each = std::env::var("TQ_PROBE_EXPERT_ROWS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(ROWS_PER_EXPERT);
+    let experts = sample_rows(n_exp as u64, k.div_ceil(each).max(1));
+    let each = k.div_ceil(experts.len());
+    experts
+        .iter()
+        .flat_map(|&x| sample_rows(per, each).into_iter().map(move |r| x * per + r))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::mix::Calibration;
+    use crate::quant::hessian::{expert_key, MIN_EXPERT_TOKENS};
+    use crate::quant::sensitivity::{row_errors, Factors, Weighting};
+    use crate::quant::{Hessian, Hessians};
+
+    /// A stack's sample: a few experts, evenly spaced, each with its evenly spaced rows.
+    #[test]
+    fn expert_picks_spread_whole_experts() {
+        let p = expert_picks(32, 4, 64);
+        assert_eq!(p.len(), 64);
+        for x in 0..4 {
+            assert_eq!(p.iter().filter(|&&r| r / 32 == x).count(), 16, "{x}");
+        }
+        // Qwen3-30B-A3B's ffn_gate_exps (128 experts of 768 rows) at the 2^20 cap: 512 rows.
+        let p = expert_picks(768, 128, 512);
+        assert_eq!(p.len(), 512);
+        let experts: std::collections::BTreeSet<u64> = p.iter().map(|r| r / 768).collect();
+        assert_eq!(experts.len(), 512 / ROWS_PER_EXPERT);
+        assert!(p.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    /// An expert stack's row probe holds, in each sampled row, the whole stack's encoding as
+    /// convert writes it — LDLQ under the expert's Hessian, round-to-nearest for an expert with
+    /// too few tokens or none — and the input's bytes elsewhere; its error is the experts'
+    /// rows' weighted error, each expert weighted by its share of the routed tokens (an expert
+    /// no token reached adds none); amplified, the rows hold `w + s·(q − w)`.
+    #[test]
+    fn an_expert_stacks_row_probe_holds_the_whole_encodings_rows() {
+        let (n, per, n_exp) = (256usize, 32usize, 4usize);
+        let name = "blk.0.ffn_gate_exps.weight";
+        let dims = vec![n as u64, per as u64, n_exp as u64];
+        let w = crate::gguf_gen::gaussian(7, n * per * n_exp, 0.02);
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let g = crate::gguf_gen::build_with_data(
+            3,
+            None,
+            vec![],
+            vec![(name.into(), dims.clone(), 0, bytes.clone())],
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.gguf");
+        std::fs::write(&path, &g.bytes).unwrap();
+        let profile = crate::types::profile::Profile::default();
+        let file = GgufFile::open(&path).unwrap();
+        let src = crate::source::open(&path, &profile).unwrap();
+        // Expert 0 and 3: LDLQ; expert 1: under MIN_EXPERT_TOKENS; expert 2: never routed.
+        let tokens = [Some(100u64), Some(10), None, Some(200)];
+        assert!(tokens[1].unwrap() < MIN_EXPERT_TOKENS && tokens[0].unwrap() >= MIN_EXPERT_TOKENS);
+        let mut hs = Hessians::default();
+        for (x, t) in tokens.iter().enumerate() {
+            let Some(t) = *t else { continue };
+            let xs = crate::gguf_gen::gaussian(100 + x as u64, t as usize * n, 1.0);
+            let mut h = vec![0f64; n * n];
+            for v in xs.chunks(n) {
+                for a in 0..n {
+                    for b in 0..n {
+                        h[a * n + b] += v[a] as f64 * v[b] as f64;
+                    }
+                }
+            }
+            let key = expert_key(name, x);
+            hs.groups.insert(
+                key.clone(),
+                Hessian {
+                    tensors: vec![key],
+                    n,
+                    h,
+                    tokens: t,
+                },
+            );
+        }
+        let ty = TensorType::Q4K;
+        let plan = crate::plan::Plan {
+            entries: vec![crate::plan::PlanEntry {
+                name: name.into(),
+                dims: dims.clone(),
+                src: TensorType::F32,
+                dst: ty,
+                action: crate::plan::Action::Quantize,
+                bytes: ty.bytes_for((n * per * n_exp) as u64).unwrap(),
+                reasons: vec![],
+                fallback: false,
+                ldlq: true,
+                importance: None,
+            }],
+            file_type: None,
+            base_type: ty,
+            ldlq: Default::default(),
+        };
+        let calib = Calibration::Memory(&hs);
+        let whole = super::super::fit::encode_entry(src.as_ref(), &plan, 0, &calib).unwrap();
+        let mut q = vec![0f32; w.len()];
+        crate::quant::decode_rows(ty, &whole, &mut q, n, name).unwrap();
+        let mut rtn = vec![0f32; w.len()];
+        let plain = crate::quant::encode_rows(ty, name, &w, n, &crate::quant::Encoder::Nearest);
+        crate::quant::decode_rows(ty, &plain.unwrap(), &mut rtn, n, name).unwrap();
+        assert!(
+            q[..per * n] != rtn[..per * n],
+            "expert 0 is LDLQ'd, not rounded"
+        );
+        let slots: Vec<Option<&Hessian>> = (0..n_exp).map(|x| hs.for_expert(name, x)).collect();
+        let cap = (64 * n) as u64;
+        let picks = expert_picks(per as u64, n_exp, 64);
+        let total: u64 = tokens.iter().flatten().sum();
+        let s = ((per * n_exp) as f64 / picks.len() as f64).sqrt() as f32;
+        for mode in [Sample::Plain, Sample::Amplified] {
+            let e = &plan.entries[0];
+            let (ldlq, mut f) = (plan.ldlq, Factors::new());
+            let rp = row_probe(
+                &file,
+                src.as_ref(),
+                e,
+                0,
+                ty,
+                &slots,
+                ldlq,
+                &mut f,
+                cap,
+                mode,
+            )
+            .unwrap()
+            .expect("a stack over the cap is sampled");
+            assert_eq!(rp.picks, picks);
+            let sub = rp.substitute(&file).unwrap();
+            let got: Vec<f32> = sub
+                .3
+                .chunks(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            let mut err = 0.0;
+            for r in 0..per * n_exp {
+                let at = r * n..(r + 1) * n;
+                if !picks.contains(&(r as u64)) {
+                    assert!(got[at.clone()] == w[at], "row {r} changed");
+                    continue;
+                }
+                let want: Vec<f32> = match mode {
+                    Sample::Plain => q[at.clone()].to_vec(),
+                    Sample::Amplified => w[at.clone()]
+                        .iter()
+                        .zip(&q[at.clone()])
+                        .map(|(x, y)| *x + s * (*y - *x))
+                        .collect(),
+                };
+                assert!(got[at.clone()] == want[..], "{mode:?}: row {r}");
+                if let Some(h) = slots[r / per] {
+                    let wt = Weighting::HessianRtn(h);
+                    let e = row_errors(&w[at.clone()], &q[at], n, &wt)[0];
+                    err += h.tokens as f64 / total as f64 * e;
+                }
+            }
+            assert!(err > 0.0);
+            assert!((rp.err - err).abs() <= 1e-9 * err, "{} vs {err}", rp.err);
+        }
+        // At the cap: the whole stack.
+        let (ldlq, mut f) = (plan.ldlq, Factors::new());
+        let whole_cap = (n * per * n_exp) as u64;
+        let e = &plan.entries[0];
+        let none = row_probe(
+            &file,
+            src.as_ref(),
+            e,
+            0,
+            ty,
+            &slots,
+            ldlq,
+            &mut f,
+            whole_cap,
+            Sample::Plain,
+        );
+        assert!(none.unwrap().is_none());
+    }
+
+    /// Measurement (`--ignored`, needs `TQ_BENCH_MODEL` and `TQ_BENCH_HESSIANS`, a `tq calib`
+    /// file with per-expert Hessians; `TQ_BENCH_TENSOR` picks the stack, default block 0's
+    /// `ffn_gate_exps`): the process CPU of one expert stack's probe encoded whole, as before,
+    /// and on its row sample, at three candidate types (docs/bench/scale.md).
+    #[test]
+    #[ignore]
+    fn bench_expert_stack_probe() {
+        let (Ok(model), Ok(hfile)) = (
+            std::env::var("TQ_BENCH_MODEL"),
+            std::env::var("TQ_BENCH_HESSIANS"),
+        ) else {
+            return;
+        };
+        let name = std::env::var("TQ_BENCH_TENSOR")
+            .unwrap_or_else(|_| "blk.0.ffn_gate_exps.weight".into());
+        let model = std::path::PathBuf::from(model);
+        let profile = crate::types::profile::Profile::default();
+        let src = crate::source::open(&model, &profile).unwrap();
+        let file = GgufFile::open(&model).unwrap();
+        let req = crate::plan::Request::new(TensorType::Q4K, &crate::plan::recipe::RECIPES[0]);
+        let mut plan = crate::plan::plan(src.tensors(), &req, &profile).unwrap();
+        let (hf, _) = crate::quant::HessianFile::open(std::path::Path::new(&hfile)).unwrap();
+        let calib = Calibration::File(&hf);
+        let i = plan.entries.iter().position(|e| e.name == name).unwrap();
+        let cpu = crate::io::progress::process_cpu_seconds;
+        let cap = probe_elements();
+        for ty in [TensorType::Q4K, TensorType::IQ4XS, TensorType::Q6K] {
+            let e = &mut plan.entries[i];
+            e.dst = ty;
+            e.action = crate::plan::Action::Quantize;
+            e.bytes = ty.bytes_for(e.dims.iter().product()).unwrap();
+            super::super::fit::mark(&mut plan, &calib);
+            assert!(
+                plan.entries[i].ldlq,
+                "{name}: no expert Hessians in {hfile}"
+            );
+            let t0 = cpu();
+            let whole = super::super::fit::encode_entry(src.as_ref(), &plan, i, &calib).unwrap();
+            let t1 = cpu();
+            let mut enc = super::super::fit::ProbeEncoder::default();
+            let rp = enc
+                .sample(
+                    &file,
+                    src.as_ref(),
+                    &plan,
+                    i,
+                    ty,
+                    &calib,
+                    cap,
+                    Sample::Plain,
+                )
+                .unwrap()
+                .expect("a stack over the cap");
+            let t2 = cpu();
+            let experts: std::collections::BTreeSet<u64> = rp
+                .picks
+                .iter()
+                .map(|r| r / plan.entries[i].dims[1])
+                .collect();
+            eprintln!(
+                "{name} {ty}: whole {:.1} CPU-s ({} bytes), {} rows of {} experts {:.1} CPU-s",
+                t1 - t0,
+                whole.len(),
+                rp.picks.len(),
+                experts.len(),
+                t2 - t1
+            );
+        }
+    }
 }

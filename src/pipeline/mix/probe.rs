@@ -613,23 +613,25 @@ mod tests {
         let picks = expert_picks(per as u64, n_exp, 64);
         let total: u64 = tokens.iter().flatten().sum();
         let s = ((per * n_exp) as f64 / picks.len() as f64).sqrt() as f32;
-        for mode in [Sample::Plain, Sample::Amplified] {
-            let e = &plan.entries[0];
-            let (ldlq, mut f) = (plan.ldlq, Factors::new());
-            let rp = row_probe(
+        let probe = |cap: u64, mode: Sample| {
+            let (e, mut f) = (&plan.entries[0], Factors::new());
+            row_probe(
                 &file,
                 src.as_ref(),
                 e,
                 0,
                 ty,
                 &slots,
-                ldlq,
+                plan.ldlq,
                 &mut f,
                 cap,
                 mode,
             )
-            .unwrap()
-            .expect("a stack over the cap is sampled");
+        };
+        for mode in [Sample::Plain, Sample::Amplified] {
+            let rp = probe(cap, mode)
+                .unwrap()
+                .expect("a stack over the cap is sampled");
             assert_eq!(rp.picks, picks);
             let sub = rp.substitute(&file).unwrap();
             let got: Vec<f32> = sub
@@ -663,21 +665,7 @@ mod tests {
             assert!((rp.err - err).abs() <= 1e-9 * err, "{} vs {err}", rp.err);
         }
         // At the cap: the whole stack.
-        let (ldlq, mut f) = (plan.ldlq, Factors::new());
-        let whole_cap = (n * per * n_exp) as u64;
-        let e = &plan.entries[0];
-        let none = row_probe(
-            &file,
-            src.as_ref(),
-            e,
-            0,
-            ty,
-            &slots,
-            ldlq,
-            &mut f,
-            whole_cap,
-            Sample::Plain,
-        );
+        let none = probe((n * per * n_exp) as u64, Sample::Plain);
         assert!(none.unwrap().is_none());
     }
 

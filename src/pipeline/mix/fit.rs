@@ -685,14 +685,23 @@ impl ProbeEncoder {
             return Ok(None);
         }
         if let [_, _, n_exp] = e.dims[..] {
-            // An expert stack: every expert's Hessian (loaded one group each from a file).
+            // An expert stack: every expert's Hessian. From a file, the sampled experts' are
+            // loaded (one group each) and the others' token counts come from the index.
             self.clear();
             let mut loaded = vec![];
             let mut hs: Vec<Option<&crate::quant::Hessian>> = vec![];
             if let Calibration::File(f) = calib {
+                let k = cap.div_ceil(e.dims[0]) as usize;
+                let per = e.dims[1];
+                let picks = super::probe::expert_picks(per, n_exp as usize, k);
+                let sampled: std::collections::BTreeSet<u64> =
+                    picks.iter().map(|r| r / per).collect();
                 for x in 0..n_exp as usize {
                     loaded.push(match f.index.for_expert(&e.name, x) {
-                        Some(g) => Some(f.load_group(&g.tensors.join(","))?),
+                        Some(g) if sampled.contains(&(x as u64)) => {
+                            Some(f.load_group(&g.tensors.join(","))?)
+                        }
+                        Some(g) => Some(g.clone()),
                         None => None,
                     });
                 }

@@ -411,6 +411,7 @@ pub(crate) fn row_probe(
         hs.iter().map(|h| h.filter(|h| h.n as u64 == n)).collect();
     // The routed tokens of an expert stack (a dense tensor: its Hessian's own).
     let total: u64 = hs.iter().flatten().map(|h| h.tokens).sum();
+    // (An expert outside the sample may come without its matrix: only its tokens count.)
     let shaped = if e.dims.len() == 2 {
         hs.len() == 1 && hs[0].is_some()
     } else {
@@ -663,6 +664,32 @@ mod tests {
             }
             assert!(err > 0.0);
             assert!((rp.err - err).abs() <= 1e-9 * err, "{} vs {err}", rp.err);
+        }
+        // From a Hessian file (the sampled experts' groups loaded, the others' tokens from its
+        // index): the same rows and error as from memory, at a cap that samples experts 1 and 3 only.
+        let hp = dir.path().join("h.safetensors");
+        hs.save(&hp, &Default::default(), crate::quant::Store::F64)
+            .unwrap();
+        let (hf, _) = crate::quant::HessianFile::open(&hp).unwrap();
+        let mut enc = super::super::fit::ProbeEncoder::default();
+        let half = (32 * n) as u64;
+        for (c, mode) in [
+            (&calib, Sample::Amplified),
+            (&Calibration::File(&hf), Sample::Amplified),
+        ] {
+            let a = enc
+                .sample(&file, src.as_ref(), &plan, 0, ty, c, half, mode)
+                .unwrap()
+                .unwrap();
+            let b = probe(half, mode).unwrap().unwrap();
+            assert_eq!(
+                b.picks
+                    .iter()
+                    .map(|r| r / per as u64)
+                    .collect::<std::collections::BTreeSet<_>>(),
+                [1, 3].into()
+            );
+            assert_eq!((a.picks, a.rows, a.err), (b.picks, b.rows, b.err));
         }
         // At the cap: the whole stack.
         let none = probe((n * per * n_exp) as u64, Sample::Plain);

@@ -1134,4 +1134,243 @@ mod tests {
         // Resumed probes ran fewer blocks than whole passes would.
         assert!(probes.blocks_run < 3 * cases.len(), "{}", probes.blocks_run);
     }
+
+    /// An expert stack's row probe holds, in each sampled row, the whole stack's encoding as
+    /// convert writes it — LDLQ under the expert's Hessian, round-to-nearest for an expert with
+    /// too few tokens or none — and the input's bytes elsewhere; its error is the experts'
+    /// rows' weighted error, each expert weighted by its share of the routed tokens (an expert
+    /// no token reached adds none); amplified, the rows hold `w + s·(q − w)`.
+    #[test]
+    fn an_expert_stacks_row_probe_holds_the_whole_encodings_rows() {
+        use crate::quant::hessian::{expert_key, MIN_EXPERT_TOKENS};
+        use crate::quant::sensitivity::{row_errors, Factors, Weighting};
+        use crate::quant::{Hessian, Hessians};
+        let (n, per, n_exp) = (256usize, 32usize, 4usize);
+        let name = "blk.0.ffn_gate_exps.weight";
+        let dims = vec![n as u64, per as u64, n_exp as u64];
+        let w = crate::gguf_gen::gaussian(7, n * per * n_exp, 0.02);
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let g = crate::gguf_gen::build_with_data(
+            3,
+            None,
+            vec![],
+            vec![(name.into(), dims.clone(), 0, bytes.clone())],
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.gguf");
+        std::fs::write(&path, &g.bytes).unwrap();
+        let profile = crate::types::profile::Profile::default();
+        let file = GgufFile::open(&path).unwrap();
+        let src = crate::source::open(&path, &profile).unwrap();
+        // Expert 0 and 3: LDLQ; expert 1: under MIN_EXPERT_TOKENS; expert 2: never routed.
+        let tokens = [Some(100u64), Some(10), None, Some(200)];
+        assert!(tokens[1].unwrap() < MIN_EXPERT_TOKENS && tokens[0].unwrap() >= MIN_EXPERT_TOKENS);
+        let mut hs = Hessians::default();
+        for (x, t) in tokens.iter().enumerate() {
+            let Some(t) = *t else { continue };
+            let xs = crate::gguf_gen::gaussian(100 + x as u64, t as usize * n, 1.0);
+            let mut h = vec![0f64; n * n];
+            for v in xs.chunks(n) {
+                for a in 0..n {
+                    for b in 0..n {
+                        h[a * n + b] += v[a] as f64 * v[b] as f64;
+                    }
+                }
+            }
+            let key = expert_key(name, x);
+            hs.groups.insert(
+                key.clone(),
+                Hessian {
+                    tensors: vec![key],
+                    n,
+                    h,
+                    tokens: t,
+                },
+            );
+        }
+        let ty = TensorType::Q4K;
+        let plan = crate::plan::Plan {
+            entries: vec![crate::plan::PlanEntry {
+                name: name.into(),
+                dims: dims.clone(),
+                src: TensorType::F32,
+                dst: ty,
+                action: crate::plan::Action::Quantize,
+                bytes: ty.bytes_for((n * per * n_exp) as u64).unwrap(),
+                reasons: vec![],
+                fallback: false,
+                ldlq: true,
+                importance: None,
+            }],
+            file_type: None,
+            base_type: ty,
+            ldlq: Default::default(),
+        };
+        let calib = Calibration::Memory(&hs);
+        let whole = encode_entry(src.as_ref(), &plan, 0, &calib).unwrap();
+        let mut q = vec![0f32; w.len()];
+        crate::quant::decode_rows(ty, &whole, &mut q, n, name).unwrap();
+        let mut rtn = vec![0f32; w.len()];
+        let plain = crate::quant::encode_rows(ty, name, &w, n, &crate::quant::Encoder::Nearest);
+        crate::quant::decode_rows(ty, &plain.unwrap(), &mut rtn, n, name).unwrap();
+        assert!(
+            q[..per * n] != rtn[..per * n],
+            "expert 0 is LDLQ'd, not rounded"
+        );
+        let slots: Vec<Option<&Hessian>> = (0..n_exp).map(|x| hs.for_expert(name, x)).collect();
+        let cap = (64 * n) as u64;
+        let picks = super::super::probe::expert_picks(per as u64, n_exp, 64);
+        let total: u64 = tokens.iter().flatten().sum();
+        let s = ((per * n_exp) as f64 / picks.len() as f64).sqrt() as f32;
+        let probe = |cap: u64, mode: Sample| {
+            let (e, mut f) = (&plan.entries[0], Factors::new());
+            super::super::probe::row_probe(
+                &file,
+                src.as_ref(),
+                e,
+                0,
+                ty,
+                &slots,
+                plan.ldlq,
+                &mut f,
+                cap,
+                mode,
+            )
+        };
+        for mode in [Sample::Plain, Sample::Amplified] {
+            let rp = probe(cap, mode)
+                .unwrap()
+                .expect("a stack over the cap is sampled");
+            assert_eq!(rp.picks, picks);
+            let sub = rp.substitute(&file).unwrap();
+            let got: Vec<f32> = sub
+                .3
+                .chunks(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            let mut err = 0.0;
+            for r in 0..per * n_exp {
+                let at = r * n..(r + 1) * n;
+                if !picks.contains(&(r as u64)) {
+                    assert!(got[at.clone()] == w[at], "row {r} changed");
+                    continue;
+                }
+                let want: Vec<f32> = match mode {
+                    Sample::Plain => q[at.clone()].to_vec(),
+                    Sample::Amplified => w[at.clone()]
+                        .iter()
+                        .zip(&q[at.clone()])
+                        .map(|(x, y)| *x + s * (*y - *x))
+                        .collect(),
+                };
+                assert!(got[at.clone()] == want[..], "{mode:?}: row {r}");
+                if let Some(h) = slots[r / per] {
+                    let wt = Weighting::HessianRtn(h);
+                    let e = row_errors(&w[at.clone()], &q[at], n, &wt)[0];
+                    err += h.tokens as f64 / total as f64 * e;
+                }
+            }
+            assert!(err > 0.0);
+            assert!((rp.err - err).abs() <= 1e-9 * err, "{} vs {err}", rp.err);
+        }
+        // From a Hessian file (the sampled experts' groups loaded, the others' tokens from its
+        // index): the same rows and error as from memory, at a cap that samples experts 1 and 3 only.
+        let hp = dir.path().join("h.safetensors");
+        hs.save(&hp, &Default::default(), crate::quant::Store::F64)
+            .unwrap();
+        let (hf, _) = crate::quant::HessianFile::open(&hp).unwrap();
+        let mut enc = ProbeEncoder::default();
+        let half = (32 * n) as u64;
+        for (c, mode) in [
+            (&calib, Sample::Amplified),
+            (&Calibration::File(&hf), Sample::Amplified),
+        ] {
+            let a = enc
+                .sample(&file, src.as_ref(), &plan, 0, ty, c, half, mode)
+                .unwrap()
+                .unwrap();
+            let b = probe(half, mode).unwrap().unwrap();
+            assert_eq!(
+                b.picks
+                    .iter()
+                    .map(|r| r / per as u64)
+                    .collect::<std::collections::BTreeSet<_>>(),
+                [1, 3].into()
+            );
+            assert_eq!((a.picks, a.rows, a.err), (b.picks, b.rows, b.err));
+        }
+        // At the cap: the whole stack.
+        let none = probe((n * per * n_exp) as u64, Sample::Plain);
+        assert!(none.unwrap().is_none());
+    }
+
+    /// Measurement (`--ignored`, needs `TQ_BENCH_MODEL` and `TQ_BENCH_HESSIANS`, a `tq calib`
+    /// file with per-expert Hessians; `TQ_BENCH_TENSOR` picks the stack, default block 0's
+    /// `ffn_gate_exps`): the process CPU of one expert stack's probe encoded whole, as before,
+    /// and on its row sample, at three candidate types (docs/bench/scale.md).
+    #[test]
+    #[ignore]
+    fn bench_expert_stack_probe() {
+        let (Ok(model), Ok(hfile)) = (
+            std::env::var("TQ_BENCH_MODEL"),
+            std::env::var("TQ_BENCH_HESSIANS"),
+        ) else {
+            return;
+        };
+        let name = std::env::var("TQ_BENCH_TENSOR")
+            .unwrap_or_else(|_| "blk.0.ffn_gate_exps.weight".into());
+        let model = std::path::PathBuf::from(model);
+        let profile = crate::types::profile::Profile::default();
+        let src = crate::source::open(&model, &profile).unwrap();
+        let file = GgufFile::open(&model).unwrap();
+        let req = crate::plan::Request::new(TensorType::Q4K, &crate::plan::recipe::RECIPES[0]);
+        let mut plan = crate::plan::plan(src.tensors(), &req, &profile).unwrap();
+        let (hf, _) = crate::quant::HessianFile::open(std::path::Path::new(&hfile)).unwrap();
+        let calib = Calibration::File(&hf);
+        let i = plan.entries.iter().position(|e| e.name == name).unwrap();
+        let cpu = crate::io::progress::process_cpu_seconds;
+        let cap = super::super::probe::probe_elements();
+        for ty in [TensorType::Q4K, TensorType::IQ4XS, TensorType::Q6K] {
+            let e = &mut plan.entries[i];
+            e.dst = ty;
+            e.action = crate::plan::Action::Quantize;
+            e.bytes = ty.bytes_for(e.dims.iter().product()).unwrap();
+            mark(&mut plan, &calib);
+            assert!(
+                plan.entries[i].ldlq,
+                "{name}: no expert Hessians in {hfile}"
+            );
+            let t0 = cpu();
+            let whole = encode_entry(src.as_ref(), &plan, i, &calib).unwrap();
+            let t1 = cpu();
+            let mut enc = ProbeEncoder::default();
+            let rp = enc
+                .sample(
+                    &file,
+                    src.as_ref(),
+                    &plan,
+                    i,
+                    ty,
+                    &calib,
+                    cap,
+                    Sample::Plain,
+                )
+                .unwrap()
+                .expect("a stack over the cap");
+            let t2 = cpu();
+            let experts: std::collections::BTreeSet<u64> = rp
+                .picks
+                .iter()
+                .map(|r| r / plan.entries[i].dims[1])
+                .collect();
+            eprintln!(
+                "{name} {ty}: whole {:.1} CPU-s ({} bytes), {} rows of {} experts {:.1} CPU-s",
+                t1 - t0,
+                whole.len(),
+                rp.picks.len(),
+                experts.len(),
+                t2 - t1
+            );
+        }
+    }
 }

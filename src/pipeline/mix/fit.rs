@@ -691,11 +691,12 @@ impl ProbeEncoder {
             let mut loaded = vec![];
             let mut hs: Vec<Option<&crate::quant::Hessian>> = vec![];
             if let Calibration::File(f) = calib {
-                let k = cap.div_ceil(e.dims[0]) as usize;
                 let per = e.dims[1];
-                let picks = super::probe::expert_picks(per, n_exp as usize, k);
                 let sampled: std::collections::BTreeSet<u64> =
-                    picks.iter().map(|r| r / per).collect();
+                    super::probe::sample_picks(&e.dims, cap)
+                        .iter()
+                        .map(|r| r / per)
+                        .collect();
                 for x in 0..n_exp as usize {
                     loaded.push(match f.index.for_expert(&e.name, x) {
                         Some(g) if sampled.contains(&(x as u64)) => {

@@ -397,7 +397,7 @@ pub(crate) fn row_probe(
     cap: u64,
     sample: Sample,
 ) -> Result<Option<RowProbe>> {
-    use crate::quant::sensitivity::{encode, row_errors, sample_rows, Weighting};
+    use crate::quant::sensitivity::{encode, row_errors, Weighting};
     let (n, n_rows, per) = match e.dims[..] {
         [n, r] => (n, r, r),
         [n, per, x] => (n, per * x, per),
@@ -421,11 +421,7 @@ pub(crate) fn row_probe(
         return Ok(None);
     }
     let n = n as usize;
-    let k = cap.div_ceil(n as u64) as usize;
-    let picks = match e.dims.len() {
-        2 => sample_rows(n_rows, k),
-        _ => expert_picks(per, hs.len(), k),
-    };
+    let picks = sample_picks(&e.dims, cap);
     let mut rows = vec![0f32; picks.len() * n];
     for (r, buf) in picks.iter().zip(rows.chunks_mut(n)) {
         src.read_rows_f32(i, *r, buf)?;
@@ -481,6 +477,17 @@ pub(crate) fn row_probe(
         rows,
         err,
     }))
+}
+
+/// The rows [`row_probe`] samples from a tensor of shape `dims` under `cap`: `⌈cap / n⌉` evenly
+/// spaced rows of a 2-D tensor, or of a 3-D expert stack spread by [`expert_picks`].
+pub(crate) fn sample_picks(dims: &[u64], cap: u64) -> Vec<u64> {
+    use crate::quant::sensitivity::sample_rows;
+    let k = cap.div_ceil(dims[0].max(1)) as usize;
+    match dims[..] {
+        [_, per, n_exp] => expert_picks(per, n_exp as usize, k),
+        _ => sample_rows(dims.get(1).copied().unwrap_or(1), k),
+    }
 }
 
 /// Rows a row probe samples in each expert it samples: an expert's rows cost its LDLQ factor

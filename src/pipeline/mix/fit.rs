@@ -159,18 +159,30 @@ pub(super) fn fit(
     let mut run: Vec<usize> = (0..jobs.len()).collect();
     run.sort_by_key(|&r| starts[r]);
     let mut pb = crate::pipeline::progress::steps(o.quiet, jobs.len() as u64, "KLD probes");
+    let mut heads = super::head::Heads::new(&ref_path, super::head::head_elements());
     for (done, &r) in run.iter().enumerate() {
         let (job, idx, ty) = &jobs[r];
-        // A token_embd candidate: only the rows the windows look up are encoded.
-        let cut = match (job, &idx[..]) {
-            (Job::Direct(..), &[i]) => probes.rows_read(&plan.entries[i].name).map(|r| (i, r)),
-            _ => None,
+        // A token_embd candidate: only the rows the windows look up are encoded; an output
+        // projection's: a sample of its rows (head.rs).
+        let (cut, head) = match (job, &idx[..]) {
+            (Job::Direct(..), &[i]) => match heads.sample(&probes, file, &plan.entries[i])? {
+                Some(h) => (Some((i, h.picks.clone())), Some(h)),
+                None => (
+                    probes.rows_read(&plan.entries[i].name).map(|r| (i, r)),
+                    None,
+                ),
+            },
+            _ => (None, None),
         };
         let encoded = match (pre.remove(&r), cut) {
             (Some(s), _) => s,
-            (None, Some((i, rows))) => Encoded::Whole(vec![substitute_rows(
-                src, plan, profile, i, *ty, calib, &rows,
-            )?]),
+            (None, Some((i, rows))) => {
+                let s = substitute_rows(src, plan, profile, i, *ty, calib, &rows)?;
+                match head {
+                    Some(h) => Encoded::Rows(h.probe(src, file, &plan.entries[i], i, &s)?),
+                    None => Encoded::Whole(vec![s]),
+                }
+            }
             (None, None) => enc.encode(file, src, plan, profile, *job, idx, *ty, calib)?,
         };
         let (subs, sample_err) = match encoded {
@@ -1027,6 +1039,131 @@ mod tests {
                 assert!(a > 0.0);
                 assert_eq!(a.to_bits(), b.to_bits(), "{ty}: {a} vs {b}");
             }
+        }
+    }
+
+    /// An output-projection candidate on a row sample (head.rs) holds the whole encoding's
+    /// values in its exact rows and `w + s·(q − w)` in its tail rows, the input's bytes
+    /// elsewhere; its KLD estimates the whole candidate's (within 1.5× on the tiny model's head,
+    /// an eighth of its rows sampled) and ranks the candidates as they rank; at the cap, none.
+    #[test]
+    fn head_candidates_on_a_row_sample_estimate_the_whole_candidates_kld() {
+        use super::super::head::Heads;
+        use TensorType::*;
+        let dir = tempfile::tempdir().unwrap();
+        let (model, text, hs, src, plan, profile) = tiny_q4k(dir.path());
+        let calib = Calibration::Memory(&hs);
+        let (file, ref_path, _) = embd_setup(&model, &text, &plan, dir.path());
+        let mut probes = Probes::new(&file, &ref_path, 2).unwrap();
+        let i = plan.entries.iter().position(|e| e.name == "output.weight");
+        let e = &plan.entries[i.unwrap()];
+        let (i, n) = (i.unwrap(), e.dims[0] as usize);
+        let all = e.dims[0] * e.dims[1];
+        let none = Heads::new(&ref_path, all)
+            .sample(&probes, &file, e)
+            .unwrap();
+        assert!(none.is_none());
+        let mut heads = Heads::new(&ref_path, all / 8);
+        let h = heads.sample(&probes, &file, e).unwrap().expect("a sample");
+        assert_eq!(h.picks.len() as u64, e.dims[1] / 8);
+        let emb = &plan.entries[plan
+            .entries
+            .iter()
+            .position(|e| e.name == "token_embd.weight")
+            .unwrap()];
+        assert!(heads.sample(&probes, &file, emb).unwrap().is_none());
+        let mut got = vec![];
+        for ty in [Q2K, Q3K, Q4_0, Q4K, Q6K] {
+            let whole = substitutes(src.as_ref(), &plan, &profile, &[i], ty, &calib).unwrap();
+            let cut = substitute_rows(src.as_ref(), &plan, &profile, i, ty, &calib, &h.picks);
+            let p = h.probe(src.as_ref(), &file, e, i, &cut.unwrap()).unwrap();
+            let sub = p.substitute(&file).unwrap();
+            // Row by row against the whole encoding, decoded.
+            let t = file.tensor(&e.name).unwrap();
+            let (mut q, mut w) = (vec![0f32; n], vec![0f32; n]);
+            let rb = ty.bytes_for(n as u64).unwrap() as usize;
+            let fb = t.ty.bytes_for(n as u64).unwrap() as usize;
+            for r in 0..e.dims[1] as usize {
+                let got = &sub.3[r * fb..(r + 1) * fb];
+                let k = h.picks.iter().position(|&x| x == r as u64);
+                let Some(k) = k else {
+                    assert_eq!(got, &file.tensor_data(t)[r * fb..(r + 1) * fb]);
+                    continue;
+                };
+                let wr = &whole[0].3[r * rb..(r + 1) * rb];
+                crate::quant::decode_rows(ty, wr, &mut q, n, "t").unwrap();
+                if h.amplified[k] {
+                    src.read_rows_f32(i, r as u64, &mut w).unwrap();
+                    for (y, x) in q.iter_mut().zip(&w) {
+                        *y = *x + h.s * (*y - *x);
+                    }
+                }
+                let near = crate::quant::Encoder::Nearest;
+                let want = crate::quant::encode_rows(t.ty, "t", &q, n, &near).unwrap();
+                assert_eq!(got, &want[..], "{ty}: row {r}");
+            }
+            let a = probes.kld(whole).unwrap();
+            let b = probes.kld(vec![sub]).unwrap();
+            eprintln!("{ty}: whole {a:.4e} sampled {b:.4e} ratio {:.3}", b / a);
+            assert!(a > 0.0 && (b / a).max(a / b) < 1.5, "{ty}: {a} vs {b}");
+            got.push((a, b));
+        }
+        // Candidates more than 1.5× apart keep their order.
+        for x in &got {
+            for y in &got {
+                if x.0 > 1.5 * y.0 {
+                    assert!(x.1 > y.1, "{got:?}");
+                }
+            }
+        }
+    }
+
+    /// Measurement, not a check (`--ignored`): `TQ_BENCH_MODEL`'s output projection at each of
+    /// `TQ_BENCH_TYPES` (comma-separated; default q3_K,q4_K,q6_K,iq4_xs) encoded whole and on
+    /// its row sample (head.rs, `TQ_HEAD_ELEMENTS` or the default cap), process CPU seconds and
+    /// the KLD on 2 windows of `TQ_BENCH_TEXT` of each (docs/bench/scale.md).
+    #[test]
+    #[ignore]
+    fn bench_head_rows() {
+        let (Ok(model), Ok(text)) = (
+            std::env::var("TQ_BENCH_MODEL"),
+            std::env::var("TQ_BENCH_TEXT"),
+        ) else {
+            return;
+        };
+        let types = std::env::var("TQ_BENCH_TYPES").unwrap_or("q3_K,q4_K,q6_K,iq4_xs".into());
+        let (model, text) = (Path::new(&model), Path::new(&text));
+        let dir = tempfile::tempdir().unwrap();
+        let profile = Profile::default();
+        let src = crate::source::open(model, &profile).unwrap();
+        let req = Request::new(TensorType::Q4K, &plan::recipe::RECIPES[0]);
+        let plan = plan::plan(src.tensors(), &req, &profile).unwrap();
+        let (file, ref_path, _) = embd_setup(model, text, &plan, dir.path());
+        let mut probes = Probes::new(&file, &ref_path, 2).unwrap();
+        let i = plan.entries.iter().position(|e| e.name == "output.weight");
+        let (i, c) = (i.expect("an output projection"), Calibration::None);
+        let e = &plan.entries[i];
+        let mut heads =
+            super::super::head::Heads::new(&ref_path, super::super::head::head_elements());
+        let h = heads.sample(&probes, &file, e).unwrap().expect("a sample");
+        let cpu = || crate::io::progress::process_cpu_seconds();
+        for ty in types.split(',').map(|t| TensorType::from_name(t).unwrap()) {
+            let t0 = cpu();
+            let w = substitutes(src.as_ref(), &plan, &profile, &[i], ty, &c).unwrap();
+            let t1 = cpu();
+            let r = substitute_rows(src.as_ref(), &plan, &profile, i, ty, &c, &h.picks).unwrap();
+            let p = h.probe(src.as_ref(), &file, e, i, &r).unwrap();
+            let t2 = cpu();
+            let a = probes.kld(w).unwrap();
+            let b = probes.kld(vec![p.substitute(&file).unwrap()]).unwrap();
+            eprintln!(
+                "{ty}: whole {:.1} CPU-s KLD {a:.4e}; {} of {} rows {:.2} CPU-s KLD {b:.4e}; ratio {:.3}",
+                t1 - t0,
+                h.picks.len(),
+                e.dims[1],
+                t2 - t1,
+                b / a
+            );
         }
     }
 

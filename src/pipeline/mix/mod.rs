@@ -6,6 +6,7 @@ mod best;
 mod cache;
 mod calibrate;
 mod fit;
+mod head;
 mod measured;
 mod probe;
 mod report;
@@ -735,7 +736,7 @@ fn cache_key(job: &Job) -> Result<cache::Key> {
         (
             "settings",
             format!(
-                "profile {} mix-rows {} per 4096 elements exact {} exact-blocks {} ldlq band {} damp {} refit {} shrink {} act {} tq {}",
+                "profile {} mix-rows {} per 4096 elements exact {} exact-blocks {} ldlq band {} damp {} refit {} shrink {} act {} probe cap {} head cap {} tq {}",
                 job.profile.name,
                 a.mix_rows.max(1),
                 a.mix_exact_rows.max(1).min(a.mix_rows.max(1)),
@@ -745,6 +746,8 @@ fn cache_key(job: &Job) -> Result<cache::Key> {
                 l.refit,
                 l.shrink_label(),
                 act::Mode::from_env().label(),
+                probe::probe_elements(),
+                head::head_elements(),
                 env!("CARGO_PKG_VERSION")
             ),
         ),

@@ -343,6 +343,16 @@ pub(crate) struct RowProbe {
 }
 
 impl RowProbe {
+    /// A sample made elsewhere (the head's, `head.rs`): `rows` in the input's type, no error.
+    pub(super) fn new(name: &str, picks: Vec<u64>, rows: Vec<u8>) -> RowProbe {
+        RowProbe {
+            name: name.to_string(),
+            picks,
+            rows,
+            err: 0.0,
+        }
+    }
+
     /// The replacement: the input's bytes with the sampled rows' quantized values.
     pub(crate) fn substitute(&self, file: &GgufFile) -> Result<Substitute> {
         let t = file.tensor(&self.name).ok_or_else(|| {

@@ -69,7 +69,8 @@ with open(dst, "r+b") as f:  # q8_0 blocks are 34 bytes, f16 scale first: NaN = 
     for b in range(40, 48):
         f.seek(t.data_offset + 34 * b); f.write(b"\x00\x7e")
 PY
-expect 3 "$tq" validate "$out/nan.gguf" --ref "$smol" --text "$botchan" --json -q > "$out/nan.json"
+# Structure only (no --text): the NaN fails before any window would be evaluated.
+expect 3 "$tq" validate "$out/nan.gguf" --ref "$smol" --json -q > "$out/nan.json"
 py - "$out/nan.json" <<'PY'
 import json, sys
 c = next(c for c in json.load(open(sys.argv[1]))["checks"] if c["name"] == "finite")

@@ -43,9 +43,9 @@ tail -n 500 "$botchan" > "$calib"
 
 echo "== convert to TQ4_1S with LDLQ: Hessians from 4096 tokens of text, same bytes per weight =="
 # The slow step (3.3 min measured on 2 cores shared with other builds, load ~10; the whole
-# quickstart used 2 min of CPU). QUICKSTART_REUSE=1 (scripts/e2e-wheel.sh)
-# keeps the file of an earlier run made by a byte-identical tq from the same model, text and flags:
-# conversion is deterministic, so it would write the same bytes again.
+# quickstart used 2 min of CPU). QUICKSTART_REUSE=1 keeps the file of an earlier run made by a
+# byte-identical tq from the same model, text and flags: conversion is deterministic, so it would
+# write the same bytes again.
 ldlq=(convert "$smol" --weights tq4_1s --calib "$calib" --calib-tokens 4096)
 key="$(sha256sum "$tq" "$smol" "$calib" | cut -c1-64 | tr '\n' ' ')${ldlq[*]:2}"
 if [ "${QUICKSTART_REUSE:-0}" = 1 ] && [ -f "$out/smollm2-tq4_1s-ldlq.gguf" ] \

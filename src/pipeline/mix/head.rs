@@ -25,11 +25,7 @@ pub(crate) const HEAD_ELEMENTS: u64 = 1 << 24;
 
 /// [`HEAD_ELEMENTS`], or `TQ_HEAD_ELEMENTS` when set to a positive integer (a measurement knob).
 pub(crate) fn head_elements() -> u64 {
-    std::env::var("TQ_HEAD_ELEMENTS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(HEAD_ELEMENTS)
+    super::probe::env_count("TQ_HEAD_ELEMENTS", HEAD_ELEMENTS)
 }
 
 /// The share of the reference probability mass whose rows are encoded exactly (when the budget

@@ -169,11 +169,7 @@ pub(super) fn each_cost(
 /// ([`super::probe::probe_elements`]), or `TQ_PLAN_ELEMENTS` when set to a positive integer (a
 /// measurement knob: compare sampled and whole measurements of the same plans).
 pub(super) fn plan_elements() -> u64 {
-    std::env::var("TQ_PLAN_ELEMENTS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or_else(super::probe::probe_elements)
+    super::probe::env_count("TQ_PLAN_ELEMENTS", super::probe::probe_elements())
 }
 
 /// The row-sample cap the plans of `items` are measured under: `cap` when one of the mixed

@@ -314,11 +314,16 @@ pub(crate) const PROBE_ELEMENTS: u64 = 1 << 20;
 /// [`PROBE_ELEMENTS`], or `TQ_PROBE_ELEMENTS` when set to a positive integer (a measurement knob:
 /// how the fit moves when smaller tensors are sampled too, docs/bench/scale.md).
 pub(crate) fn probe_elements() -> u64 {
-    std::env::var("TQ_PROBE_ELEMENTS")
+    env_count("TQ_PROBE_ELEMENTS", PROBE_ELEMENTS)
+}
+
+/// The positive integer in environment variable `var` (a measurement knob), else `default`.
+pub(crate) fn env_count(var: &str, default: u64) -> u64 {
+    std::env::var(var)
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
         .filter(|&n| n > 0)
-        .unwrap_or(PROBE_ELEMENTS)
+        .unwrap_or(default)
 }
 
 /// What a row sample's rows hold: the quantized values (a probe), or their error amplified to
@@ -510,11 +515,7 @@ pub(crate) const ROWS_PER_EXPERT: usize = 16;
 /// of `k` evenly spaced rows; in order, one expert's rows after another.
 pub(crate) fn expert_picks(per: u64, n_exp: usize, k: usize) -> Vec<u64> {
     use crate::quant::sensitivity::sample_rows;
-    let each = std::env::var("TQ_PROBE_EXPERT_ROWS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(ROWS_PER_EXPERT);
+    let each = env_count("TQ_PROBE_EXPERT_ROWS", ROWS_PER_EXPERT as u64) as usize;
     let experts = sample_rows(n_exp as u64, k.div_ceil(each).max(1));
     let each = k.div_ceil(experts.len());
     experts

@@ -170,14 +170,10 @@ impl HeadSample {
             crate::quant::decode_rows(ty, &enc.3[at..at + rb], out, n, name)?;
             if amp {
                 src.read_rows_f32(i, r, &mut w)?;
-                for (y, x) in out.iter_mut().zip(&w) {
-                    *y = *x + self.s * (*y - *x);
-                }
+                super::probe::amplify(out, &w, self.s);
             }
         }
-        let near = crate::quant::Encoder::Nearest;
-        let rows = crate::quant::encode_rows(t.ty, name, &q, n, &near)?;
-        Ok(RowProbe::new(name, self.picks.clone(), rows))
+        RowProbe::from_values(name, t.ty, self.picks.clone(), &q, n, 0.0)
     }
 }
 

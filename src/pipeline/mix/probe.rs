@@ -348,14 +348,23 @@ pub(crate) struct RowProbe {
 }
 
 impl RowProbe {
-    /// A sample made elsewhere (the head's, `head.rs`): `rows` in the input's type, no error.
-    pub(super) fn new(name: &str, picks: Vec<u64>, rows: Vec<u8>) -> RowProbe {
-        RowProbe {
+    /// The sample of rows `picks` of tensor `name` holding values `q` (`n` per row), stored in
+    /// the input's own float type `input`, with weighted error `err`.
+    pub(super) fn from_values(
+        name: &str,
+        input: TensorType,
+        picks: Vec<u64>,
+        q: &[f32],
+        n: usize,
+        err: f64,
+    ) -> Result<RowProbe> {
+        let near = crate::quant::Encoder::Nearest;
+        Ok(RowProbe {
             name: name.to_string(),
             picks,
-            rows,
-            err: 0.0,
-        }
+            rows: crate::quant::encode_rows(input, name, q, n, &near)?,
+            err,
+        })
     }
 
     /// The replacement: the input's bytes with the sampled rows' quantized values.
@@ -478,20 +487,21 @@ pub(crate) fn row_probe(
         at = end;
     }
     if sample == Sample::Amplified {
-        let s = (n_rows as f64 / picks.len() as f64).sqrt() as f32;
-        for (y, x) in q.iter_mut().zip(&rows) {
-            *y = *x + s * (*y - *x);
-        }
+        amplify(
+            &mut q,
+            &rows,
+            (n_rows as f64 / picks.len() as f64).sqrt() as f32,
+        );
     }
-    // The sampled rows in the input's own float type.
-    let enc = crate::quant::Encoder::Nearest;
-    let rows = crate::quant::encode_rows(t.ty, &e.name, &q, n, &enc)?;
-    Ok(Some(RowProbe {
-        name: e.name.clone(),
-        picks,
-        rows,
-        err,
-    }))
+    RowProbe::from_values(&e.name, t.ty, picks, &q, n, err).map(Some)
+}
+
+/// Each quantized value `q` of the weights `w` replaced by `w + s·(q − w)`: its quantization
+/// error scaled by `s`, so that a sample's error stands for more rows than it holds.
+pub(super) fn amplify(q: &mut [f32], w: &[f32], s: f32) {
+    for (y, x) in q.iter_mut().zip(w) {
+        *y = *x + s * (*y - *x);
+    }
 }
 
 /// The rows [`row_probe`] samples from a tensor of shape `dims` under `cap`: `⌈cap / n⌉` evenly

@@ -616,6 +616,7 @@ mod proxies {
             gate: 0,
             fb_gate: 0,
             seam: 0,
+            fixed: false,
         };
         let quadw = |fast, feedback, psp| TrellisInner::Quad {
             weighted: false,
@@ -626,6 +627,7 @@ mod proxies {
             gate: 0,
             fb_gate: 0,
             seam: 0,
+            fixed: false,
         };
         let all = [
             ("plain (old)", TrellisInner::Plain),
@@ -664,7 +666,7 @@ mod proxies {
             })
             .map(|(_, (l, v))| (l.to_string(), *v))
             .collect();
-        // TQ_PROXY_CUSTOM: `fast:feedback:passes:beam[:gate[:fb_gate[:seam]]]` variants
+        // TQ_PROXY_CUSTOM: `fast:feedback:passes:beam[:gate[:fb_gate[:seam[:fixed]]]]` variants
         // separated by commas.
         if let Ok(c) = std::env::var("TQ_PROXY_CUSTOM") {
             for v in c.split(',').filter(|v| !v.is_empty()) {
@@ -675,9 +677,11 @@ mod proxies {
                     gate,
                     fb_gate,
                     seam,
+                    fixed,
                     ..
                 } = &mut inner
                 {
+                    *fixed = p.get(7).is_some_and(|&g| g != 0);
                     *passes = p[2];
                     *gate = p.get(4).map_or(0, |&g| g as u16);
                     *fb_gate = p.get(5).map_or(0, |&g| g as u16);

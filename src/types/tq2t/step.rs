@@ -22,6 +22,53 @@ pub(super) const fn bp_len(q: usize) -> usize {
     3 * q.div_ceil(8)
 }
 
+/// How the first and last states of a Viterbi pass are restricted.
+#[derive(Clone, Copy, Debug)]
+pub enum Ends {
+    /// Any start, any end.
+    Free,
+    /// Tail-biting: the state's upper `l − 2` bits at step 0 and the lower `l − 2` bits at the
+    /// last step are both `top` (the codes that wrap around).
+    Wrap(u32),
+    /// A window inside a block: the state's upper `l − 2` bits at step 0 are the first (the codes
+    /// before the window), the lower `l − 2` bits at the last step the second (the window's last
+    /// `l/2 − 1` codes, fixed as the codes after the part searched).
+    Pinned(u32, u32),
+}
+
+/// The back pointer `t` of group `p` from one step's bitmaps: `km ? 2 + k23 : k01` (the lowest
+/// `t` on ties, as the plain search's strict `<` in `t` order).
+#[inline]
+pub(super) fn back(bp: &[u8], q: usize, p: usize) -> u32 {
+    let w = q.div_ceil(8);
+    let bit = |k: usize| ((bp[k * w + p / 8] >> (p % 8)) & 1) as u32;
+    if bit(2) == 1 {
+        2 + bit(1)
+    } else {
+        bit(0)
+    }
+}
+
+/// The predecessor groups step `i` must compute, widened to whole [`GROUP`]s: all of them,
+/// except in the first `l/2 − 2` steps of a tail-biting pass, where only the states whose upper
+/// bits continue the wrap start are finite (after step `i`, the `4^(i+1)` states
+/// `(top mod 4^(l/2−1−i))·4^(i+1) + …`: 16, 64, 256, 1024 of 4096 at `l` = 12).
+pub(super) fn reachable_groups(l: u32, ends: Ends, i: usize) -> std::ops::Range<usize> {
+    let q = 1usize << (l - 2);
+    let w = (l / 2 - 1) as usize;
+    match ends {
+        Ends::Wrap(top) | Ends::Pinned(top, _)
+            if l.is_multiple_of(2) && i < w && q.is_multiple_of(GROUP) =>
+        {
+            let lo = (top as usize % (1 << (2 * (w - i)))) << (2 * i);
+            let hi = lo + (1 << (2 * i));
+            let g = GROUP;
+            (lo / g * g)..hi.div_ceil(g) * g
+        }
+        _ => 0..q,
+    }
+}
+
 /// Whether [`step_avx512`] runs here (AVX-512F, BW and VL; `TQ_NO_AVX512=1` turns it off, for
 /// timing the AVX2 step on the same machine). Read once.
 #[cfg(all(target_arch = "x86_64", feature = "avx512"))]

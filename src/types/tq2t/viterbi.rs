@@ -3,21 +3,8 @@
 //! whose add-compare-select step runs portable ([`step_generic`]) or vectorized (`super::step`),
 //! held bit-identical by tests. The block encoders (`super`) call it.
 
-use super::step::{self, bp_len};
-
-/// How the first and last states of a Viterbi pass are restricted.
-#[derive(Clone, Copy, Debug)]
-pub enum Ends {
-    /// Any start, any end.
-    Free,
-    /// Tail-biting: the state's upper `l − 2` bits at step 0 and the lower `l − 2` bits at the
-    /// last step are both `top` (the codes that wrap around).
-    Wrap(u32),
-    /// A window inside a block: the state's upper `l − 2` bits at step 0 are the first (the codes
-    /// before the window), the lower `l − 2` bits at the last step the second (the window's last
-    /// `l/2 − 1` codes, fixed as the codes after the part searched).
-    Pinned(u32, u32),
-}
+use super::fixed::{viterbi_fixed, Fixed};
+use super::step::{self, back, bp_len, reachable_groups, Ends};
 
 /// Work space of a Viterbi pass, reused across blocks.
 pub struct Scratch {
@@ -29,6 +16,8 @@ pub struct Scratch {
     /// top code) the best path came from, as the step's three comparisons ([`bp_len`] bytes per
     /// step, read by [`back`]).
     bp: Vec<u8>,
+    /// With it, [`viterbi`] searches on 16-bit costs first (`super::fixed`).
+    fixed: Option<Box<Fixed>>,
 }
 
 impl Scratch {
@@ -40,20 +29,18 @@ impl Scratch {
             dist: vec![0.0; ns],
             min: vec![0.0; ns / 4],
             bp: vec![0; n * bp_len(ns / 4)],
+            fixed: None,
         }
     }
-}
 
-/// The back pointer `t` of group `p` from one step's bitmaps: `km ? 2 + k23 : k01` (the lowest
-/// `t` on ties, as the plain search's strict `<` in `t` order).
-#[inline]
-pub(super) fn back(bp: &[u8], q: usize, p: usize) -> u32 {
-    let w = q.div_ceil(8);
-    let bit = |k: usize| ((bp[k * w + p / 8] >> (p % 8)) & 1) as u32;
-    if bit(2) == 1 {
-        2 + bit(1)
-    } else {
-        bit(0)
+    /// A work space whose [`viterbi`] passes run on 16-bit path costs (`super::fixed`: twice
+    /// the states per vector; the path found is the f32 search's or one within the costs'
+    /// rounding), falling back to f32 for a pass the 16-bit grid cannot hold.
+    pub fn fixed_point(l: u32, n: usize) -> Scratch {
+        Scratch {
+            fixed: Some(Box::new(Fixed::new(l, n))),
+            ..Scratch::new(l, n)
+        }
     }
 }
 
@@ -199,6 +186,11 @@ pub fn viterbi(
     sc: &mut Scratch,
     codes: &mut [u8],
 ) -> f32 {
+    if let Some(fx) = sc.fixed.as_deref_mut() {
+        if let Some(cost) = viterbi_fixed(x, wt, dc, l, ends, fx, &mut sc.bp, codes, false) {
+            return cost;
+        }
+    }
     let (n, ns) = (x.len(), 1usize << l);
     let q = ns / 4;
     let bs = bp_len(q);
@@ -299,26 +291,6 @@ fn step2(
     false
 }
 
-/// The predecessor groups step `i` must compute, widened to whole [`step::GROUP`]s: all of them,
-/// except in the first `l/2 − 2` steps of a tail-biting pass, where only the states whose upper
-/// bits continue the wrap start are finite (after step `i`, the `4^(i+1)` states
-/// `(top mod 4^(l/2−1−i))·4^(i+1) + …`: 16, 64, 256, 1024 of 4096 at `l` = 12).
-fn reachable_groups(l: u32, ends: Ends, i: usize) -> std::ops::Range<usize> {
-    let q = 1usize << (l - 2);
-    let w = (l / 2 - 1) as usize;
-    match ends {
-        Ends::Wrap(top) | Ends::Pinned(top, _)
-            if l.is_multiple_of(2) && i < w && q.is_multiple_of(step::GROUP) =>
-        {
-            let lo = (top as usize % (1 << (2 * (w - i)))) << (2 * i);
-            let hi = lo + (1 << (2 * i));
-            let g = step::GROUP;
-            (lo / g * g)..hi.div_ceil(g) * g
-        }
-        _ => 0..q,
-    }
-}
-
 /// One trellis step over the predecessor groups `groups`: the fused AVX2 kernel
 /// ([`step::step_avx2`]) when the CPU has AVX2 and the trellis has at least 128 states, else the
 /// portable [`step_generic`]; the same operations on every element either way, so the same bits
@@ -408,6 +380,7 @@ pub(super) fn step_generic(
 
 #[cfg(test)]
 pub(super) mod tests {
+    use super::super::fixed::{path_cost, viterbi_fixed, Fixed};
     use super::super::*;
     use super::*;
     use crate::math::splitmix::SplitMix64;
@@ -709,6 +682,105 @@ pub(super) mod tests {
                 assert_eq!(a, b, "trial {trial} {ends:?}");
                 assert_eq!(ea.to_bits(), eb.to_bits(), "trial {trial} {ends:?}");
             }
+        }
+    }
+
+    /// On Gaussian blocks, free and tail-biting, unit and spread weights: the 16-bit search's
+    /// path is a valid one for the ends (its reported cost is that path's f32 cost) and within
+    /// 0.5% of the f32 search's optimum in total (each block within 3%).
+    #[test]
+    fn fixed_search_is_near_the_f32_optimum() {
+        let l = 12;
+        let cb = codebook(l);
+        let mut sc = Scratch::new(l, 64);
+        let mut fx = Fixed::new(l, 64);
+        let mut bp = vec![0u8; 64 * bp_len(1 << (l - 2))];
+        let (mut sum_f, mut sum_x) = (0f64, 0f64);
+        for k in 0..40u64 {
+            let x = gauss(64, 100 + k);
+            let wt: Vec<f32> = if k % 2 == 0 {
+                vec![1.0; 64]
+            } else {
+                gauss(64, 900 + k).iter().map(|g| (0.8 * g).exp()).collect()
+            };
+            let dc: Vec<f32> = cb.iter().map(|c| 0.95 * c).collect();
+            let top = (k as u32 * 37) % 1024;
+            for ends in [Ends::Free, Ends::Wrap(top), Ends::Pinned(top, 1023 - top)] {
+                let (mut a, mut b) = (vec![0u8; 64], vec![0u8; 64]);
+                let ef = viterbi(&x, &wt, &dc, l, ends, &mut sc, &mut a);
+                let ex = viterbi_fixed(&x, &wt, &dc, l, ends, &mut fx, &mut bp, &mut b, false)
+                    .expect("a Gaussian block fits the grid");
+                if let Ends::Wrap(t) | Ends::Pinned(t, _) = ends {
+                    let s0 = t << 2 | b[0] as u32;
+                    assert_eq!(ex.to_bits(), path_cost(&x, &wt, &dc, l, &b, s0).to_bits());
+                }
+                if let Ends::Wrap(t) | Ends::Pinned(_, t) = ends {
+                    // The last state's lower bits: the last code lowest.
+                    let last = (0..5).fold(0u32, |s, j| s | (b[63 - j] as u32) << (2 * j));
+                    assert_eq!(last, t, "{ends:?}");
+                }
+                assert!(
+                    ex >= ef * (1.0 - 1e-6),
+                    "{ends:?}: {ex} below the optimum {ef}"
+                );
+                assert!(ex <= ef * 1.03, "{ends:?}: {ex} vs {ef}");
+                sum_f += ef as f64;
+                sum_x += ex as f64;
+            }
+        }
+        assert!(sum_x <= sum_f * 1.005, "{sum_x} vs {sum_f}");
+    }
+
+    /// Speed and error of the 16-bit search against the f32 one on the same Gaussian blocks
+    /// (tail-biting passes; unit weights and LDLQ-like spread weights), one thread:
+    /// `cargo test --release --lib bench_fixed_search -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn bench_fixed_search() {
+        let l = 12;
+        let blocks: usize = std::env::var("TQ_BENCH_BLOCKS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(4000);
+        let dc: Vec<f32> = codebook(l).iter().map(|c| 0.95 * c).collect();
+        let xs: Vec<Vec<f32>> = (0..blocks).map(|k| gauss(64, 7 + k as u64)).collect();
+        for weighted in [false, true] {
+            let ws: Vec<Vec<f32>> = (0..blocks)
+                .map(|k| {
+                    if weighted {
+                        gauss(64, 90_000 + k as u64)
+                            .iter()
+                            .map(|g| (0.8 * g).exp())
+                            .collect()
+                    } else {
+                        vec![1.0; 64]
+                    }
+                })
+                .collect();
+            let mut res = Vec::new();
+            for fixed in [false, true] {
+                let mut sc = if fixed {
+                    Scratch::fixed_point(l, 64)
+                } else {
+                    Scratch::new(l, 64)
+                };
+                let mut codes = [0u8; 64];
+                let t = std::time::Instant::now();
+                let mut total = 0f64;
+                for (k, (x, w)) in xs.iter().zip(&ws).enumerate() {
+                    let top = (k as u32 * 37) % 1024;
+                    total += viterbi(x, w, &dc, l, Ends::Wrap(top), &mut sc, &mut codes) as f64;
+                }
+                res.push((t.elapsed().as_secs_f64(), total));
+            }
+            let vals = (blocks * 64) as f64;
+            println!(
+                "weighted {weighted}: f32 {:.3} M values/s, 16-bit {:.3} M values/s ({:.2}x); error 16-bit / f32 = {:.5}",
+                vals / res[0].0 / 1e6,
+                vals / res[1].0 / 1e6,
+                res[0].0 / res[1].0,
+                res[1].1 / res[0].1
+            );
         }
     }
 }

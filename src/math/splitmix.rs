@@ -35,6 +35,14 @@ impl SplitMix64 {
     }
 }
 
+/// `n` standard normal values in f32 from a generator seeded with `seed` (the tests' random
+/// blocks and rows).
+#[cfg(test)]
+pub(crate) fn gauss_f32(n: usize, seed: u64) -> Vec<f32> {
+    let mut g = SplitMix64::new(seed);
+    (0..n).map(|_| g.gauss() as f32).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -186,12 +186,8 @@ pub fn padded_roundtrip(src: &[f32]) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::math::splitmix::SplitMix64;
 
-    fn gauss(n: usize, seed: u64) -> Vec<f32> {
-        let mut g = SplitMix64::new(seed);
-        (0..n).map(|_| g.gauss() as f32).collect()
-    }
+    use crate::math::splitmix::gauss_f32 as gauss;
 
     /// For a power-of-two row the codes are the design's `pack2bit` codes wherever the f16 scale
     /// rounding does not move a value across a decision boundary: compare with the f32-scale

@@ -461,8 +461,8 @@ pub fn matvec(blocks: &[u8], x: &[f32], y: &mut [f32]) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::viterbi::tests::gauss;
     use super::*;
+    use crate::math::splitmix::gauss_f32 as gauss;
     use crate::math::splitmix::SplitMix64;
 
     /// The returned error is the squared error of the decoded path, and the wrapped path is a

@@ -500,10 +500,7 @@ mod tests {
     use crate::math::splitmix::SplitMix64;
     use crate::types::tq2t::{encode_block, scale_of, Scratch, Settings};
 
-    fn gauss(n: usize, seed: u64) -> Vec<f32> {
-        let mut g = SplitMix64::new(seed);
-        (0..n).map(|_| g.gauss() as f32).collect()
-    }
+    use crate::math::splitmix::gauss_f32 as gauss;
 
     /// A random upper-triangular `U` (positive diagonal) and its block form `A = (UᵀU)⁻¹`.
     fn upper_and_form(seed: u64) -> (Vec<f64>, Vec<f64>) {

@@ -1019,10 +1019,7 @@ mod tests {
         assert_eq!(one, run(8));
     }
 
-    fn gauss(n: usize, seed: u64) -> Vec<f32> {
-        let mut g = SplitMix64::new(seed);
-        (0..n).map(|_| g.gauss() as f32).collect()
-    }
+    use crate::math::splitmix::gauss_f32 as gauss;
 
     /// A random symmetric positive definite 64×64 form with strong correlations (`M Mᵀ/64 + 0.05 I`,
     /// `M` with 8 columns shared across the block).

@@ -407,10 +407,7 @@ mod tests {
     use super::*;
     use crate::math::splitmix::SplitMix64;
 
-    fn gauss(n: usize, seed: u64) -> Vec<f32> {
-        let mut g = SplitMix64::new(seed);
-        (0..n).map(|_| g.gauss() as f32).collect()
-    }
+    use crate::math::splitmix::gauss_f32 as gauss;
 
     /// The AVX2 step computes the plain step's integers and back pointers, on random costs with
     /// ties, saturated (unreachable) states and extreme charges, unit and non-unit weights.

@@ -385,10 +385,7 @@ pub(super) mod tests {
     use super::*;
     use crate::math::splitmix::SplitMix64;
 
-    pub(in crate::types::tq2t) fn gauss(n: usize, seed: u64) -> Vec<f32> {
-        let mut g = SplitMix64::new(seed);
-        (0..n).map(|_| g.gauss() as f32).collect()
-    }
+    use crate::math::splitmix::gauss_f32 as gauss;
 
     /// The restructured Viterbi is the plain one, bit for bit, for free and tail-biting ends and
     /// several state sizes, including ties (a codebook with repeated words).

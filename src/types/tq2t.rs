@@ -14,9 +14,10 @@
 //! Encoding is Viterbi search over the 4096 states per value ([`viterbi_ref`] is the plain
 //! definition, [`viterbi`] the restructured one that runs ~4× fewer compares and vectorizes; a test
 //! holds them bit-identical). Block-LDLQ's passes run it on 16-bit path costs instead
-//! ([`Scratch::fixed_point`], `fixed`: the same total error to 10⁻⁴, ≈ 1.5× the speed). Tail-biting is handled QTIP's way: one free-start pass over the block
-//! rotated by half its length fixes the five codes that wrap around, a second pass constrained to
-//! start and end on them gives the codes. Then the scale is refit by least squares on the chosen
+//! ([`Scratch::fixed_point`], `fixed`: the same total error to 10⁻⁴, ≈ 1.5× the speed).
+//! Tail-biting is handled QTIP's way: one free-start pass over the block rotated by half its
+//! length fixes the five codes that wrap around, a second pass constrained to start and end on
+//! them gives the codes. Then the scale is refit by least squares on the chosen
 //! codewords and the search rerun with it; the better of the two is kept.
 //!
 //! This file is the format: its layout, the codebook, the round-to-nearest encoder of a block and

@@ -116,6 +116,22 @@ impl TrellisInner {
         })
     }
 
+    /// The work spaces a row's blocks are searched with: the Viterbi passes' (16-bit with
+    /// `fixed`) and the per-survivor search's where it runs.
+    fn scratch(&self) -> (Scratch, Option<PspScratch>) {
+        match *self {
+            TrellisInner::Quad { fixed, psp, .. } => (
+                if fixed {
+                    Scratch::fixed_point(L, QK)
+                } else {
+                    Scratch::new(L, QK)
+                },
+                (psp.0 > 0).then(|| PspScratch::new(psp.0, psp.1)),
+            ),
+            TrellisInner::Plain => (Scratch::new(L, QK), None),
+        }
+    }
+
     /// [`TrellisInner::FORMAT`] with its first stage's `fast` level, beam gate and feedback gate
     /// replaced (the tests' variants of the format).
     #[cfg(test)]
@@ -195,14 +211,7 @@ pub(crate) fn quantize_rows_trellis(
         .chunks_exact(n)
         .map(|row| r.forward(row).into_iter().map(|v| v as f64).collect())
         .collect();
-    let mut sc = match inner {
-        TrellisInner::Quad { fixed: true, .. } => Scratch::fixed_point(L, QK),
-        _ => Scratch::new(L, QK),
-    };
-    let mut ps = match inner {
-        TrellisInner::Quad { psp, .. } if psp.0 > 0 => Some(PspScratch::new(psp.0, psp.1)),
-        _ => None,
-    };
+    let (mut sc, mut ps) = inner.scratch();
     let mut xb = [0f32; QK];
     let mut qs = vec![[0f32; QK]; nr];
     let mut errs = vec![0f64; nr];
@@ -891,14 +900,7 @@ mod tests {
         let band = if band == 0 { n } else { band };
         let r = tq2r::rotation(n).unwrap();
         let mut x: Vec<f64> = r.forward(row).into_iter().map(|v| v as f64).collect();
-        let mut sc = match inner {
-            TrellisInner::Quad { fixed: true, .. } => Scratch::fixed_point(L, QK),
-            _ => Scratch::new(L, QK),
-        };
-        let mut ps = match inner {
-            TrellisInner::Quad { psp, .. } if psp.0 > 0 => Some(PspScratch::new(psp.0, psp.1)),
-            _ => None,
-        };
+        let (mut sc, mut ps) = inner.scratch();
         let (mut xb, mut q) = ([0f32; QK], [0f32; QK]);
         for (blk, b) in out.chunks_exact_mut(TQ2T_BYTES).enumerate() {
             let j0 = blk * QK;

@@ -16,7 +16,7 @@
 //! [`step_generic`] is the definition (plain loops); `step_avx2` computes the same integers (a
 //! test holds them equal, back pointers included).
 
-use super::step::{back, bp_len, reachable_groups, Ends};
+use super::step::{back, bp_len, clear_unreached, reachable_groups, Ends};
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -336,11 +336,7 @@ pub(super) fn viterbi_fixed(
             // step computes for them).
             fx.next[..4 * groups.start].fill(INF);
             fx.next[4 * groups.end..].fill(INF);
-            let w = bs / 3;
-            for k in 0..3 {
-                bp[k * w..k * w + groups.start / 8].fill(0);
-                bp[k * w + groups.end / 8..(k + 1) * w].fill(0);
-            }
+            clear_unreached(bp, &groups);
         }
         step(
             fx.xq[i],

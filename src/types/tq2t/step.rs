@@ -69,6 +69,17 @@ pub(super) fn reachable_groups(l: u32, ends: Ends, i: usize) -> std::ops::Range<
     }
 }
 
+/// Zero one step's back pointers (`bp_len(q)` bytes) outside the predecessor groups `groups`
+/// (ends multiples of 8, as [`reachable_groups`] gives them): what the full step stores for
+/// groups whose four predecessors are all unreachable (equal costs, back pointer 0).
+pub(super) fn clear_unreached(bp: &mut [u8], groups: &std::ops::Range<usize>) {
+    let w = bp.len() / 3;
+    for k in 0..3 {
+        bp[k * w..k * w + groups.start / 8].fill(0);
+        bp[k * w + groups.end / 8..(k + 1) * w].fill(0);
+    }
+}
+
 /// Whether [`step_avx512`] runs here (AVX-512F, BW and VL; `TQ_NO_AVX512=1` turns it off, for
 /// timing the AVX2 step on the same machine). Read once.
 #[cfg(all(target_arch = "x86_64", feature = "avx512"))]

@@ -235,11 +235,7 @@ pub fn viterbi(
             sc.next[st.start..st.end.min(reach.start).max(st.start)].fill(f32::INFINITY);
             sc.next[reach.end.max(st.start).min(st.end)..st.end].fill(f32::INFINITY);
             // (`groups`' ends are multiples of 32 groups: whole bytes of each bitmap.)
-            let w = bs / 3;
-            for k in 0..3 {
-                bp[k * w..k * w + groups.start / 8].fill(0);
-                bp[k * w + groups.end / 8..(k + 1) * w].fill(0);
-            }
+            step::clear_unreached(bp, &groups);
         }
         step(
             x[i],

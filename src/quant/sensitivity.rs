@@ -358,6 +358,12 @@ fn factor_key(ty: TensorType, w: &Weighting) -> Option<String> {
     let Weighting::Hessian { ldlq, .. } = w else {
         return None;
     };
+    ldlq_factor_key(ty, ldlq)
+}
+
+/// [`factor_key`] under a Hessian with LDLQ settings `ldlq`: types with the same key share a
+/// factor (callers order their encodings by it, so that a wide factor is built once).
+pub(crate) fn ldlq_factor_key(ty: TensorType, ldlq: &super::LdlqSettings) -> Option<String> {
     if !ty.has_ldlq() {
         return None;
     }
@@ -474,6 +480,11 @@ pub(crate) fn encode(
         (Weighting::Hessian { h, ldlq }, Some(key)) => Some(match factors.get(&key) {
             Some(f) => f.clone(),
             None => {
+                // A 70B FFN-width factor (U and the refit's Hessian) is 13 GB in f64: one at a
+                // time, whoever calls.
+                if n > HOLD_ONE_FACTOR_ABOVE {
+                    factors.clear();
+                }
                 let f = Arc::new(super::ldlq::factor_hessian(
                     ty,
                     h,

@@ -138,15 +138,30 @@ pub(super) fn fit(
                 crate::pipeline::progress::steps(o.quiet, in_blocks, "KLD probes' encodings");
             let mut done = 0u64;
             s.pass("the KLD probes' encodings", &mut |l, hs| {
-                let c = Calibration::Memory(hs);
-                let mut mine: Vec<usize> =
-                    (0..jobs.len()).filter(|&r| blocks[r] == Some(l)).collect();
-                // Probes under one Hessian group together, so its factors are built once.
-                mine.sort_by_key(|&r| group_of(&c, &plan.entries[jobs[r].1[0]].name));
-                for r in mine {
-                    let (job, idx, ty) = &jobs[r];
+                // Probes under one Hessian group together, and in it those sharing a factor,
+                // so that each factor is built once; a group's matrix is dropped once its
+                // probes are encoded (a 70B block holds 8.2 GB of them).
+                let mut mine: Vec<(Option<String>, Option<String>, usize)> = (0..jobs.len())
+                    .filter(|&r| blocks[r] == Some(l))
+                    .map(|r| {
+                        let name = &plan.entries[jobs[r].1[0]].name;
+                        let key = crate::quant::sensitivity::ldlq_factor_key(jobs[r].2, &plan.ldlq);
+                        (group_of(&Calibration::Memory(hs), name), key, r)
+                    })
+                    .collect();
+                mine.sort();
+                for (at, (g, _, r)) in mine.iter().enumerate() {
+                    let (job, idx, ty) = &jobs[*r];
+                    let c = Calibration::Memory(hs);
                     let e = enc.encode(file, src, plan, profile, *job, idx, *ty, &c)?;
-                    pre.insert(r, e);
+                    pre.insert(*r, e);
+                    if let Some(g) = g
+                        .as_ref()
+                        .filter(|g| mine.get(at + 1).is_none_or(|n| n.0.as_ref() != Some(*g)))
+                    {
+                        enc.clear();
+                        hs.groups.remove(g);
+                    }
                     done += 1;
                     pb.set_position(done);
                 }
@@ -643,8 +658,8 @@ pub(super) struct ProbeEncoder {
     group: Option<String>,
     /// From a Hessian file: the current group's matrix.
     loaded: Option<crate::quant::Hessian>,
+    /// Wider than 16,384 columns, one factor at a time (`sensitivity::encode`).
     factors: crate::quant::sensitivity::Factors,
-    last: Option<TensorType>,
 }
 
 impl ProbeEncoder {
@@ -732,18 +747,11 @@ impl ProbeEncoder {
         if key != self.group {
             self.factors.clear();
             self.loaded = None;
-            self.last = None;
             if let (Some(k), Calibration::File(f)) = (&key, calib) {
                 self.loaded = Some(f.load_group(k)?);
             }
             self.group = key;
         }
-        // A 70B FFN-width factor is several GB: one at a time (a second type of the same
-        // family keeps it).
-        if e.dims.first().is_some_and(|&n| n > WIDE) && self.last != Some(ty) {
-            self.factors.clear();
-        }
-        self.last = Some(ty);
         let h = match calib {
             Calibration::Memory(hs) => hs.for_tensor(&e.name),
             Calibration::File(_) => self.loaded.as_ref(),
@@ -753,9 +761,6 @@ impl ProbeEncoder {
         super::probe::row_probe(file, src, e, i, ty, &[h], ldlq, factors, cap, sample)
     }
 }
-
-/// Hessian width above which the probes hold one LDLQ factor at a time.
-const WIDE: u64 = 16_384;
 
 /// `plan` written to `out` as convert writes it (tests: the file a probe or a measured plan
 /// stands for), with `calib`'s in-memory Hessians.

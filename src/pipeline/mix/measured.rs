@@ -319,29 +319,40 @@ pub(super) fn measure(
     // its substitute just before it runs (one tensor copy alive at a time, not one per plan).
     let mut held: HashMap<(usize, TensorType), Enc> = HashMap::new();
     let mut subs = |stage: Stage, k: usize| -> Result<Vec<Substitute>> {
-        let hs = cur.borrow();
-        let calib = match calib {
-            Calibration::Stream(_) => &Calibration::Memory(&hs),
-            c => c,
-        };
         if k == 0 {
             // The stage's first plan (whether or not it changes anything here): encode what
-            // every plan needs for this stage.
+            // every plan needs for this stage. A streamed calibration's Hessians are taken for
+            // it and each group's matrix dropped once its encodings are done (a 70B block holds
+            // 8.2 GB of them beside the LDLQ factor being used).
+            let mut hs = crate::quant::Hessians {
+                groups: std::mem::take(&mut cur.borrow_mut().groups),
+                ..Default::default()
+            };
+            let streamed = matches!(calib, Calibration::Stream(_));
             held.clear();
-            let mut want: Vec<(Option<String>, TensorType, usize, usize)> = vec![];
+            // (Hessian group, factor key, type, entry, plan).
+            type Want = (Option<String>, Option<String>, TensorType, usize, usize);
+            let mut want: Vec<Want> = vec![];
             let mut seen = BTreeSet::new();
             for (q, (p, mq)) in marked.iter().zip(&by_stage).enumerate() {
                 for &i in mq.get(&stage).map_or(&[][..], |x| x.as_slice()) {
                     if seen.insert((i, p.entries[i].dst)) {
-                        let g = super::fit::group_of(calib, &p.entries[i].name);
-                        want.push((g, p.entries[i].dst, i, q));
+                        let (g, ty) = (
+                            super::fit::group_of(&stage_calib(calib, &hs), &p.entries[i].name),
+                            p.entries[i].dst,
+                        );
+                        let key = crate::quant::sensitivity::ldlq_factor_key(ty, &p.ldlq);
+                        want.push((g, key, ty, i, q));
                     }
                 }
             }
-            // A Hessian group's encodings in a row, so its LDLQ factors are built once.
+            // A Hessian group's encodings in a row, and in it those sharing an LDLQ factor, so
+            // that each factor is built once.
             want.sort();
             let mut enc = super::fit::ProbeEncoder::default();
-            for (_, ty, i, q) in want {
+            for (at, (g, _, ty, i, q)) in want.iter().enumerate() {
+                let (ty, i, q) = (*ty, *i, *q);
+                let calib = &stage_calib(calib, &hs);
                 let p = &marked[q];
                 let rows = match cap {
                     Some(cap) if p.entries[i].ldlq => {
@@ -369,6 +380,11 @@ pub(super) fn measure(
                     })),
                 };
                 held.insert((i, ty), e);
+                let last = want.get(at + 1).is_none_or(|n| n.0 != *g);
+                if let (true, true, Some(g)) = (streamed, last, g) {
+                    enc.clear();
+                    hs.groups.remove(g);
+                }
                 step();
             }
         }
@@ -434,4 +450,12 @@ pub(super) fn measure(
             None => (known[&plan_key(&cands[k].plan, &scope)], true),
         })
         .collect())
+}
+
+/// `calib` for one stage's encodings: a streamed calibration's block Hessians `hs` in memory.
+fn stage_calib<'a>(calib: &Calibration<'a>, hs: &'a crate::quant::Hessians) -> Calibration<'a> {
+    match calib {
+        Calibration::Stream(_) => Calibration::Memory(hs),
+        c => *c,
+    }
 }

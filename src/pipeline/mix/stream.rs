@@ -243,7 +243,15 @@ mod tests {
     }
 
     fn tiny(dir: &Path) -> Tiny {
+        tiny_ff(dir, None)
+    }
+
+    /// [`tiny`] with the FFN `n_ff` wide (the fixture's: 256, as its hidden size).
+    fn tiny_ff(dir: &Path, n_ff: Option<u64>) -> Tiny {
         let (model, text, o) = crate::calib::input::tiny_model_and_text(dir);
+        if let Some(ff) = n_ff {
+            std::fs::write(&model, crate::gguf_gen::tiny_llama_tok(3, 256, ff).bytes).unwrap();
+        }
         let profile = Profile::default();
         let src = crate::source::open(&model, &profile).unwrap();
         let req = crate::plan::Request::new(
@@ -410,5 +418,86 @@ mod tests {
             }
         }
         assert!(estimated >= 7 * 4, "{estimated}");
+    }
+
+    /// Every block measured, but the widest tensors (as a 70B's `ffn_down` above
+    /// [`mix::WIDE`]) wider than `wide`: those are estimated from their Hessian's diagonal
+    /// blocks (as many as the other tensors are cut into) in every block, scaled by the other
+    /// kinds' ratios, within 1.25× of their measurement (1.4–1.8× with the others' block size);
+    /// every other entry is the all-blocks table's; streamed and in memory agree bit for bit.
+    #[test]
+    fn tensors_wider_than_wide_are_estimated_in_every_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let Tiny {
+            model,
+            text,
+            o,
+            profile,
+            src,
+            plan,
+        } = tiny_ff(dir.path(), Some(512));
+        use crate::types::TensorType::*;
+        let tys = [Q4_0, IQ4NL, Q5_0, Q8_0, F16];
+        let items = mix::items(&plan, &tys, &profile);
+        let sample = crate::quant::sensitivity::Sample { rows: 32, exact: 4 };
+        let width = |name: &str| -> Option<usize> {
+            let e = plan.entries.iter().find(|e| e.name == name)?;
+            crate::arch::layer_of(name)?;
+            (e.dims.len() == 2).then_some(e.dims[0] as usize)
+        };
+        let widest = plan
+            .entries
+            .iter()
+            .filter_map(|e| width(&e.name))
+            .max()
+            .unwrap();
+        let exact = mix::ExactBlocks {
+            chunk: 64,
+            wide: widest - 1,
+            ..mix::ExactBlocks::ALL
+        };
+        let ts = TextStream::new(&model, &profile, &text, &o).unwrap();
+        let streamed = ts
+            .sensitivity(src.as_ref(), &plan, &items, sample, exact, &mut |_| {})
+            .unwrap();
+        let hs = calibrate_text(&model, &profile, &text, &o).unwrap();
+        let cal = Calibration::Memory(&hs);
+        let measure = |e| mix::measure(src.as_ref(), &plan, &items, &cal, sample, e, &|_, _| {});
+        let (est, all) = (
+            measure(exact).unwrap(),
+            measure(mix::ExactBlocks::ALL).unwrap(),
+        );
+        let bits = |t: &mix::Table| -> Vec<u64> {
+            t.iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.err.to_bits())
+                .collect()
+        };
+        assert_eq!(bits(&streamed), bits(&est));
+        let (mut estimated, mut kept) = (0, 0);
+        for ((idx, _), (pe, pa)) in items.iter().zip(est.iter().zip(&all)) {
+            for (&i, (me, ma)) in idx.iter().zip(pe.iter().zip(pa)) {
+                let name = &plan.entries[i].name;
+                let wide = width(name) == Some(widest);
+                for (k, (e, a)) in me.iter().zip(ma).enumerate() {
+                    if !wide || tys[k] == F16 {
+                        assert_eq!(e.err.to_bits(), a.err.to_bits(), "{name} {}", tys[k]);
+                        kept += 1;
+                        continue;
+                    }
+                    estimated += 1;
+                    let r = e.err / a.err;
+                    assert!(
+                        r != 1.0 && (0.8..1.25).contains(&r),
+                        "{name} {}: {} vs {}",
+                        tys[k],
+                        e.err,
+                        a.err
+                    );
+                }
+            }
+        }
+        assert!(estimated >= 3 * 3 && kept > estimated, "{estimated} {kept}");
     }
 }

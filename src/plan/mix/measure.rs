@@ -78,7 +78,18 @@ pub struct ExactBlocks {
     /// The estimate's diagonal blocks, at most this many columns
     /// ([`crate::quant::sensitivity::chunk_width`]).
     pub chunk: usize,
+    /// Dense tensors with rows wider than this are estimated in every block, measured ones
+    /// included ([`WIDE`]).
+    pub wide: usize,
 }
+
+/// [`ExactBlocks::wide`]'s default: rows wider than 16,384 (a 70B-class `ffn_down`, 28,672) are
+/// estimated from their Hessian's diagonal blocks in every block, scaled by the ratio of the
+/// other tensors' measurements (their own kind has none). Their whole LDLQ factor is what the
+/// conversion builds, in f32 and holding the Hessian over (17.7 GB at 28,672); beside the
+/// Hessian the sensitivity keeps for its error measure it did not fit in 24 GB, and it took
+/// ≥ 11 minutes per tensor against seconds for the estimate.
+pub const WIDE: usize = 16_384;
 
 /// [`ExactBlocks::chunk`]'s default: 512 columns (a 7B row of 4096 in 8 blocks).
 pub const CHUNK: usize = 512;
@@ -89,6 +100,7 @@ impl ExactBlocks {
         count: 0,
         n_layer: 0,
         chunk: CHUNK,
+        wide: WIDE,
     };
 
     /// `count` exact blocks of the plan's blocks (`n_layer`: one past the highest `blk.N`); every
@@ -109,6 +121,7 @@ impl ExactBlocks {
             count: if widest <= NARROW { 0 } else { count },
             n_layer,
             chunk: CHUNK,
+            wide: WIDE,
         }
     }
 
@@ -152,6 +165,10 @@ pub struct Measurer {
     live_key: Option<String>,
     factors: crate::quant::sensitivity::Factors,
     blocks: BlockEstimate,
+    /// When the plan has dense block tensors wider than [`ExactBlocks::wide`] (found on the
+    /// first item; then every block's tensors go through the estimate, for the ratios): the
+    /// widest of the others (the reference width of [`BlockEstimate::tensor`]).
+    wide: Option<Option<usize>>,
 }
 
 /// Per (tensor kind, type name): each measured tensor's (block, measured error, proxy).
@@ -178,6 +195,7 @@ impl Measurer {
                 pairs: Default::default(),
                 pending: vec![],
             },
+            wide: None,
         }
     }
 
@@ -310,8 +328,21 @@ impl Measurer {
                 (None, Some(v)) => Weighting::Diagonal(v),
                 _ => Weighting::Identity,
             };
+            let blocks = self.blocks.blocks;
+            let reference = *self.wide.get_or_insert_with(|| {
+                let widths = plan
+                    .entries
+                    .iter()
+                    .filter(|e| e.dims.len() == 2 && crate::arch::layer_of(&e.name).is_some())
+                    .map(|e| row_len(&e.dims) as usize);
+                let narrow = widths.clone().filter(|&w| w <= blocks.wide).max();
+                widths
+                    .clone()
+                    .any(|w| w > blocks.wide)
+                    .then(|| narrow.unwrap_or(0))
+            });
             let mut est = match (&w, crate::arch::layer_of(&e.name)) {
-                (Weighting::Hessian { h, .. }, Some(l)) if !self.blocks.blocks.all() => {
+                (Weighting::Hessian { h, .. }, Some(l)) if !blocks.all() || reference.is_some() => {
                     self.blocks.tensor(
                         it,
                         per.len(),
@@ -322,6 +353,7 @@ impl Measurer {
                         l as usize,
                         &mut self.factors,
                         exact,
+                        reference,
                     )?
                 }
                 _ => errors(&e.name, &rows, n, n_rows, tys, &w, &mut self.factors, exact)?,
@@ -346,10 +378,11 @@ impl Measurer {
 }
 
 impl BlockEstimate {
-    /// A dense tensor of block `l` under a Hessian when not every block is measured: in a
-    /// measured block, [`crate::quant::sensitivity::errors`] as always plus the factor types'
-    /// proxies, kept as ratio pairs; in another block, the types without a factor measured and
-    /// the others' proxies left for [`Measurer::finish`] (placeholders in the returned row).
+    /// A dense tensor of block `l` under a Hessian when not every block is measured, or the
+    /// plan has tensors wider than [`ExactBlocks::wide`]: in a measured block (and not that
+    /// wide), [`crate::quant::sensitivity::errors`] as always plus the factor types' proxies,
+    /// kept as ratio pairs; otherwise the types without a factor measured and the others'
+    /// proxies left for [`Measurer::finish`] (placeholders in the returned row).
     #[allow(clippy::too_many_arguments)]
     fn tensor(
         &mut self,
@@ -362,6 +395,7 @@ impl BlockEstimate {
         l: usize,
         factors: &mut crate::quant::sensitivity::Factors,
         exact: usize,
+        reference: Option<usize>,
     ) -> Result<Vec<crate::quant::sensitivity::Estimate>> {
         use crate::quant::sensitivity::{chunk_width, chunked_ldlq, errors, uses_factor, Estimate};
         let fac: Vec<usize> = (0..tys.len()).filter(|&c| uses_factor(tys[c], w)).collect();
@@ -369,10 +403,18 @@ impl BlockEstimate {
         let crate::quant::sensitivity::Weighting::Hessian { ldlq, .. } = w else {
             return Err(Error::internal("a block estimate without a Hessian"));
         };
-        let b = chunk_width(n, &ftys, self.blocks.chunk);
+        // A wide tensor's diagonal blocks as many as the reference width's (the ratio it borrows
+        // comes from tensors cut into that many): 1,792 columns for a 70B `ffn_down` beside
+        // 8,192-wide attention. With the same block size the estimate was 1.4–1.8× the
+        // measurement on a test model, with the same count 0.9–1.17× (stream.rs tests).
+        let target = match reference {
+            Some(r) if n > self.blocks.wide && r > 0 => self.blocks.chunk * n / r,
+            _ => self.blocks.chunk,
+        };
+        let b = chunk_width(n, &ftys, target);
         let proxy = chunked_ldlq(name, rows, n, n_rows, &ftys, h, *ldlq, b, exact)?;
         let kind = super::role_of(name).to_string();
-        if self.blocks.exact(l) {
+        if self.blocks.exact(l) && n <= self.blocks.wide {
             let est = errors(name, rows, n, n_rows, tys, w, factors, exact)?;
             for (&c, p) in fac.iter().zip(&proxy) {
                 self.pairs
@@ -515,6 +557,7 @@ mod tests {
                 count,
                 n_layer,
                 chunk: CHUNK,
+                wide: WIDE,
             };
             (0..n_layer).filter(|&l| e.exact(l)).collect()
         };

@@ -17,6 +17,7 @@ use crate::types::profile::Profile;
 use crate::types::TensorType;
 pub use measure::{
     has_weights, measure, Calibration, ExactBlocks, Measurer, Table, CHUNK, EXACT_BLOCKS, NARROW,
+    WIDE,
 };
 
 /// Default number of grid cells the budget above the cheapest mix is divided into.

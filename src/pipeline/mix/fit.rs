@@ -138,9 +138,8 @@ pub(super) fn fit(
                 crate::pipeline::progress::steps(o.quiet, in_blocks, "KLD probes' encodings");
             let mut done = 0u64;
             s.pass("the KLD probes' encodings", &mut |l, hs| {
-                // Probes under one Hessian group together, and in it those sharing a factor,
-                // so that each factor is built once; a group's matrix is dropped once its
-                // probes are encoded (a 70B block holds 8.2 GB of them).
+                // Probes by Hessian group and, in it, factor (each built once); a group's
+                // matrix dropped once its probes are encoded (a 70B block's: 8.2 GB).
                 let mut mine: Vec<(Option<String>, Option<String>, usize)> = (0..jobs.len())
                     .filter(|&r| blocks[r] == Some(l))
                     .map(|r| {
@@ -155,12 +154,8 @@ pub(super) fn fit(
                     let c = Calibration::Memory(hs);
                     let e = enc.encode(file, src, plan, profile, *job, idx, *ty, &c)?;
                     pre.insert(*r, e);
-                    if let Some(g) = g
-                        .as_ref()
-                        .filter(|g| mine.get(at + 1).is_none_or(|n| n.0.as_ref() != Some(*g)))
-                    {
+                    if super::stream::drop_finished(hs, g, mine.get(at + 1).map(|n| &n.0)) {
                         enc.clear();
-                        hs.groups.remove(g);
                     }
                     done += 1;
                     pb.set_position(done);

@@ -380,10 +380,10 @@ pub(super) fn measure(
                     })),
                 };
                 held.insert((i, ty), e);
-                let last = want.get(at + 1).is_none_or(|n| n.0 != *g);
-                if let (true, true, Some(g)) = (streamed, last, g) {
+                if streamed
+                    && super::stream::drop_finished(&mut hs, g, want.get(at + 1).map(|n| &n.0))
+                {
                     enc.clear();
-                    hs.groups.remove(g);
                 }
                 step();
             }

@@ -354,44 +354,22 @@ mod tests {
         );
     }
 
-    /// Two of three blocks measured (`--mix-exact-blocks 2`: blocks 0 and 2): the streamed and
-    /// the in-memory tables agree bit for bit (the estimate does not depend on the order the
-    /// items are measured in), the measured blocks' entries and every type without a factor are
-    /// the all-blocks table's, and block 1's factor types are estimated from 64-column diagonal
-    /// blocks within 2× of their measurement, each tensor's types in the measured order (but near
-    /// ties).
-    #[test]
-    fn two_of_three_blocks_measured_and_the_third_estimated() {
-        let dir = tempfile::tempdir().unwrap();
-        let Tiny {
-            model,
-            text,
-            o,
-            profile,
-            src,
-            plan,
-        } = tiny(dir.path());
-        use crate::types::TensorType::*;
-        let tys = [Q4_0, IQ4NL, Q5_0, Q8_0, F16];
-        let items = mix::items(&plan, &tys, &profile);
-        let sample = crate::quant::sensitivity::Sample { rows: 32, exact: 4 };
-        let exact = mix::ExactBlocks {
-            count: 2,
-            chunk: 64,
-            ..mix::ExactBlocks::of_plan(2, &plan)
-        };
-        assert_eq!(exact.n_layer, 3);
-        assert_eq!(
-            (0..3).map(|l| exact.exact(l)).collect::<Vec<_>>(),
-            [true, false, true]
-        );
-        let ts = TextStream::new(&model, &profile, &text, &o).unwrap();
+    /// The sensitivity table under `exact`, streamed and in memory (equal bit for bit, asserted),
+    /// and the table with every block measured.
+    fn estimated_and_all(
+        t: &Tiny,
+        items: &[(Vec<usize>, Vec<crate::types::TensorType>)],
+        sample: crate::quant::sensitivity::Sample,
+        exact: mix::ExactBlocks,
+    ) -> (mix::Table, mix::Table) {
+        let ts = TextStream::new(&t.model, &t.profile, &t.text, &t.o).unwrap();
+        let src = t.src.as_ref();
         let streamed = ts
-            .sensitivity(src.as_ref(), &plan, &items, sample, exact, &mut |_| {})
+            .sensitivity(src, &t.plan, items, sample, exact, &mut |_| {})
             .unwrap();
-        let hs = calibrate_text(&model, &profile, &text, &o).unwrap();
+        let hs = calibrate_text(&t.model, &t.profile, &t.text, &t.o).unwrap();
         let cal = Calibration::Memory(&hs);
-        let measure = |e| mix::measure(src.as_ref(), &plan, &items, &cal, sample, e, &|_, _| {});
+        let measure = |e| mix::measure(src, &t.plan, items, &cal, sample, e, &|_, _| {});
         let (est, all) = (
             measure(exact).unwrap(),
             measure(mix::ExactBlocks::ALL).unwrap(),
@@ -404,6 +382,35 @@ mod tests {
                 .collect()
         };
         assert_eq!(bits(&streamed), bits(&est));
+        (est, all)
+    }
+
+    /// Two of three blocks measured (`--mix-exact-blocks 2`: blocks 0 and 2): the streamed and
+    /// the in-memory tables agree bit for bit (the estimate does not depend on the order the
+    /// items are measured in), the measured blocks' entries and every type without a factor are
+    /// the all-blocks table's, and block 1's factor types are estimated from 64-column diagonal
+    /// blocks within 2× of their measurement, each tensor's types in the measured order (but near
+    /// ties).
+    #[test]
+    fn two_of_three_blocks_measured_and_the_third_estimated() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tiny(dir.path());
+        let (profile, plan) = (&t.profile, &t.plan);
+        use crate::types::TensorType::*;
+        let tys = [Q4_0, IQ4NL, Q5_0, Q8_0, F16];
+        let items = mix::items(plan, &tys, profile);
+        let sample = crate::quant::sensitivity::Sample { rows: 32, exact: 4 };
+        let exact = mix::ExactBlocks {
+            count: 2,
+            chunk: 64,
+            ..mix::ExactBlocks::of_plan(2, plan)
+        };
+        assert_eq!(exact.n_layer, 3);
+        assert_eq!(
+            (0..3).map(|l| exact.exact(l)).collect::<Vec<_>>(),
+            [true, false, true]
+        );
+        let (est, all) = estimated_and_all(&t, &items, sample, exact);
         let mut estimated = 0;
         for ((idx, _), (pe, pa)) in items.iter().zip(est.iter().zip(&all)) {
             for (&i, (me, ma)) in idx.iter().zip(pe.iter().zip(pa)) {
@@ -446,17 +453,11 @@ mod tests {
     #[test]
     fn tensors_wider_than_wide_are_estimated_in_every_block() {
         let dir = tempfile::tempdir().unwrap();
-        let Tiny {
-            model,
-            text,
-            o,
-            profile,
-            src,
-            plan,
-        } = tiny_ff(dir.path(), Some(512));
+        let t = tiny_ff(dir.path(), Some(512));
+        let (profile, plan) = (&t.profile, &t.plan);
         use crate::types::TensorType::*;
         let tys = [Q4_0, IQ4NL, Q5_0, Q8_0, F16];
-        let items = mix::items(&plan, &tys, &profile);
+        let items = mix::items(plan, &tys, profile);
         let sample = crate::quant::sensitivity::Sample { rows: 32, exact: 4 };
         let width = |name: &str| -> Option<usize> {
             let e = plan.entries.iter().find(|e| e.name == name)?;
@@ -474,25 +475,7 @@ mod tests {
             wide: widest - 1,
             ..mix::ExactBlocks::ALL
         };
-        let ts = TextStream::new(&model, &profile, &text, &o).unwrap();
-        let streamed = ts
-            .sensitivity(src.as_ref(), &plan, &items, sample, exact, &mut |_| {})
-            .unwrap();
-        let hs = calibrate_text(&model, &profile, &text, &o).unwrap();
-        let cal = Calibration::Memory(&hs);
-        let measure = |e| mix::measure(src.as_ref(), &plan, &items, &cal, sample, e, &|_, _| {});
-        let (est, all) = (
-            measure(exact).unwrap(),
-            measure(mix::ExactBlocks::ALL).unwrap(),
-        );
-        let bits = |t: &mix::Table| -> Vec<u64> {
-            t.iter()
-                .flatten()
-                .flatten()
-                .map(|e| e.err.to_bits())
-                .collect()
-        };
-        assert_eq!(bits(&streamed), bits(&est));
+        let (est, all) = estimated_and_all(&t, &items, sample, exact);
         let (mut estimated, mut kept) = (0, 0);
         for ((idx, _), (pe, pa)) in items.iter().zip(est.iter().zip(&all)) {
             for (&i, (me, ma)) in idx.iter().zip(pe.iter().zip(pa)) {

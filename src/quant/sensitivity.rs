@@ -140,7 +140,6 @@ fn errors_holding(
     exact: usize,
     hold_one_above: usize,
 ) -> Result<Vec<Estimate>> {
-    let wide = n > hold_one_above;
     let k = rows.len() / n.max(1);
     // The rows measured exactly for the ratio estimate (indices into the sample).
     let sub: Vec<usize> = sample_rows(k as u64, exact)
@@ -161,17 +160,12 @@ fn errors_holding(
     let mut ratio: Vec<Option<(Vec<f32>, Vec<f64>)>> = vec![None; types.len()];
     for i in order {
         let key = factor_key(types[i], w);
-        if wide && key.as_ref().is_some_and(|k| !factors.contains_key(k)) {
-            // A 70B FFN-width factor (U and the damped Hessian for the refit) is 13 GB in
-            // f64: hold one at a time, not one per key.
-            factors.clear();
-        }
         let proxied = sub.len() < k && key.is_some() && proxy_basis(types[i]);
         if !proxied {
-            decoded[i] = roundtrip(name, rows, n, types[i], w, factors)?;
+            decoded[i] = roundtrip(name, rows, n, types[i], w, factors, hold_one_above)?;
             continue;
         }
-        decoded[i] = roundtrip(name, &sub_rows, n, types[i], w, factors)?;
+        decoded[i] = roundtrip(name, &sub_rows, n, types[i], w, factors, hold_one_above)?;
         let f = key
             .and_then(|k| factors.get(&k).cloned())
             .ok_or_else(|| crate::error::Error::internal("sensitivity: a factor went missing"))?;
@@ -336,8 +330,9 @@ fn roundtrip(
     ty: TensorType,
     w: &Weighting,
     factors: &mut Factors,
+    hold_one_above: usize,
 ) -> Result<Vec<f32>> {
-    let bytes = encode(name, rows, n, ty, w, factors)?;
+    let bytes = encode_holding(name, rows, n, ty, w, factors, hold_one_above)?;
     let mut q = vec![0f32; rows.len()];
     super::decode_rows(ty, &bytes, &mut q, n, name)?;
     Ok(q)
@@ -351,9 +346,9 @@ const HOLD_ONE_FACTOR_ABOVE: usize = 16_384;
 /// The factor `ty` is quantized with under `w`, as a cache key: `None` where no factor is used.
 /// Act-order for the stock grids; per family otherwise (IQ2: natural order). What else makes a
 /// factor differ by type is in the key: its damping and shrinkage, and whether it carries the
-/// damped Hessian for the i-quants' scale refit (every IQ2/IQ3 type under `--ldlq-refit` > 0,
-/// never IQ1_S/IQ1_M: `ldlq::factor_hessian_owned`), so IQ2_XXS never reuses IQ1_S's factor,
-/// which has no refit.
+/// damped Hessian for the scale refit (`ldlq::keeps_refit_hessian`: every IQ2/IQ3 type under
+/// `--ldlq-refit` > 0, never IQ1_S/IQ1_M), so IQ2_XXS never reuses IQ1_S's factor, which has no
+/// refit.
 fn factor_key(ty: TensorType, w: &Weighting) -> Option<String> {
     let Weighting::Hessian { ldlq, .. } = w else {
         return None;
@@ -367,12 +362,7 @@ pub(crate) fn ldlq_factor_key(ty: TensorType, ldlq: &super::LdlqSettings) -> Opt
     if !ty.has_ldlq() {
         return None;
     }
-    let refits = ldlq.refit > 0
-        && matches!(
-            ty.ldlq(),
-            Some(crate::types::LdlqKind::Lattice | crate::types::LdlqKind::IqGrid)
-        )
-        && !matches!(ty, TensorType::IQ1S | TensorType::IQ1M);
+    let refits = super::ldlq::keeps_refit_hessian(ty, ldlq.refit);
     Some(format!(
         "{} damp {} shrink {} refit {refits}",
         if ty.ldlq_unrotated() {
@@ -468,6 +458,8 @@ pub(crate) fn chunked_ldlq(
 }
 
 /// The bytes convert writes for `rows` (the one encoder path, chosen as convert chooses).
+/// `factors` caches the LDLQ factors by key; above [`HOLD_ONE_FACTOR_ABOVE`] columns it holds
+/// one at a time.
 pub(crate) fn encode(
     name: &str,
     rows: &[f32],
@@ -476,13 +468,26 @@ pub(crate) fn encode(
     w: &Weighting,
     factors: &mut Factors,
 ) -> Result<Vec<u8>> {
+    encode_holding(name, rows, n, ty, w, factors, HOLD_ONE_FACTOR_ABOVE)
+}
+
+/// [`encode`] with the width above which the cache holds one factor given (tests force it).
+fn encode_holding(
+    name: &str,
+    rows: &[f32],
+    n: usize,
+    ty: TensorType,
+    w: &Weighting,
+    factors: &mut Factors,
+    hold_one_above: usize,
+) -> Result<Vec<u8>> {
     let factor = match (w, factor_key(ty, w)) {
         (Weighting::Hessian { h, ldlq }, Some(key)) => Some(match factors.get(&key) {
             Some(f) => f.clone(),
             None => {
                 // A 70B FFN-width factor (U and the refit's Hessian) is 13 GB in f64: one at a
                 // time, whoever calls.
-                if n > HOLD_ONE_FACTOR_ABOVE {
+                if n > hold_one_above {
                     factors.clear();
                 }
                 let f = Arc::new(super::ldlq::factor_hessian(

@@ -226,13 +226,7 @@ pub fn choose(
             blocks.chunk
         );
     }
-    let wide = plan
-        .entries
-        .iter()
-        .filter(|e| e.dims.len() == 2 && crate::arch::layer_of(&e.name).is_some())
-        .filter(|e| e.dims[0] as usize > blocks.wide)
-        .count();
-    if cached.is_none() && wide > 0 && !o.quiet {
+    if let (None, Some((wide, _)), false) = (&cached, blocks.wide_tensors(plan), o.quiet) {
         eprintln!(
             "tq: mix: {wide} tensors wider than {} columns estimated from diagonal blocks of their Hessians in every block, scaled by the other tensors' ratios (their whole LDLQ factor is the conversion's; it is not built twice)",
             blocks.wide

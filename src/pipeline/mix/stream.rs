@@ -196,7 +196,7 @@ impl TextStream {
             .collect::<Result<_>>()?;
         let mut table: Vec<Option<Vec<Vec<crate::quant::sensitivity::Estimate>>>> =
             vec![None; items.len()];
-        let mut m = Measurer::new(exact);
+        let mut m = Measurer::new(exact, plan);
         let mut done = 0;
         let empty = Hessians::default();
         for (it, (idx, tys)) in items.iter().enumerate() {

@@ -43,7 +43,7 @@ pub fn measure(
     blocks: ExactBlocks,
     progress: &dyn Fn(usize, usize),
 ) -> Result<Table> {
-    let mut m = Measurer::new(blocks);
+    let mut m = Measurer::new(blocks, plan);
     let mut table = Vec::with_capacity(items.len());
     for (it, (idx, tys)) in items.iter().enumerate() {
         progress(it, items.len());
@@ -125,6 +125,20 @@ impl ExactBlocks {
         }
     }
 
+    /// How many dense block tensors of `plan` have rows wider than [`ExactBlocks::wide`], and
+    /// the widest rows of the others (the estimate cuts a wide tensor into as many diagonal
+    /// blocks as those are cut into); None when no tensor is that wide.
+    pub fn wide_tensors(&self, plan: &Plan) -> Option<(usize, usize)> {
+        let widths = plan
+            .entries
+            .iter()
+            .filter(|e| e.dims.len() == 2 && crate::arch::layer_of(&e.name).is_some())
+            .map(|e| row_len(&e.dims) as usize);
+        let wide = widths.clone().filter(|&w| w > self.wide).count();
+        let narrow = widths.filter(|&w| w <= self.wide).max().unwrap_or(0);
+        (wide > 0).then_some((wide, narrow))
+    }
+
     /// The blocks measured, for the report.
     pub fn list(&self) -> Vec<usize> {
         (0..self.n_layer).filter(|&l| self.exact(l)).collect()
@@ -165,10 +179,10 @@ pub struct Measurer {
     live_key: Option<String>,
     factors: crate::quant::sensitivity::Factors,
     blocks: BlockEstimate,
-    /// When the plan has dense block tensors wider than [`ExactBlocks::wide`] (found on the
-    /// first item; then every block's tensors go through the estimate, for the ratios): the
-    /// widest of the others (the reference width of [`BlockEstimate::tensor`]).
-    wide: Option<Option<usize>>,
+    /// When the plan has dense block tensors wider than [`ExactBlocks::wide`] (then every
+    /// block's tensors go through the estimate, for the ratios): the widest rows of the others
+    /// ([`ExactBlocks::wide_tensors`], the reference width of [`BlockEstimate::tensor`]).
+    reference: Option<usize>,
 }
 
 /// Per (tensor kind, type name): each measured tensor's (block, measured error, proxy).
@@ -184,8 +198,8 @@ struct BlockEstimate {
 }
 
 impl Measurer {
-    /// A measurer for the sensitivity pass, LDLQ on `blocks` only.
-    pub fn new(blocks: ExactBlocks) -> Measurer {
+    /// A measurer for the sensitivity pass of `plan`, LDLQ on `blocks` only.
+    pub fn new(blocks: ExactBlocks, plan: &Plan) -> Measurer {
         Measurer {
             live: None,
             live_key: None,
@@ -195,7 +209,7 @@ impl Measurer {
                 pairs: Default::default(),
                 pending: vec![],
             },
-            wide: None,
+            reference: blocks.wide_tensors(plan).map(|(_, r)| r),
         }
     }
 
@@ -328,19 +342,7 @@ impl Measurer {
                 (None, Some(v)) => Weighting::Diagonal(v),
                 _ => Weighting::Identity,
             };
-            let blocks = self.blocks.blocks;
-            let reference = *self.wide.get_or_insert_with(|| {
-                let widths = plan
-                    .entries
-                    .iter()
-                    .filter(|e| e.dims.len() == 2 && crate::arch::layer_of(&e.name).is_some())
-                    .map(|e| row_len(&e.dims) as usize);
-                let narrow = widths.clone().filter(|&w| w <= blocks.wide).max();
-                widths
-                    .clone()
-                    .any(|w| w > blocks.wide)
-                    .then(|| narrow.unwrap_or(0))
-            });
+            let (blocks, reference) = (self.blocks.blocks, self.reference);
             let mut est = match (&w, crate::arch::layer_of(&e.name)) {
                 (Weighting::Hessian { h, .. }, Some(l)) if !blocks.all() || reference.is_some() => {
                     self.blocks.tensor(

@@ -473,31 +473,58 @@ pub fn factor_act_order(
     refit: usize,
     what: &str,
 ) -> Result<Factor> {
-    let perm = act_order(&h, n);
-    let mut hp = vec![0f64; n * n];
-    for (i, &pi) in perm.iter().enumerate() {
-        for (j, &pj) in perm.iter().enumerate() {
-            hp[i * n + j] = h[pi * n + pj];
-        }
-    }
+    let (perm, hp) = act_order_permuted(&h, n, None);
     // Kept for the refit (a third n×n matrix alive while factoring), damped below as the factor
     // was; without a refit it is freed before factoring.
-    let mut hn = (refit > 0).then_some(h);
-    let mut f = factor_owned(hp, n, damp, what)?;
-    let mut diag = vec![0f64; n];
+    let hn = (refit > 0).then_some(h);
+    let mut f = in_act_order(factor_owned(hp, n, damp, what)?, perm);
+    f.h = hn.map(|hn| damped(hn, n, &f.diag));
+    f.refit = refit;
+    Ok(f)
+}
+
+/// The act-order permutation of `h` (columns by decreasing diagonal, ties by index:
+/// deterministic) and `h` permuted to it, its off-diagonal scaled by `keep` when given (what
+/// [`shrink_to_diagonal`] does, so that a borrowed Hessian need not be shrunk in a copy first).
+fn act_order_permuted(h: &[f64], n: usize, keep: Option<f64>) -> (Vec<usize>, Vec<f64>) {
+    let mut perm: Vec<usize> = (0..n).collect();
+    perm.sort_by(|&a, &b| h[b * n + b].total_cmp(&h[a * n + a]).then(a.cmp(&b)));
+    let mut hp = vec![0f64; n * n];
+    hp.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
+        for (j, v) in row.iter_mut().enumerate() {
+            let x = h[perm[i] * n + perm[j]];
+            *v = match keep {
+                Some(k) if i != j => x * k,
+                _ => x,
+            };
+        }
+    });
+    (perm, hp)
+}
+
+/// `f`, the factor of a Hessian permuted by `perm`, with its diagonal back in the natural order
+/// (it weights the block fits) and the permutation recorded for the sweep.
+fn in_act_order(mut f: Factor, perm: Vec<usize>) -> Factor {
+    let mut diag = vec![0f64; f.n];
     for (i, &pi) in perm.iter().enumerate() {
         diag[pi] = f.diag[i];
     }
-    if let Some(hn) = hn.as_mut() {
-        for (i, &d) in diag.iter().enumerate() {
-            hn[i * n + i] = d;
-        }
-    }
     f.diag = diag;
     f.perm = Some(perm);
-    f.h = hn;
-    f.refit = refit;
-    Ok(f)
+    f
+}
+
+/// Whether `ty`'s factor keeps the damped Hessian for a refit after the sweep: the stock types
+/// (`stock::refit_params`) and the IQ2/IQ3 grids (`iq_refit`) when `refit > 0`; never IQ1_S/IQ1_M.
+pub(crate) fn keeps_refit_hessian(ty: TensorType, refit: usize) -> bool {
+    refit > 0
+        && match ty.ldlq() {
+            Some(LdlqKind::Stock) => true,
+            Some(LdlqKind::Lattice | LdlqKind::IqGrid) => {
+                !matches!(ty, TensorType::IQ1S | TensorType::IQ1M)
+            }
+            _ => false,
+        }
 }
 
 /// faer's `Mat::llt(Side::Lower)` without its copy of the input: the same kernel, parameters and
@@ -537,14 +564,7 @@ pub fn factor_hessian(
     what: &str,
 ) -> Result<Factor> {
     let n = h.n;
-    let keeps_h = match ty.ldlq() {
-        Some(LdlqKind::Stock) => refit > 0,
-        Some(LdlqKind::Lattice | LdlqKind::IqGrid) => {
-            refit > 0 && !matches!(ty, TensorType::IQ1S | TensorType::IQ1M)
-        }
-        _ => false,
-    };
-    if !keeps_h || h.h.len() != n * n {
+    if !keeps_refit_hessian(ty, refit) || h.h.len() != n * n {
         return factor_hessian_owned(ty, h.h.clone(), n, damp, shrink, refit, what);
     }
     // A factor that keeps the damped Hessian for the refit, from a Hessian the caller keeps: the
@@ -552,27 +572,9 @@ pub fn factor_hessian(
     // the start), so the peak is the caller's matrix plus two, not three (a 70B FFN input:
     // 19.8 GB, not 23). The same values as the owned path: shrinking is `v × keep` either way.
     super::prof::count_factor();
-    let keep = shrink_keep(shrink);
-    let at = |i: usize, j: usize| match keep {
-        Some(k) if i != j => h.h[i * n + j] * k,
-        _ => h.h[i * n + j],
-    };
     let mut f = if ty.ldlq() == Some(LdlqKind::Stock) {
-        let perm = act_order(&h.h, n);
-        let mut hp = vec![0f64; n * n];
-        hp.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
-            for (j, v) in row.iter_mut().enumerate() {
-                *v = at(perm[i], perm[j]);
-            }
-        });
-        let mut f = factor_owned(hp, n, damp, what)?;
-        let mut diag = vec![0f64; n];
-        for (i, &pi) in perm.iter().enumerate() {
-            diag[pi] = f.diag[i];
-        }
-        f.diag = diag;
-        f.perm = Some(perm);
-        f
+        let (perm, hp) = act_order_permuted(&h.h, n, shrink_keep(shrink));
+        in_act_order(factor_owned(hp, n, damp, what)?, perm)
     } else {
         let mut a = h.h.clone();
         shrink_to_diagonal(&mut a, n, shrink);
@@ -583,13 +585,6 @@ pub fn factor_hessian(
     f.h = Some(damped(hn, n, &f.diag));
     f.refit = refit;
     Ok(f)
-}
-
-/// The act-order permutation: columns by decreasing diagonal, ties by index (deterministic).
-fn act_order(h: &[f64], n: usize) -> Vec<usize> {
-    let mut perm: Vec<usize> = (0..n).collect();
-    perm.sort_by(|&a, &b| h[b * n + b].total_cmp(&h[a * n + a]).then(a.cmp(&b)));
-    perm
 }
 
 /// [`factor_hessian`] consuming the Hessian's matrix: rotation in place, then [`factor_owned`], so
@@ -614,7 +609,7 @@ pub fn factor_hessian_owned(
         // The i-quant grid types: the weights' own basis, natural order; the IQ2/IQ3 scale refit
         // keeps the damped Hessian (`iq_refit`).
         Some(LdlqKind::Lattice | LdlqKind::IqGrid) => {
-            if refit > 0 && !matches!(ty, TensorType::IQ1S | TensorType::IQ1M) {
+            if keeps_refit_hessian(ty, refit) {
                 super::prof::add(super::prof::Phase::Rotate, t);
                 let hn = h.clone();
                 let mut f = factor_owned(h, n, damp, what)?;

@@ -36,6 +36,7 @@ mod tq;
 mod tq_round;
 pub(crate) mod trellis;
 
+pub(crate) use self::factor::keeps_refit_hessian;
 pub use self::factor::{
     factor, factor_act_order, factor_hessian, factor_hessian_owned, factor_owned,
     rotate_hessian_in_place, rotate_vec, shrink_to_diagonal, Factor,

@@ -197,6 +197,7 @@ fn q4_1_q5_1_ldlq_beats_the_imatrix_encoder_on_smollm2() {
             let q = enc(&Encoder::Ldlq {
                 factor: &fac,
                 band: ldlq::default_band(ty),
+                hessian: None,
             });
             assert_eq!(
                 (q.len(), imx.len()),

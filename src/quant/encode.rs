@@ -158,8 +158,13 @@ pub enum Encoder<'a> {
     /// Importance-weighted round-to-nearest of a grid type's block parameters (an imatrix, or a
     /// Hessian diagonal): one weight per column, no error feedback.
     Weighted(&'a [f32]),
-    /// Banded LDLQ with the factor of the tensor's Hessian (`band` 0 = full).
-    Ldlq { factor: &'a Factor, band: usize },
+    /// Banded LDLQ with the factor of the tensor's Hessian (`band` 0 = full); `hessian`: that
+    /// Hessian, for a factor whose refit reads it ([`Encoder::with_hessian`]).
+    Ldlq {
+        factor: &'a Factor,
+        band: usize,
+        hessian: Option<&'a [f64]>,
+    },
 }
 
 impl<'a> Encoder<'a> {
@@ -172,9 +177,27 @@ impl<'a> Encoder<'a> {
         importance: Option<&'a [f32]>,
     ) -> Encoder<'a> {
         match (ldlq, importance) {
-            (Some((factor, band)), _) if ty.has_ldlq() => Encoder::Ldlq { factor, band },
+            (Some((factor, band)), _) if ty.has_ldlq() => Encoder::Ldlq {
+                factor,
+                band,
+                hessian: None,
+            },
             (_, Some(imp)) if ty.imatrix_weighted() => Encoder::Weighted(imp),
             _ => Encoder::Nearest,
+        }
+    }
+
+    /// An LDLQ encoder given the Hessian its factor was made from: what a wide factor from
+    /// `ldlq::factor_hessian` reads for its refit instead of a copy of its own
+    /// (`ldlq::RefitHessian::Callers`). Other encoders are returned as they are.
+    pub fn with_hessian(self, h: &'a [f64]) -> Encoder<'a> {
+        match self {
+            Encoder::Ldlq { factor, band, .. } => Encoder::Ldlq {
+                factor,
+                band,
+                hessian: Some(h),
+            },
+            e => e,
         }
     }
 
@@ -205,8 +228,15 @@ pub fn encode_rows(
     if row_len == 0 || x.is_empty() {
         return Ok(Vec::new());
     }
-    if let Encoder::Ldlq { factor, band } = enc {
-        return Ok(super::ldlq::quantize_ldlq(dst, x, row_len, factor, *band));
+    if let Encoder::Ldlq {
+        factor,
+        band,
+        hessian,
+    } = enc
+    {
+        return Ok(super::ldlq::quantize_ldlq_given(
+            dst, x, row_len, factor, *band, *hessian,
+        ));
     }
     let mut buf = vec![0u8; x.len() / row_len * row_bytes];
     let rows = buf.par_chunks_mut(row_bytes).zip(x.par_chunks(row_len));

@@ -509,7 +509,11 @@ fn encode_holding(
         Weighting::Diagonal(imp) => (0, Some(*imp)),
         Weighting::Identity | Weighting::HessianRtn(_) => (0, None),
     };
-    let enc = super::Encoder::choose(ty, factor.as_deref().map(|f| (f, band)), imp);
+    let mut enc = super::Encoder::choose(ty, factor.as_deref().map(|f| (f, band)), imp);
+    if let Weighting::Hessian { h, .. } = w {
+        // A wide factor's refit reads this Hessian rather than a copy (`ldlq::RefitHessian`).
+        enc = enc.with_hessian(&h.h);
+    }
     super::encode_rows(ty, name, rows, n, &enc)
 }
 

@@ -28,14 +28,63 @@ pub struct Factor {
     pub damp: f64,
     /// The damped Hessian in the natural column order (stock types with `refit > 0` only: the
     /// block parameters are refitted under it after the sweep, `stock::refit_params`).
-    pub h: Option<Vec<f64>>,
+    pub h: Option<RefitHessian>,
     /// Refit passes after the sweep (stock types; `--ldlq-refit`).
     pub refit: usize,
     /// `u` rounded to f32, made on first use by the f32 sweep ([`Factor::u_f32`]).
     pub(crate) u32: std::sync::OnceLock<Vec<f32>>,
 }
 
+/// Where the refit's damped Hessian ([`Factor::h`]) is.
+#[derive(Debug)]
+pub enum RefitHessian {
+    /// Kept by the factor.
+    Kept(Vec<f64>),
+    /// The Hessian the factor was made from, which its caller keeps anyway and passes to the
+    /// encoder with the factor (`Encoder::with_hessian`): read as `keep·H` off the diagonal and
+    /// the factor's damped diagonal on it ([`factor_hessian`] above [`REFIT_VIEW_ABOVE`]
+    /// columns).
+    Callers { keep: Option<f64> },
+}
+
+/// Above this width [`factor_hessian`] keeps no copy of the refit's Hessian but reads the
+/// caller's ([`RefitHessian::Callers`]): a 70B FFN input's is 6.6 GB, a third of the mix's peak.
+/// Below it the copy stays (the products over it are one GEMM, the bytes as before).
+pub(crate) const REFIT_VIEW_ABOVE: usize = F32_FACTOR_ABOVE;
+
 impl Factor {
+    /// The damped Hessian the refit reads, when the factor has one: its own copy, or `base` (the
+    /// Hessian the factor was made from) read through the shrink and the damped diagonal.
+    /// Panics when the factor reads its caller's Hessian and none is given: a caller of
+    /// [`factor_hessian`] passes its Hessian along (`Encoder::with_hessian`).
+    pub(super) fn refit_hessian<'a>(
+        &'a self,
+        base: Option<&'a [f64]>,
+    ) -> Option<super::normal::RefitH<'a>> {
+        use super::normal::RefitH;
+        let n = self.n;
+        match self.h.as_ref()? {
+            RefitHessian::Kept(m) => Some(RefitH::Whole { n, m }),
+            RefitHessian::Callers { keep } => Some(RefitH::View {
+                n,
+                base: base.filter(|b| b.len() == n * n).expect(
+                    "a factor that reads its caller's Hessian is given it (Encoder::with_hessian)",
+                ),
+                keep: *keep,
+                diag: &self.diag,
+            }),
+        }
+    }
+
+    /// The refit's Hessian when the factor keeps it (tests).
+    #[cfg(test)]
+    pub(crate) fn kept_hessian(&self) -> Option<&[f64]> {
+        match self.h.as_ref()? {
+            RefitHessian::Kept(m) => Some(m),
+            RefitHessian::Callers { .. } => None,
+        }
+    }
+
     /// `u` rounded to f32 (computed once, then shared by every tensor that uses this factor).
     pub(crate) fn u_f32(&self) -> &[f32] {
         self.u32
@@ -478,7 +527,7 @@ pub fn factor_act_order(
     // was; without a refit it is freed before factoring.
     let hn = (refit > 0).then_some(h);
     let mut f = in_act_order(factor_owned(hp, n, damp, what)?, perm);
-    f.h = hn.map(|hn| damped(hn, n, &f.diag));
+    f.h = hn.map(|hn| RefitHessian::Kept(damped(hn, n, &f.diag)));
     f.refit = refit;
     Ok(f)
 }
@@ -554,7 +603,9 @@ fn cholesky_lower_in_place(l: &mut Mat<f64>) -> std::result::Result<(), ()> {
 
 /// Shrink towards the diagonal ([`shrink_to_diagonal`], `shrink` 0: none), rotate (with the
 /// rotation of `ty`'s decoder), damp and factor one calibration Hessian (what `tq convert --calib`
-/// and sequential calibration do for every Hessian group).
+/// and sequential calibration do for every Hessian group). Above [`REFIT_VIEW_ABOVE`] columns a
+/// factor with a refit reads `h` itself for it ([`RefitHessian::Callers`]): pass `h.h` to the
+/// encoder with the factor.
 pub fn factor_hessian(
     ty: TensorType,
     h: &crate::quant::Hessian,
@@ -563,14 +614,29 @@ pub fn factor_hessian(
     refit: usize,
     what: &str,
 ) -> Result<Factor> {
+    factor_hessian_viewing_above(ty, h, damp, shrink, refit, what, REFIT_VIEW_ABOVE)
+}
+
+/// [`factor_hessian`] with the width above which the refit reads the caller's Hessian given
+/// (tests force it).
+pub(crate) fn factor_hessian_viewing_above(
+    ty: TensorType,
+    h: &crate::quant::Hessian,
+    damp: f64,
+    shrink: f64,
+    refit: usize,
+    what: &str,
+    view_above: usize,
+) -> Result<Factor> {
     let n = h.n;
     if !keeps_refit_hessian(ty, refit) || h.h.len() != n * n {
         return factor_hessian_owned(ty, h.h.clone(), n, damp, shrink, refit, what);
     }
     // A factor that keeps the damped Hessian for the refit, from a Hessian the caller keeps: the
     // kept copy is made after the factorization, not beside it (the owned path holds it from
-    // the start), so the peak is the caller's matrix plus two, not three (a 70B FFN input:
-    // 19.8 GB, not 23). The same values as the owned path: shrinking is `v × keep` either way.
+    // the start), so the peak is the caller's matrix plus two, not three; above `view_above`
+    // no copy is kept at all (a 70B FFN input: 13.2 GB, not 19.8). The same values as the owned
+    // path: shrinking is `v × keep` either way.
     super::prof::count_factor();
     let mut f = if ty.ldlq() == Some(LdlqKind::Stock) {
         let (perm, hp) = act_order_permuted(&h.h, n, shrink_keep(shrink));
@@ -580,9 +646,15 @@ pub fn factor_hessian(
         shrink_to_diagonal(&mut a, n, shrink);
         factor_owned(a, n, damp, what)?
     };
-    let mut hn = h.h.clone();
-    shrink_to_diagonal(&mut hn, n, shrink);
-    f.h = Some(damped(hn, n, &f.diag));
+    f.h = Some(if n > view_above {
+        RefitHessian::Callers {
+            keep: shrink_keep(shrink),
+        }
+    } else {
+        let mut hn = h.h.clone();
+        shrink_to_diagonal(&mut hn, n, shrink);
+        RefitHessian::Kept(damped(hn, n, &f.diag))
+    });
     f.refit = refit;
     Ok(f)
 }
@@ -613,7 +685,7 @@ pub fn factor_hessian_owned(
                 super::prof::add(super::prof::Phase::Rotate, t);
                 let hn = h.clone();
                 let mut f = factor_owned(h, n, damp, what)?;
-                f.h = Some(damped(hn, n, &f.diag));
+                f.h = Some(RefitHessian::Kept(damped(hn, n, &f.diag)));
                 f.refit = refit;
                 return Ok(f);
             }
@@ -704,19 +776,72 @@ mod tests {
                 assert_eq!(bits(&a.diag), bits(&b.diag), "{what}: diag");
                 assert_eq!(a.perm, b.perm, "{what}: perm");
                 assert_eq!(
-                    a.h.as_deref().map(bits),
-                    b.h.as_deref().map(bits),
+                    a.kept_hessian().map(bits),
+                    b.kept_hessian().map(bits),
                     "{what}: h"
                 );
                 assert_eq!((a.damp, a.refit), (b.damp, b.refit), "{what}");
                 assert_eq!(a.u32.get(), b.u32.get(), "{what}: u32");
-                kept += a.h.is_some() as usize;
+                kept += a.kept_hessian().is_some() as usize;
             }
         }
         assert!(
             kept >= 6,
             "the kept-Hessian path was not exercised ({kept})"
         );
+    }
+
+    /// A factor whose refit reads its caller's Hessian (the wide path, forced here) encodes
+    /// what the factor with its own copy encodes: the same bytes where the view is one strip
+    /// (n 256), the same Hessian-weighted error within float noise over several strips (n 1280),
+    /// for the stock act-order sweep with and without mins, and the IQ2/IQ3 scale refits.
+    #[test]
+    fn a_refit_reading_the_callers_hessian_encodes_as_a_kept_copy() {
+        use super::super::{proxy_loss, quantize_ldlq, quantize_ldlq_given};
+        for (n, rows) in [(256usize, 12usize), (1280, 4)] {
+            let h = crate::quant::Hessian {
+                tensors: vec!["t".into()],
+                n,
+                h: hessian(n, n + 64, 3),
+                tokens: 300,
+            };
+            let mut s = 9;
+            let w: Vec<f32> = (0..rows * n).map(|_| lcg(&mut s) as f32).collect();
+            for ty in [
+                TensorType::Q4K,
+                TensorType::Q6K,
+                TensorType::IQ2XS,
+                TensorType::IQ3S,
+            ] {
+                for shrink in [0.0, 0.3] {
+                    let what = format!("{ty:?} n {n} shrink {shrink}");
+                    let kept = factor_hessian(ty, &h, 0.01, shrink, 2, "t").unwrap();
+                    let view =
+                        factor_hessian_viewing_above(ty, &h, 0.01, shrink, 2, "t", 0).unwrap();
+                    assert!(kept.kept_hessian().is_some(), "{what}");
+                    assert!(
+                        matches!(view.h, Some(RefitHessian::Callers { .. })),
+                        "{what}"
+                    );
+                    let a = quantize_ldlq(ty, &w, n, &kept, 0);
+                    let b = quantize_ldlq_given(ty, &w, n, &view, 0, Some(&h.h));
+                    if n <= 512 {
+                        assert_eq!(a, b, "{what}");
+                        continue;
+                    }
+                    let dec = |q: &[u8]| {
+                        let mut x = vec![0f32; w.len()];
+                        crate::types::dequantize(ty, q, &mut x, "t").unwrap();
+                        x
+                    };
+                    let (la, lb) = (
+                        proxy_loss(&h.h, n, &w, &dec(&a)),
+                        proxy_loss(&h.h, n, &w, &dec(&b)),
+                    );
+                    assert!((la - lb).abs() <= 1e-6 * la, "{what}: {la} vs {lb}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! 3. with `--ldlq-refit N` (the factor keeps the Hessian; not IQ1): the scales refitted under the
 //!    Hessian and the pass repeated (`iq_refit`).
 
+use super::normal::RefitH;
 use super::sweep::sweep;
 use super::Factor;
 use crate::types::iquants::weighted_encoder;
@@ -20,11 +21,14 @@ use crate::types::TensorType;
 pub(super) type SweepPass = fn(TensorType, &[f32], &Factor, usize, &mut [u8]);
 
 /// Steps 1–3 of the module comment for rows of an i-quant `ty` sharing one factor (`imp`: the
-/// importance step 1 gives the encoder, one per column), into `out`.
+/// importance step 1 gives the encoder, one per column), into `out`; `rh`: the refit's Hessian
+/// (`Factor::refit_hessian`).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn quantize_rows(
     ty: TensorType,
     rows: &[f32],
     f: &Factor,
+    rh: Option<RefitH>,
     band: usize,
     imp: &[f32],
     pass: SweepPass,
@@ -38,7 +42,7 @@ pub(super) fn quantize_rows(
         enc(row, imp, o);
     }
     pass(ty, rows, f, band, out);
-    super::iq_refit::refit(ty, rows, f, band, out, pass);
+    super::iq_refit::refit(ty, rows, f, rh, band, out, pass);
 }
 
 /// The damped Hessian diagonal over its mean (all 1 where the mean is not positive): the

@@ -61,7 +61,7 @@ fn steps(m: bool, b: &[u8], out: &mut Vec<(f32, f32)>) {
 /// LDLQ rows of IQ1_S / IQ1_M (module comment; the scales fixed by `iq`) into `out`.
 pub(super) fn quantize_rows(ty: TensorType, rows: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
     let imp = diag_over_mean(f);
-    super::iq::quantize_rows(ty, rows, f, band, &imp, sweep_pass, out);
+    super::iq::quantize_rows(ty, rows, f, None, band, &imp, sweep_pass, out);
 }
 
 /// The sweep at the steps and shifts `out` holds: every 8 values' grid row (and IQ1_M's shift)

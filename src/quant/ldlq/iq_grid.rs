@@ -11,15 +11,23 @@
 //! [`LdlqKind::IqGrid`]: crate::types::LdlqKind::IqGrid
 
 use super::iq::{col_weights, sweep_groups};
+use super::normal::RefitH;
 use super::Factor;
 use crate::types::iquants::iq2_groups;
 use crate::types::TensorType;
 
 /// Rows of an IQ2 type sharing one sweep (`rows`: whole rows of `f.n`), written into `out`: the
 /// scales from the encoder under the damped Hessian diagonal, then [`sweep_pass`] (`iq`).
-pub(super) fn quantize_rows(ty: TensorType, rows: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
+pub(super) fn quantize_rows(
+    ty: TensorType,
+    rows: &[f32],
+    f: &Factor,
+    rh: Option<RefitH>,
+    band: usize,
+    out: &mut [u8],
+) {
     let imp: Vec<f32> = f.diag.iter().map(|&v| v as f32).collect();
-    super::iq::quantize_rows(ty, rows, f, band, &imp, sweep_pass, out);
+    super::iq::quantize_rows(ty, rows, f, rh, band, &imp, sweep_pass, out);
 }
 
 /// The sweep at the scales `out` holds: every group's grid row and signs written into `out`.

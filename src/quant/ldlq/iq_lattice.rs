@@ -20,6 +20,7 @@
 //! [`LdlqKind::Lattice`]: crate::types::LdlqKind::Lattice
 
 use super::iq::{col_weights, diag_over_mean, sweep_groups};
+use super::normal::RefitH;
 use super::Factor;
 use crate::types::iquants::iq13_gridmap::GridMap;
 use crate::types::iquants::iq3_quant::{grid_s, grid_xxs};
@@ -71,9 +72,16 @@ fn steps(k: &Kind, b: &[u8], out: &mut Vec<f32>) {
 }
 
 /// LDLQ rows of IQ3_XXS / IQ3_S (module comment; steps 1 and 4 are `iq`'s) into `out`.
-pub(super) fn quantize_rows(ty: TensorType, rows: &[f32], f: &Factor, band: usize, out: &mut [u8]) {
+pub(super) fn quantize_rows(
+    ty: TensorType,
+    rows: &[f32],
+    f: &Factor,
+    rh: Option<RefitH>,
+    band: usize,
+    out: &mut [u8],
+) {
     let imp = diag_over_mean(f);
-    super::iq::quantize_rows(ty, rows, f, band, &imp, sweep_pass, out);
+    super::iq::quantize_rows(ty, rows, f, rh, band, &imp, sweep_pass, out);
 }
 
 /// Steps 2 and 3 of the module comment: the sweep at the scales `out` holds, its grid indices

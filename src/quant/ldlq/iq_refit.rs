@@ -13,11 +13,11 @@
 //! A row keeps the new scales and codes only when its error `(w − q) H (w − q)ᵀ` under the damped
 //! Hessian went down, so a refit never makes a row worse by the objective the sweep minimises.
 
-use super::normal::{cholesky_solve, normal_equations_values};
+use super::normal::{cholesky_solve, normal_equations_values, RefitH};
 use super::Factor;
 use crate::types::float::{f16_at, f16_bits_to_f32, f32_to_f16_bits};
 use crate::types::TensorType;
-use faer::{Mat, Par};
+use faer::Mat;
 
 /// How a type forms each scale group's step: `d · (alpha + beta · s)`, `s` in 0..=15, over `gs`
 /// values (llama.cpp's decoders: IQ3_XXS `d·(0.5+s)·0.5`, IQ3_S `d·(1+2s)`, IQ2 `d·(0.5+s)·0.25`).
@@ -75,32 +75,31 @@ fn steps(ty: TensorType, fm: Form, row: &[u8], out: &mut Vec<f64>) {
 }
 
 /// Per row, `(w − q) H (w − q)ᵀ` with `q` the decoded rows of `bytes` (one GEMM).
-fn row_errors(ty: TensorType, rows: &[f32], bytes: &[u8], h: &[f64], n: usize) -> Vec<f64> {
-    use faer::{linalg::matmul::matmul, Accum, MatRef};
+fn row_errors(ty: TensorType, rows: &[f32], bytes: &[u8], h: RefitH, n: usize) -> Vec<f64> {
     let nr = rows.len() / n;
     let mut q = vec![0f32; rows.len()];
     crate::types::dequantize_rows(ty, bytes, &mut q, n, "w").expect("the sweep's own blocks");
     let e = Mat::<f64>::from_fn(nr, n, |r, t| (rows[r * n + t] - q[r * n + t]) as f64);
     let mut eh = Mat::<f64>::zeros(nr, n);
-    let hm = MatRef::from_row_major_slice(h, n, n);
-    matmul(eh.as_mut(), Accum::Replace, e.as_ref(), hm, 1.0, Par::Seq);
+    h.times(e.as_ref(), eh.as_mut());
     (0..nr)
         .map(|r| (0..n).map(|t| e[(r, t)] * eh[(r, t)]).sum())
         .collect()
 }
 
-/// Up to `f.refit` passes (none when the factor keeps no Hessian): refit the scales of every row
-/// of `out` (encoded by `pass`, the kind's sweep at the scales the blocks hold), sweep again, and
-/// keep a row's new blocks where its Hessian-weighted error went down (module comment).
+/// Up to `f.refit` passes (none when the factor has no refit Hessian `rh`): refit the scales of
+/// every row of `out` (encoded by `pass`, the kind's sweep at the scales the blocks hold), sweep
+/// again, and keep a row's new blocks where its Hessian-weighted error went down (module comment).
 pub(super) fn refit(
     ty: TensorType,
     rows: &[f32],
     f: &Factor,
+    rh: Option<RefitH>,
     band: usize,
     out: &mut [u8],
     pass: fn(TensorType, &[f32], &Factor, usize, &mut [u8]),
 ) {
-    let (Some(h), Some(fm)) = (f.h.as_deref(), form(ty)) else {
+    let (Some(h), Some(fm)) = (rh, form(ty)) else {
         return;
     };
     let n = f.n;

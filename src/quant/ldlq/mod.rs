@@ -39,7 +39,7 @@ pub(crate) mod trellis;
 pub(crate) use self::factor::keeps_refit_hessian;
 pub use self::factor::{
     factor, factor_act_order, factor_hessian, factor_hessian_owned, factor_owned,
-    rotate_hessian_in_place, rotate_vec, shrink_to_diagonal, Factor,
+    rotate_hessian_in_place, rotate_vec, shrink_to_diagonal, Factor, RefitHessian,
 };
 pub use self::stock::Refit;
 
@@ -133,11 +133,24 @@ pub fn default_band(ty: TensorType) -> usize {
 /// fixed [`ROWS`]). Stock types refit their block parameters after the sweep, `f.refit` passes
 /// under the full Hessian.
 pub fn quantize_ldlq(ty: TensorType, w: &[f32], n: usize, f: &Factor, band: usize) -> Vec<u8> {
+    quantize_ldlq_given(ty, w, n, f, band, None)
+}
+
+/// [`quantize_ldlq`] given the Hessian `f` was made from, for a factor whose refit reads it
+/// ([`RefitHessian::Callers`]: [`factor_hessian`] of a wide Hessian).
+pub(crate) fn quantize_ldlq_given(
+    ty: TensorType,
+    w: &[f32],
+    n: usize,
+    f: &Factor,
+    band: usize,
+    hessian: Option<&[f64]>,
+) -> Vec<u8> {
     let refit = Refit {
         passes: f.refit,
         full: true,
     };
-    quantize_ldlq_refit(ty, w, n, f, band, refit)
+    quantize_ldlq_with(ty, w, n, f, band, refit, hessian)
 }
 
 /// [`quantize_ldlq`] with the stock types' parameter refit given.
@@ -149,7 +162,21 @@ pub fn quantize_ldlq_refit(
     band: usize,
     refit: Refit,
 ) -> Vec<u8> {
+    quantize_ldlq_with(ty, w, n, f, band, refit, None)
+}
+
+/// [`quantize_ldlq_refit`] with [`quantize_ldlq_given`]'s Hessian.
+fn quantize_ldlq_with(
+    ty: TensorType,
+    w: &[f32],
+    n: usize,
+    f: &Factor,
+    band: usize,
+    refit: Refit,
+    hessian: Option<&[f64]>,
+) -> Vec<u8> {
     assert_eq!(f.n, n);
+    let rh = f.refit_hessian(hessian);
     let Some(kind) = ty.ldlq() else {
         panic!("{ty}: no LDLQ for this type (TensorType::ldlq)");
     };
@@ -164,14 +191,14 @@ pub fn quantize_ldlq_refit(
         .for_each(|(o, rows)| match kind {
             LdlqKind::Rotated => tq::quantize_rows(ty, rows, f, band, o),
             LdlqKind::Stock => {
-                stock::quantize_rows_stock(ty, rows, f, band, refit, o, stock::Mode::Gemm)
+                stock::quantize_rows_stock(ty, rows, f, rh, band, refit, o, stock::Mode::Gemm)
             }
             LdlqKind::RowRotated => rows::quantize_rows(rows, f, band, o),
             LdlqKind::Lattice if matches!(ty, TensorType::IQ1S | TensorType::IQ1M) => {
                 iq1_lattice::quantize_rows(ty, rows, f, band, o)
             }
-            LdlqKind::Lattice => iq_lattice::quantize_rows(ty, rows, f, band, o),
-            LdlqKind::IqGrid => iq_grid::quantize_rows(ty, rows, f, band, o),
+            LdlqKind::Lattice => iq_lattice::quantize_rows(ty, rows, f, rh, band, o),
+            LdlqKind::IqGrid => iq_grid::quantize_rows(ty, rows, f, rh, band, o),
             LdlqKind::Trellis => unreachable!("handled above"),
         });
     out

@@ -11,17 +11,97 @@
 //! the Cholesky runs eight rows' dot products side by side (independent sums, each in the
 //! reference's order, instead of one latency-bound sum at a time).
 
-use faer::{linalg::matmul::matmul, Accum, Mat, MatRef, Par};
+use faer::{linalg::matmul::matmul, Accum, Mat, MatMut, MatRef, Par};
+use std::borrow::Cow;
 
 /// Rows whose Cholesky dot products run side by side in [`cholesky_solve`].
 const LANES: usize = 8;
 
+/// The damped Hessian a refit reads, natural column order: the factor's own copy (`Whole`), or
+/// the caller's Hessian read through the factor's shrink and damped diagonal (`View`: `keep·H`
+/// off the diagonal, `diag` on it; `factor::RefitHessian::Callers`), made a strip of rows at a
+/// time so that no second n×n matrix is held (6.6 GB for a 70B FFN input).
+#[derive(Clone, Copy)]
+pub(super) enum RefitH<'a> {
+    Whole {
+        n: usize,
+        m: &'a [f64],
+    },
+    View {
+        n: usize,
+        base: &'a [f64],
+        keep: Option<f64>,
+        diag: &'a [f64],
+    },
+}
+
+/// Rows of a [`RefitH::View`] made at once (rounded down to the group size): 117 MB of a
+/// 28,672-wide Hessian, against the ≈ 64·n² multiply-adds each strip's products then cost.
+const VIEW_STRIP: usize = 512;
+
+impl<'a> RefitH<'a> {
+    fn n(&self) -> usize {
+        match *self {
+            RefitH::Whole { n, .. } | RefitH::View { n, .. } => n,
+        }
+    }
+
+    /// Rows `a..b`, row-major.
+    pub(super) fn rows(&self, a: usize, b: usize) -> Cow<'a, [f64]> {
+        match *self {
+            RefitH::Whole { n, m } => Cow::Borrowed(&m[a * n..b * n]),
+            RefitH::View {
+                n,
+                base,
+                keep,
+                diag,
+            } => {
+                let mut s = base[a * n..b * n].to_vec();
+                for (i, row) in s.chunks_exact_mut(n).enumerate() {
+                    if let Some(k) = keep {
+                        row.iter_mut().for_each(|v| *v *= k);
+                    }
+                    row[a + i] = diag[a + i];
+                }
+                Cow::Owned(s)
+            }
+        }
+    }
+
+    /// `(first row, rows)` strips covering the matrix in order: the whole matrix at once for
+    /// `Whole` (the products below are then one GEMM, as before views), [`VIEW_STRIP`] rows (a
+    /// multiple of `align`) at a time for `View`.
+    fn strips(&self, align: usize) -> impl Iterator<Item = (usize, Cow<'a, [f64]>)> + '_ {
+        let n = self.n();
+        let step = match self {
+            RefitH::Whole { .. } => n,
+            RefitH::View { .. } => (VIEW_STRIP / align).max(1) * align,
+        }
+        .max(1);
+        (0..n)
+            .step_by(step)
+            .map(move |a| (a, self.rows(a, (a + step).min(n))))
+    }
+
+    /// `out = x · H` (`x`: rows × n), one strip of `H`'s rows at a time.
+    pub(super) fn times(&self, x: MatRef<f64>, mut out: MatMut<f64>) {
+        let n = self.n();
+        for (a, s) in self.strips(1) {
+            let len = s.len() / n;
+            let hs = MatRef::from_row_major_slice(&s, len, n);
+            let acc = if a == 0 { Accum::Replace } else { Accum::Add };
+            matmul(out.as_mut(), acc, x.subcols(a, len), hs, 1.0, Par::Seq);
+        }
+    }
+}
+
 /// The normal equations for code values `c` (rows × n): the decoded value at column `t` is
 /// `p[g]·c[t] (− p[ng + g])` with `g = t / gs`, the mins only when `hm`. Per row, `(A, rhs)` with
-/// `A` row-major `np × np` (`np = ng`, or `2·ng` with mins).
+/// `A` row-major `np × np` (`np = ng`, or `2·ng` with mins). `H` is read a strip of rows at a
+/// time ([`RefitH`]; one strip, the same bits as the reference, for a whole matrix).
 pub(super) fn normal_equations_values(
     rows: &[f32],
-    h: &[f64],
+    h: RefitH,
     c: &Mat<f64>,
     gs: usize,
     hm: bool,
@@ -29,33 +109,44 @@ pub(super) fn normal_equations_values(
     let (nr, n) = (c.nrows(), c.ncols());
     let ng = n / gs;
     let np = if hm { 2 * ng } else { ng };
-    let hmat = MatRef::from_row_major_slice(h, n, n);
     let x = Mat::<f64>::from_fn(nr, n, |r, t| rows[r * n + t] as f64);
     let mut hx = Mat::<f64>::zeros(nr, n);
-    matmul(hx.as_mut(), Accum::Replace, x.as_ref(), hmat, 1.0, Par::Seq);
     // Each row's matrix transposed while the groups' columns are added: column g of `A` is row
     // g here, written left to right.
     let mut res: Vec<(Vec<f64>, Vec<f64>)> = (0..nr)
         .map(|_| (vec![0f64; np * np], vec![0f64; np]))
         .collect();
     let mut mg = Mat::<f64>::zeros(nr, n);
-    for g in 0..ng {
-        // mg[r][t] = Σ_{s∈g} c_rs H_st: column t of H D_g (H symmetric).
+    for (a, s) in h.strips(gs) {
+        let len = s.len() / n;
+        let hs = MatRef::from_row_major_slice(&s, len, n);
+        let acc = if a == 0 { Accum::Replace } else { Accum::Add };
         matmul(
-            mg.as_mut(),
-            Accum::Replace,
-            c.as_ref().subcols(g * gs, gs),
-            hmat.subrows(g * gs, gs),
+            hx.as_mut(),
+            acc,
+            x.as_ref().subcols(a, len),
+            hs,
             1.0,
             Par::Seq,
         );
-        for (r, (at, _)) in res.iter_mut().enumerate() {
-            let row = &mut at[g * np..(g + 1) * np];
-            for t in 0..n {
-                let (gt, v) = (t / gs, mg[(r, t)]);
-                row[gt] += c[(r, t)] * v;
-                if hm {
-                    row[ng + gt] -= v;
+        for g in a / gs..(a + len) / gs {
+            // mg[r][t] = Σ_{s∈g} c_rs H_st: column t of H D_g (H symmetric).
+            matmul(
+                mg.as_mut(),
+                Accum::Replace,
+                c.as_ref().subcols(g * gs, gs),
+                hs.subrows(g * gs - a, gs),
+                1.0,
+                Par::Seq,
+            );
+            for (r, (at, _)) in res.iter_mut().enumerate() {
+                let row = &mut at[g * np..(g + 1) * np];
+                for t in 0..n {
+                    let (gt, v) = (t / gs, mg[(r, t)]);
+                    row[gt] += c[(r, t)] * v;
+                    if hm {
+                        row[ng + gt] -= v;
+                    }
                 }
             }
         }
@@ -75,20 +166,21 @@ pub(super) fn normal_equations_values(
     if hm {
         // The mins' columns: Σ_{s∈g} H_ts, the same for every row.
         let mut nn = vec![0f64; ng];
-        for t in 0..n {
-            let gt = t / gs;
-            let hrow = &h[t * n..(t + 1) * n];
-            for (g, v) in nn.iter_mut().enumerate() {
-                *v = hrow[g * gs..(g + 1) * gs].iter().sum();
-            }
-            for (r, (a, _)) in res.iter_mut().enumerate() {
-                let ct = c[(r, t)];
-                let (top, bottom) = a.split_at_mut(ng * np);
-                let top = &mut top[gt * np + ng..(gt + 1) * np];
-                let bottom = &mut bottom[gt * np + ng..(gt + 1) * np];
-                for g in 0..ng {
-                    top[g] -= ct * nn[g];
-                    bottom[g] += nn[g];
+        for (t0, s) in h.strips(gs) {
+            for (t, hrow) in (t0..).zip(s.chunks_exact(n)) {
+                let gt = t / gs;
+                for (g, v) in nn.iter_mut().enumerate() {
+                    *v = hrow[g * gs..(g + 1) * gs].iter().sum();
+                }
+                for (r, (a, _)) in res.iter_mut().enumerate() {
+                    let ct = c[(r, t)];
+                    let (top, bottom) = a.split_at_mut(ng * np);
+                    let top = &mut top[gt * np + ng..(gt + 1) * np];
+                    let bottom = &mut bottom[gt * np + ng..(gt + 1) * np];
+                    for g in 0..ng {
+                        top[g] -= ct * nn[g];
+                        bottom[g] += nn[g];
+                    }
                 }
             }
         }
@@ -317,13 +409,68 @@ mod tests {
             let mut s = 7u64 + n as u64;
             let rows: Vec<f32> = (0..nr * n).map(|_| lcg(&mut s) as f32).collect();
             let c = Mat::<f64>::from_fn(nr, n, |r, t| ((r * 31 + t * 7) % 9) as f64 - 4.0);
-            let fast = normal_equations_values(&rows, &h, &c, gs, hm);
+            let whole = RefitH::Whole { n, m: &h };
+            let fast = normal_equations_values(&rows, whole, &c, gs, hm);
             let slow = reference::normal_equations_values(&rows, &h, &c, gs, hm);
             assert_eq!(fast.len(), slow.len());
             for (r, ((fa, fb), (sa, sb))) in fast.iter().zip(&slow).enumerate() {
                 let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(fa), bits(sa), "n {n} gs {gs} mins {hm} row {r}: A");
                 assert_eq!(bits(fb), bits(sb), "n {n} gs {gs} mins {hm} row {r}: rhs");
+            }
+        }
+    }
+
+    /// Read through a view (the caller's Hessian, shrunk and with the damped diagonal, a strip
+    /// of rows at a time) the refit's products equal those of the materialized matrix within
+    /// float noise, on a width that takes three strips and a last short one.
+    #[test]
+    fn a_view_of_the_callers_hessian_gives_the_materialized_products() {
+        let (n, nr) = (VIEW_STRIP * 2 + 96, 4);
+        let base = spd(n, 40, 5);
+        let mut s = 3u64;
+        let diag: Vec<f64> = (0..n).map(|i| base[i * n + i] * 1.01 + 1e-3).collect();
+        for (keep, gs, hm) in [(None, 16usize, true), (Some(0.75), 32, false)] {
+            let mut m = base.clone();
+            for i in 0..n {
+                for j in 0..n {
+                    m[i * n + j] = match (i == j, keep) {
+                        (true, _) => diag[i],
+                        (false, Some(k)) => m[i * n + j] * k,
+                        (false, None) => m[i * n + j],
+                    };
+                }
+            }
+            let whole = RefitH::Whole { n, m: &m };
+            let view = RefitH::View {
+                n,
+                base: &base,
+                keep,
+                diag: &diag,
+            };
+            assert_eq!(view.rows(7, 9), whole.rows(7, 9));
+            let rows: Vec<f32> = (0..nr * n).map(|_| lcg(&mut s) as f32).collect();
+            let c = Mat::<f64>::from_fn(nr, n, |r, t| ((r * 13 + t * 5) % 7) as f64 - 3.0);
+            let a = normal_equations_values(&rows, whole, &c, gs, hm);
+            let b = normal_equations_values(&rows, view, &c, gs, hm);
+            let close = |x: &[f64], y: &[f64], what: &str| {
+                let scale = x.iter().fold(0f64, |m, v| m.max(v.abs()));
+                for (u, v) in x.iter().zip(y) {
+                    assert!((u - v).abs() <= 1e-12 * scale, "{what}: {u} vs {v}");
+                }
+            };
+            for ((aa, ab), (ba, bb)) in a.iter().zip(&b) {
+                close(aa, ba, "A");
+                close(ab, bb, "rhs");
+            }
+            let x = Mat::<f64>::from_fn(nr, n, |r, t| rows[r * n + t] as f64);
+            let (mut p, mut q) = (Mat::<f64>::zeros(nr, n), Mat::<f64>::zeros(nr, n));
+            whole.times(x.as_ref(), p.as_mut());
+            view.times(x.as_ref(), q.as_mut());
+            for r in 0..nr {
+                let pr: Vec<f64> = (0..n).map(|t| p[(r, t)]).collect();
+                let qr: Vec<f64> = (0..n).map(|t| q[(r, t)]).collect();
+                close(&pr, &qr, "x·H");
             }
         }
     }

@@ -3,7 +3,7 @@
 //! (`types::grid::fit`), the values rounded onto the fixed grids in act-order
 //! (`Factor::perm`), then the block parameters refitted under the full Hessian ([`Refit`]).
 
-use super::normal::{cholesky_solve, normal_equations_values};
+use super::normal::{cholesky_solve, normal_equations_values, RefitH};
 use super::sweep::sweep;
 #[cfg(test)]
 use super::sweep::sweep_scalar;
@@ -24,10 +24,12 @@ use faer::Mat;
 /// ([`refit_params`]) and the sweep runs again on the new grids; a row keeps the new parameters
 /// and codes only when its sweep loss `Σ e²` (with the full band exactly `(w − q) H (w − q)ᵀ`
 /// under the damped Hessian) went down, so a refit never makes a row worse by that measure.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn quantize_rows_stock(
     ty: TensorType,
     rows: &[f32],
     f: &Factor,
+    rh: Option<RefitH>,
     band: usize,
     refit: Refit,
     out: &mut [u8],
@@ -42,7 +44,7 @@ pub(super) fn quantize_rows_stock(
         .map(|(row, o)| fit_grids(ty, row, f, o))
         .collect();
     let (mut codes, mut loss) = stock_pass(ty, rows, f, band, &grids, mode);
-    if let (Some(h), true) = (f.h.as_deref(), refit.passes > 0) {
+    if let (Some(h), true) = (rh, refit.passes > 0) {
         let mut trial = out.to_vec();
         for _ in 0..refit.passes {
             let eqs: Vec<(Vec<f64>, Vec<f64>)> = match (refit.full, mode) {
@@ -266,7 +268,7 @@ fn refit_params(
 fn normal_equations_row(
     ty: TensorType,
     row: &[f32],
-    h: &[f64],
+    h: RefitH,
     c: &[i32],
     full: bool,
 ) -> (Vec<f64>, Vec<f64>) {
@@ -281,7 +283,7 @@ fn normal_equations_row(
     let (mut m, mut nn) = (vec![0f64; ng], vec![0f64; ng]);
     for t in 0..n {
         let gt = t / gs;
-        let hrow = &h[t * n..(t + 1) * n];
+        let hrow = h.rows(t, t + 1);
         let mut hx = 0f64;
         if full {
             for g in 0..ng {
@@ -326,7 +328,7 @@ fn normal_equations_row(
 fn normal_equations_rows(
     ty: TensorType,
     rows: &[f32],
-    h: &[f64],
+    h: RefitH,
     codes: &[i32],
     n: usize,
 ) -> Vec<(Vec<f64>, Vec<f64>)> {
@@ -346,7 +348,16 @@ pub(super) fn quantize_row_stock(
     refit: Refit,
     out: &mut [u8],
 ) {
-    quantize_rows_stock(ty, row, f, band, refit, out, Mode::OneRow)
+    quantize_rows_stock(
+        ty,
+        row,
+        f,
+        f.refit_hessian(None),
+        band,
+        refit,
+        out,
+        Mode::OneRow,
+    )
 }
 
 #[cfg(test)]
@@ -454,7 +465,16 @@ mod tests {
                 }
                 let mut scalar = vec![0u8; rows * rb];
                 for (o, rws) in scalar.chunks_mut(rb * ROWS).zip(w.chunks(n * ROWS)) {
-                    quantize_rows_stock(ty, rws, &f, band, refit, o, Mode::Scalar);
+                    quantize_rows_stock(
+                        ty,
+                        rws,
+                        &f,
+                        f.refit_hessian(None),
+                        band,
+                        refit,
+                        o,
+                        Mode::Scalar,
+                    );
                 }
                 assert_sweeps_agree(ty, band, &h, &w, &got, &scalar, &one);
             }
@@ -484,10 +504,11 @@ mod tests {
                     g.lo + ((s >> 33) % (g.hi - g.lo + 1) as u64) as i32
                 })
                 .collect();
-            let fast = normal_equations_rows(ty, &w, &h, &codes, n);
+            let hr = RefitH::Whole { n, m: &h };
+            let fast = normal_equations_rows(ty, &w, hr, &codes, n);
             for (r, (fa, fr)) in fast.iter().enumerate() {
                 let (sa, sr) =
-                    normal_equations_row(ty, &w[r * n..][..n], &h, &codes[r * n..][..n], true);
+                    normal_equations_row(ty, &w[r * n..][..n], hr, &codes[r * n..][..n], true);
                 let m = sa.iter().fold(0f64, |a, v| a.max(v.abs()));
                 let mr = sr.iter().fold(0f64, |a, v| a.max(v.abs()));
                 for (x, y) in fa.iter().zip(&sa) {
@@ -538,7 +559,7 @@ mod tests {
         let h = hessian(n, 900, 12);
         let w = uniform_rows(rows * n, 21);
         let f = factor_act_order(h, n, 0.01, Refit::DEFAULT.passes, "w").unwrap();
-        let hd = f.h.clone().unwrap();
+        let hd = f.kept_hessian().unwrap().to_vec();
         for ty in [
             TensorType::Q4_0,
             TensorType::Q5_0,

@@ -202,15 +202,16 @@ fn errors_holding(
 }
 
 /// The sweep's LDL diagonal `D_jj = 1 / U_jj²` by natural column: what rounding column `j` by
-/// `e` costs LDLQ (`Σ_j D_jj e_j²` is its loss). None for a factor kept in f32 only.
+/// `e` costs LDLQ (`Σ_j D_jj e_j²` is its loss). None for a factor without `U`.
 fn ldl_diagonal(f: &super::ldlq::Factor) -> Option<Vec<f64>> {
     let n = f.n;
-    if f.u.len() != n * n {
+    let uf = f.u_ref();
+    if uf.len() != n * n {
         return None;
     }
     let mut d = vec![0f64; n];
     for i in 0..n {
-        let u = f.u[i * n + i];
+        let u = uf.get(i * n + i);
         let col = f.perm.as_ref().map_or(i, |p| p[i]);
         d[col] = 1.0 / (u * u);
     }

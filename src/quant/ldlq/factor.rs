@@ -35,6 +35,30 @@ pub struct Factor {
     pub(crate) u32: std::sync::OnceLock<Vec<f32>>,
 }
 
+/// `U` (row-major) in whichever precision the factor keeps it ([`Factor::u_ref`]), read as f64.
+#[derive(Clone, Copy)]
+pub(crate) enum URef<'a> {
+    F64(&'a [f64]),
+    F32(&'a [f32]),
+}
+
+impl URef<'_> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            URef::F64(u) => u.len(),
+            URef::F32(u) => u.len(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, k: usize) -> f64 {
+        match self {
+            URef::F64(u) => u[k],
+            URef::F32(u) => u[k] as f64,
+        }
+    }
+}
+
 /// Where the refit's damped Hessian ([`Factor::h`]) is.
 #[derive(Debug)]
 pub enum RefitHessian {
@@ -82,6 +106,16 @@ impl Factor {
         match self.h.as_ref()? {
             RefitHessian::Kept(m) => Some(m),
             RefitHessian::Callers { .. } => None,
+        }
+    }
+
+    /// `U` as the f64 sweeps read it: the f64 copy, or the f32 one the factor keeps instead
+    /// ([`factor_for_sweep`] above [`F32_FACTOR_ABOVE`] columns: the same values, widened).
+    pub(crate) fn u_ref(&self) -> URef<'_> {
+        if self.u.is_empty() {
+            URef::F32(self.u_f32())
+        } else {
+            URef::F64(&self.u)
         }
     }
 
@@ -245,23 +279,32 @@ pub fn factor(h: &[f64], n: usize, damp: f64, what: &str) -> Result<Factor> {
 /// Cholesky runs in place and the Hessian is dropped as soon as it succeeds.
 /// Above [`F32_FACTOR_ABOVE`] columns the factor is computed in f32 (memory; `precision.rs`).
 pub fn factor_owned(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Factor> {
-    factor_owned_above(h, n, damp, what, F32_FACTOR_ABOVE)
+    factor_owned_above(h, n, damp, what, F32_FACTOR_ABOVE, false)
 }
 
-/// [`factor_owned`] with the width above which it is f32 given (tests use small widths).
+/// [`factor_owned`] for the sweeps that read `U` through [`Factor::u_ref`] (stock act-order,
+/// the i-quants): an f32 factor keeps `U` in f32 only — the values it would widen to f64 are the
+/// same — so a 28,672-wide one holds 3.3 GB instead of 6.6.
+pub(crate) fn factor_for_sweep(h: Vec<f64>, n: usize, damp: f64, what: &str) -> Result<Factor> {
+    factor_owned_above(h, n, damp, what, F32_FACTOR_ABOVE, true)
+}
+
+/// [`factor_owned`] with the width above which it is f32 given (tests use small widths), and
+/// whether an f32 factor keeps `U` in f32 only.
 fn factor_owned_above(
     h: Vec<f64>,
     n: usize,
     damp: f64,
     what: &str,
     f32_above: usize,
+    u32_only: bool,
 ) -> Result<Factor> {
     let prec = if factor_f32() || n > f32_above {
         Prec::F32
     } else {
         Prec::F64
     };
-    factor_with(h, n, damp, what, prec, false)
+    factor_with(h, n, damp, what, prec, u32_only && prec == Prec::F32)
 }
 
 /// The precision of the Cholesky and the triangular inverse (the switches and the measurements
@@ -526,7 +569,7 @@ pub fn factor_act_order(
     // Kept for the refit (a third n×n matrix alive while factoring), damped below as the factor
     // was; without a refit it is freed before factoring.
     let hn = (refit > 0).then_some(h);
-    let mut f = in_act_order(factor_owned(hp, n, damp, what)?, perm);
+    let mut f = in_act_order(factor_for_sweep(hp, n, damp, what)?, perm);
     f.h = hn.map(|hn| RefitHessian::Kept(damped(hn, n, &f.diag)));
     f.refit = refit;
     Ok(f)
@@ -640,11 +683,11 @@ pub(crate) fn factor_hessian_viewing_above(
     super::prof::count_factor();
     let mut f = if ty.ldlq() == Some(LdlqKind::Stock) {
         let (perm, hp) = act_order_permuted(&h.h, n, shrink_keep(shrink));
-        in_act_order(factor_owned(hp, n, damp, what)?, perm)
+        in_act_order(factor_for_sweep(hp, n, damp, what)?, perm)
     } else {
         let mut a = h.h.clone();
         shrink_to_diagonal(&mut a, n, shrink);
-        factor_owned(a, n, damp, what)?
+        factor_for_sweep(a, n, damp, what)?
     };
     f.h = Some(if n > view_above {
         RefitHessian::Callers {
@@ -684,7 +727,7 @@ pub fn factor_hessian_owned(
             if keeps_refit_hessian(ty, refit) {
                 super::prof::add(super::prof::Phase::Rotate, t);
                 let hn = h.clone();
-                let mut f = factor_owned(h, n, damp, what)?;
+                let mut f = factor_for_sweep(h, n, damp, what)?;
                 f.h = Some(RefitHessian::Kept(damped(hn, n, &f.diag)));
                 f.refit = refit;
                 return Ok(f);
@@ -707,7 +750,10 @@ pub fn factor_hessian_owned(
         None => rotate_hessian_in_place(&mut h, n),
     }
     super::prof::add(super::prof::Phase::Rotate, t);
-    factor_owned(h, n, damp, what)
+    match ty.ldlq() {
+        Some(LdlqKind::Lattice | LdlqKind::IqGrid) => factor_for_sweep(h, n, damp, what),
+        _ => factor_owned(h, n, damp, what),
+    }
 }
 
 #[cfg(test)]
@@ -789,6 +835,53 @@ mod tests {
             kept >= 6,
             "the kept-Hessian path was not exercised ({kept})"
         );
+    }
+
+    /// An f32 factor of the stock and i-quant sweeps keeps `U` in f32 only (the wide path, forced
+    /// here at 256 columns): the sweeps read the same values widened, so the bytes equal those
+    /// of the factor that also keeps the widened f64 copy, refit included.
+    #[test]
+    fn an_f32_only_u_encodes_as_its_widened_copy() {
+        use super::super::quantize_ldlq;
+        let n = 256;
+        let h = hessian(n, 300, 4);
+        let mut s = 5;
+        let w: Vec<f32> = (0..16 * n).map(|_| lcg(&mut s) as f32).collect();
+        for ty in [
+            TensorType::Q4K,
+            TensorType::Q5_0,
+            TensorType::IQ2XS,
+            TensorType::IQ3S,
+        ] {
+            let stock = ty.ldlq() == Some(LdlqKind::Stock);
+            let (perm, hp) = act_order_permuted(&h, n, None);
+            let make = |u32_only: bool| {
+                let src = if stock { hp.clone() } else { h.clone() };
+                let mut f = factor_owned_above(src, n, 0.01, "t", 0, u32_only).unwrap();
+                if stock {
+                    f = in_act_order(f, perm.clone());
+                }
+                f.h = Some(RefitHessian::Kept(damped(h.clone(), n, &f.diag)));
+                f.refit = 2;
+                f
+            };
+            let (wide, only) = (make(false), make(true));
+            assert_eq!(wide.u.len(), n * n, "{ty}");
+            assert!(
+                only.u.is_empty() && matches!(only.u_ref(), URef::F32(_)),
+                "{ty}"
+            );
+            assert!(wide
+                .u
+                .iter()
+                .zip(only.u_f32())
+                .all(|(a, b)| *a == *b as f64));
+            assert_eq!(
+                quantize_ldlq(ty, &w, n, &wide, 0),
+                quantize_ldlq(ty, &w, n, &only, 0),
+                "{ty}"
+            );
+        }
     }
 
     /// A factor whose refit reads its caller's Hessian (the wide path, forced here) encodes
@@ -1050,9 +1143,9 @@ mod tests {
             f32_.u != f64_.u,
             "the two precisions give different bits here"
         );
-        let above = factor_owned_above(h.clone(), n, 0.01, "w", n - 1).unwrap();
+        let above = factor_owned_above(h.clone(), n, 0.01, "w", n - 1, false).unwrap();
         assert!(above.u == f32_.u, "wider than the limit: f32");
-        let at = factor_owned_above(h, n, 0.01, "w", n).unwrap();
+        let at = factor_owned_above(h, n, 0.01, "w", n, false).unwrap();
         let want = if factor_f32() { &f32_.u } else { &f64_.u };
         assert!(&at.u == want, "at the limit: the default precision");
     }

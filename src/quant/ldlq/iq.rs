@@ -79,8 +79,8 @@ pub(super) fn sweep_groups<const G: usize>(
 /// The weight `1 / U_jj²` of each column's squared rounding error in the sweep (the vector
 /// quantizers' per-value weights).
 pub(super) fn col_weights(f: &Factor) -> Vec<f64> {
-    let n = f.n;
+    let (n, u) = (f.n, f.u_ref());
     (0..n)
-        .map(|j| 1.0 / (f.u[j * n + j] * f.u[j * n + j]))
+        .map(|j| 1.0 / (u.get(j * n + j) * u.get(j * n + j)))
         .collect()
 }

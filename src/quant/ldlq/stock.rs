@@ -157,13 +157,13 @@ fn stock_pass(
             let band = if band == 0 { n } else { band };
             let mut loss = vec![0f64; nr];
             for (r, xr) in x.chunks_exact_mut(n).enumerate() {
+                let u = f.u_ref();
                 for t in 0..n {
                     let q = round(r, t, xr);
-                    let urow = &f.u[t * n..(t + 1) * n];
-                    let err = (xr[t] - q) / urow[t];
+                    let err = (xr[t] - q) / u.get(t * n + t);
                     loss[r] += err * err;
                     for k in t + 1..(t + 1 + band).min(n) {
-                        xr[k] -= err * urow[k];
+                        xr[k] -= err * u.get(t * n + k);
                     }
                 }
             }

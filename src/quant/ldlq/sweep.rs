@@ -32,21 +32,32 @@ pub(crate) fn sweep(
     let band = if band == 0 { n } else { band };
     let mut loss = vec![0f64; rows];
     let mut e = Mat::<f64>::zeros(rows, LAZY);
+    let uf = f.u_ref();
+    // Row j of U from `j` to the batch's end, as f64 (widened when the factor keeps f32).
+    let mut ubuf = vec![0f64; LAZY];
     let mut j0 = 0;
     while j0 < n {
         let j1 = (j0 + LAZY).min(n);
         let t = super::prof::start();
         for j in j0..j1 {
-            let urow = &f.u[j * n..(j + 1) * n];
+            let urow: &[f64] = match uf {
+                super::factor::URef::F64(u) => &u[j * n + j..j * n + j1],
+                super::factor::URef::F32(u) => {
+                    for (d, &v) in ubuf.iter_mut().zip(&u[j * n + j..j * n + j1]) {
+                        *d = v as f64;
+                    }
+                    &ubuf[..j1 - j]
+                }
+            };
             for r in 0..rows {
                 let xr = &x[r * n..(r + 1) * n];
                 let q = round(r, j, xr);
-                let er = (xr[j] - q) / urow[j];
+                let er = (xr[j] - q) / urow[0];
                 e[(r, j - j0)] = er;
                 loss[r] += er * er;
             }
             let end = (j + 1 + band).min(j1);
-            let u = &urow[j + 1..end];
+            let u = &urow[1..end - j];
             for r in 0..rows {
                 let er = e[(r, j - j0)];
                 for (xk, &uk) in x[r * n + j + 1..r * n + end].iter_mut().zip(u) {
@@ -66,7 +77,7 @@ pub(crate) fn sweep(
             let panel = Mat::<f64>::from_fn(b, w, |a, c| {
                 let (j, k) = (j0 + a, j1 + c);
                 if k <= j + band {
-                    f.u[j * n + k]
+                    uf.get(j * n + k)
                 } else {
                     0.0
                 }
@@ -103,15 +114,15 @@ pub(crate) fn sweep_scalar(
     let rows = x.len() / n;
     let band = if band == 0 { n } else { band };
     let mut loss = vec![0f64; rows];
+    let u = f.u_ref();
     for j in 0..n {
-        let urow = &f.u[j * n..(j + 1) * n];
         for r in 0..rows {
             let xr = &mut x[r * n..(r + 1) * n];
             let q = round(r, j, xr);
-            let err = (xr[j] - q) / urow[j];
+            let err = (xr[j] - q) / u.get(j * n + j);
             loss[r] += err * err;
             for k in j + 1..(j + 1 + band).min(n) {
-                xr[k] -= err * urow[k];
+                xr[k] -= err * u.get(j * n + k);
             }
         }
     }

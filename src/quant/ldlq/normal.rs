@@ -19,8 +19,9 @@ const LANES: usize = 8;
 
 /// The damped Hessian a refit reads, natural column order: the factor's own copy (`Whole`), or
 /// the caller's Hessian read through the factor's shrink and damped diagonal (`View`: `keep·H`
-/// off the diagonal, `diag` on it; `factor::RefitHessian::Callers`), made a strip of rows at a
-/// time so that no second n×n matrix is held (6.6 GB for a 70B FFN input).
+/// off the diagonal, `diag` on it; `factor::RefitHessian::Callers`), so that no second n×n
+/// matrix is held (6.6 GB for a 70B FFN input). A view's products are GEMMs on the caller's
+/// matrix scaled by `keep`, then the diagonal's correction `diag − keep·H_tt` added: no copy.
 #[derive(Clone, Copy)]
 pub(super) enum RefitH<'a> {
     Whole {
@@ -35,18 +36,8 @@ pub(super) enum RefitH<'a> {
     },
 }
 
-/// Rows of a [`RefitH::View`] made at once (rounded down to the group size): 117 MB of a
-/// 28,672-wide Hessian, against the ≈ 64·n² multiply-adds each strip's products then cost.
-const VIEW_STRIP: usize = 512;
-
 impl<'a> RefitH<'a> {
-    fn n(&self) -> usize {
-        match *self {
-            RefitH::Whole { n, .. } | RefitH::View { n, .. } => n,
-        }
-    }
-
-    /// Rows `a..b`, row-major.
+    /// Rows `a..b`, row-major (the scalar loops; a view makes them).
     pub(super) fn rows(&self, a: usize, b: usize) -> Cow<'a, [f64]> {
         match *self {
             RefitH::Whole { n, m } => Cow::Borrowed(&m[a * n..b * n]),
@@ -68,37 +59,67 @@ impl<'a> RefitH<'a> {
         }
     }
 
-    /// `(first row, rows)` strips covering the matrix in order: the whole matrix at once for
-    /// `Whole` (the products below are then one GEMM, as before views), [`VIEW_STRIP`] rows (a
-    /// multiple of `align`) at a time for `View`.
-    fn strips(&self, align: usize) -> impl Iterator<Item = (usize, Cow<'a, [f64]>)> + '_ {
-        let n = self.n();
-        let step = match self {
-            RefitH::Whole { .. } => n,
-            RefitH::View { .. } => (VIEW_STRIP / align).max(1) * align,
+    /// `out = x · H[a..a + len, :]` (`x`: rows × len, `out`: rows × n), one GEMM.
+    fn rows_times(&self, x: MatRef<f64>, a: usize, len: usize, out: MatMut<f64>) {
+        match *self {
+            RefitH::Whole { n, m } => {
+                let hs = MatRef::from_row_major_slice(&m[a * n..(a + len) * n], len, n);
+                matmul(out, Accum::Replace, x, hs, 1.0, Par::Seq);
+            }
+            RefitH::View {
+                n,
+                base,
+                keep,
+                diag,
+            } => {
+                let k = keep.unwrap_or(1.0);
+                let hs = MatRef::from_row_major_slice(&base[a * n..(a + len) * n], len, n);
+                let mut out = out;
+                matmul(out.as_mut(), Accum::Replace, x, hs, k, Par::Seq);
+                for i in 0..len {
+                    let t = a + i;
+                    let d = diag[t] - k * base[t * n + t];
+                    for r in 0..x.nrows() {
+                        out[(r, t)] += x[(r, i)] * d;
+                    }
+                }
+            }
         }
-        .max(1);
-        (0..n)
-            .step_by(step)
-            .map(move |a| (a, self.rows(a, (a + step).min(n))))
     }
 
-    /// `out = x · H` (`x`: rows × n), one strip of `H`'s rows at a time.
-    pub(super) fn times(&self, x: MatRef<f64>, mut out: MatMut<f64>) {
-        let n = self.n();
-        for (a, s) in self.strips(1) {
-            let len = s.len() / n;
-            let hs = MatRef::from_row_major_slice(&s, len, n);
-            let acc = if a == 0 { Accum::Replace } else { Accum::Add };
-            matmul(out.as_mut(), acc, x.subcols(a, len), hs, 1.0, Par::Seq);
+    /// `out = x · H` (`x`: rows × n).
+    pub(super) fn times(&self, x: MatRef<f64>, out: MatMut<f64>) {
+        self.rows_times(x, 0, x.ncols(), out)
+    }
+
+    /// `Σ_{s ∈ a..b} H_ts`.
+    fn row_sum(&self, t: usize, a: usize, b: usize) -> f64 {
+        match *self {
+            RefitH::Whole { n, m } => m[t * n + a..t * n + b].iter().sum(),
+            RefitH::View {
+                n,
+                base,
+                keep,
+                diag,
+            } => {
+                let k = keep.unwrap_or(1.0);
+                let s: f64 = base[t * n + a..t * n + b].iter().sum();
+                let d = if (a..b).contains(&t) {
+                    diag[t] - k * base[t * n + t]
+                } else {
+                    0.0
+                };
+                k * s + d
+            }
         }
     }
 }
 
 /// The normal equations for code values `c` (rows × n): the decoded value at column `t` is
 /// `p[g]·c[t] (− p[ng + g])` with `g = t / gs`, the mins only when `hm`. Per row, `(A, rhs)` with
-/// `A` row-major `np × np` (`np = ng`, or `2·ng` with mins). `H` is read a strip of rows at a
-/// time ([`RefitH`]; one strip, the same bits as the reference, for a whole matrix).
+/// `A` row-major `np × np` (`np = ng`, or `2·ng` with mins). Over a whole matrix the same
+/// operations in the same order as the reference; over a view ([`RefitH`]) the same products
+/// as GEMMs on the caller's matrix and a diagonal correction.
 pub(super) fn normal_equations_values(
     rows: &[f32],
     h: RefitH,
@@ -111,42 +132,23 @@ pub(super) fn normal_equations_values(
     let np = if hm { 2 * ng } else { ng };
     let x = Mat::<f64>::from_fn(nr, n, |r, t| rows[r * n + t] as f64);
     let mut hx = Mat::<f64>::zeros(nr, n);
+    h.times(x.as_ref(), hx.as_mut());
     // Each row's matrix transposed while the groups' columns are added: column g of `A` is row
     // g here, written left to right.
     let mut res: Vec<(Vec<f64>, Vec<f64>)> = (0..nr)
         .map(|_| (vec![0f64; np * np], vec![0f64; np]))
         .collect();
     let mut mg = Mat::<f64>::zeros(nr, n);
-    for (a, s) in h.strips(gs) {
-        let len = s.len() / n;
-        let hs = MatRef::from_row_major_slice(&s, len, n);
-        let acc = if a == 0 { Accum::Replace } else { Accum::Add };
-        matmul(
-            hx.as_mut(),
-            acc,
-            x.as_ref().subcols(a, len),
-            hs,
-            1.0,
-            Par::Seq,
-        );
-        for g in a / gs..(a + len) / gs {
-            // mg[r][t] = Σ_{s∈g} c_rs H_st: column t of H D_g (H symmetric).
-            matmul(
-                mg.as_mut(),
-                Accum::Replace,
-                c.as_ref().subcols(g * gs, gs),
-                hs.subrows(g * gs - a, gs),
-                1.0,
-                Par::Seq,
-            );
-            for (r, (at, _)) in res.iter_mut().enumerate() {
-                let row = &mut at[g * np..(g + 1) * np];
-                for t in 0..n {
-                    let (gt, v) = (t / gs, mg[(r, t)]);
-                    row[gt] += c[(r, t)] * v;
-                    if hm {
-                        row[ng + gt] -= v;
-                    }
+    for g in 0..ng {
+        // mg[r][t] = Σ_{s∈g} c_rs H_st: column t of H D_g (H symmetric).
+        h.rows_times(c.as_ref().subcols(g * gs, gs), g * gs, gs, mg.as_mut());
+        for (r, (at, _)) in res.iter_mut().enumerate() {
+            let row = &mut at[g * np..(g + 1) * np];
+            for t in 0..n {
+                let (gt, v) = (t / gs, mg[(r, t)]);
+                row[gt] += c[(r, t)] * v;
+                if hm {
+                    row[ng + gt] -= v;
                 }
             }
         }
@@ -166,21 +168,19 @@ pub(super) fn normal_equations_values(
     if hm {
         // The mins' columns: Σ_{s∈g} H_ts, the same for every row.
         let mut nn = vec![0f64; ng];
-        for (t0, s) in h.strips(gs) {
-            for (t, hrow) in (t0..).zip(s.chunks_exact(n)) {
-                let gt = t / gs;
-                for (g, v) in nn.iter_mut().enumerate() {
-                    *v = hrow[g * gs..(g + 1) * gs].iter().sum();
-                }
-                for (r, (a, _)) in res.iter_mut().enumerate() {
-                    let ct = c[(r, t)];
-                    let (top, bottom) = a.split_at_mut(ng * np);
-                    let top = &mut top[gt * np + ng..(gt + 1) * np];
-                    let bottom = &mut bottom[gt * np + ng..(gt + 1) * np];
-                    for g in 0..ng {
-                        top[g] -= ct * nn[g];
-                        bottom[g] += nn[g];
-                    }
+        for t in 0..n {
+            let gt = t / gs;
+            for (g, v) in nn.iter_mut().enumerate() {
+                *v = h.row_sum(t, g * gs, (g + 1) * gs);
+            }
+            for (r, (a, _)) in res.iter_mut().enumerate() {
+                let ct = c[(r, t)];
+                let (top, bottom) = a.split_at_mut(ng * np);
+                let top = &mut top[gt * np + ng..(gt + 1) * np];
+                let bottom = &mut bottom[gt * np + ng..(gt + 1) * np];
+                for g in 0..ng {
+                    top[g] -= ct * nn[g];
+                    bottom[g] += nn[g];
                 }
             }
         }
@@ -421,12 +421,12 @@ mod tests {
         }
     }
 
-    /// Read through a view (the caller's Hessian, shrunk and with the damped diagonal, a strip
-    /// of rows at a time) the refit's products equal those of the materialized matrix within
-    /// float noise, on a width that takes three strips and a last short one.
+    /// Read through a view (the caller's Hessian, shrunk and with the damped diagonal: GEMMs on
+    /// it and a diagonal correction) the refit's products equal those of the materialized
+    /// matrix within float noise.
     #[test]
     fn a_view_of_the_callers_hessian_gives_the_materialized_products() {
-        let (n, nr) = (VIEW_STRIP * 2 + 96, 4);
+        let (n, nr) = (320, 4);
         let base = spd(n, 40, 5);
         let mut s = 3u64;
         let diag: Vec<f64> = (0..n).map(|i| base[i * n + i] * 1.01 + 1e-3).collect();

@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | rotation of the Hessian | f64 | f64 |
 //! | Cholesky, triangular inverse | **f32** (`TQ_LDLQ_FACTOR_F64=1`: f64) | f64 up to [`F32_FACTOR_ABOVE`] columns, f32 above (`TQ_LDLQ_FACTOR_F32=1`: f32 at every width) |
-//! | `U` kept | f32 only | f64 |
+//! | `U` kept | f32 only | f64; f32 only where the factor is f32 (the sweeps widen it: same values) |
 //! | sweep (values, errors, feedback, GEMM) | f32 (`TQ_LDLQ_SWEEP_F64=1`: f64, and the factor f64) | f64 |
 //! | half-block scale search, `Σ e²` | f64 | f64 |
 
@@ -39,8 +39,9 @@ pub(super) fn factor_f32() -> bool {
 
 /// Above this many columns (70B-class FFN inputs: 28,672) every factor is computed in f32, for
 /// memory: an f64 act-order factor of a 28,672-wide Hessian holds the natural-order Hessian (kept
-/// for the refit), the permuted copy and the matrix being factored, ≈ 20 GB; in f32 ≈ 16.5 GB at
-/// its peak (the f64 `U` the stock sweep reads, beside the f32 inverse and the kept Hessian).
+/// for the refit), the permuted copy and the matrix being factored, ≈ 20 GB; in f32 ≈ 13.2 GB at
+/// its peak (the f32 inverse and `U`, which the stock and i-quant sweeps read widened, beside the
+/// kept Hessian — or, in the mix, beside the caller's Hessian the refit reads through a view).
 /// Quality: the f32 factor measured neutral on SmolLM2 for TQ4_1S and the stock presets
 /// (docs/bench/speed.md). No model up to 7B–13B (FFN ≤ 13,824; Llama-3-8B 14,336) is affected.
 pub(crate) const F32_FACTOR_ABOVE: usize = 16_384;

@@ -59,6 +59,13 @@ impl<'a> RefitH<'a> {
         }
     }
 
+    /// A view's scale of the caller's off-diagonal and correction of its diagonal at `t`:
+    /// `H_ts = keep·base_ts + [s = t]·(diag_t − keep·base_tt)`.
+    fn view_at(keep: Option<f64>, base: &[f64], diag: &[f64], n: usize, t: usize) -> (f64, f64) {
+        let k = keep.unwrap_or(1.0);
+        (k, diag[t] - k * base[t * n + t])
+    }
+
     /// `out = x · H[a..a + len, :]` (`x`: rows × len, `out`: rows × n), one GEMM.
     fn rows_times(&self, x: MatRef<f64>, a: usize, len: usize, out: MatMut<f64>) {
         match *self {
@@ -78,7 +85,7 @@ impl<'a> RefitH<'a> {
                 matmul(out.as_mut(), Accum::Replace, x, hs, k, Par::Seq);
                 for i in 0..len {
                     let t = a + i;
-                    let d = diag[t] - k * base[t * n + t];
+                    let (_, d) = Self::view_at(keep, base, diag, n, t);
                     for r in 0..x.nrows() {
                         out[(r, t)] += x[(r, i)] * d;
                     }
@@ -102,14 +109,9 @@ impl<'a> RefitH<'a> {
                 keep,
                 diag,
             } => {
-                let k = keep.unwrap_or(1.0);
+                let (k, d) = Self::view_at(keep, base, diag, n, t);
                 let s: f64 = base[t * n + a..t * n + b].iter().sum();
-                let d = if (a..b).contains(&t) {
-                    diag[t] - k * base[t * n + t]
-                } else {
-                    0.0
-                };
-                k * s + d
+                k * s + if (a..b).contains(&t) { d } else { 0.0 }
             }
         }
     }

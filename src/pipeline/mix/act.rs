@@ -210,7 +210,7 @@ pub(super) fn observe(
     windows: usize,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<ActNoise> {
-    let (file, win) = super::fit::input_windows(input, text, windows)?;
+    let (file, win) = super::substitute::input_windows(input, text, windows)?;
     let model = Model::new(&file, Numerics::Ggml)?;
     let mut obs = ActNoise::default();
     for w in 0..win.n_chunk {

@@ -277,7 +277,8 @@ pub(super) struct BestOf<'a> {
     pub(super) calib: &'a Calibration<'a>,
     pub(super) items: &'a [(Vec<usize>, Vec<TensorType>)],
     pub(super) table: &'a mix::Table,
-    pub(super) direct: &'a [Option<Vec<f64>>],
+    /// token_embd's candidates measured in steps (direct.rs): every plan's type measured here.
+    pub(super) lazy: Option<&'a super::direct::Lazy>,
     pub(super) alpha_of: &'a dyn Fn(&str) -> f64,
     pub(super) global: f64,
     pub(super) calibrated: bool,
@@ -301,14 +302,16 @@ pub(super) fn best_of_few(
     known: &mut BTreeMap<String, f64>,
     sums: &mut BTreeMap<String, f64>,
     kept: &mut BTreeMap<String, PlanTypes>,
+    direct: &mut [Option<Vec<f64>>],
 ) -> Result<()> {
-    let (items, table, direct, alpha_of) = (b.items, b.table, b.direct, b.alpha_of);
+    let (items, table, alpha_of) = (b.items, b.table, b.alpha_of);
+    let all = &*direct;
     let mut cands = vec![Candidate {
         name: "knapsack".into(),
         plan: plan.clone(),
     }];
     if rep.role_alpha.len() > 1 {
-        let one = mix::options(plan, items, table, direct, &|_| b.global);
+        let one = mix::options(plan, items, table, all, &|_| b.global);
         if let Some(s) = mix::solve(&mix::costs(&one), b.budget, mix::GRID_CELLS) {
             let picks: Vec<&[usize]> = one
                 .iter()
@@ -338,7 +341,7 @@ pub(super) fn best_of_few(
     presets.sort_by_key(|(s, _)| std::cmp::Reverse(*s));
     for (_, c) in presets.into_iter().take(PRESETS_MEASURED) {
         // The preset with the bytes it leaves spent by the knapsack, when that changes it.
-        let up = upgrade(&c.plan, items, table, direct, alpha_of, b.budget)
+        let up = upgrade(&c.plan, items, table, all, alpha_of, b.budget)
             .filter(|q| (b.size_of)(q, rep).is_ok_and(|s| s <= rep.target));
         let name = format!("{} + knapsack", c.name);
         if !cands.iter().any(|k| super::same_types(&k.plan, &c.plan)) {
@@ -369,6 +372,19 @@ pub(super) fn best_of_few(
     }) {
         cands.push(c);
     }
+    if let Some(l) = b.lazy {
+        let ctx = super::direct::Ctx {
+            input: b.input,
+            src: b.src,
+            profile: b.profile,
+            calib: b.calib,
+            o: b.o,
+            text: b.text,
+        };
+        let plans: Vec<&Plan> = cands.iter().map(|c| &c.plan).collect();
+        l.cover(&ctx, &plans, items, direct, rep)?;
+    }
+    let direct = &*direct;
     let mut files = vec![];
     let mut predicted = vec![];
     for c in &cands {
@@ -377,17 +393,7 @@ pub(super) fn best_of_few(
         predicted.push(pred.filter(|_| rep.alpha.is_some()));
     }
     // Reference logits: the fit's, or (its measurements from the cache) computed now.
-    let ref_path = match &rep.ref_logits {
-        Some(r) => r.clone(),
-        None => {
-            let dir = std::env::temp_dir().join(format!("tq-mix-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-            let r = dir.join("ref.logits");
-            rep.ref_logits = Some(r.clone());
-            super::fit::reference_logits(b.input, b.text, b.o.kld_windows, &r, b.o.quiet)?;
-            r
-        }
-    };
+    let ref_path = super::direct::ensure_reference(rep, b.input, b.text, b.o)?;
     // `--mix-cache`: the encodings are kept beside it for the next size (or rerun).
     let store = match &b.o.cache {
         Some((p, k)) => Some(Store::open(p, k)?),
@@ -631,7 +637,7 @@ mod tests {
             q4km,
         ];
         let ref_path = dir.join("ref.logits");
-        super::super::fit::reference_logits(model, &text, 2, &ref_path, true).unwrap();
+        super::super::substitute::reference_logits(model, &text, 2, &ref_path, true).unwrap();
         TwoPlans {
             hs,
             src,
@@ -687,8 +693,8 @@ mod tests {
         for (k, c) in cands.iter().enumerate() {
             let out = p(&format!("c{k}.gguf"));
             let m = marked(&c.plan, &calib);
-            super::super::fit::write_plan(src.as_ref(), &m, &profile, &calib, &out).unwrap();
-            let disk = super::super::fit::kld_of(&out, &ref_path, 2, "", true).unwrap();
+            super::super::substitute::write_plan(src.as_ref(), &m, &profile, &calib, &out).unwrap();
+            let disk = super::super::substitute::kld_of(&out, &ref_path, 2, "", true).unwrap();
             let mem = klds[k].0;
             assert!(
                 (mem - disk).abs() <= 1e-9 * disk.max(1e-6),
@@ -740,7 +746,7 @@ mod tests {
         }
         // And a read-back encoding is what convert writes.
         let i = quantized[0];
-        let direct = super::super::fit::encode_entry(src.as_ref(), &m, i, &calib).unwrap();
+        let direct = super::super::substitute::encode_entry(src.as_ref(), &m, i, &calib).unwrap();
         assert!(reopened.get(&m, i).unwrap() == direct);
     }
 

@@ -285,6 +285,81 @@ fn decode(v: &Value) -> Option<Measured> {
     })
 }
 
+/// What a mix's measurements depend on besides the candidate types: the model's and the
+/// calibration's contents (blake3), the KLD text, the settings, the target profile and the
+/// executable (blake3).
+pub(super) fn key_of(job: &crate::pipeline::job::Job) -> Result<Key> {
+    let a = &job.flags;
+    let hash = |p: &Path| crate::io::hash_file(p);
+    let mut calib = match &job.calib {
+        crate::pipeline::job::CalibInput::None => "none".to_string(),
+        crate::pipeline::job::CalibInput::Hessians { path, .. } => {
+            format!("hessians {}", hash(path)?)
+        }
+        crate::pipeline::job::CalibInput::Text {
+            path,
+            tokens,
+            ctx,
+            batch,
+            sequential,
+        } => format!(
+            "text {} tokens {tokens} ctx {ctx} batch {batch} sequential {sequential}",
+            hash(path)?
+        ),
+    };
+    if let Some(p) = &a.imatrix {
+        calib += &format!(" imatrix {}", hash(p)?);
+    }
+    let kld = match &job.kld_text {
+        Some(p) => format!(
+            "{} windows {} probes {}",
+            hash(p)?,
+            a.kld_windows,
+            a.kld_probes
+        ),
+        None => "none".into(),
+    };
+    let l = &a.ldlq;
+    Ok(Key(vec![
+        ("model", hash(&a.input)?),
+        ("calibration", calib),
+        ("kld_text", kld),
+        (
+            "settings",
+            format!(
+                "profile {} mix-rows {} per 4096 elements exact {} exact-blocks {} ldlq band {} damp {} refit {} shrink {} act {} probe cap {} head cap {} tq {}",
+                job.profile.name,
+                a.mix_rows.max(1),
+                a.mix_exact_rows.max(1).min(a.mix_rows.max(1)),
+                a.mix_exact_blocks,
+                l.band_label(),
+                l.damp_label(),
+                l.refit,
+                l.shrink_label(),
+                super::act::Mode::from_env().label(),
+                super::probe::probe_elements(),
+                super::head::head_elements(),
+                env!("CARGO_PKG_VERSION")
+            ),
+        ),
+        // Another build's encoders (and so its sensitivity and probes) may differ.
+        ("build", build_id().to_string()),
+    ]))
+}
+
+/// The running executable's blake3: kept bytes are only read back by the build that made them
+/// (an encoder may change between builds of one version). Without it, this process's id: no
+/// reuse across runs, but correct bytes.
+pub(super) fn build_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|p| crate::io::hash_file(&p).ok())
+            .unwrap_or_else(|| format!("process {}", std::process::id()))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -188,7 +188,7 @@ pub(super) fn sampling(
             let e = &plan.entries[i];
             e.dims.iter().product::<u64>() > cap
                 && match e.dims.len() {
-                    2 => super::fit::group_of(calib, &e.name).is_some(),
+                    2 => super::substitute::group_of(calib, &e.name).is_some(),
                     // An expert stack with its experts' Hessians (`ProbeEncoder::sample`).
                     3 => mix::has_weights(calib, e),
                     _ => false,
@@ -206,7 +206,7 @@ enum Enc {
 /// The plan as convert executes it: LDLQ or imatrix marks from the calibration.
 pub(super) fn marked(plan: &Plan, calib: &Calibration) -> Plan {
     let mut p = plan.clone();
-    super::fit::mark(&mut p, calib);
+    super::substitute::mark(&mut p, calib);
     p
 }
 
@@ -338,7 +338,10 @@ pub(super) fn measure(
                 for &i in mq.get(&stage).map_or(&[][..], |x| x.as_slice()) {
                     if seen.insert((i, p.entries[i].dst)) {
                         let (g, ty) = (
-                            super::fit::group_of(&stage_calib(calib, &hs), &p.entries[i].name),
+                            super::substitute::group_of(
+                                &stage_calib(calib, &hs),
+                                &p.entries[i].name,
+                            ),
                             p.entries[i].dst,
                         );
                         let key = crate::quant::sensitivity::ldlq_factor_key(ty, &p.ldlq);
@@ -365,10 +368,10 @@ pub(super) fn measure(
                     None => Enc::Whole(Arc::new(match store.and_then(|s| s.get(p, i)) {
                         Some(b) => b,
                         None if cut_rows.contains_key(&i) => {
-                            super::fit::rows_encoding(src, p, i, calib, &cut_rows[&i])?
+                            super::substitute::rows_encoding(src, p, i, calib, &cut_rows[&i])?
                         }
                         None => {
-                            let b = super::fit::encode_entry(src, p, i, calib)?;
+                            let b = super::substitute::encode_entry(src, p, i, calib)?;
                             // The store only saves work: a failure to keep is a note.
                             if let Some(Err(err)) = store.map(|s| s.put(p, i, &b)) {
                                 if !quiet && !warned.replace(true) {

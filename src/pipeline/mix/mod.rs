@@ -5,6 +5,7 @@ mod act;
 mod best;
 mod cache;
 mod calibrate;
+mod direct;
 mod fit;
 mod head;
 mod measured;
@@ -12,12 +13,13 @@ mod probe;
 mod report;
 mod store;
 mod stream;
+mod substitute;
 mod target;
 
 pub use calibrate::KldCalibration;
-pub use fit::{kld_of, reference_logits};
 pub use report::{MixReport, Probe, Step, Tried};
 pub(crate) use store::Store;
+pub use substitute::{kld_of, reference_logits};
 
 use super::job::{Budget, CalibInput, Job};
 use crate::error::{Error, Result};
@@ -282,6 +284,12 @@ pub fn choose(
 
     let t1 = std::time::Instant::now();
     let mut direct: Vec<Option<Vec<f64>>> = vec![None; items.len()];
+    let bpw = match o.budget {
+        Budget::Bpw(x) => Some(x),
+        Budget::Bytes(b) => Some(b as f64 * 8.0 / params_of(plan) as f64),
+        Budget::Kld(_) => None,
+    };
+    let lazy = direct::Lazy::of(plan, &items, &uncal, bpw, !blocks.all());
     if let Some(m) = &cached {
         rep.probes = m.probes.clone();
         rep.direct = m.direct_report.clone();
@@ -304,6 +312,7 @@ pub fn choose(
             text,
             &mut rep,
             &mut direct,
+            lazy.as_ref(),
         )?;
     }
     if let (Some((p, k)), None) = (&key, &cached) {
@@ -342,8 +351,8 @@ pub fn choose(
     let global = rep.alpha.unwrap_or(1.0);
     let role_alpha = rep.role_alpha.clone();
     let alpha_of = |name: &str| *role_alpha.get(mix::role_of(name)).unwrap_or(&global);
-    let opts = mix::options(plan, &items, &table, &direct, &alpha_of);
-    let pairs = mix::costs(&opts);
+    let mut opts = mix::options(plan, &items, &table, &direct, &alpha_of);
+    let mut pairs = mix::costs(&opts);
     let params = params_of(plan);
     // The whole file: fixed tensors, metadata and padding are what the plan's size adds to the
     // mixed tensors' bytes (measured on the cheapest mix, then corrected until it fits).
@@ -367,7 +376,10 @@ pub fn choose(
     };
     rep.calibration = KldCalibration::fit_except(&points(&known, &sums), None);
     // Set a choice on the plan and the report (its provenance strings count in the size).
-    let set = |plan: &mut Plan, rep: &mut MixReport, choice: &[usize]| -> Result<u64> {
+    // Which items are priced by direct KLDs (their values may grow, not this).
+    let measured: Vec<Option<Vec<f64>>> =
+        direct.iter().map(|d| d.as_ref().map(|_| vec![])).collect();
+    let set = |plan: &mut Plan, rep: &mut MixReport, opts: &[Vec<mix::Opt>], choice: &[usize]| {
         let picks: Vec<&[usize]> = opts
             .iter()
             .zip(choice)
@@ -378,7 +390,7 @@ pub fn choose(
         rep.err = table
             .iter()
             .zip(&picks)
-            .zip(&direct)
+            .zip(&measured)
             .filter(|(_, d)| d.is_none())
             .map(|((per, pick), _)| {
                 per.iter()
@@ -389,12 +401,12 @@ pub fn choose(
             .sum();
         rep.act_err = act
             .as_ref()
-            .and_then(|a| act::of_plan(plan, &items, &direct, a));
+            .and_then(|a| act::of_plan(plan, &items, &measured, a));
         let cost: f64 = opts.iter().zip(choice).map(|(o, &k)| o[k].cost).sum();
         rep.predicted = rep.alpha.map(|_| cost);
         size_of(plan, rep)
     };
-    set(plan, &mut rep, &cheapest)?;
+    set(plan, &mut rep, &opts, &cheapest)?;
     rep.min_file = at_own_target(&mut rep, |r| size_of(plan, r))?;
     let too_small = |rep: &MixReport| {
         Error::Usage(format!(
@@ -450,6 +462,31 @@ pub fn choose(
             return Err(too_small(&rep));
         }
         let mut budget = rep.target - (rep.min_file - mixed_min);
+        // token_embd's candidates near this size's pick (direct.rs).
+        if let (Some(l), Some(text), Some(_)) = (&lazy, o.kld_text, rep.alpha) {
+            let (input, text) = (input, text);
+            let c = direct::Ctx {
+                input,
+                src,
+                profile,
+                calib,
+                o,
+                text,
+            };
+            if l.complete(
+                &c,
+                plan,
+                &items,
+                &table,
+                &mut direct,
+                &alpha_of,
+                budget,
+                &mut rep,
+            )? {
+                opts = mix::options(plan, &items, &table, &direct, &alpha_of);
+                pairs = mix::costs(&opts);
+            }
+        }
         let mut sol;
         let mut tries = 0;
         loop {
@@ -457,12 +494,12 @@ pub fn choose(
                 Some(s) => s,
                 None => {
                     // Metadata took the room: the cheapest mix (measured to fit) it is.
-                    rep.min_file = set(plan, &mut rep, &cheapest)?;
+                    rep.min_file = set(plan, &mut rep, &opts, &cheapest)?;
                     let b = pairs.iter().zip(&cheapest).map(|(o, &k)| o[k].0).sum();
                     mix::solve(&pairs, b, 1).ok_or_else(|| too_small(&rep))?
                 }
             };
-            rep.file = set(plan, &mut rep, &sol.choice)?;
+            rep.file = set(plan, &mut rep, &opts, &sol.choice)?;
             if rep.file <= rep.target {
                 break;
             }
@@ -504,7 +541,7 @@ pub fn choose(
                 calib,
                 items: &items,
                 table: &table,
-                direct: &direct,
+                lazy: lazy.as_ref(),
                 alpha_of: &alpha_of,
                 global,
                 calibrated,
@@ -518,6 +555,7 @@ pub fn choose(
             &mut known,
             &mut sums,
             &mut plan_types,
+            &mut direct,
         );
         if let Err(e) = r {
             rep.cleanup();
@@ -532,7 +570,13 @@ pub fn choose(
                     .extend(sums.iter().map(|(k, v)| (k.clone(), *v)));
                 m.plan_types
                     .extend(plan_types.iter().map(|(k, v)| (k.clone(), v.clone())));
-                if (m.plans.len(), m.predicted.len(), m.plan_types.len()) != before {
+                // token_embd's candidates measured since (direct.rs).
+                let more = rep.alpha.is_some() && m.direct_report.len() != rep.direct.len();
+                if more {
+                    m.direct = direct.clone();
+                    m.direct_report = rep.direct.clone();
+                }
+                if more || (m.plans.len(), m.predicted.len(), m.plan_types.len()) != before {
                     cache::save(p, k, &m)?;
                 }
             }
@@ -582,7 +626,6 @@ pub fn choose(
     }
 }
 
-/// The plan's parameters (every tensor's elements).
 /// The candidate an item without calibration data keeps when there is no KLD fit: q8_0, else
 /// the last (largest) candidate.
 fn kept_uncalibrated(tys: &[TensorType]) -> usize {
@@ -591,6 +634,7 @@ fn kept_uncalibrated(tys: &[TensorType]) -> usize {
         .unwrap_or(tys.len().saturating_sub(1))
 }
 
+/// The plan's parameters (every tensor's elements).
 fn params_of(plan: &Plan) -> u64 {
     plan.entries
         .iter()
@@ -662,7 +706,7 @@ pub(crate) fn run(
         _ => Calibration::None,
     };
     let cache = match &a.mix_cache {
-        Some(p) => Some((p.as_path(), cache_key(job)?)),
+        Some(p) => Some((p.as_path(), cache::key_of(job)?)),
         None => None,
     };
     let o = MixOpts {
@@ -700,66 +744,6 @@ pub(crate) fn run(
         _ => None,
     };
     Ok((rep, mem, kept))
-}
-
-/// What a mix's measurements depend on besides the candidate types: the model's and the
-/// calibration's contents (blake3), the KLD text, the settings, the target profile and the
-/// executable (blake3).
-fn cache_key(job: &Job) -> Result<cache::Key> {
-    let a = &job.flags;
-    let hash = |p: &Path| crate::io::hash_file(p);
-    let mut calib = match &job.calib {
-        CalibInput::None => "none".to_string(),
-        CalibInput::Hessians { path, .. } => format!("hessians {}", hash(path)?),
-        CalibInput::Text {
-            path,
-            tokens,
-            ctx,
-            batch,
-            sequential,
-        } => format!(
-            "text {} tokens {tokens} ctx {ctx} batch {batch} sequential {sequential}",
-            hash(path)?
-        ),
-    };
-    if let Some(p) = &a.imatrix {
-        calib += &format!(" imatrix {}", hash(p)?);
-    }
-    let kld = match &job.kld_text {
-        Some(p) => format!(
-            "{} windows {} probes {}",
-            hash(p)?,
-            a.kld_windows,
-            a.kld_probes
-        ),
-        None => "none".into(),
-    };
-    let l = &a.ldlq;
-    Ok(cache::Key(vec![
-        ("model", hash(&a.input)?),
-        ("calibration", calib),
-        ("kld_text", kld),
-        (
-            "settings",
-            format!(
-                "profile {} mix-rows {} per 4096 elements exact {} exact-blocks {} ldlq band {} damp {} refit {} shrink {} act {} probe cap {} head cap {} tq {}",
-                job.profile.name,
-                a.mix_rows.max(1),
-                a.mix_exact_rows.max(1).min(a.mix_rows.max(1)),
-                a.mix_exact_blocks,
-                l.band_label(),
-                l.damp_label(),
-                l.refit,
-                l.shrink_label(),
-                act::Mode::from_env().label(),
-                probe::probe_elements(),
-                head::head_elements(),
-                env!("CARGO_PKG_VERSION")
-            ),
-        ),
-        // Another build's encoders (and so its sensitivity and probes) may differ.
-        ("build", store::build_id().to_string()),
-    ]))
 }
 
 /// The smallest file's size as a run asking for exactly that size writes it: the report's target

@@ -42,6 +42,7 @@ pub struct Step {
     pub measured: f64,
 }
 
+#[derive(Default)]
 pub struct MixReport {
     pub target: u64,
     pub min_file: u64,

@@ -55,25 +55,12 @@ fn check(desc: &str, bytes: &[u8]) -> [u8; CHECK] {
     *h.finalize().as_bytes()
 }
 
-/// The running executable's blake3: kept bytes are only read back by the build that made them
-/// (an encoder may change between builds of one version). Without it, this process's id: no
-/// reuse across runs, but correct bytes.
-pub(super) fn build_id() -> &'static str {
-    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    ID.get_or_init(|| {
-        std::env::current_exe()
-            .ok()
-            .and_then(|p| crate::io::hash_file(&p).ok())
-            .unwrap_or_else(|| format!("process {}", std::process::id()))
-    })
-}
-
 impl Store {
     /// The store beside the cache at `cache` for `key` (created if missing); the encodings of any
     /// other key are removed.
     pub(crate) fn open(cache: &Path, key: &Key) -> Result<Store> {
         let mut h = blake3::Hasher::new();
-        h.update(build_id().as_bytes());
+        h.update(super::cache::build_id().as_bytes());
         for (k, v) in &key.0 {
             h.update(k.as_bytes());
             h.update(&[0]);

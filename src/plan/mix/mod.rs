@@ -353,7 +353,8 @@ pub fn options(
                 Some(d) => (0..tys.len())
                     .map(|k| Opt {
                         bytes: idx.iter().map(|&i| bytes_of(i, k)).sum(),
-                        cost: d[k],
+                        // Not measured (NaN): never taken while another option fits.
+                        cost: if d[k].is_nan() { f64::INFINITY } else { d[k] },
                         pick: vec![k; idx.len()],
                     })
                     .collect(),

@@ -371,6 +371,26 @@ mod tests {
             .collect()
     }
 
+    /// The smallest and the largest mix's bytes, and the plan's parameters.
+    fn span(
+        plan: &Plan,
+        items: &[(Vec<usize>, Vec<TensorType>)],
+        table: &mix::Table,
+        direct: &[Option<Vec<f64>>],
+    ) -> (u64, u64, u64) {
+        let pairs = mix::costs(&mix::options(plan, items, table, direct, &|_| 1.0));
+        let hi = pairs
+            .iter()
+            .map(|o| o.iter().map(|x| x.0).max().unwrap())
+            .sum();
+        let params = plan
+            .entries
+            .iter()
+            .map(|e| e.dims.iter().product::<u64>())
+            .sum();
+        (mix::min_bytes(&pairs), hi, params)
+    }
+
     /// The knapsack's pick for item `it` at `budget`.
     fn pick_of(
         plan: &Plan,
@@ -459,17 +479,7 @@ mod tests {
             o: &o,
             text: &text,
         };
-        let pairs = mix::costs(&mix::options(&plan, &items, &table, &full, &|_| 1.0));
-        let lo = mix::min_bytes(&pairs);
-        let hi: u64 = pairs
-            .iter()
-            .map(|o| o.iter().map(|x| x.0).max().unwrap())
-            .sum();
-        let params: u64 = plan
-            .entries
-            .iter()
-            .map(|e| e.dims.iter().product::<u64>())
-            .sum();
+        let (lo, hi, params) = span(&plan, &items, &table, &full);
         let mut fewer = false;
         for s in [2, 5, 9, 14, 20] {
             let budget = lo + (hi - lo) * s / 24;
@@ -553,18 +563,7 @@ mod tests {
             })
             .collect();
         let alpha = |_: &str| 1.0;
-        let opts = mix::options(&plan, &items, &table, &direct_all, &alpha);
-        let pairs = mix::costs(&opts);
-        let lo = mix::min_bytes(&pairs);
-        let hi: u64 = pairs
-            .iter()
-            .map(|o| o.iter().map(|x| x.0).max().unwrap())
-            .sum();
-        let params: u64 = plan
-            .entries
-            .iter()
-            .map(|e| e.dims.iter().product::<u64>())
-            .sum();
+        let (lo, hi, params) = span(&plan, &items, &table, &direct_all);
         let mut out = vec![];
         for s in 0..=24 {
             let budget = lo + (hi - lo) * s / 24;

@@ -48,8 +48,11 @@ pub(super) struct Lazy {
     pub(super) it: usize,
     /// The item's candidate indices of each distinct size, ascending.
     levels: Vec<Vec<usize>>,
-    /// The level the fit measures: nearest the target's bits per weight.
-    first: usize,
+    /// The candidates the fit measures: the level nearest the target's bits per weight.
+    first: Vec<usize>,
+    /// Every candidate measured, as before (no byte target, a narrow model, the knob): then the
+    /// steps only complete what a `--mix-cache` made in steps lacks.
+    all: bool,
 }
 
 /// Where the measurements run: what [`Lazy::measure`] needs besides the item.
@@ -63,9 +66,10 @@ pub(super) struct Ctx<'a> {
 }
 
 impl Lazy {
-    /// The token embeddings' item when its candidates are measured in steps: with a KLD fit, a
-    /// byte target (`target_bpw`), on a model whose blocks the mix measures in part (`partial`),
-    /// and not under `TQ_MIX_EMBD_ALL=1`. None: every candidate measured in the fit.
+    /// The token embeddings' item (None: there is none without calibration data). Its candidates
+    /// are measured in steps with a byte target (`target_bpw`) on a model whose blocks the mix
+    /// measures in part (`partial`), not under `TQ_MIX_EMBD_ALL=1`; otherwise every one in the
+    /// fit, and any a cache made in steps lacks before the first knapsack.
     pub(super) fn of(
         plan: &Plan,
         items: &[(Vec<usize>, Vec<TensorType>)],
@@ -73,8 +77,8 @@ impl Lazy {
         target_bpw: Option<f64>,
         partial: bool,
     ) -> Option<Lazy> {
-        let all = std::env::var("TQ_MIX_EMBD_ALL").is_ok_and(|v| v == "1");
-        let target = target_bpw.filter(|_| partial && !all)?;
+        let knob = std::env::var("TQ_MIX_EMBD_ALL").is_ok_and(|v| v == "1");
+        let target = target_bpw.filter(|_| partial && !knob);
         let it = items.iter().zip(uncal).position(|((idx, _), &u)| {
             u && idx.len() == 1 && plan.entries[idx[0]].name == "token_embd.weight"
         })?;
@@ -91,19 +95,34 @@ impl Lazy {
             }
         }
         let bpw = |l: &Vec<usize>| bytes(l[0]) as f64 * 8.0 / n as f64;
-        let first = (0..levels.len())
+        let Some(target) = target else {
+            let first = (0..tys.len()).collect();
+            return Some(Lazy {
+                it,
+                levels,
+                first,
+                all: true,
+            });
+        };
+        let near = (0..levels.len())
             .min_by(|&a, &b| {
                 (bpw(&levels[a]) - target)
                     .abs()
                     .total_cmp(&(bpw(&levels[b]) - target).abs())
             })
             .unwrap_or(0);
-        Some(Lazy { it, levels, first })
+        let first = levels[near].clone();
+        Some(Lazy {
+            it,
+            levels,
+            first,
+            all: false,
+        })
     }
 
     /// The candidates the fit measures: the level nearest the target.
     pub(super) fn first(&self) -> &[usize] {
-        &self.levels[self.first]
+        &self.first
     }
 
     fn level_of(&self, k: usize) -> usize {
@@ -126,6 +145,9 @@ impl Lazy {
         let Some(d) = &direct[self.it] else {
             return vec![];
         };
+        if self.all {
+            return (0..d.len()).filter(|&k| d[k].is_nan()).collect();
+        }
         let mut bound = direct.to_vec();
         bound[self.it] = Some(self.optimistic(&items[self.it].1, d));
         let opts = mix::options(plan, items, table, &bound, alpha_of);
@@ -569,6 +591,7 @@ mod tests {
             let budget = lo + (hi - lo) * s / 24;
             let bpw = budget as f64 * 8.0 / params as f64;
             let l = Lazy::of(&plan, &items, &uncal, Some(bpw), true).unwrap();
+            assert!(!l.all);
             let mut direct = direct_all.clone();
             let d = direct[l.it].as_mut().unwrap();
             let src = plan.entries[items[l.it].0[0]].src;
@@ -598,6 +621,27 @@ mod tests {
             out.push((pick(&direct_all), pick(&direct), measured));
         }
         out
+    }
+
+    /// Without a byte target (`--target-kld`), on a narrow model or under the knob, the fit
+    /// measures every candidate, and the steps ask for whatever a cache made in steps lacks.
+    #[test]
+    fn without_steps_every_candidate_is_measured_and_a_partial_cache_completed() {
+        let (plan, items, table, uncal) = setup();
+        let n = items.iter().map(|(_, t)| t.len()).max().unwrap();
+        for (bpw, partial) in [(None, true), (Some(4.5), false)] {
+            let l = Lazy::of(&plan, &items, &uncal, bpw, partial).unwrap();
+            assert!(l.all);
+            assert_eq!(l.first().len(), items[l.it].1.len());
+            let mut direct: Vec<Option<Vec<f64>>> =
+                uncal.iter().map(|&u| u.then(|| vec![1e-3; n])).collect();
+            let none = l.next(&plan, &items, &table, &direct, &|_| 1.0, u64::MAX / 4);
+            assert!(none.is_empty());
+            direct[l.it].as_mut().unwrap()[3] = f64::NAN;
+            direct[l.it].as_mut().unwrap()[7] = f64::NAN;
+            let want = l.next(&plan, &items, &table, &direct, &|_| 1.0, u64::MAX / 4);
+            assert_eq!(want, vec![3, 7]);
+        }
     }
 
     /// A KLD falling with the bits (every type as good as its size): the steps pick what every

@@ -464,7 +464,6 @@ pub fn choose(
         let mut budget = rep.target - (rep.min_file - mixed_min);
         // token_embd's candidates near this size's pick (direct.rs).
         if let (Some(l), Some(text), Some(_)) = (&lazy, o.kld_text, rep.alpha) {
-            let (input, text) = (input, text);
             let c = direct::Ctx {
                 input,
                 src,

@@ -258,8 +258,8 @@ impl Lazy {
         let (idx, tys) = &items[self.it];
         let i = idx[0];
         let ref_path = ensure_reference(rep, c.input, c.text, c.o)?;
-        let file = crate::gguf::GgufFile::open(c.input)?;
-        let mut probes = super::probe::Probes::new(&file, &ref_path, c.o.kld_windows)?;
+        let file = GgufFile::open(c.input)?;
+        let mut probes = Probes::new(&file, &ref_path, c.o.kld_windows)?;
         let mut heads = super::head::Heads::new(&ref_path, super::head::head_elements());
         let mut pb = crate::pipeline::progress::steps(
             c.o.quiet,
